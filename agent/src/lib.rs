@@ -1,0 +1,30 @@
+//! benchfleet's agent: the daemon on each GPU host. It reports its GPUs,
+//! holds a session with the controller, starts the engine of each group it
+//! is given, runs loadgen against it for every job, and stops the engine.
+//!
+//! Layout: `agent` is the session and group loop; `job` holds the domain
+//! types of an assignment (and their conversion from gRPC); `engine` the
+//! engine runtimes; `load` runs loadgen; `gpu` the GPU inventory.
+
+pub mod agent;
+pub mod engine;
+pub mod gpu;
+pub mod job;
+pub mod load;
+
+pub use agent::{AgentConfig, run};
+
+/// Finds a sibling binary of the running executable (they are built into
+/// the same directory), else on `PATH`.
+pub fn find_binary(name: &str) -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let mut dirs: Vec<std::path::PathBuf> = exe.parent().into_iter().map(|d| d.to_path_buf()).collect();
+    // Test executables live one level down, in `deps/`.
+    if let Some(up) = exe.parent().and_then(|d| d.parent()) {
+        dirs.push(up.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}

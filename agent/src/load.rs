@@ -1,0 +1,104 @@
+//! Running loadgen for a job. `LoadRunner` is the seam: the agent runs the
+//! `benchfleet-loadgen` binary; tests may run the library in-process. Either
+//! way records stream to the controller over gRPC, and a run succeeds only
+//! once the controller has stored its summary.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use crate::job::{LoadDataset, LoadRun};
+
+#[tonic::async_trait]
+pub trait LoadRunner: Send + Sync {
+    async fn run(&self, run: &LoadRun) -> anyhow::Result<()>;
+}
+
+/// Runs the `benchfleet-loadgen` binary.
+#[derive(Clone, Debug)]
+pub struct ProcessLoadRunner {
+    pub binary: PathBuf,
+}
+
+/// loadgen's command line for a job, `vllm bench serve`-style.
+pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
+    let job = &run.job;
+    let mut args: Vec<String> = vec![
+        "--base-url".into(),
+        run.base_url.clone(),
+        "--endpoint".into(),
+        if job.endpoint == "chat" { "/v1/chat/completions" } else { "/v1/completions" }.into(),
+        "--model".into(),
+        run.model.clone(),
+        "--num-prompts".into(),
+        job.requests.to_string(),
+        "--seed".into(),
+        job.seed.to_string(),
+        "--quiet".into(),
+    ];
+    if let Some(rate) = job.rate {
+        args.extend(["--request-rate".into(), rate.to_string(), "--arrival".into(), job.arrival.clone()]);
+    }
+    if let Some(n) = job.max_concurrency {
+        args.extend(["--max-concurrency".into(), n.to_string()]);
+    }
+    match &job.dataset {
+        LoadDataset::Random { input_tokens, output_tokens, seed } => args.extend([
+            "--dataset-name".into(),
+            "random".into(),
+            "--random-input-len".into(),
+            input_tokens.to_string(),
+            "--random-output-len".into(),
+            output_tokens.to_string(),
+            "--seed".into(),
+            seed.to_string(),
+        ]),
+        LoadDataset::ShareGpt { output_tokens, .. } => {
+            args.extend(["--dataset-name".into(), "sharegpt".into()]);
+            if let Some(path) = &run.dataset_path {
+                args.extend(["--dataset-path".into(), path.display().to_string()]);
+            }
+            if let Some(n) = output_tokens {
+                args.extend(["--sharegpt-output-len".into(), n.to_string()]);
+            }
+        }
+    }
+    args.extend([
+        "--report-to".into(),
+        run.ingest_url.clone(),
+        "--run-id".into(),
+        job.attempt.run_id.clone(),
+        "--job".into(),
+        job.attempt.job.to_string(),
+        "--attempt".into(),
+        job.attempt.attempt.to_string(),
+    ]);
+    args
+}
+
+#[tonic::async_trait]
+impl LoadRunner for ProcessLoadRunner {
+    async fn run(&self, run: &LoadRun) -> anyhow::Result<()> {
+        let mut child = Command::new(&self.binary)
+            .args(loadgen_args(run))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start loadgen {}: {e}", self.binary.display()))?;
+        let mut stderr = String::new();
+        if let Some(mut err) = child.stderr.take() {
+            let _ = err.read_to_string(&mut stderr).await;
+        }
+        let status = child.wait().await?;
+        if status.success() {
+            return Ok(());
+        }
+        let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        anyhow::bail!("loadgen failed ({status}): {}", tail.join("\n"))
+    }
+}

@@ -1,0 +1,657 @@
+//! The matrix file: parsing, validation and expansion into engine groups and
+//! jobs. Every error names the file, the line where it can be found and the
+//! field; nothing is scheduled from a matrix that has one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind};
+
+/// A matrix file that cannot be run, and where it is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct MatrixError {
+    pub file: String,
+    pub line: Option<usize>,
+    /// Dotted path of the field, e.g. `profiles.throughput.rate`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for MatrixError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatrix {
+    name: String,
+    model: String,
+    #[serde(default)]
+    objective: Option<String>,
+    #[serde(default)]
+    hardware: Option<RawHardware>,
+    #[serde(default)]
+    acceptance: Option<RawAcceptance>,
+    #[serde(default = "one")]
+    repeats: i64,
+    engines: BTreeMap<String, RawEngine>,
+    #[serde(default)]
+    variants: BTreeMap<String, RawVariant>,
+    profiles: BTreeMap<String, RawProfile>,
+    #[serde(default)]
+    primary_profile: Option<String>,
+    #[serde(default)]
+    strategy: Option<String>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHardware {
+    gpu: String,
+    #[serde(default = "one")]
+    gpus_per_job: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAcceptance {
+    min_success_rate: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEngine {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    image: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    runtime: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVariant {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    dataset: RawDataset,
+    #[serde(default)]
+    rate: Option<RawRate>,
+    #[serde(default)]
+    arrival: Option<String>,
+    requests: i64,
+    #[serde(default)]
+    max_concurrency: Option<i64>,
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    seed: Option<u64>,
+}
+
+/// A rate is a number of requests per second, or `inf` for all at once.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRate {
+    Number(f64),
+    Word(String),
+}
+
+/// Exactly one of the fields is set.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDataset {
+    #[serde(default)]
+    random: Option<RawRandom>,
+    #[serde(default)]
+    sharegpt: Option<String>,
+    /// Overrides the ShareGPT replies' lengths as output lengths.
+    #[serde(default)]
+    output_tokens: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRandom {
+    input_tokens: i64,
+    output_tokens: i64,
+    #[serde(default)]
+    seed: u64,
+}
+
+/// How the controller explores the configurations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Every engine x variant set x profile x repeat.
+    Grid,
+}
+
+/// A validated matrix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matrix {
+    pub name: String,
+    pub file: String,
+    pub model: String,
+    pub objective: String,
+    pub gpu: Option<String>,
+    pub gpus_per_job: u32,
+    pub min_success_rate: f64,
+    pub repeats: u32,
+    pub strategy: Strategy,
+    /// One per engine and variant set, baselines first.
+    pub configs: Vec<EngineConfig>,
+    /// In file order of their names.
+    pub profiles: Vec<Profile>,
+    pub primary_profile: String,
+}
+
+/// A dataset file a matrix names, which must travel with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileRef {
+    /// As the matrix names it (relative to the matrix file).
+    pub path: String,
+    /// Dotted path of the field naming it.
+    pub field: String,
+}
+
+/// Lists the dataset files a matrix names, without validating the rest, so
+/// that a client can read them before submitting.
+pub fn referenced_files(file: &str, yaml: &str) -> Result<Vec<FileRef>, MatrixError> {
+    let (raw, _) = parse_raw(file, yaml)?;
+    Ok(raw
+        .profiles
+        .iter()
+        .filter_map(|(name, p)| {
+            p.dataset
+                .sharegpt
+                .as_ref()
+                .map(|path| FileRef { path: path.clone(), field: format!("profiles.{name}.dataset.sharegpt") })
+        })
+        .collect())
+}
+
+/// Parses and validates a matrix. `file_hash` gives the SHA-256 of each
+/// dataset file the matrix names (by its path in the matrix), or `None` for
+/// a file that could not be had; such a file is an error.
+pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>) -> Result<Matrix, MatrixError> {
+    let (raw, value) = parse_raw(file, yaml)?;
+    let err = |field: &str, message: String| {
+        let path: Vec<&str> = field.split('.').collect();
+        MatrixError { file: file.to_owned(), line: locate(yaml, &path), field: field.to_owned(), message }
+    };
+
+    let repeats = u32::try_from(raw.repeats)
+        .ok()
+        .filter(|&r| r >= 1)
+        .ok_or_else(|| err("repeats", format!("must be at least 1, got {}", raw.repeats)))?;
+    let strategy = match raw.strategy.as_deref() {
+        None | Some("grid") => Strategy::Grid,
+        Some("greedy") => {
+            return Err(err("strategy", "greedy is not implemented yet; use grid (every combination)".to_owned()));
+        }
+        Some(other) => return Err(err("strategy", format!("unknown strategy '{other}'; expected grid"))),
+    };
+    let (gpu, gpus_per_job) = match &raw.hardware {
+        Some(h) => {
+            let n = u32::try_from(h.gpus_per_job)
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| err("hardware.gpus_per_job", format!("must be at least 1, got {}", h.gpus_per_job)))?;
+            if h.gpu.trim().is_empty() {
+                return Err(err("hardware.gpu", "must name a GPU model, e.g. H100 or H200".to_owned()));
+            }
+            (Some(h.gpu.clone()), n)
+        }
+        None => (None, 1),
+    };
+    let min_success_rate = match &raw.acceptance {
+        Some(a) if !(0.0..=1.0).contains(&a.min_success_rate) => {
+            return Err(err(
+                "acceptance.min_success_rate",
+                format!("must be between 0 and 1, got {}", a.min_success_rate),
+            ));
+        }
+        Some(a) => a.min_success_rate,
+        None => 1.0,
+    };
+    if raw.model.trim().is_empty() {
+        return Err(err("model", "must name the model to serve".to_owned()));
+    }
+    if raw.engines.is_empty() {
+        return Err(err("engines", "at least one engine is required".to_owned()));
+    }
+    if raw.profiles.is_empty() {
+        return Err(err("profiles", "at least one profile is required".to_owned()));
+    }
+
+    let mut profiles = Vec::new();
+    for name in key_order(&value, "profiles") {
+        profiles.push(profile(&name, &raw.profiles[&name], &err, file_hash)?);
+    }
+    let primary_profile = match raw.primary_profile {
+        Some(name) if !raw.profiles.contains_key(&name) => {
+            return Err(err(
+                "primary_profile",
+                format!(
+                    "no profile named '{name}'; profiles are: {}",
+                    profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        Some(name) => name,
+        None => profiles[0].name.clone(),
+    };
+
+    for (name, v) in &raw.variants {
+        if v.model.is_none() && v.args.is_empty() {
+            return Err(err(&format!("variants.{name}"), "changes nothing: give args or a model".to_owned()));
+        }
+    }
+
+    let variant_names = key_order(&value, "variants");
+    let mut configs = Vec::new();
+    for name in &key_order(&value, "engines") {
+        let e = &raw.engines[name];
+        let field = format!("engines.{name}");
+        let kind = match e.kind.as_deref().unwrap_or(name) {
+            "vllm" => EngineKind::Vllm,
+            "sglang" => EngineKind::Sglang,
+            other if e.kind.is_some() => {
+                return Err(err(
+                    &format!("{field}.kind"),
+                    format!("unknown engine kind '{other}'; expected vllm or sglang"),
+                ));
+            }
+            _ => {
+                return Err(err(&field, "cannot tell the engine from its name; set kind: vllm or sglang".to_owned()));
+            }
+        };
+        let runtime = match e.runtime.as_deref() {
+            None | Some("docker") => RuntimeKind::Docker,
+            Some("process") => RuntimeKind::Process,
+            Some("external") => RuntimeKind::External,
+            Some(other) => {
+                return Err(err(
+                    &format!("{field}.runtime"),
+                    format!("unknown runtime '{other}'; expected docker, process or external"),
+                ));
+            }
+        };
+        if runtime == RuntimeKind::External && e.url.is_none() {
+            return Err(err(&format!("{field}.url"), "the external runtime needs the engine's url".to_owned()));
+        }
+        // Every combination of variants, the baseline (no variant) first.
+        let mut sets: Vec<Vec<&String>> = (0u64..1 << variant_names.len())
+            .map(|mask| {
+                variant_names.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n).collect()
+            })
+            .collect();
+        sets.sort_by_key(Vec::len);
+        for set in sets {
+            let mut model = raw.model.clone();
+            let mut args = e.args.clone();
+            for v in &set {
+                let variant = &raw.variants[*v];
+                if let Some(m) = &variant.model {
+                    model = m.clone();
+                }
+                args.extend(variant.args.iter().cloned());
+            }
+            let mut config_name = name.clone();
+            for v in &set {
+                config_name.push('+');
+                config_name.push_str(v);
+            }
+            configs.push(EngineConfig {
+                name: config_name,
+                engine: name.clone(),
+                kind,
+                variants: set.into_iter().cloned().collect(),
+                model,
+                image: e.image.clone().unwrap_or_default(),
+                args,
+                runtime,
+                url: e.url.clone(),
+            });
+        }
+    }
+
+    Ok(Matrix {
+        name: raw.name,
+        file: file.to_owned(),
+        model: raw.model,
+        objective: raw.objective.unwrap_or_else(|| "total_token_throughput".to_owned()),
+        gpu,
+        gpus_per_job,
+        min_success_rate,
+        repeats,
+        strategy,
+        configs,
+        profiles,
+        primary_profile,
+    })
+}
+
+fn profile(
+    name: &str,
+    p: &RawProfile,
+    err: &dyn Fn(&str, String) -> MatrixError,
+    file_hash: &dyn Fn(&str) -> Option<String>,
+) -> Result<Profile, MatrixError> {
+    let field = |f: &str| format!("profiles.{name}.{f}");
+    let rate = match &p.rate {
+        None => None,
+        Some(RawRate::Word(w)) if w == "inf" => None,
+        Some(RawRate::Word(w)) => {
+            return Err(err(&field("rate"), format!("must be a number of requests per second or inf, got '{w}'")));
+        }
+        Some(RawRate::Number(r)) if !r.is_finite() || *r <= 0.0 => {
+            return Err(err(&field("rate"), format!("must be a positive number of requests per second, got {r}")));
+        }
+        Some(RawRate::Number(r)) => Some(*r),
+    };
+    let requests = u64::try_from(p.requests)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| err(&field("requests"), format!("must be at least 1, got {}", p.requests)))?;
+    let max_concurrency = match p.max_concurrency {
+        None => None,
+        Some(n) if n >= 1 => Some(n as u64),
+        Some(n) => return Err(err(&field("max_concurrency"), format!("must be at least 1, got {n}"))),
+    };
+    let arrival = match p.arrival.as_deref() {
+        None | Some("constant") => Arrival::Constant,
+        Some("poisson") => Arrival::Poisson,
+        Some(other) => {
+            return Err(err(&field("arrival"), format!("unknown arrival '{other}'; expected constant or poisson")));
+        }
+    };
+    let endpoint = match p.endpoint.as_deref() {
+        None | Some("completions") => Endpoint::Completions,
+        Some("chat") => Endpoint::Chat,
+        Some(other) => {
+            return Err(err(&field("endpoint"), format!("unknown endpoint '{other}'; expected completions or chat")));
+        }
+    };
+    let dataset =
+        match (&p.dataset.random, &p.dataset.sharegpt) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(err(&field("dataset"), "give exactly one of random or sharegpt".to_owned()));
+            }
+            (Some(r), None) => {
+                if p.dataset.output_tokens.is_some() {
+                    return Err(err(
+                        &field("dataset.output_tokens"),
+                        "applies to sharegpt; a random dataset sets random.output_tokens".to_owned(),
+                    ));
+                }
+                let count = |f: &str, v: i64| {
+                    u32::try_from(v).ok().filter(|&n| n >= 1).ok_or_else(|| {
+                        err(&field(&format!("dataset.random.{f}")), format!("must be at least 1, got {v}"))
+                    })
+                };
+                Dataset::Random {
+                    input_tokens: count("input_tokens", r.input_tokens)?,
+                    output_tokens: count("output_tokens", r.output_tokens)?,
+                    seed: r.seed,
+                }
+            }
+            (None, Some(path)) => {
+                let output_tokens =
+                    match p.dataset.output_tokens {
+                        None => None,
+                        Some(n) => Some(u32::try_from(n).ok().filter(|&n| n >= 1).ok_or_else(|| {
+                            err(&field("dataset.output_tokens"), format!("must be at least 1, got {n}"))
+                        })?),
+                    };
+                let sha256 = file_hash(path).ok_or_else(|| {
+                    err(
+                        &field("dataset.sharegpt"),
+                        format!("cannot read the ShareGPT file '{path}' (paths are relative to the matrix file)"),
+                    )
+                })?;
+                Dataset::Sharegpt { file: path.clone(), sha256, output_tokens }
+            }
+        };
+    Ok(Profile {
+        name: name.to_owned(),
+        dataset,
+        rate,
+        arrival,
+        requests,
+        max_concurrency,
+        endpoint,
+        seed: p.seed.unwrap_or(0),
+    })
+}
+
+/// Parses the YAML into the raw shape. Duplicate keys are an error: the
+/// YAML crates silently keep the last one when deserializing into a map.
+fn parse_raw(file: &str, yaml: &str) -> Result<(RawMatrix, serde_yaml_ng::Value), MatrixError> {
+    let yaml_err = |e: serde_yaml_ng::Error| {
+        let text = e.to_string();
+        // The crate appends " at line L column C"; we report the line ourselves.
+        let message = text.split(" at line ").next().unwrap_or(&text).to_owned();
+        let (field, message) = match message.split_once(": ") {
+            Some((path, rest)) if !path.contains(' ') => (path.to_owned(), rest.to_owned()),
+            _ => (String::new(), message),
+        };
+        // The parser places a duplicate key at its mapping's start; point
+        // at the key's second appearance instead.
+        let line = match message.strip_prefix("duplicate entry with key ") {
+            Some(key) => second_key_line(yaml, key.trim_matches('"')),
+            None => None,
+        };
+        MatrixError { file: file.to_owned(), line: line.or(e.location().map(|l| l.line())), field, message }
+    };
+    let value = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml).map_err(yaml_err)?;
+    Ok((serde_yaml_ng::from_str::<RawMatrix>(yaml).map_err(yaml_err)?, value))
+}
+
+/// The keys of a top-level mapping in file order (the typed maps are sorted).
+fn key_order(value: &serde_yaml_ng::Value, section: &str) -> Vec<String> {
+    value
+        .get(section)
+        .and_then(|v| v.as_mapping())
+        .map(|m| m.keys().filter_map(|k| k.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+/// Finds the line (from 1) of a dotted field path in the YAML text, in block
+/// or flow style, by finding each key in turn after the previous one. Used
+/// for errors found after parsing, when the parser's positions are gone.
+fn locate(yaml: &str, path: &[&str]) -> Option<usize> {
+    let mut at = 0;
+    for key in path {
+        at += find_key(&yaml[at..], key)?;
+    }
+    Some(yaml[..at].matches('\n').count() + 1)
+}
+
+/// The line of the second place `key` stands as a key.
+fn second_key_line(yaml: &str, key: &str) -> Option<usize> {
+    let first = find_key(yaml, key)?;
+    let second = first + find_key(&yaml[first..], key)?;
+    Some(yaml[..second].matches('\n').count() + 1)
+}
+
+/// Offset just past `key:` (optionally quoted) where it stands as a key.
+fn find_key(text: &str, key: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(found) = text[from..].find(key) {
+        let start = from + found;
+        let end = start + key.len();
+        let before = text[..start].chars().next_back();
+        let quoted = matches!(before, Some('"' | '\''));
+        let key_start = if quoted { start - 1 } else { start };
+        let boundary = text[..key_start].chars().next_back().is_none_or(|c| matches!(c, ' ' | '\n' | '{' | ',' | '\t'));
+        let rest = &text[end..];
+        let rest = if quoted { rest.strip_prefix(['"', '\'']).unwrap_or("") } else { rest };
+        if boundary && rest.trim_start_matches(' ').starts_with(':') {
+            return Some(end);
+        }
+        from = end;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "\
+name: demo
+model: Qwen/Qwen3.5-9B
+hardware: { gpu: H200, gpus_per_job: 1 }
+repeats: 2
+engines:
+  vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192] }
+  sglang: { args: [--context-length=8192] }
+variants:
+  prefix-caching: { args: [--enable-prefix-caching] }
+  fp8: { model: Qwen/Qwen3.5-9B-FP8 }
+profiles:
+  throughput:
+    dataset: { random: { input_tokens: 1024, output_tokens: 128, seed: 42 } }
+    rate: 20
+    requests: 100
+  chat: { dataset: { sharegpt: sharegpt.json }, rate: inf, requests: 10 }
+";
+
+    fn hash(path: &str) -> Option<String> {
+        (path == "sharegpt.json").then(|| "ab".repeat(32))
+    }
+
+    fn check_err(yaml: &str, expected: &str) {
+        let e = parse("m.yaml", yaml, &hash).expect_err("the matrix should be rejected");
+        assert_eq!(e.to_string(), expected);
+    }
+
+    #[test]
+    fn expands_every_engine_and_variant_combination() {
+        let m = parse("m.yaml", GOOD, &hash).expect("valid matrix");
+        let names: Vec<&str> = m.configs.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "vllm",
+                "vllm+prefix-caching",
+                "vllm+fp8",
+                "vllm+prefix-caching+fp8",
+                "sglang",
+                "sglang+prefix-caching",
+                "sglang+fp8",
+                "sglang+prefix-caching+fp8"
+            ]
+        );
+        let both = &m.configs[3];
+        assert_eq!(both.model, "Qwen/Qwen3.5-9B-FP8");
+        assert_eq!(both.args, ["--max-model-len=8192", "--enable-prefix-caching"]);
+        assert_eq!(m.repeats, 2);
+        assert_eq!(m.profiles.len(), 2);
+        assert_eq!(m.profiles[0].rate, Some(20.0));
+        assert_eq!(m.profiles[1].rate, None);
+        assert_eq!(m.primary_profile, "throughput");
+    }
+
+    #[test]
+    fn unknown_field_is_named_with_its_line() {
+        check_err(
+            &GOOD.replace("rate: 20", "rte: 20"),
+            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`",
+        );
+    }
+
+    #[test]
+    fn negative_rate_is_named_with_its_line() {
+        check_err(
+            &GOOD.replace("rate: 20", "rate: -5"),
+            "m.yaml:14: profiles.throughput.rate: must be a positive number of requests per second, got -5",
+        );
+    }
+
+    #[test]
+    fn flow_style_fields_are_located_too() {
+        check_err(
+            &GOOD.replace("requests: 10 }", "requests: 0 }"),
+            "m.yaml:16: profiles.chat.requests: must be at least 1, got 0",
+        );
+    }
+
+    #[test]
+    fn missing_profiles_are_rejected() {
+        let no_profiles = GOOD.split("profiles:").next().unwrap_or_default().to_owned();
+        check_err(&no_profiles, "m.yaml:1: missing field `profiles`");
+        check_err(&format!("{no_profiles}profiles: {{}}\n"), "m.yaml:11: profiles: at least one profile is required");
+        check_err(
+            &format!("{GOOD}primary_profile: nope\n"),
+            "m.yaml:17: primary_profile: no profile named 'nope'; profiles are: throughput, chat",
+        );
+    }
+
+    #[test]
+    fn missing_dataset_file_is_named() {
+        check_err(
+            &GOOD.replace("sharegpt.json", "missing.json"),
+            "m.yaml:16: profiles.chat.dataset.sharegpt: cannot read the ShareGPT file 'missing.json' (paths are relative to the matrix file)",
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_an_error() {
+        let e = parse("m.yaml", &format!("{GOOD}repeats: 3\n"), &hash).expect_err("duplicate");
+        assert!(e.to_string().contains("duplicate"), "{e}");
+        assert_eq!(e.line, Some(17));
+    }
+
+    #[test]
+    fn other_range_checks() {
+        check_err(&GOOD.replace("repeats: 2", "repeats: 0"), "m.yaml:4: repeats: must be at least 1, got 0");
+        check_err(
+            &GOOD.replace("input_tokens: 1024", "input_tokens: -1"),
+            "m.yaml:13: profiles.throughput.dataset.random.input_tokens: must be at least 1, got -1",
+        );
+        check_err(
+            &GOOD.replace("  sglang: {", "  tgi: {"),
+            "m.yaml:7: engines.tgi: cannot tell the engine from its name; set kind: vllm or sglang",
+        );
+        check_err(
+            &format!("{GOOD}strategy: greedy\n"),
+            "m.yaml:17: strategy: greedy is not implemented yet; use grid (every combination)",
+        );
+    }
+
+    #[test]
+    fn lists_referenced_files() {
+        let files = referenced_files("m.yaml", GOOD).expect("parses");
+        assert_eq!(
+            files,
+            [FileRef { path: "sharegpt.json".to_owned(), field: "profiles.chat.dataset.sharegpt".to_owned() }]
+        );
+    }
+}

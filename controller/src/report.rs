@@ -1,0 +1,165 @@
+//! The run report: one "Serving Benchmark Result" block per (engine
+//! configuration, profile), each variant against its engine's baseline, and
+//! every failure with its reason. Rendered from the store alone, so that
+//! `benchfleet report` prints the same text long after the run.
+
+use std::fmt::Write as _;
+
+use benchfleet_loadgen::{Distribution, Summary, render_block};
+
+use crate::model::{Group, Job, JobState, Progress, RunId};
+use crate::store::{Store, StoreError};
+
+/// Renders the report of a stored run.
+pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
+    let run = store.run(run_id)?.ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
+    let groups = store.groups(run_id)?;
+    let jobs = store.jobs(run_id)?;
+    let progress = Progress::of(&jobs);
+    let state = if run.finished { "finished" } else { "running" };
+
+    let mut out = String::new();
+    let _ = writeln!(out, "Run {}: {} ({})", run.id, run.name, run.matrix_file);
+    let _ = writeln!(
+        out,
+        "State: {state}; {} of {} jobs succeeded, {} failed",
+        progress.succeeded, progress.total, progress.failed
+    );
+
+    let mut profiles: Vec<&str> = Vec::new();
+    for j in &jobs {
+        if !profiles.contains(&j.profile.name.as_str()) {
+            profiles.push(&j.profile.name);
+        }
+    }
+
+    for group in &groups {
+        let _ = writeln!(out, "\n## {}\n", group.config.name);
+        let _ = writeln!(out, "Serve command:\n\n{}\n", group.config.serve_command());
+        for profile in &profiles {
+            let of_profile: Vec<&Job> = group_jobs(&jobs, group).filter(|j| j.profile.name == *profile).collect();
+            if of_profile.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "Profile: {profile}");
+            let summaries: Vec<&Summary> = succeeded(&of_profile).collect();
+            match mean(&summaries) {
+                Some(s) => {
+                    if summaries.len() > 1 {
+                        let _ = writeln!(out, "(mean of {} repeats)", summaries.len());
+                    }
+                    out.push('\n');
+                    out.push_str(&render_block(&s));
+                }
+                None => {
+                    let _ = writeln!(out, "\nno successful repeat");
+                }
+            }
+            for j in of_profile.iter().filter(|j| j.state != JobState::Succeeded) {
+                let _ = writeln!(
+                    out,
+                    "\nrepeat {} {}: {}",
+                    j.repeat,
+                    state_word(j.state),
+                    j.error.as_deref().unwrap_or("no reason given")
+                );
+                if let Some(tail) = &j.log_tail {
+                    let _ = writeln!(out, "last engine log lines:\n{tail}");
+                }
+            }
+            out.push('\n');
+        }
+    }
+
+    comparison(&mut out, &groups, &jobs, &profiles);
+    Ok(out)
+}
+
+fn group_jobs<'a>(jobs: &'a [Job], group: &'a Group) -> impl Iterator<Item = &'a Job> {
+    jobs.iter().filter(move |j| j.group == group.id)
+}
+
+fn succeeded<'a>(jobs: &'a [&'a Job]) -> impl Iterator<Item = &'a Summary> {
+    jobs.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.as_ref())
+}
+
+fn state_word(s: JobState) -> &'static str {
+    match s {
+        JobState::Failed => "failed",
+        JobState::Succeeded => "succeeded",
+        _ => "did not finish",
+    }
+}
+
+/// Each variant configuration against its engine's baseline, per profile.
+fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str]) {
+    let variants: Vec<&Group> = groups.iter().filter(|g| !g.config.variants.is_empty()).collect();
+    if variants.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Against the baseline\n");
+    for profile in profiles {
+        let _ = writeln!(out, "Profile: {profile}");
+        for v in &variants {
+            let Some(base) = groups.iter().find(|g| g.config.engine == v.config.engine && g.config.variants.is_empty())
+            else {
+                continue;
+            };
+            let summary_of = |g: &Group| {
+                let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == *profile).collect();
+                mean(&succeeded(&js).collect::<Vec<_>>())
+            };
+            let line = match (summary_of(base), summary_of(v)) {
+                (Some(b), Some(s)) => format!(
+                    "Total TPS: {:.2} ({:+.2}%) Mean TPOT(ms): {:.2} | baseline Total TPS: {:.2} Mean TPOT(ms): {:.2}",
+                    s.total_token_throughput,
+                    change(b.total_token_throughput, s.total_token_throughput),
+                    s.tpot_ms.mean,
+                    b.total_token_throughput,
+                    b.tpot_ms.mean
+                ),
+                _ => "no result to compare".to_owned(),
+            };
+            let _ = writeln!(out, "  {:<40} {line}", v.config.name);
+        }
+        out.push('\n');
+    }
+}
+
+fn change(base: f64, new: f64) -> f64 {
+    if base == 0.0 { 0.0 } else { (new - base) / base * 100.0 }
+}
+
+/// The field-by-field mean of repeats' summaries.
+pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
+    let n = summaries.len();
+    if n == 0 {
+        return None;
+    }
+    let avg = |f: &dyn Fn(&Summary) -> f64| summaries.iter().map(|s| f(s)).sum::<f64>() / n as f64;
+    let avg_u = |f: &dyn Fn(&Summary) -> u64| (avg(&|s| f(s) as f64)).round() as u64;
+    let dist = |f: &dyn Fn(&Summary) -> &Distribution| Distribution {
+        mean: avg(&|s| f(s).mean),
+        median: avg(&|s| f(s).median),
+        p95: avg(&|s| f(s).p95),
+        p99: avg(&|s| f(s).p99),
+        count: summaries.iter().map(|s| f(s).count).sum(),
+    };
+    Some(Summary {
+        successful: avg_u(&|s| s.successful),
+        failed: avg_u(&|s| s.failed),
+        max_concurrency: summaries[0].max_concurrency,
+        duration_s: avg(&|s| s.duration_s),
+        total_input_tokens: avg_u(&|s| s.total_input_tokens),
+        total_output_tokens: avg_u(&|s| s.total_output_tokens),
+        request_throughput: avg(&|s| s.request_throughput),
+        output_throughput: avg(&|s| s.output_throughput),
+        peak_output_throughput: avg(&|s| s.peak_output_throughput),
+        peak_concurrent: avg_u(&|s| s.peak_concurrent),
+        total_token_throughput: avg(&|s| s.total_token_throughput),
+        latency_s: dist(&|s| &s.latency_s),
+        ttft_ms: dist(&|s| &s.ttft_ms),
+        tpot_ms: dist(&|s| &s.tpot_ms),
+        itl_ms: dist(&|s| &s.itl_ms),
+    })
+}
