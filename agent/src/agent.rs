@@ -37,6 +37,9 @@ pub struct AgentConfig {
 
 /// Runs the agent until `shutdown` is cancelled.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // The HTTP client needs a TLS provider even for plain http; ring is the
+    // project's one (a no-op when the binary installed it already).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut backoff = Duration::from_millis(100);
     loop {
         let session = tokio::select! {

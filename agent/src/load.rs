@@ -34,8 +34,6 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
         run.model.clone(),
         "--num-prompts".into(),
         job.requests.to_string(),
-        "--seed".into(),
-        job.seed.to_string(),
         "--quiet".into(),
     ];
     if let Some(rate) = job.rate {
@@ -56,7 +54,8 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
             seed.to_string(),
         ]),
         LoadDataset::ShareGpt { output_tokens, .. } => {
-            args.extend(["--dataset-name".into(), "sharegpt".into()]);
+            // loadgen has one seed; for ShareGPT it only drives arrivals.
+            args.extend(["--dataset-name".into(), "sharegpt".into(), "--seed".into(), job.seed.to_string()]);
             if let Some(path) = &run.dataset_path {
                 args.extend(["--dataset-path".into(), path.display().to_string()]);
             }

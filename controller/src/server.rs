@@ -302,15 +302,16 @@ impl Controller {
 
     fn finish_run_if_done(&self, run_id: RunId) -> Result<(), StoreError> {
         let jobs = self.store.jobs(run_id)?;
-        if jobs.iter().all(|j| j.state.is_terminal()) {
-            if let Some(mut run) = self.store.run(run_id)? {
-                if !run.finished {
-                    run.finished = true;
-                    self.store.put_run(&run)?;
-                    let p = Progress::of(&jobs);
-                    info!(run = %run_id, succeeded = p.succeeded, failed = p.failed, "run finished");
-                }
-            }
+        if !jobs.iter().all(|j| j.state.is_terminal()) {
+            return Ok(());
+        }
+        if let Some(mut run) = self.store.run(run_id)?
+            && !run.finished
+        {
+            run.finished = true;
+            self.store.put_run(&run)?;
+            let p = Progress::of(&jobs);
+            info!(run = %run_id, succeeded = p.succeeded, failed = p.failed, "run finished");
         }
         Ok(())
     }

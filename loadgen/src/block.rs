@@ -1,0 +1,114 @@
+//! The "Serving Benchmark Result" block, field for field as `vllm bench
+//! serve` prints it and as the published reports quote it.
+
+use std::fmt::Write as _;
+
+use crate::metrics::{Distribution, Summary};
+
+/// Renders the block; every line ends with a newline.
+pub fn render_block(s: &Summary) -> String {
+    let mut out = String::from("============ Serving Benchmark Result ============\n");
+    let mut line = |label: &str, value: String| {
+        let _ = writeln!(out, "{label:<40} {value}");
+    };
+    line("Successful requests:", s.successful.to_string());
+    line("Maximum request concurrency:", s.max_concurrency.unwrap_or(s.peak_concurrent).to_string());
+    line("Benchmark duration (s):", format!("{:.2}", s.duration_s));
+    line("Total input tokens:", s.total_input_tokens.to_string());
+    line("Total generated tokens:", s.total_output_tokens.to_string());
+    line("Request throughput (req/s):", format!("{:.2}", s.request_throughput));
+    line("Output token throughput (tok/s):", format!("{:.2}", s.output_throughput));
+    line("Peak output token throughput (tok/s):", format!("{:.2}", s.peak_output_throughput));
+    line("Peak concurrent requests:", format!("{:.2}", s.peak_concurrent as f64));
+    line("Total Token throughput (tok/s):", format!("{:.2}", s.total_token_throughput));
+    section(&mut out, "----------------------Latency---------------------", "Latency(s):", " ", &s.latency_s);
+    section(&mut out, "---------------Time to First Token----------------", "TTFT (ms):", "", &s.ttft_ms);
+    section(&mut out, "-----Time per Output Token (excl. 1st token)------", "TPOT (ms):", "", &s.tpot_ms);
+    section(&mut out, "---------------Inter-token Latency----------------", "ITL (ms):", "", &s.itl_ms);
+    out.push_str("==================================================\n");
+    out
+}
+
+/// One titled section of mean, median, P95 and P99. The latency section's
+/// values sit one column further right, as in the published block.
+fn section(out: &mut String, title: &str, unit: &str, extra_pad: &str, d: &Distribution) {
+    out.push_str(title);
+    out.push('\n');
+    for (name, value) in [("Mean", d.mean), ("Median", d.median), ("P95", d.p95), ("P99", d.p99)] {
+        let label = format!("{name} {unit}");
+        let _ = writeln!(out, "{label:<40} {extra_pad}{value:.2}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference report's vLLM ShareGPT baseline, block for block.
+    const REFERENCE: &str = "\
+============ Serving Benchmark Result ============
+Successful requests:                     1000
+Maximum request concurrency:             512
+Benchmark duration (s):                  70.72
+Total input tokens:                      342058
+Total generated tokens:                  281412
+Request throughput (req/s):              14.14
+Output token throughput (tok/s):         4347.55
+Peak output token throughput (tok/s):    30810010.86
+Peak concurrent requests:                512.00
+Total Token throughput (tok/s):          9632.01
+----------------------Latency---------------------
+Mean Latency(s):                          30.19
+Median Latency(s):                        27.48
+P95 Latency(s):                           60.73
+P99 Latency(s):                           65.37
+---------------Time to First Token----------------
+Mean TTFT (ms):                          4072.64
+Median TTFT (ms):                        5786.23
+P95 TTFT (ms):                           9276.23
+P99 TTFT (ms):                           10204.44
+-----Time per Output Token (excl. 1st token)------
+Mean TPOT (ms):                          25.89
+Median TPOT (ms):                        11.63
+P95 TPOT (ms):                           119.58
+P99 TPOT (ms):                           161.45
+---------------Inter-token Latency----------------
+Mean ITL (ms):                           11.46
+Median ITL (ms):                         0.00
+P95 ITL (ms):                            101.72
+P99 ITL (ms):                            132.49
+==================================================
+";
+
+    fn dist(mean: f64, median: f64, p95: f64, p99: f64) -> Distribution {
+        Distribution { mean, median, p95, p99, count: 1000 }
+    }
+
+    #[test]
+    fn matches_the_published_block_exactly() {
+        let s = Summary {
+            successful: 1000,
+            failed: 0,
+            max_concurrency: Some(512),
+            duration_s: 70.72,
+            total_input_tokens: 342058,
+            total_output_tokens: 281412,
+            request_throughput: 14.14,
+            output_throughput: 4347.55,
+            peak_output_throughput: 30810010.86,
+            peak_concurrent: 512,
+            total_token_throughput: 9632.01,
+            latency_s: dist(30.19, 27.48, 60.73, 65.37),
+            ttft_ms: dist(4072.64, 5786.23, 9276.23, 10204.44),
+            tpot_ms: dist(25.89, 11.63, 119.58, 161.45),
+            itl_ms: dist(11.46, 0.0, 101.72, 132.49),
+        };
+        assert_eq!(render_block(&s), REFERENCE);
+    }
+
+    #[test]
+    fn without_a_cap_the_observed_peak_is_the_maximum_concurrency() {
+        let s = Summary { peak_concurrent: 31, ..Summary::default() };
+        assert!(render_block(&s).contains("Maximum request concurrency:             31\n"));
+    }
+}

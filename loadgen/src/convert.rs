@@ -1,0 +1,138 @@
+//! The one place where request records and summaries cross to and from
+//! their gRPC (prost) form.
+
+use benchfleet_proto as pb;
+
+use crate::metrics::{Distribution, Summary};
+use crate::record::{Chunk, Outcome, RequestRecord};
+
+impl From<Outcome> for pb::Outcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Ok => pb::Outcome::Ok,
+            Outcome::HttpError => pb::Outcome::HttpError,
+            Outcome::Timeout => pb::Outcome::Timeout,
+            Outcome::Cancelled => pb::Outcome::Cancelled,
+            Outcome::Incomplete => pb::Outcome::Incomplete,
+            Outcome::TransportError => pb::Outcome::TransportError,
+        }
+    }
+}
+
+/// A record received over the wire is not valid.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRecord {
+    #[error("record {seq}: unknown outcome {value}")]
+    Outcome { seq: u64, value: i32 },
+    #[error("record {seq}: {times} chunk times but {tokens} chunk token counts")]
+    Chunks { seq: u64, times: usize, tokens: usize },
+}
+
+impl From<&RequestRecord> for pb::RequestRecord {
+    fn from(r: &RequestRecord) -> Self {
+        pb::RequestRecord {
+            seq: r.seq,
+            scheduled_ns: r.scheduled_ns,
+            sent_ns: r.sent_ns,
+            first_token_ns: r.first_token_ns.unwrap_or(0),
+            completed_ns: r.completed_ns,
+            chunk_ns: r.chunks.iter().map(|c| c.at_ns).collect(),
+            chunk_tokens: r.chunks.iter().map(|c| c.tokens).collect(),
+            prompt_tokens: r.prompt_tokens,
+            output_tokens: r.output_tokens,
+            outcome: pb::Outcome::from(r.outcome) as i32,
+            http_status: r.http_status.map_or(0, u32::from),
+            error: r.error.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl TryFrom<pb::RequestRecord> for RequestRecord {
+    type Error = InvalidRecord;
+
+    fn try_from(r: pb::RequestRecord) -> Result<Self, Self::Error> {
+        let outcome = match pb::Outcome::try_from(r.outcome) {
+            Ok(pb::Outcome::Ok) => Outcome::Ok,
+            Ok(pb::Outcome::HttpError) => Outcome::HttpError,
+            Ok(pb::Outcome::Timeout) => Outcome::Timeout,
+            Ok(pb::Outcome::Cancelled) => Outcome::Cancelled,
+            Ok(pb::Outcome::Incomplete) => Outcome::Incomplete,
+            Ok(pb::Outcome::TransportError) => Outcome::TransportError,
+            Ok(pb::Outcome::Unspecified) | Err(_) => {
+                return Err(InvalidRecord::Outcome { seq: r.seq, value: r.outcome });
+            }
+        };
+        if r.chunk_ns.len() != r.chunk_tokens.len() {
+            return Err(InvalidRecord::Chunks { seq: r.seq, times: r.chunk_ns.len(), tokens: r.chunk_tokens.len() });
+        }
+        Ok(RequestRecord {
+            seq: r.seq,
+            scheduled_ns: r.scheduled_ns,
+            sent_ns: r.sent_ns,
+            first_token_ns: (r.first_token_ns != 0).then_some(r.first_token_ns),
+            completed_ns: r.completed_ns,
+            chunks: r.chunk_ns.iter().zip(&r.chunk_tokens).map(|(&at_ns, &tokens)| Chunk { at_ns, tokens }).collect(),
+            prompt_tokens: r.prompt_tokens,
+            output_tokens: r.output_tokens,
+            outcome,
+            http_status: u16::try_from(r.http_status).ok().filter(|&s| s != 0),
+            error: (!r.error.is_empty()).then_some(r.error),
+        })
+    }
+}
+
+impl From<&Distribution> for pb::Distribution {
+    fn from(d: &Distribution) -> Self {
+        pb::Distribution { mean: d.mean, median: d.median, p95: d.p95, p99: d.p99, count: d.count }
+    }
+}
+
+impl From<pb::Distribution> for Distribution {
+    fn from(d: pb::Distribution) -> Self {
+        Distribution { mean: d.mean, median: d.median, p95: d.p95, p99: d.p99, count: d.count }
+    }
+}
+
+impl From<&Summary> for pb::Summary {
+    fn from(s: &Summary) -> Self {
+        pb::Summary {
+            successful: s.successful,
+            failed: s.failed,
+            max_concurrency: s.max_concurrency.unwrap_or(0),
+            duration_s: s.duration_s,
+            total_input_tokens: s.total_input_tokens,
+            total_output_tokens: s.total_output_tokens,
+            request_throughput: s.request_throughput,
+            output_throughput: s.output_throughput,
+            peak_output_throughput: s.peak_output_throughput,
+            peak_concurrent: s.peak_concurrent,
+            total_token_throughput: s.total_token_throughput,
+            latency_s: Some((&s.latency_s).into()),
+            ttft_ms: Some((&s.ttft_ms).into()),
+            tpot_ms: Some((&s.tpot_ms).into()),
+            itl_ms: Some((&s.itl_ms).into()),
+        }
+    }
+}
+
+impl From<pb::Summary> for Summary {
+    fn from(s: pb::Summary) -> Self {
+        Summary {
+            successful: s.successful,
+            failed: s.failed,
+            max_concurrency: (s.max_concurrency != 0).then_some(s.max_concurrency),
+            duration_s: s.duration_s,
+            total_input_tokens: s.total_input_tokens,
+            total_output_tokens: s.total_output_tokens,
+            request_throughput: s.request_throughput,
+            output_throughput: s.output_throughput,
+            peak_output_throughput: s.peak_output_throughput,
+            peak_concurrent: s.peak_concurrent,
+            total_token_throughput: s.total_token_throughput,
+            latency_s: s.latency_s.unwrap_or_default().into(),
+            ttft_ms: s.ttft_ms.unwrap_or_default().into(),
+            tpot_ms: s.tpot_ms.unwrap_or_default().into(),
+            itl_ms: s.itl_ms.unwrap_or_default().into(),
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Load runs against the fake OpenAI server: measured metrics match the
+//! server's known timings, failures are recorded, bad targets fail fast.
+
+use std::time::Duration;
+
+use benchfleet_loadgen::{Endpoint, LoadError, Outcome, run};
+
+use crate::fake_openai::{self, Timing};
+use crate::random_load;
+
+const TIMING: Timing = Timing { ttft: Duration::from_millis(80), itl: Duration::from_millis(15) };
+
+fn within_10_percent(name: &str, measured: f64, truth: f64) {
+    assert!((measured - truth).abs() <= 0.1 * truth, "{name}: measured {measured:.2} ms, truth {truth:.2} ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measured_metrics_match_the_servers_timings() {
+    let url = fake_openai::start(TIMING).await;
+    for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+        let mut config = random_load(&url, "good", 24, 50, 20);
+        config.endpoint = endpoint;
+        config.max_concurrency = Some(8);
+        let result = run(config, None).await.expect("run");
+        let s = &result.summary;
+
+        assert_eq!((s.successful, s.failed), (24, 0), "{endpoint:?}");
+        assert_eq!(s.total_input_tokens, 24 * 50);
+        assert_eq!(s.total_output_tokens, 24 * 20);
+        assert_eq!(s.max_concurrency, Some(8));
+        assert!(s.peak_concurrent <= 8, "cap exceeded: {}", s.peak_concurrent);
+        within_10_percent("mean ttft", s.ttft_ms.mean, 80.0);
+        within_10_percent("mean tpot", s.tpot_ms.mean, 15.0);
+        within_10_percent("mean itl", s.itl_ms.mean, 15.0);
+
+        let seqs: Vec<u64> = result.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, (0..24).collect::<Vec<_>>());
+        for r in &result.records {
+            assert_eq!(r.chunks.len(), 20, "empty and role-only chunks are not tokens");
+            assert_eq!(r.http_status, Some(200));
+            assert!(r.sent_ns >= r.scheduled_ns);
+        }
+        // With a cap of 8 and everything due at once, the later waves wait
+        // for slots: their send is later than their schedule.
+        let last = &result.records[23];
+        assert!(last.sent_ns - last.scheduled_ns > 200_000_000, "the third wave waited for a slot");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_requests_are_recorded_and_counted() {
+    let url = fake_openai::start(TIMING).await;
+    let check = |model: &'static str, outcome: Outcome, error: &'static str| {
+        let url = url.clone();
+        async move {
+            let result = run(random_load(&url, model, 5, 10, 8), None).await.expect("run");
+            assert_eq!((result.summary.successful, result.summary.failed), (0, 5), "{model}");
+            for r in &result.records {
+                assert_eq!(r.outcome, outcome, "{model}: {r:?}");
+                let message = r.error.as_deref().unwrap_or_default();
+                assert!(message.contains(error), "{model}: {message}");
+                assert!(message.len() < 300, "{model}: the body is cut: {message}");
+            }
+            result.records
+        }
+    };
+    let errors = check("http-500", Outcome::HttpError, "engine exploded").await;
+    assert!(errors.iter().all(|r| r.http_status == Some(500) && r.chunks.is_empty()));
+    let dropped = check("drop-after-3", Outcome::Incomplete, "before [DONE]").await;
+    assert!(dropped.iter().all(|r| r.chunks.len() == 3 && r.output_tokens == 3));
+}
+
+#[tokio::test]
+async fn a_server_that_is_down_or_lacks_the_model_fails_the_run() {
+    let url = fake_openai::start(TIMING).await;
+    let err = run(random_load(&url, "other-model", 1, 1, 1), None).await.expect_err("unknown model");
+    assert!(matches!(err, LoadError::ModelNotServed { .. }), "{err:?}");
+    assert!(err.to_string().contains("\"other-model\" is not served"), "{err}");
+    assert!(err.to_string().contains("good, http-500"), "{err}");
+
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let down = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let err = run(random_load(&down, "good", 1, 1, 1), None).await.expect_err("server down");
+    assert!(err.to_string().starts_with(&format!("cannot reach the server at {down}/v1/models")), "{err}");
+}

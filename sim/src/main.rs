@@ -1,0 +1,52 @@
+//! `benchfleet-sim`: parses an engine command line, binds, and serves until SIGINT or SIGTERM.
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use benchfleet_sim::{SimConfig, parse_command_line, serve};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    let config = match parse_command_line(&args) {
+        Ok(config) => config,
+        Err(err) => {
+            // Exit code 2 and `error:` as argparse does, so callers see the engine's behaviour.
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in the agent's log files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    match run(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: SimConfig) -> anyhow::Result<()> {
+    let address = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .with_context(|| format!("cannot listen on {address}: is another server using the port?"))?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    tracing::info!(engine = %config.engine, model = %config.served_model_name, "benchfleet-sim listening on {address}");
+    let shutdown = async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("shutting down after in-flight requests finish");
+    };
+    serve(config, listener, shutdown).await
+}

@@ -1,0 +1,178 @@
+//! Drives the simulator as a benchmark client would: an in-process server over real HTTP, and the built binary.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A simulator on 127.0.0.1:0, stopped when dropped.
+struct Sim {
+    base: String,
+    client: reqwest::Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(command_line: &str) -> Sim {
+    // reqwest is built without a crypto provider; installing twice across tests is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args: Vec<String> = command_line.split_whitespace().map(String::from).collect();
+    let config = benchfleet_sim::parse_command_line(&args).expect("valid command line");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("bound address"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(benchfleet_sim::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    Sim { base, client: reqwest::Client::new(), _stop: stop }
+}
+
+impl Sim {
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, String) {
+        let response = self.client.post(format!("{}{path}", self.base)).json(&body).send().await.expect("request");
+        (response.status(), response.text().await.expect("body"))
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, String) {
+        let response = self.client.get(format!("{}{path}", self.base)).send().await.expect("request");
+        (response.status(), response.text().await.expect("body"))
+    }
+}
+
+/// The JSON chunks of an SSE body, checking vLLM's framing and the final `[DONE]`.
+fn sse_chunks(body: &str) -> Vec<Value> {
+    let events: Vec<&str> = body.split_terminator("\n\n").collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"), "{body}");
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").expect("data event")).expect("json chunk"))
+        .collect()
+}
+
+#[tokio::test]
+async fn health_waits_for_startup_and_models_lists_the_served_name() {
+    let sim =
+        start("vllm serve Qwen/Qwen3-8B --served-model-name qwen --max-model-len 4096 --sim-startup-ms 300").await;
+    assert_eq!(sim.get("/health").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(sim.get("/health").await.0, StatusCode::OK);
+    let (status, body) = sim.get("/v1/models").await;
+    assert_eq!(status, StatusCode::OK);
+    let models: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "qwen");
+    assert_eq!(models["data"][0]["owned_by"], "benchfleet-sim");
+    assert_eq!(models["data"][0]["max_model_len"], 4096);
+}
+
+#[tokio::test]
+async fn streamed_completion_has_max_tokens_chunks_then_usage_then_done() {
+    let sim = start("vllm serve m --sim-decode-base-ms 1").await;
+    let request = json!({"model": "m", "prompt": "one two three", "max_tokens": 5, "stream": true,
+        "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": 0.0});
+    let (status, body) = sim.post("/v1/completions", request).await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = sse_chunks(&body);
+    assert_eq!(chunks.len(), 6, "{body}");
+    for (i, chunk) in chunks[..5].iter().enumerate() {
+        assert_eq!(chunk["object"], "text_completion");
+        assert!(chunk["id"].as_str().expect("id").starts_with("cmpl-"));
+        assert!(chunk["choices"][0]["text"].as_str().expect("text").starts_with(' '));
+        let finish = if i == 4 { json!("length") } else { Value::Null };
+        assert_eq!(chunk["choices"][0]["finish_reason"], finish);
+    }
+    assert_eq!(chunks[5]["choices"], json!([]));
+    assert_eq!(chunks[5]["usage"], json!({"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}));
+}
+
+#[tokio::test]
+async fn chat_stream_starts_role_only_then_reasoning_then_content() {
+    let sim = start("sglang serve --model-path m --reasoning-parser qwen3 --sim-decode-base-ms 1").await;
+    let request = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi there"}]}],
+        "max_tokens": 8, "stream": true});
+    let (status, body) = sim.post("/v1/chat/completions", request).await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = sse_chunks(&body);
+    assert_eq!(chunks.len(), 9, "role chunk, 8 tokens and no usage: {body}");
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    let fields: Vec<String> = chunks[1..]
+        .iter()
+        .map(|c| c["choices"][0]["delta"].as_object().expect("delta").keys().cloned().collect())
+        .collect();
+    assert_eq!(fields[..2], ["reasoning_content", "reasoning_content"]);
+    assert!(fields[2..].iter().all(|f| f == "content"), "{fields:?}");
+    assert_eq!(chunks[8]["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test]
+async fn non_streaming_responses_report_usage() {
+    let sim = start("vllm serve m --sim-decode-base-ms 1").await;
+    let (status, body) = sim.post("/v1/completions", json!({"prompt": ["a b c d"], "max_tokens": 3})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let reply: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(reply["usage"], json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}));
+    assert_eq!(reply["choices"][0]["text"].as_str().expect("text").split_whitespace().count(), 3);
+
+    let chat = json!({"model": "m", "messages": [{"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is up"}]});
+    let (status, body) = sim.post("/v1/chat/completions", chat).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let reply: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(reply["object"], "chat.completion");
+    assert_eq!(reply["usage"], json!({"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}));
+    // The same request generates the same words.
+    let again: Value = serde_json::from_str(
+        &sim.post(
+            "/v1/chat/completions",
+            json!({"model": "m",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is up"}]}),
+        )
+        .await
+        .1,
+    )
+    .expect("json");
+    assert_eq!(again["choices"][0]["message"]["content"], reply["choices"][0]["message"]["content"]);
+}
+
+#[tokio::test]
+async fn errors_look_like_vllm() {
+    let sim = start("vllm serve m --max-model-len 10").await;
+    let (status, body) = sim.post("/v1/completions", json!({"prompt": "w w w w w w w", "max_tokens": 4})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let error: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(error["error"]["type"], "BadRequestError");
+    assert_eq!(error["error"]["code"], 400);
+    assert!(error["error"]["message"].as_str().expect("message").contains("maximum context length is 10"));
+
+    let (status, body) = sim.post("/v1/completions", json!({"model": "other", "prompt": "hi"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(serde_json::from_str::<Value>(&body).expect("json")["error"]["code"], 404);
+
+    let sim = start("vllm serve m --sim-fail-rate 1").await;
+    assert_eq!(sim.post("/v1/completions", json!({"prompt": "hi"})).await.0, StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+#[tokio::test]
+async fn metrics_and_prefix_cache_reset() {
+    let sim = start("vllm serve m").await;
+    let (status, text) = sim.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("# TYPE vllm:num_requests_running gauge"), "{text}");
+    assert!(text.contains("vllm:num_requests_waiting{model_name=\"m\"} 0"), "{text}");
+    assert_eq!(sim.post("/reset_prefix_cache", json!({})).await.0, StatusCode::OK);
+}
+
+#[test]
+fn binary_rejects_bad_command_lines_with_exit_code_2() {
+    for (args, expected) in [
+        (&["vllm", "serve", "m", "--bogus"][..], "error: unrecognized arguments: --bogus"),
+        (&["sglang", "serve", "--port", "1"][..], "error: the following arguments are required: --model-path"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-sim"))
+            .args(args)
+            .output()
+            .expect("run benchfleet-sim");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stderr).trim(), expected);
+    }
+}

@@ -1,0 +1,108 @@
+//! An in-process fleet: the agent's engine runtime serves the simulator's
+//! library on a loopback port, and its load runner calls loadgen's library,
+//! which streams records to the controller over gRPC like the binary does.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use benchfleet_agent::AgentConfig;
+use benchfleet_agent::engine::{Engine, EngineError, EngineRuntime, engine_command};
+use benchfleet_agent::gpu::SimGpuProbe;
+use benchfleet_agent::job::{EngineLaunch, LoadDataset, LoadRun};
+use benchfleet_agent::load::LoadRunner;
+use benchfleet_controller::local::LocalFleet;
+use benchfleet_controller::{SledStore, Store};
+use benchfleet_loadgen::{Arrival, Dataset, Endpoint, LoadConfig, SinkConfig};
+use tokio_util::sync::CancellationToken;
+
+pub struct InProcessSim;
+
+struct SimEngine {
+    port: u16,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+#[tonic::async_trait]
+impl EngineRuntime for InProcessSim {
+    async fn start(&self, launch: &EngineLaunch) -> Result<Box<dyn Engine>, EngineError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|source| EngineError::Spawn { command: "bind".into(), source })?;
+        let port =
+            listener.local_addr().map_err(|source| EngineError::Spawn { command: "bind".into(), source })?.port();
+        let config = benchfleet_sim::parse_command_line(&engine_command(launch, "127.0.0.1", port))
+            .map_err(|e| EngineError::BadFlag { message: e.to_string() })?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(benchfleet_sim::serve(config, listener, stop.clone().cancelled_owned()));
+        Ok(Box::new(SimEngine { port, stop, task }))
+    }
+}
+
+#[tonic::async_trait]
+impl Engine for SimEngine {
+    fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+    fn log_tail(&self) -> String {
+        String::new()
+    }
+    fn exit_status(&mut self) -> Option<String> {
+        self.task.is_finished().then(|| "stopped".to_owned())
+    }
+    async fn stop(self: Box<Self>) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+pub struct InProcessLoadgen;
+
+#[tonic::async_trait]
+impl LoadRunner for InProcessLoadgen {
+    async fn run(&self, run: &LoadRun) -> anyhow::Result<()> {
+        let job = &run.job;
+        let dataset = match &job.dataset {
+            LoadDataset::Random { input_tokens, output_tokens, seed } => {
+                Dataset::Random { input_tokens: *input_tokens, output_tokens: *output_tokens, seed: *seed }
+            }
+            LoadDataset::ShareGpt { name, content, output_tokens, .. } => Dataset::ShareGpt {
+                data: benchfleet_loadgen::load_sharegpt(content, name)?,
+                output_tokens: *output_tokens,
+            },
+        };
+        let mut config =
+            LoadConfig::new(run.base_url.clone(), run.model.clone(), dataset, usize::try_from(job.requests)?);
+        config.endpoint = if job.endpoint == "chat" { Endpoint::ChatCompletions } else { Endpoint::Completions };
+        config.request_rate = job.rate;
+        config.arrival = if job.arrival == "poisson" { Arrival::Poisson { seed: job.seed } } else { Arrival::Constant };
+        config.max_concurrency = job.max_concurrency.map(usize::try_from).transpose()?;
+        let sink =
+            SinkConfig::new(run.ingest_url.clone(), job.attempt.run_id.clone(), job.attempt.job, job.attempt.attempt);
+        benchfleet_loadgen::run(config, Some(sink)).await?;
+        Ok(())
+    }
+}
+
+/// Starts a controller over a sled store in `dir` and one in-process agent.
+pub async fn start(dir: &Path) -> anyhow::Result<(LocalFleet, Arc<dyn Store>)> {
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.join("store"))?);
+    let work_dir = dir.join("agent");
+    let fleet = LocalFleet::start(store.clone(), |controller_url| {
+        let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
+        runtimes.insert("process".into(), Arc::new(InProcessSim));
+        Ok(AgentConfig {
+            controller_url,
+            name: "in-process".into(),
+            gpus: Arc::new(SimGpuProbe { model: "H200".into(), count: 1, host: "test".into() }),
+            runtimes,
+            loadgen: Arc::new(InProcessLoadgen),
+            work_dir,
+            startup_timeout: Duration::from_secs(30),
+        })
+    })
+    .await?;
+    Ok((fleet, store))
+}

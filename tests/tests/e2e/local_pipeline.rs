@@ -1,0 +1,117 @@
+//! The local pipeline end to end: submit the example matrix, every job
+//! finishes, every request record is stored, the stored summaries agree with
+//! a recomputation from the stored records, and the report has the block's
+//! fields in order.
+
+use std::path::Path;
+
+use benchfleet_controller::client;
+use benchfleet_controller::model::{AttemptKey, JobState, RunId};
+use benchfleet_loadgen::{Summary, summarize};
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn assert_same(stored: &Summary, recomputed: &Summary) {
+    assert_eq!(stored.successful, recomputed.successful);
+    assert_eq!(stored.failed, recomputed.failed);
+    assert_eq!(stored.total_input_tokens, recomputed.total_input_tokens);
+    assert_eq!(stored.total_output_tokens, recomputed.total_output_tokens);
+    assert_eq!(stored.peak_concurrent, recomputed.peak_concurrent);
+    for (a, b) in [
+        (stored.duration_s, recomputed.duration_s),
+        (stored.request_throughput, recomputed.request_throughput),
+        (stored.output_throughput, recomputed.output_throughput),
+        (stored.total_token_throughput, recomputed.total_token_throughput),
+        (stored.peak_output_throughput, recomputed.peak_output_throughput),
+        (stored.latency_s.mean, recomputed.latency_s.mean),
+        (stored.latency_s.p99, recomputed.latency_s.p99),
+        (stored.ttft_ms.mean, recomputed.ttft_ms.mean),
+        (stored.ttft_ms.median, recomputed.ttft_ms.median),
+        (stored.tpot_ms.mean, recomputed.tpot_ms.mean),
+        (stored.tpot_ms.p95, recomputed.tpot_ms.p95),
+        (stored.itl_ms.mean, recomputed.itl_ms.mean),
+        (stored.itl_ms.p99, recomputed.itl_ms.p99),
+    ] {
+        assert!(close(a, b), "stored {a} vs recomputed {b}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info").try_init();
+    let dir = tempfile::tempdir()?;
+    let (fleet, store) = crate::fleet::start(dir.path()).await?;
+    let matrix = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart.yaml");
+    let mut operator = client::connect(&fleet.url).await?;
+    let submitted = operator.submit_run(client::submission(&matrix, Some("process"))?).await?.into_inner();
+    assert_eq!(submitted.jobs, 4);
+    let mut seen = Vec::new();
+    let run = client::watch(&mut operator, &submitted.run_id, |r| seen.push(r.jobs_done)).await?;
+    assert_eq!((run.jobs_done, run.jobs_failed, run.jobs_total), (4, 0, 4));
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {seen:?}");
+    let report = operator
+        .get_report(benchfleet_proto::GetReportRequest { run_id: submitted.run_id.clone() })
+        .await?
+        .into_inner()
+        .text;
+    fleet.stop().await;
+
+    let run_id: RunId = submitted.run_id.parse().map_err(anyhow::Error::msg)?;
+    let jobs = store.jobs(run_id)?;
+    assert_eq!(jobs.len(), 4);
+    for job in &jobs {
+        assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+        let stored = job.summary.as_ref().expect("a succeeded job has its summary");
+        let records = store.records(&AttemptKey { run: run_id, job: job.id, attempt: job.attempt })?;
+        // Every request sent has its record, once.
+        assert_eq!(records.len() as u64, job.profile.requests);
+        assert_eq!(stored.successful + stored.failed, job.profile.requests);
+        let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, (0..job.profile.requests).collect::<Vec<_>>());
+        assert_same(stored, &summarize(&records, stored.max_concurrency));
+        assert!(stored.successful > 0 && stored.total_output_tokens > 0);
+    }
+
+    // One block per (configuration, profile), each with its fields in order.
+    assert_eq!(report.matches("============ Serving Benchmark Result ============").count(), 4, "{report}");
+    let fields = [
+        "Successful requests:",
+        "Maximum request concurrency:",
+        "Benchmark duration (s):",
+        "Total input tokens:",
+        "Total generated tokens:",
+        "Request throughput (req/s):",
+        "Output token throughput (tok/s):",
+        "Peak output token throughput (tok/s):",
+        "Peak concurrent requests:",
+        "Total Token throughput (tok/s):",
+        "Mean Latency(s):",
+        "Median Latency(s):",
+        "P95 Latency(s):",
+        "P99 Latency(s):",
+        "Mean TTFT (ms):",
+        "Median TTFT (ms):",
+        "P95 TTFT (ms):",
+        "P99 TTFT (ms):",
+        "Mean TPOT (ms):",
+        "Median TPOT (ms):",
+        "P95 TPOT (ms):",
+        "P99 TPOT (ms):",
+        "Mean ITL (ms):",
+        "Median ITL (ms):",
+        "P95 ITL (ms):",
+        "P99 ITL (ms):",
+    ];
+    for block in report.split("============ Serving Benchmark Result ============").skip(1) {
+        let labels: Vec<&str> =
+            block.lines().filter_map(|l| l.find(':').map(|i| &l[..=i])).take(fields.len()).collect();
+        assert_eq!(labels, fields);
+    }
+    for config in ["## vllm\n", "## vllm+prefix-caching\n"] {
+        assert!(report.contains(config), "{report}");
+    }
+    assert!(report.contains("vllm serve Qwen/Qwen3.5-9B --max-model-len=8192 --enable-prefix-caching"), "{report}");
+    Ok(())
+}

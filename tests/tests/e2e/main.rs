@@ -1,0 +1,6 @@
+//! End-to-end tests of the whole system, in-process: a real controller (gRPC
+//! on 127.0.0.1:0, sled in a temp dir), a real agent, the simulator's and
+//! loadgen's libraries in place of their binaries.
+
+mod fleet;
+mod local_pipeline;
