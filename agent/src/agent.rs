@@ -156,15 +156,31 @@ async fn report(
 }
 
 /// Starts the group's engine once, runs its jobs in order, stops the engine.
-async fn run_group(config: &AgentConfig, group: GroupAssignment, tx: &mpsc::Sender<pb::AgentMessage>) {
+async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::Sender<pb::AgentMessage>) {
     info!(run = %group.run_id, group = group.group, config = %group.engine.config_name, "starting engine group");
     let done =
         msg(pb::agent_message::Msg::GroupDone(pb::GroupDone { run_id: group.run_id.clone(), group: group.group }));
-    let Some(first) = group.jobs.first() else {
+    let Some(first) = group.jobs.first().cloned() else {
         let _ = tx.send(done).await;
         return;
     };
     report(tx, &first.attempt, pb::JobState::StartingEngine, |_| {}).await;
+    let gpus: Vec<String> = match config.gpus.probe() {
+        Ok(gpus) => gpus.into_iter().filter(|g| g.usable()).map(|g| g.uuid).collect(),
+        Err(e) => {
+            warn!("cannot read the GPUs before starting the engine: {e:#}");
+            Vec::new()
+        }
+    };
+    group.engine.instance_name =
+        format!("benchfleet-{}-{}-{}", first.attempt.run_id, first.attempt.job, first.attempt.attempt);
+    group.engine.labels = vec![
+        ("benchfleet.run".into(), first.attempt.run_id.clone()),
+        ("benchfleet.job".into(), first.attempt.job.to_string()),
+        ("benchfleet.attempt".into(), first.attempt.attempt.to_string()),
+        ("benchfleet.agent".into(), config.name.clone()),
+    ];
+    group.engine.gpu_uuids = gpus;
 
     let started = match config.runtimes.get(&group.engine.runtime) {
         None => Err((

@@ -25,6 +25,13 @@ pub struct EngineLaunch {
     pub runtime: String,
     pub url: Option<String>,
     pub config_name: String,
+    /// Set by the agent for the attempt that starts the engine: the
+    /// container name (`benchfleet-<run>-<job>-<attempt>`, from the group's
+    /// first job) and labels naming run, job, attempt and agent.
+    pub instance_name: String,
+    pub labels: Vec<(String, String)>,
+    /// The GPUs the engine may use, by UUID.
+    pub gpu_uuids: Vec<String>,
 }
 
 /// Where a job's prompts come from.
@@ -145,6 +152,9 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                 runtime: engine.runtime,
                 url: (!engine.url.is_empty()).then_some(engine.url),
                 config_name: engine.config_name,
+                instance_name: String::new(),
+                labels: Vec::new(),
+                gpu_uuids: Vec::new(),
             },
             jobs,
             ingest_url: g.ingest_url,

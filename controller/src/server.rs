@@ -351,9 +351,12 @@ impl Controller {
             a.session = None;
             a.current.take()
         };
-        warn!(agent = agent_id, "agent session ended");
-        if let Some((run, group)) = current {
-            self.lock().queue.push_front((run, group));
+        match current {
+            Some((run, group)) => {
+                warn!(agent = agent_id, %run, group, "agent session ended during a group; its jobs will run again");
+                self.lock().queue.push_front((run, group));
+            }
+            None => info!(agent = agent_id, "agent session ended"),
         }
         self.dispatch();
         self.notify();
