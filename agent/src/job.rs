@@ -78,6 +78,8 @@ pub struct GroupAssignment {
     pub jobs: Vec<LoadJob>,
     /// Where loadgen streams its records.
     pub ingest_url: String,
+    /// The GPUs the controller gave this group.
+    pub gpu_uuids: Vec<String>,
 }
 
 /// Everything loadgen needs to run one job against a serving engine.
@@ -158,6 +160,7 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
             },
             jobs,
             ingest_url: g.ingest_url,
+            gpu_uuids: g.gpu_uuids,
         })
     }
 }

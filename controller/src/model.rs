@@ -159,8 +159,15 @@ pub struct Group {
     pub config: EngineConfig,
     /// The GPU model the matrix asks for (matched on the product name).
     pub gpu: Option<String>,
+    /// GPUs the engine is given.
+    #[serde(default = "one_gpu")]
+    pub gpus_per_job: u32,
     /// In the order they run.
     pub jobs: Vec<u64>,
+}
+
+fn one_gpu() -> u32 {
+    1
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

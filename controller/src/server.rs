@@ -60,6 +60,26 @@ pub struct Controller {
     changed: watch::Sender<u64>,
 }
 
+/// A group running on an agent, and the GPUs it was given.
+struct Placement {
+    run: RunId,
+    group: u64,
+    gpus: Vec<String>,
+}
+
+impl AgentEntry {
+    /// Usable GPUs of the wanted model that no running group holds.
+    fn free_gpus(&self, model: Option<&str>) -> Vec<String> {
+        self.gpus
+            .iter()
+            .filter(|g| g.usable)
+            .filter(|g| model.is_none_or(|m| g.name.to_lowercase().contains(&m.to_lowercase())))
+            .filter(|g| !self.running.iter().any(|p| p.gpus.contains(&g.uuid)))
+            .map(|g| g.uuid.clone())
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct State {
     agents: HashMap<String, AgentEntry>,
@@ -75,8 +95,8 @@ struct AgentEntry {
     runtimes: Vec<String>,
     /// Present while the agent holds its session.
     session: Option<mpsc::Sender<Result<pb::ControllerMessage, Status>>>,
-    /// The group the agent is running.
-    current: Option<(RunId, u64)>,
+    /// The groups the agent is running, each on its own GPUs.
+    running: Vec<Placement>,
     /// Distinguishes this session from an earlier one of the same agent.
     epoch: u64,
 }
@@ -148,7 +168,14 @@ impl Controller {
                 config.runtime = r;
             }
             let mut group =
-                Group { run: run.id, id: group_id as u64, config, gpu: matrix.gpu.clone(), jobs: Vec::new() };
+                Group {
+                    run: run.id,
+                    id: group_id as u64,
+                    config,
+                    gpu: matrix.gpu.clone(),
+                    gpus_per_job: matrix.gpus_per_job,
+                    jobs: Vec::new(),
+                };
             for profile in &matrix.profiles {
                 for repeat in 1..=matrix.repeats {
                     let id = jobs.len() as u64;
@@ -181,19 +208,18 @@ impl Controller {
                 }
             };
             let runtime = group.config.runtime.as_str();
+            let needed = group.gpus_per_job as usize;
             let agent = state.agents.iter_mut().find(|(_, a)| {
                 a.session.is_some()
-                    && a.current.is_none()
                     && a.runtimes.iter().any(|r| r == runtime)
-                    && group.gpu.as_ref().is_none_or(|want| {
-                        a.gpus.iter().any(|g| g.usable && g.name.to_lowercase().contains(&want.to_lowercase()))
-                    })
+                    && a.free_gpus(group.gpu.as_deref()).len() >= needed
             });
             let Some((agent_id, entry)) = agent else {
                 waiting.push_back((run, group_id));
                 continue;
             };
-            match self.assignment(&group, agent_id) {
+            let gpus: Vec<String> = entry.free_gpus(group.gpu.as_deref()).into_iter().take(needed).collect();
+            match self.assignment(&group, agent_id, &gpus) {
                 Ok(Some(msg)) => {
                     let sent = entry.session.as_ref().is_some_and(|s| {
                         s.try_send(Ok(pb::ControllerMessage {
@@ -202,8 +228,8 @@ impl Controller {
                         .is_ok()
                     });
                     if sent {
-                        info!(%run, group = group_id, agent = %entry.name, "group assigned");
-                        entry.current = Some((run, group_id));
+                        info!(%run, group = group_id, agent = %entry.name, ?gpus, "group assigned");
+                        entry.running.push(Placement { run, group: group_id, gpus });
                     } else {
                         waiting.push_back((run, group_id));
                     }
@@ -220,7 +246,12 @@ impl Controller {
 
     /// Starts a new attempt of each unfinished job of a group on an agent;
     /// `None` when nothing is left to run.
-    fn assignment(&self, group: &Group, agent_id: &str) -> Result<Option<pb::AssignGroup>, StoreError> {
+    fn assignment(
+        &self,
+        group: &Group,
+        agent_id: &str,
+        gpus: &[String],
+    ) -> Result<Option<pb::AssignGroup>, StoreError> {
         let mut specs = Vec::new();
         for job_id in &group.jobs {
             let Some(mut job) = self.store.job(group.run, *job_id)? else { continue };
@@ -256,6 +287,7 @@ impl Controller {
             engine: Some(convert::engine_spec(&group.config)),
             jobs: specs,
             ingest_url: self.config.advertise_url.clone(),
+            gpu_uuids: gpus.to_vec(),
         }))
     }
 
@@ -319,8 +351,12 @@ impl Controller {
     /// The agent says it is done with a group: jobs it did not report on
     /// failed, and the agent is free.
     fn group_done(&self, agent_id: &str, run: RunId, group_id: u64) -> Result<(), Status> {
-        let current = self.lock().agents.get(agent_id).and_then(|a| a.current);
-        if current != Some((run, group_id)) {
+        let placed = self
+            .lock()
+            .agents
+            .get(agent_id)
+            .is_some_and(|a| a.running.iter().any(|p| (p.run, p.group) == (run, group_id)));
+        if !placed {
             return Ok(());
         }
         for mut job in self.store.jobs(run)?.into_iter().filter(|j| j.group == group_id) {
@@ -332,31 +368,31 @@ impl Controller {
         }
         self.finish_run_if_done(run)?;
         if let Some(a) = self.lock().agents.get_mut(agent_id) {
-            a.current = None;
+            a.running.retain(|p| (p.run, p.group) != (run, group_id));
         }
         self.dispatch();
         self.notify();
         Ok(())
     }
 
-    /// The agent's session ended (or its lease expired): its group goes back
-    /// to the queue, and its jobs will run again as new attempts.
+    /// The agent's session ended (or its lease expired): its groups go back
+    /// to the queue, and their jobs will run again as new attempts.
     fn session_lost(&self, agent_id: &str, epoch: u64) {
-        let current = {
+        {
             let mut state = self.lock();
             let Some(a) = state.agents.get_mut(agent_id) else { return };
             if a.epoch != epoch {
                 return; // a newer session already replaced this one
             }
             a.session = None;
-            a.current.take()
-        };
-        match current {
-            Some((run, group)) => {
-                warn!(agent = agent_id, %run, group, "agent session ended during a group; its jobs will run again");
-                self.lock().queue.push_front((run, group));
+            let lost: Vec<Placement> = a.running.drain(..).collect();
+            if lost.is_empty() {
+                info!(agent = agent_id, "agent session ended");
             }
-            None => info!(agent = agent_id, "agent session ended"),
+            for p in lost.into_iter().rev() {
+                warn!(agent = agent_id, run = %p.run, group = p.group, "agent session ended during a group; its jobs will run again");
+                state.queue.push_front((p.run, p.group));
+            }
         }
         self.dispatch();
         self.notify();
@@ -437,7 +473,7 @@ impl pb::agent_service_server::AgentService for Services {
             gpus: Vec::new(),
             runtimes: Vec::new(),
             session: None,
-            current: None,
+            running: Vec::new(),
             epoch: 0,
         });
         entry.hostname = req.hostname;
@@ -470,11 +506,11 @@ impl pb::agent_service_server::AgentService for Services {
             };
             agent.epoch += 1;
             agent.session = Some(tx);
-            // A reconnecting agent's old group is being rerun elsewhere or
-            // requeued below; it starts idle.
-            let stale = agent.current.take();
-            if let Some(g) = stale {
-                state.queue.push_front(g);
+            // A reconnecting agent abandoned what it ran before: those
+            // groups run again as new attempts; it starts idle.
+            let stale: Vec<Placement> = agent.running.drain(..).collect();
+            for p in stale.into_iter().rev() {
+                state.queue.push_front((p.run, p.group));
             }
             state.agents.get(&agent_id).map_or(0, |a| a.epoch)
         };

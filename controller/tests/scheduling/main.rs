@@ -1,0 +1,167 @@
+//! The controller's scheduling against a fake agent speaking the real gRPC
+//! protocol: placement by GPU model and count, several groups at once on one
+//! host, and attempts that go stale when a session is lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use benchfleet_controller::{Controller, ControllerConfig, SledStore, Store, serve};
+use benchfleet_proto as pb;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+const MATRIX: &str = "\
+name: placement
+model: m
+hardware: { gpu: H200, gpus_per_job: 1 }
+engines:
+  vllm: { runtime: process }
+variants:
+  a: { args: [--a] }
+  b: { args: [--b] }
+profiles:
+  p: { dataset: { random: { input_tokens: 4, output_tokens: 2 } }, requests: 1 }
+";
+
+struct Fixture {
+    url: String,
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+}
+
+async fn controller() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(dir.path()).expect("store"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let c = Controller::new(store.clone(), ControllerConfig { advertise_url: url.clone() }).expect("controller");
+    tokio::spawn(serve(c, listener, std::future::pending()));
+    Fixture { url, store, _dir: dir }
+}
+
+async fn channel(url: &str) -> Channel {
+    Channel::from_shared(url.to_owned()).expect("url").connect().await.expect("connect")
+}
+
+fn gpu(index: u32, name: &str) -> pb::Gpu {
+    pb::Gpu { index, uuid: format!("GPU-{index}"), name: name.to_owned(), usable: true, ..Default::default() }
+}
+
+/// A fake agent: registered, holding a session, reading assignments.
+struct FakeAgent {
+    tx: mpsc::Sender<pb::AgentMessage>,
+    assignments: tonic::Streaming<pb::ControllerMessage>,
+}
+
+async fn agent(url: &str, gpus: Vec<pb::Gpu>) -> FakeAgent {
+    let mut client = pb::agent_service_client::AgentServiceClient::new(channel(url).await);
+    let id = client
+        .register(pb::RegisterRequest { name: "host-1".into(), gpus, runtimes: vec!["process".into()], ..Default::default() })
+        .await
+        .expect("register")
+        .into_inner()
+        .agent_id;
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(pb::Hello { agent_id: id })) })
+        .await
+        .expect("hello");
+    let assignments = client.session(ReceiverStream::new(rx)).await.expect("session").into_inner();
+    FakeAgent { tx, assignments }
+}
+
+impl FakeAgent {
+    async fn next(&mut self) -> pb::AssignGroup {
+        let msg = tokio::time::timeout(Duration::from_secs(10), self.assignments.next())
+            .await
+            .expect("an assignment in time")
+            .expect("the session is open")
+            .expect("no error");
+        match msg.msg {
+            Some(pb::controller_message::Msg::AssignGroup(g)) => g,
+            other => panic!("expected an assignment, got {other:?}"),
+        }
+    }
+
+    /// No assignment arrives within a short while.
+    async fn nothing_more(&mut self) {
+        let next = tokio::time::timeout(Duration::from_millis(300), self.assignments.next()).await;
+        assert!(next.is_err(), "unexpected message: {next:?}");
+    }
+
+    async fn send(&self, msg: pb::agent_message::Msg) {
+        self.tx.send(pb::AgentMessage { msg: Some(msg) }).await.expect("send");
+    }
+}
+
+async fn submit(url: &str) -> String {
+    let mut op = pb::operator_service_client::OperatorServiceClient::new(channel(url).await);
+    op.submit_run(pb::SubmitRunRequest {
+        matrix_name: "placement.yaml".into(),
+        matrix_yaml: MATRIX.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("submit")
+    .into_inner()
+    .run_id
+}
+
+#[tokio::test]
+async fn groups_run_side_by_side_on_their_own_gpus_of_the_right_model() {
+    let f = controller().await;
+    let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200"), gpu(1, "NVIDIA A100-SXM4-80GB"), gpu(2, "NVIDIA H200")]).await;
+    let run = submit(&f.url).await;
+
+    // Four configurations, two H200s: two groups at once, on different GPUs.
+    let first = a.next().await;
+    let second = a.next().await;
+    a.nothing_more().await;
+    let mut gpus = [first.gpu_uuids.clone(), second.gpu_uuids.clone()];
+    gpus.sort();
+    assert_eq!(gpus, [vec!["GPU-0".to_owned()], vec!["GPU-2".to_owned()]]);
+
+    // When one group is done, its GPU goes to the next group.
+    a.send(pb::agent_message::Msg::GroupDone(pb::GroupDone { run_id: run.clone(), group: first.group })).await;
+    let third = a.next().await;
+    assert_eq!(third.gpu_uuids, first.gpu_uuids);
+    assert!(third.group != first.group && third.group != second.group);
+}
+
+#[tokio::test]
+async fn a_lost_session_reruns_its_groups_as_new_attempts_and_ignores_the_old_ones() {
+    let f = controller().await;
+    let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let run = submit(&f.url).await;
+    let old = a.next().await;
+    let old_attempt = old.jobs[0].attempt.clone().expect("attempt");
+    assert_eq!(old_attempt.attempt, 1);
+    drop(a);
+
+    let mut b = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let new = b.next().await;
+    assert_eq!(new.group, old.group);
+    let new_attempt = new.jobs[0].attempt.clone().expect("attempt");
+    assert_eq!((new_attempt.job, new_attempt.attempt), (old_attempt.job, 2));
+
+    // The old attempt's success is ignored...
+    b.send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
+        attempt: Some(old_attempt.clone()),
+        state: pb::JobState::Succeeded as i32,
+        ..Default::default()
+    }))
+    .await;
+    // ...and its records are refused.
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel(&f.url).await);
+    let batch = pb::RecordBatch { attempt: Some(old_attempt.clone()), batch: 0, ..Default::default() };
+    let mut acks = ingest.records(tokio_stream::iter([batch])).await.expect("stream").into_inner();
+    let refused = acks.next().await.expect("a reply").expect_err("stale records are refused");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let run_id = run.parse().expect("run id");
+    let job = f.store.job(run_id, old_attempt.job).expect("read").expect("job");
+    assert_eq!(job.attempt, 2);
+    assert!(!job.state.is_terminal(), "{job:?}");
+}
