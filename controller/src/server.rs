@@ -167,15 +167,14 @@ impl Controller {
             if let Some(r) = runtime {
                 config.runtime = r;
             }
-            let mut group =
-                Group {
-                    run: run.id,
-                    id: group_id as u64,
-                    config,
-                    gpu: matrix.gpu.clone(),
-                    gpus_per_job: matrix.gpus_per_job,
-                    jobs: Vec::new(),
-                };
+            let mut group = Group {
+                run: run.id,
+                id: group_id as u64,
+                config,
+                gpu: matrix.gpu.clone(),
+                gpus_per_job: matrix.gpus_per_job,
+                jobs: Vec::new(),
+            };
             for profile in &matrix.profiles {
                 for repeat in 1..=matrix.repeats {
                     let id = jobs.len() as u64;

@@ -58,7 +58,12 @@ struct FakeAgent {
 async fn agent(url: &str, gpus: Vec<pb::Gpu>) -> FakeAgent {
     let mut client = pb::agent_service_client::AgentServiceClient::new(channel(url).await);
     let id = client
-        .register(pb::RegisterRequest { name: "host-1".into(), gpus, runtimes: vec!["process".into()], ..Default::default() })
+        .register(pb::RegisterRequest {
+            name: "host-1".into(),
+            gpus,
+            runtimes: vec!["process".into()],
+            ..Default::default()
+        })
         .await
         .expect("register")
         .into_inner()
@@ -111,7 +116,8 @@ async fn submit(url: &str) -> String {
 #[tokio::test]
 async fn groups_run_side_by_side_on_their_own_gpus_of_the_right_model() {
     let f = controller().await;
-    let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200"), gpu(1, "NVIDIA A100-SXM4-80GB"), gpu(2, "NVIDIA H200")]).await;
+    let mut a =
+        agent(&f.url, vec![gpu(0, "NVIDIA H200"), gpu(1, "NVIDIA A100-SXM4-80GB"), gpu(2, "NVIDIA H200")]).await;
     let run = submit(&f.url).await;
 
     // Four configurations, two H200s: two groups at once, on different GPUs.
