@@ -1,6 +1,7 @@
 //! The controller's scheduling against a fake agent speaking the real gRPC
 //! protocol: placement by GPU model and count, several groups at once on one
-//! host, and attempts that go stale when a session is lost.
+//! host, attempts that go stale when a session is lost, and a controller
+//! that crashes and restarts without losing its run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +57,11 @@ struct FakeAgent {
 }
 
 async fn agent(url: &str, gpus: Vec<pb::Gpu>) -> FakeAgent {
-    let mut client = pb::agent_service_client::AgentServiceClient::new(channel(url).await);
+    agent_on(channel(url).await, gpus).await
+}
+
+async fn agent_on(channel: Channel, gpus: Vec<pb::Gpu>) -> FakeAgent {
+    let mut client = pb::agent_service_client::AgentServiceClient::new(channel);
     let id = client
         .register(pb::RegisterRequest {
             name: "host-1".into(),
@@ -170,4 +175,61 @@ async fn a_lost_session_reruns_its_groups_as_new_attempts_and_ignores_the_old_on
     let job = f.store.job(run_id, old_attempt.job).expect("read").expect("job");
     assert_eq!(job.attempt, 2);
     assert!(!job.state.is_terminal(), "{job:?}");
+}
+
+/// The controller binary on a fixed loopback port, over a data directory.
+fn controller_process(dir: &std::path::Path, port: u16) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-controller"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("the controller starts")
+}
+
+/// Connects once the controller listens.
+async fn connect_when_up(url: &str) -> Channel {
+    for _ in 0..100 {
+        if let Ok(c) = Channel::from_shared(url.to_owned()).expect("url").connect().await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the controller at {url} never came up");
+}
+
+#[tokio::test]
+async fn a_killed_controller_restarts_with_its_run_and_reassigns_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut first = controller_process(dir.path(), port);
+    let mut a = agent_on(connect_when_up(&url).await, vec![gpu(0, "NVIDIA H200")]).await;
+    let run = submit(&url).await;
+    let before = a.next().await;
+    let job = before.jobs[0].attempt.clone().expect("attempt");
+
+    first.kill().expect("kill");
+    first.wait().expect("reap");
+    drop(a);
+
+    let mut second = controller_process(dir.path(), port);
+    let mut b = agent_on(connect_when_up(&url).await, vec![gpu(0, "NVIDIA H200")]).await;
+    let after = b.next().await;
+    let runs = pb::operator_service_client::OperatorServiceClient::new(channel(&url).await)
+        .list_runs(pb::ListRunsRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .runs;
+    second.kill().expect("kill");
+    let _ = second.wait();
+
+    assert_eq!(runs.len(), 1);
+    assert_eq!((runs[0].run_id.as_str(), runs[0].state.as_str(), runs[0].jobs_total), (run.as_str(), "running", 4));
+    // The group that was running when the controller died runs again, as a
+    // new attempt of the same job.
+    assert_eq!(after.group, before.group);
+    let again = after.jobs[0].attempt.clone().expect("attempt");
+    assert_eq!((again.job, again.attempt), (job.job, job.attempt + 1));
 }
