@@ -2,12 +2,18 @@
 //!
 //! Token counting: a prompt token is a whitespace-separated word (a prompt of
 //! token ids counts one per id); a chat's prompt is its messages' contents
-//! joined. Output is exactly `max_tokens` tokens (16 when absent), so
-//! `finish_reason` is always `"length"`. Error bodies follow vLLM's
+//! joined. Every 16 words make a KV block, named by a hash of its words and of
+//! the blocks before it, which is what the prefix cache matches. Output is
+//! exactly `max_tokens` tokens (16 when absent), so `finish_reason` is always
+//! `"length"`; `ignore_eos` and `min_tokens` are accepted and change nothing.
+//! A step that gives a request several tokens (speculative decoding) sends
+//! them in one chunk. Error bodies follow vLLM's
 //! `{"error":{"message","type","param","code"}}`.
+//!
+//! Faults (`--sim-fail-rate`, `--sim-stall-rate`, `--sim-disconnect-rate`) are
+//! drawn per request, in arrival order, from a generator seeded by `--seed`.
 
 use std::{
-    convert::Infallible,
     fmt::Write as _,
     hash::{DefaultHasher, Hash, Hasher},
     sync::{
@@ -25,35 +31,47 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::{sync::mpsc, time::Instant};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     SimConfig,
-    engine::{EngineHandle, Request},
+    engine::{Chunk, EngineHandle, Request},
+    kv::BLOCK_TOKENS,
+    simulate::block_hashes,
 };
 
 struct AppState {
     config: SimConfig,
     engine: EngineHandle,
     ready_at: Instant,
-    /// Draws which requests fail under `--sim-fail-rate`; seeded, so a run repeats.
-    fail_rng: Mutex<ChaCha8Rng>,
+    /// Draws which requests fail, stall or disconnect; seeded, so a run repeats.
+    fault_rng: Mutex<ChaCha8Rng>,
     next_id: AtomicU64,
+    /// Cancelled when the server stops, so a stalled stream does not hold the shutdown up.
+    stopping: CancellationToken,
 }
 
-pub fn router(config: SimConfig, engine: EngineHandle) -> Router {
+/// What the fault draws decided for one request.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fate {
+    fail: bool,
+    stall: bool,
+    disconnect: bool,
+}
+
+pub fn router(config: SimConfig, engine: EngineHandle, stopping: CancellationToken) -> Router {
     let state = AppState {
         ready_at: Instant::now() + config.startup_delay,
-        fail_rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed)),
+        fault_rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed)),
         next_id: AtomicU64::new(0),
         config,
         engine,
+        stopping,
     };
     Router::new()
         .route("/health", get(health))
@@ -61,9 +79,9 @@ pub fn router(config: SimConfig, engine: EngineHandle) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/metrics", get(metrics))
-        // The prefix cache is not modelled yet, so there is nothing to reset; SGLang calls it /flush_cache.
-        .route("/reset_prefix_cache", post(|| async { StatusCode::OK }))
-        .route("/flush_cache", post(|| async { StatusCode::OK }))
+        // SGLang calls it /flush_cache.
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/flush_cache", post(reset_prefix_cache))
         .with_state(Arc::new(state))
 }
 
@@ -79,15 +97,54 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
     }]}))
 }
 
+async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
+    state.engine.reset_prefix_cache().map_err(|err| ApiError(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
+    Ok(StatusCode::OK)
+}
+
+/// The series of vLLM's `/metrics` that a benchmark reads, with vLLM's names and types.
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let (load, model) = (&state.engine.load, &state.config.served_model_name);
+    let (stats, model) = (state.engine.stats(), &state.config.served_model_name);
+    let counters = stats.counters;
     let mut text = String::new();
-    for (name, help, value) in [
-        ("vllm:num_requests_running", "Number of requests in model execution batches.", &load.running),
-        ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", &load.waiting),
-    ] {
-        let value = value.load(Ordering::Relaxed);
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model_name={model:?}}} {value}");
+    let series: [(&str, &str, &str, f64); 9] = [
+        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", stats.running as f64),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", stats.waiting as f64),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            counters.prefix_cache_queries as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            counters.prefix_cache_hits as f64,
+        ),
+        (
+            "vllm:num_preemptions_total",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            counters.preemptions as f64,
+        ),
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", counters.prompt_tokens as f64),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            counters.generation_tokens as f64,
+        ),
+        (
+            "vllm:request_success_total",
+            "counter",
+            "Count of successfully processed requests.",
+            counters.finished as f64,
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{model_name={model:?}}} {value}");
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
@@ -166,8 +223,23 @@ async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Re
     generate(state, true, &body).await
 }
 
-/// Prompt token count and hash: the hash seeds the words, so the same request generates the same text.
-fn prompt_of(body: &GenerateBody, chat: bool) -> Result<(usize, u64), ApiError> {
+/// A prompt as the engine sees it: its tokens' count, their KV block hashes, and a hash of the whole
+/// prompt that seeds the generated words, so the same request generates the same text.
+struct Prompted {
+    tokens: usize,
+    block_hashes: Vec<u64>,
+    hash: u64,
+}
+
+fn prompted<T: Hash>(tokens: &[T]) -> Prompted {
+    Prompted {
+        tokens: tokens.len(),
+        block_hashes: block_hashes(tokens.chunks_exact(BLOCK_TOKENS).map(hash)),
+        hash: hash(tokens),
+    }
+}
+
+fn prompt_of(body: &GenerateBody, chat: bool) -> Result<Prompted, ApiError> {
     if chat {
         let messages = body.messages.as_deref().ok_or_else(|| bad_request("a chat request needs `messages`"))?;
         let mut prompt = String::new();
@@ -179,12 +251,12 @@ fn prompt_of(body: &GenerateBody, chat: bool) -> Result<(usize, u64), ApiError> 
                 }
             }
         }
-        return Ok((words(&prompt), hash(&prompt)));
+        return Ok(prompted(&words(&prompt)));
     }
     match body.prompt.as_ref().ok_or_else(|| bad_request("a completion request needs `prompt`"))? {
-        Prompt::Text(text) => Ok((words(text), hash(text))),
-        Prompt::Texts(texts) if texts.len() == 1 => Ok((words(&texts[0]), hash(&texts[0]))),
-        Prompt::Ids(ids) => Ok((ids.len(), hash(ids))),
+        Prompt::Text(text) => Ok(prompted(&words(text))),
+        Prompt::Texts(texts) if texts.len() == 1 => Ok(prompted(&words(&texts[0]))),
+        Prompt::Ids(ids) => Ok(prompted(ids)),
         Prompt::Texts(_) => {
             Err(bad_request("the simulator takes one prompt per request: send batched prompts as separate requests"))
         }
@@ -203,7 +275,8 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
     {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("The model `{model}` does not exist.")));
     }
-    let (prompt_tokens, prompt_hash) = prompt_of(&body, chat)?;
+    let prompt = prompt_of(&body, chat)?;
+    let prompt_tokens = prompt.tokens;
     let max_tokens = body.max_completion_tokens.or(body.max_tokens).unwrap_or(16);
     if max_tokens == 0 {
         return Err(bad_request("max_tokens must be at least 1"));
@@ -216,14 +289,14 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
             prompt_tokens + max_tokens
         )));
     }
-    if config.fail_rate > 0.0 && state.fail_rng.lock().is_ok_and(|mut rng| rng.random::<f64>() < config.fail_rate) {
+    let fate = state.draw_fate();
+    if fate.fail {
         return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "simulated failure (--sim-fail-rate)".into()));
     }
-    let seed = hash((config.seed, prompt_hash, max_tokens));
-    let tokens = state
-        .engine
-        .submit(Request { prompt_tokens, max_tokens, seed })
-        .map_err(|err| ApiError(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
+    let seed = hash((config.seed, prompt.hash, max_tokens));
+    let request = Request { prompt_tokens, block_hashes: prompt.block_hashes, max_tokens, seed };
+    let tokens =
+        state.engine.submit(request).map_err(|err| ApiError(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let reasoning = chat && config.reasoning_parser.is_some();
     let reply = Reply {
@@ -236,8 +309,41 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
         max_tokens,
     };
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    if body.stream { Ok(reply.stream(tokens, include_usage)) } else { reply.collect(tokens).await }
+    if body.stream {
+        let faults = StreamFaults {
+            stall: fate.stall.then_some(config.faults.stall),
+            disconnect: fate.disconnect,
+            stopping: state.stopping.clone(),
+        };
+        Ok(reply.stream(tokens, include_usage, faults))
+    } else {
+        reply.collect(tokens).await
+    }
 }
+
+impl AppState {
+    /// Draws all three faults for every request, so one rate does not shift another's draws.
+    fn draw_fate(&self) -> Fate {
+        let faults = &self.config.faults;
+        let Ok(mut rng) = self.fault_rng.lock() else { return Fate::default() };
+        let mut draw = |rate: f64| rng.random::<f64>() < rate;
+        Fate { fail: draw(faults.fail_rate), stall: draw(faults.stall_rate), disconnect: draw(faults.disconnect_rate) }
+    }
+}
+
+/// How a stream misbehaves once half of its tokens are out.
+struct StreamFaults {
+    /// Hold the connection open without sending for this long.
+    stall: Option<std::time::Duration>,
+    /// Cut the connection.
+    disconnect: bool,
+    stopping: CancellationToken,
+}
+
+/// Ends a response body abruptly: hyper drops the connection without finishing the chunked body.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct CutStream(&'static str);
 
 /// One response's identity and shape, shared by its chunks.
 struct Reply {
@@ -262,45 +368,84 @@ impl Reply {
     }
 
     /// Server-sent events as vLLM writes them: `data: {json}\n\n` per chunk, then `data: [DONE]`.
-    fn stream(self, tokens: mpsc::UnboundedReceiver<&'static str>, include_usage: bool) -> Response {
-        let object = if self.chat { "chat.completion.chunk" } else { "text_completion" };
-        let event = |out: &mut String, chunk: Value| {
-            let _ = write!(out, "data: {chunk}\n\n");
-        };
-        let events = UnboundedReceiverStream::new(tokens).enumerate().map(move |(index, word)| {
-            let mut out = String::new();
-            let finish = (index + 1 == self.max_tokens).then_some("length");
-            if self.chat {
-                if index == 0 {
-                    // vLLM sends the role alone with the first output, so it never counts as a token.
-                    let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-                    event(&mut out, self.envelope(object, role));
-                }
-                let field = if index < self.reasoning_tokens { "reasoning_content" } else { "content" };
-                let delta = json!([{"index": 0, "delta": {field: word}, "logprobs": null, "finish_reason": finish}]);
-                event(&mut out, self.envelope(object, delta));
-            } else {
-                let choice = json!([{"index": 0, "text": word, "logprobs": null, "finish_reason": finish, "stop_reason": null}]);
-                event(&mut out, self.envelope(object, choice));
+    fn stream(self, tokens: mpsc::UnboundedReceiver<Chunk>, include_usage: bool, faults: StreamFaults) -> Response {
+        let state = StreamState { reply: self, tokens, sent: 0, include_usage, faults, done: false };
+        let events = futures_util::stream::unfold(state, |mut st| async move {
+            if st.done {
+                return None;
             }
-            if finish.is_some() {
-                if include_usage {
-                    let mut chunk = self.envelope(object, json!([]));
-                    chunk["usage"] = self.usage();
-                    event(&mut out, chunk);
+            let max = st.reply.max_tokens;
+            if st.sent >= (max / 2).max(1) && st.sent < max {
+                if st.faults.disconnect {
+                    st.done = true;
+                    return Some((Err(CutStream("simulated disconnect (--sim-disconnect-rate)")), st));
                 }
-                out.push_str("data: [DONE]\n\n");
+                if let Some(stall) = st.faults.stall.take() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(stall) => {}
+                        _ = st.faults.stopping.cancelled() => {}
+                    }
+                }
             }
-            Ok::<_, Infallible>(out)
+            let Some(words) = st.tokens.recv().await else {
+                // The channel closed before the last token: the engine died. Cut the stream, as a dead engine does.
+                st.done = true;
+                return (st.sent < max)
+                    .then_some((Err(CutStream("the engine stopped before the request finished")), st));
+            };
+            let out = st.reply.render(&words, st.sent, st.include_usage);
+            st.sent += words.len();
+            st.done = st.sent >= max;
+            Some((Ok::<_, CutStream>(out), st))
         });
         let headers = [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")];
         (headers, Body::from_stream(events)).into_response()
     }
 
-    async fn collect(self, mut tokens: mpsc::UnboundedReceiver<&'static str>) -> Result<Response, ApiError> {
+    /// The events for one step's `words`, the first of which is output token number `index`.
+    fn render(&self, words: &[&str], index: usize, include_usage: bool) -> String {
+        let object = if self.chat { "chat.completion.chunk" } else { "text_completion" };
+        let mut out = String::new();
+        let mut event = |chunk: Value| {
+            let _ = write!(out, "data: {chunk}\n\n");
+        };
+        let end = index + words.len();
+        let finish = (end >= self.max_tokens).then_some("length");
+        if self.chat {
+            if index == 0 {
+                // vLLM sends the role alone with the first output, so it never counts as a token.
+                let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
+                event(self.envelope(object, role));
+            }
+            // A step's tokens can straddle the end of the reasoning: one delta for each side.
+            let split = self.reasoning_tokens.clamp(index, end) - index;
+            let parts = [("reasoning_content", &words[..split]), ("content", &words[split..])];
+            let last = parts.iter().rposition(|(_, w)| !w.is_empty()).unwrap_or(1);
+            for (i, (field, part)) in parts.iter().enumerate().filter(|(_, (_, w))| !w.is_empty()) {
+                let finish = if i == last { finish } else { None };
+                let delta =
+                    json!([{"index": 0, "delta": {*field: part.concat()}, "logprobs": null, "finish_reason": finish}]);
+                event(self.envelope(object, delta));
+            }
+        } else {
+            let choice = json!([{"index": 0, "text": words.concat(), "logprobs": null, "finish_reason": finish, "stop_reason": null}]);
+            event(self.envelope(object, choice));
+        }
+        if finish.is_some() {
+            if include_usage {
+                let mut chunk = self.envelope(object, json!([]));
+                chunk["usage"] = self.usage();
+                event(chunk);
+            }
+            out.push_str("data: [DONE]\n\n");
+        }
+        out
+    }
+
+    async fn collect(self, mut tokens: mpsc::UnboundedReceiver<Chunk>) -> Result<Response, ApiError> {
         let mut words = Vec::with_capacity(self.max_tokens);
-        while let Some(word) = tokens.recv().await {
-            words.push(word);
+        while let Some(chunk) = tokens.recv().await {
+            words.extend(chunk);
         }
         if words.len() < self.max_tokens {
             let message = "the engine stopped before the request finished".into();
@@ -323,8 +468,19 @@ impl Reply {
     }
 }
 
-fn words(text: &str) -> usize {
-    text.split_whitespace().count()
+/// A streaming response's progress.
+struct StreamState {
+    reply: Reply,
+    tokens: mpsc::UnboundedReceiver<Chunk>,
+    sent: usize,
+    include_usage: bool,
+    faults: StreamFaults,
+    done: bool,
+}
+
+/// Prompt words: the simulator's tokens.
+fn words(text: &str) -> Vec<&str> {
+    text.split_whitespace().collect()
 }
 
 fn hash(value: impl Hash) -> u64 {

@@ -6,7 +6,14 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use crate::engine::Timing;
+use crate::profile::{self, COEFFICIENTS, EngineCosts, Gpu, ModelShape};
+
+/// The environment variable an agent sets to tell the simulator which GPU it stands in for.
+pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
+
+/// vLLM's `--kv-cache-dtype` choices.
+const KV_CACHE_DTYPES: [&str; 6] = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"];
+const PERFORMANCE_MODES: [&str; 3] = ["balanced", "interactivity", "throughput"];
 
 /// Which engine's command line and defaults the simulator mimics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,27 +44,60 @@ pub struct SimConfig {
     pub port: u16,
     /// `--max-model-len` / `--context-length`; default 32768.
     pub max_model_len: usize,
-    /// `--max-num-seqs` / `--max-running-requests`, else `--sim-max-num-seqs` (256).
+    /// `--max-num-seqs` / `--max-running-requests`; default the engine's (vLLM 1024, SGLang 128 on Qwen3.5).
     pub max_num_seqs: usize,
-    /// Token budget of one engine step (prefill chunks plus decodes); default 8192.
+    /// Token budget of one engine step (prefill chunks plus decodes); default 8192, 16384 in throughput mode.
     pub max_num_batched_tokens: usize,
+    /// On by default, as in vLLM's V1 engine and SGLang's radix cache.
     pub enable_prefix_caching: bool,
     pub kv_cache_dtype: String,
     pub performance_mode: Option<String>,
     pub speculative_config: Option<serde_json::Value>,
     /// When set, chat streams start with `reasoning_content` deltas.
     pub reasoning_parser: Option<String>,
+    /// Skips the vision encoder, whose memory then goes to the KV cache.
     pub language_model_only: bool,
+    /// `--gpu-memory-utilization` / `--mem-fraction-static`; the engine's default when absent.
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
     pub trust_remote_code: bool,
-    /// Seeds the generated words and the failure draws, so runs repeat.
+    /// `--sim-gpu`, else `BENCHFLEET_SIM_GPU`, else H200.
+    pub gpu: Gpu,
+    /// Seeds the generated words, the draft acceptances and the fault draws, so runs repeat.
     pub seed: u64,
-    /// How long `/health` answers 503, as an engine loading weights would.
+    /// How long `/health` answers 503, as an engine loading weights would (`--sim-startup-ms`, default 0;
+    /// `--sim-startup-ms model` waits the modelled loading time).
     pub startup_delay: Duration,
-    pub timing: Timing,
-    /// Fraction of requests answered with HTTP 500.
+    /// Divides every simulated step time (`--sim-speedup`), for quick demos and tests; 1 is real time.
+    pub speedup: f64,
+    /// `--sim-spec-acceptance`: overrides the method's draft acceptance probability.
+    pub spec_acceptance: Option<f64>,
+    pub faults: Faults,
+}
+
+/// Failures on request, for testing the rest of the system (`--sim-*` flags).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// `--sim-fail-rate`: fraction of requests answered with HTTP 500.
     pub fail_rate: f64,
+    /// `--sim-crash-after N`: the engine dies once N requests have completed; the server exits with an error.
+    pub crash_after: Option<u64>,
+    /// `--sim-stall-rate`: fraction of streams that stop sending halfway, holding the connection open
+    /// for `--sim-stall-ms` (default 60000) before going on.
+    pub stall_rate: f64,
+    pub stall: Duration,
+    /// `--sim-disconnect-rate`: fraction of streams whose connection is cut halfway.
+    pub disconnect_rate: f64,
+}
+
+impl SimConfig {
+    pub fn model_shape(&self) -> ModelShape {
+        ModelShape::from_name(&self.model)
+    }
+
+    pub fn engine_costs(&self) -> EngineCosts {
+        EngineCosts::of(self.engine, self.performance_mode.as_deref())
+    }
 }
 
 /// Why a command line was rejected; `main` prints it and exits with code 2, like argparse.
@@ -75,12 +115,20 @@ pub enum ArgError {
     MissingValue(String),
     #[error("argument {flag}: ignored explicit argument {value:?}")]
     ValueOnSwitch { flag: String, value: String },
+    #[error("argument {flag}: invalid choice: '{value}' (choose from {choices})")]
+    InvalidChoice { flag: String, value: String, choices: String },
     #[error("argument {flag}: invalid value {value:?}: {reason}")]
     InvalidValue { flag: String, value: String, reason: String },
 }
 
-/// Parses argv without the program name, e.g. `["vllm", "serve", "Qwen/Qwen3-8B", "--port=8001"]`.
+/// Parses argv without the program name, e.g. `["vllm", "serve", "Qwen/Qwen3-8B", "--port=8001"]`;
+/// the GPU comes from `--sim-gpu`, else from `BENCHFLEET_SIM_GPU`.
 pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
+    parse_command_line_with_gpu(args, std::env::var(GPU_ENV).ok().as_deref())
+}
+
+/// [`parse_command_line`] with the environment's GPU given, so tests do not depend on the environment.
+pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Result<SimConfig, ArgError> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     let (engine, rest) = match words.as_slice() {
         ["vllm", "serve", rest @ ..] => (EngineKind::Vllm, rest),
@@ -99,7 +147,7 @@ pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
         port: if engine == EngineKind::Vllm { 8000 } else { 30000 },
         max_model_len: 32768,
         max_num_seqs: 0,
-        max_num_batched_tokens: 8192,
+        max_num_batched_tokens: 0,
         enable_prefix_caching: true,
         kv_cache_dtype: "auto".into(),
         performance_mode: None,
@@ -109,12 +157,14 @@ pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
         gpu_memory_utilization: None,
         tensor_parallel_size: 1,
         trust_remote_code: false,
+        gpu: profile::GPUS[1],
         seed: 0,
         startup_delay: Duration::ZERO,
-        timing: Timing::default(),
-        fail_rate: 0.0,
+        speedup: 1.0,
+        spec_acceptance: None,
+        faults: Faults { stall: Duration::from_secs(60), ..Faults::default() },
     };
-    let (mut engine_max_seqs, mut sim_max_seqs) = (None, 256);
+    let (mut max_seqs, mut batched_tokens, mut gpu_flag, mut startup_from_model) = (None, None, None, false);
     let mut rest = rest.iter();
     while let Some(&arg) = rest.next() {
         if !arg.starts_with('-') {
@@ -147,20 +197,23 @@ pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
                 config.max_model_len = parse(name, &value()?)?;
             }
             (Vllm, "--max-num-seqs") | (Sglang, "--max-running-requests") => {
-                engine_max_seqs = Some(parse(name, &value()?)?);
+                max_seqs = Some(parse(name, &value()?)?);
             }
             (_, "--max-num-batched-tokens") | (Sglang, "--chunked-prefill-size") => {
-                config.max_num_batched_tokens = parse(name, &value()?)?;
+                batched_tokens = Some(parse(name, &value()?)?);
             }
             (_, "--enable-prefix-caching") => config.enable_prefix_caching = switch(true)?,
             (Vllm, "--no-enable-prefix-caching") | (Sglang, "--disable-radix-cache") => {
                 config.enable_prefix_caching = switch(false)?;
             }
-            (_, "--kv-cache-dtype") => config.kv_cache_dtype = value()?,
-            (_, "--performance-mode") => config.performance_mode = Some(value()?),
+            (_, "--kv-cache-dtype") => config.kv_cache_dtype = choice(name, value()?, &KV_CACHE_DTYPES)?,
+            (Vllm, "--performance-mode") => config.performance_mode = Some(choice(name, value()?, &PERFORMANCE_MODES)?),
             (_, "--speculative-config") => {
                 let text = value()?;
-                let json = serde_json::from_str(&text).map_err(|err| invalid(name, &text, err))?;
+                let json: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid(name, &text, err))?;
+                if json.get("num_speculative_tokens").and_then(serde_json::Value::as_u64).is_none() {
+                    return Err(invalid(name, &text, "num_speculative_tokens must be a positive integer"));
+                }
                 config.speculative_config = Some(json);
             }
             (_, "--reasoning-parser") => config.reasoning_parser = Some(value()?),
@@ -173,22 +226,24 @@ pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
             }
             (_, "--trust-remote-code") => config.trust_remote_code = switch(true)?,
             (_, "--seed") | (Sglang, "--random-seed") => config.seed = parse(name, &value()?)?,
-            (_, "--sim-startup-ms") => config.startup_delay = millis(name, &value()?)?,
-            (_, "--sim-prefill-us-per-token") => {
-                config.timing.prefill_per_token = millis(name, &value()?)? / 1000;
-            }
-            (_, "--sim-decode-base-ms") => config.timing.decode_base = millis(name, &value()?)?,
-            (_, "--sim-decode-ms-per-seq") => {
-                config.timing.decode_per_seq = millis(name, &value()?)?;
-            }
-            (_, "--sim-max-num-seqs") => sim_max_seqs = parse(name, &value()?)?,
-            (_, "--sim-fail-rate") => {
+            (_, "--sim-gpu") => gpu_flag = Some(value()?),
+            (_, "--sim-startup-ms") => match value()?.as_str() {
+                "model" => startup_from_model = true,
+                text => config.startup_delay = millis(name, text)?,
+            },
+            (_, "--sim-speedup") => {
                 let text = value()?;
-                config.fail_rate = parse(name, &text)?;
-                if !(0.0..=1.0).contains(&config.fail_rate) {
-                    return Err(invalid(name, &text, "must be between 0 and 1"));
+                config.speedup = parse(name, &text)?;
+                if !(config.speedup.is_finite() && config.speedup > 0.0) {
+                    return Err(invalid(name, &text, "must be a positive number"));
                 }
             }
+            (_, "--sim-spec-acceptance") => config.spec_acceptance = Some(fraction(name, &value()?)?),
+            (_, "--sim-fail-rate") => config.faults.fail_rate = fraction(name, &value()?)?,
+            (_, "--sim-crash-after") => config.faults.crash_after = Some(parse(name, &value()?)?),
+            (_, "--sim-stall-rate") => config.faults.stall_rate = fraction(name, &value()?)?,
+            (_, "--sim-stall-ms") => config.faults.stall = millis(name, &value()?)?,
+            (_, "--sim-disconnect-rate") => config.faults.disconnect_rate = fraction(name, &value()?)?,
             _ => return Err(ArgError::Unrecognized(arg.into())),
         }
     }
@@ -201,12 +256,41 @@ pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
     if config.served_model_name.is_empty() {
         config.served_model_name = config.model.clone();
     }
-    config.max_num_seqs = engine_max_seqs.unwrap_or(sim_max_seqs).max(1);
+    let gpu_name = gpu_flag.as_deref().or(env_gpu).unwrap_or("H200");
+    config.gpu = profile::gpu(gpu_name).ok_or_else(|| {
+        let flag = if gpu_flag.is_some() { "--sim-gpu" } else { GPU_ENV };
+        invalid(flag, gpu_name, "the simulator knows H100 and H200")
+    })?;
+    let costs = config.engine_costs();
+    config.max_num_seqs = max_seqs.unwrap_or(costs.default_max_num_seqs).max(1);
+    config.max_num_batched_tokens = batched_tokens.unwrap_or(costs.default_max_num_batched_tokens).max(1);
+    if startup_from_model {
+        let seconds = config.model_shape().weight_bytes() / COEFFICIENTS.load_bandwidth + COEFFICIENTS.load_warmup;
+        config.startup_delay = Duration::from_secs_f64(seconds);
+    }
     Ok(config)
 }
 
 fn invalid(flag: &str, value: &str, reason: impl fmt::Display) -> ArgError {
     ArgError::InvalidValue { flag: flag.into(), value: value.into(), reason: reason.to_string() }
+}
+
+/// One of argparse's `choices`, with its wording.
+fn choice(flag: &str, value: String, choices: &[&str]) -> Result<String, ArgError> {
+    if choices.contains(&value.as_str()) {
+        return Ok(value);
+    }
+    let listed: Vec<String> = choices.iter().map(|c| format!("'{c}'")).collect();
+    Err(ArgError::InvalidChoice { flag: flag.into(), value, choices: listed.join(", ") })
+}
+
+/// A number between 0 and 1.
+fn fraction(flag: &str, value: &str) -> Result<f64, ArgError> {
+    let number: f64 = parse(flag, value)?;
+    if !(0.0..=1.0).contains(&number) {
+        return Err(invalid(flag, value, "must be between 0 and 1"));
+    }
+    Ok(number)
 }
 
 fn parse<T: FromStr<Err: fmt::Display>>(flag: &str, value: &str) -> Result<T, ArgError> {
@@ -238,7 +322,7 @@ mod tests {
             "vllm serve Qwen/Qwen3-8B --port=8001 --max-model-len 4096 --max-num-seqs=64 \
              --enable-prefix-caching --kv-cache-dtype=fp8 --reasoning-parser qwen3 \
              --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":4} \
-             --sim-decode-base-ms=2.5 --sim-prefill-us-per-token 10",
+             --sim-speedup=2.5 --sim-gpu h100 --sim-crash-after 3 --sim-stall-rate 0.5 --sim-stall-ms 10",
         ))
         .expect("valid command line");
         assert_eq!(c.engine, EngineKind::Vllm);
@@ -248,15 +332,45 @@ mod tests {
         assert_eq!(c.kv_cache_dtype, "fp8");
         assert_eq!(c.reasoning_parser.as_deref(), Some("qwen3"));
         assert_eq!(c.speculative_config, Some(serde_json::json!({"method":"mtp","num_speculative_tokens":4})));
-        assert_eq!(c.timing.decode_base, Duration::from_micros(2500));
-        assert_eq!(c.timing.prefill_per_token, Duration::from_micros(10));
+        assert_eq!((c.speedup, c.gpu.name), (2.5, "H100"));
+        assert_eq!(
+            c.faults,
+            Faults { crash_after: Some(3), stall_rate: 0.5, stall: Duration::from_millis(10), ..c.faults.clone() }
+        );
     }
 
     #[test]
     fn vllm_model_flag_and_defaults() {
         let c = parse_command_line(&args("vllm serve --model m --served-model-name s")).expect("valid command line");
         assert_eq!((c.model.as_str(), c.served_model_name.as_str(), c.port), ("m", "s", 8000));
-        assert_eq!((c.max_num_seqs, c.max_model_len, c.max_num_batched_tokens), (256, 32768, 8192));
+        assert_eq!((c.max_num_seqs, c.max_model_len, c.max_num_batched_tokens), (1024, 32768, 8192));
+        assert!(c.enable_prefix_caching, "on by default, as in vLLM V1");
+        assert_eq!((c.gpu.name, c.startup_delay), ("H200", Duration::ZERO));
+    }
+
+    #[test]
+    fn defaults_follow_the_engine_the_mode_and_the_environment() {
+        let c = parse_command_line_with_gpu(&args("vllm serve m --performance-mode throughput"), Some("H100"))
+            .expect("valid command line");
+        assert_eq!((c.max_num_batched_tokens, c.gpu.name), (16384, "H100"));
+        let c = parse_command_line_with_gpu(
+            &args("vllm serve m --sim-gpu H200 --max-num-batched-tokens 2048"),
+            Some("H100"),
+        )
+        .expect("valid command line");
+        assert_eq!((c.max_num_batched_tokens, c.gpu.name), (2048, "H200"), "the flag wins over the environment");
+        let c =
+            parse_command_line(&args("sglang serve --model-path m --disable-radix-cache")).expect("valid command line");
+        assert_eq!((c.max_num_seqs, c.enable_prefix_caching), (128, false));
+        let c =
+            parse_command_line(&args("vllm serve Qwen/Qwen3.5-9B --sim-startup-ms model")).expect("valid command line");
+        // 18 GB at 2 GB/s, plus 20 s of warm-up.
+        assert_eq!(c.startup_delay, Duration::from_secs(29));
+        let err = parse_command_line_with_gpu(&args("vllm serve m"), Some("A100")).expect_err("unknown gpu");
+        assert_eq!(
+            err.to_string(),
+            "argument BENCHFLEET_SIM_GPU: invalid value \"A100\": the simulator knows H100 and H200"
+        );
     }
 
     #[test]
@@ -270,9 +384,6 @@ mod tests {
             assert_eq!((c.model.as_str(), c.port, c.max_model_len), ("m", 30000, 2048));
             assert_eq!((c.max_num_seqs, c.tensor_parallel_size), (8, 2));
         }
-        let c =
-            parse_command_line(&args("sglang serve --model-path m --sim-max-num-seqs 32")).expect("valid command line");
-        assert_eq!(c.max_num_seqs, 32);
     }
 
     #[test]
@@ -296,6 +407,22 @@ mod tests {
         check_err(
             "vllm serve m --sim-fail-rate 2",
             "argument --sim-fail-rate: invalid value \"2\": must be between 0 and 1",
+        );
+        check_err(
+            "vllm serve m --kv-cache-dtype int4",
+            "argument --kv-cache-dtype: invalid choice: 'int4' (choose from 'auto', 'bfloat16', 'fp8', 'fp8_e4m3', 'fp8_e5m2', 'fp8_inc')",
+        );
+        check_err(
+            "vllm serve m --performance-mode fast",
+            "argument --performance-mode: invalid choice: 'fast' (choose from 'balanced', 'interactivity', 'throughput')",
+        );
+        check_err(
+            "vllm serve m --speculative-config={\"method\":\"mtp\"}",
+            "argument --speculative-config: invalid value \"{\\\"method\\\":\\\"mtp\\\"}\": num_speculative_tokens must be a positive integer",
+        );
+        check_err(
+            "vllm serve m --sim-gpu A100",
+            "argument --sim-gpu: invalid value \"A100\": the simulator knows H100 and H200",
         );
         assert!(matches!(parse_command_line(&args("tgi serve m")), Err(ArgError::UnknownCommand(_))));
     }

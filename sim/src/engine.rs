@@ -1,38 +1,17 @@
-//! The engine loop: one task owns the running batch and turns time into tokens.
+//! The real-time driver: runs the [`Scheduler`] on a tokio task, one step per deadline, and streams each request's words.
 //!
-//! HTTP handlers [`EngineHandle::submit`] a request and read its tokens from a
-//! per-request channel. Each step of the loop:
-//!
-//! 1. drops requests whose client went away (their token channel is closed);
-//! 2. admits waiting requests, first come first served, up to `max_num_seqs`;
-//! 3. spends the step's token budget (`max_num_batched_tokens`): one token per
-//!    decoding sequence, the rest on prefill chunks in admission order (chunked
-//!    prefill, so a long prompt spans several steps);
-//! 4. sleeps the [`step_time`] until an absolute deadline, so steps do not drift;
-//! 5. gives one token to every sequence whose prefill is complete (the step
-//!    that finishes a prefill also samples its first token).
-//!
-//! So TTFT grows with queueing and prefill, and TPOT with batch size.
-//!
-//! | coefficient | flag | default |
-//! |---|---|---|
-//! | prefill cost per prompt token | `--sim-prefill-us-per-token` | 20 µs |
-//! | fixed cost of a step | `--sim-decode-base-ms` | 8 ms |
-//! | extra cost per sequence in the step's batch | `--sim-decode-ms-per-seq` | 0.05 ms |
-//!
-//! `step = base + per_seq × batch + prefill_per_token × prefill tokens`.
+//! The API submits requests through an [`EngineHandle`] and reads each one's
+//! output from its own channel: one message per step that gave it tokens (a
+//! step can give several with speculative decoding). Each loop iteration
+//! takes in new requests, drops those whose client went away, plans a step,
+//! sleeps until `deadline += step time / speedup` (absolute deadlines, so
+//! timer overshoot never accumulates), then delivers the step's tokens.
 //! Tokio's timer fires on whole milliseconds, so a token can leave up to 1 ms
-//! after its deadline; deadlines stay exact, so the error never accumulates.
-//!
-//! Not modelled yet: KV-cache capacity and preemption, prefix caching,
-//! speculative decoding, tensor parallelism.
+//! late; the deadlines stay exact.
 
 use std::{
-    collections::VecDeque,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
+    collections::HashMap,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -43,39 +22,9 @@ use tokio::{
     task::JoinHandle,
     time::{Instant, sleep_until},
 };
+use tokio_util::sync::CancellationToken;
 
-/// The latency model's coefficients (see the table in the module doc).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Timing {
-    pub prefill_per_token: Duration,
-    pub decode_base: Duration,
-    pub decode_per_seq: Duration,
-}
-
-impl Default for Timing {
-    fn default() -> Self {
-        Timing {
-            prefill_per_token: Duration::from_micros(20),
-            decode_base: Duration::from_millis(8),
-            decode_per_seq: Duration::from_micros(50),
-        }
-    }
-}
-
-/// Scheduler limits, from `--max-num-seqs` and `--max-num-batched-tokens`.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-}
-
-/// Duration of one step that prefills `prefill_tokens` and samples a token for `batch_size` sequences.
-pub fn step_time(timing: &Timing, prefill_tokens: usize, batch_size: usize) -> Duration {
-    let saturate = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    timing.decode_base
-        + timing.decode_per_seq.saturating_mul(saturate(batch_size))
-        + timing.prefill_per_token.saturating_mul(saturate(prefill_tokens))
-}
+use crate::scheduler::{Counters, Scheduler, SeqRequest};
 
 /// Words the simulator "generates"; each starts with a space so their concatenation reads as text.
 const VOCAB: [&str; 16] = [
@@ -84,197 +33,194 @@ const VOCAB: [&str; 16] = [
 ];
 
 /// What the engine needs to know about a request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Request {
     pub prompt_tokens: usize,
+    /// See [`SeqRequest::block_hashes`].
+    pub block_hashes: Vec<u64>,
     pub max_tokens: usize,
-    /// Picks the generated words, so the same request yields the same text.
+    /// Picks the generated words and draft acceptances, so the same request yields the same text.
     pub seed: u64,
 }
 
-/// Gauges the engine keeps for `/metrics`.
-#[derive(Debug, Default)]
-pub struct Load {
-    pub running: AtomicUsize,
-    pub waiting: AtomicUsize,
+/// The words one step gave a request.
+pub type Chunk = Vec<&'static str>;
+
+/// The engine's state as `/metrics` shows it, refreshed every step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_usage: f64,
+    pub counters: Counters,
 }
 
-/// The engine loop has ended; only happens while the server shuts down.
+/// The engine died (`--sim-crash-after`), as an engine core process can.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("EngineDeadError: the engine core died after {completed} completed requests (--sim-crash-after)")]
+pub struct EngineCrashed {
+    pub completed: u64,
+}
+
+/// The engine loop has ended: the server is shutting down or the engine died.
 #[derive(Debug, thiserror::Error)]
 #[error("the engine loop has stopped")]
 pub struct EngineStopped;
 
+enum Command {
+    Submit(Request, mpsc::UnboundedSender<Chunk>),
+    ResetPrefixCache,
+}
+
 /// Cheap to clone; the loop ends once every handle is dropped and the batch is done.
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
-    submissions: mpsc::UnboundedSender<Sequence>,
-    pub load: Arc<Load>,
+    commands: mpsc::UnboundedSender<Command>,
+    stats: Arc<Mutex<Stats>>,
+    /// Cancelled when the engine dies, so the server stops too.
+    pub dead: CancellationToken,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Command::Submit(..) => "Submit",
+            Command::ResetPrefixCache => "ResetPrefixCache",
+        })
+    }
 }
 
 impl EngineHandle {
-    /// Queues a request; its tokens arrive on the returned channel, which closes after the last.
-    /// Dropping the receiver cancels the request.
-    pub fn submit(&self, request: Request) -> Result<mpsc::UnboundedReceiver<&'static str>, EngineStopped> {
+    /// Queues a request; its words arrive on the returned channel, which closes after the last, or early
+    /// if the engine dies. Dropping the receiver cancels the request.
+    pub fn submit(&self, request: Request) -> Result<mpsc::UnboundedReceiver<Chunk>, EngineStopped> {
         let (tokens, receiver) = mpsc::unbounded_channel();
-        let sequence =
-            Sequence { request, prefilled: 0, generated: 0, rng: ChaCha8Rng::seed_from_u64(request.seed), tokens };
-        self.submissions.send(sequence).map_err(|_| EngineStopped)?;
+        self.commands.send(Command::Submit(request, tokens)).map_err(|_| EngineStopped)?;
         Ok(receiver)
     }
+
+    /// Empties the prefix cache at the next step boundary.
+    pub fn reset_prefix_cache(&self) -> Result<(), EngineStopped> {
+        self.commands.send(Command::ResetPrefixCache).map_err(|_| EngineStopped)
+    }
+
+    pub fn stats(&self) -> Stats {
+        // A poisoned lock only means a panicking writer; the last numbers are still worth showing.
+        *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
-#[derive(Debug)]
-struct Sequence {
-    request: Request,
-    prefilled: usize,
-    generated: usize,
+/// Starts the engine loop on the current runtime. `speedup` divides every step time;
+/// `crash_after` kills the engine once that many requests have completed.
+pub fn start(
+    scheduler: Scheduler,
+    speedup: f64,
+    crash_after: Option<u64>,
+) -> (EngineHandle, JoinHandle<Result<(), EngineCrashed>>) {
+    let (commands, receiver) = mpsc::unbounded_channel();
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let dead = CancellationToken::new();
+    let engine =
+        EngineLoop { scheduler, sinks: HashMap::new(), next_id: 0, stats: stats.clone(), speedup, crash_after };
+    let task = tokio::spawn(engine.run(receiver, dead.clone()));
+    (EngineHandle { commands, stats, dead }, task)
+}
+
+/// Where a request's words go.
+struct Sink {
+    tokens: mpsc::UnboundedSender<Chunk>,
     rng: ChaCha8Rng,
-    tokens: mpsc::UnboundedSender<&'static str>,
 }
 
-impl Sequence {
-    fn decoding(&self) -> bool {
-        self.prefilled >= self.request.prompt_tokens
+struct EngineLoop {
+    scheduler: Scheduler,
+    sinks: HashMap<u64, Sink>,
+    next_id: u64,
+    stats: Arc<Mutex<Stats>>,
+    speedup: f64,
+    crash_after: Option<u64>,
+}
+
+impl EngineLoop {
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        dead: CancellationToken,
+    ) -> Result<(), EngineCrashed> {
+        let result = self.steps(&mut commands).await;
+        if result.is_err() {
+            dead.cancel();
+        }
+        result
     }
-}
 
-/// Starts the engine loop on the current runtime.
-pub fn start(timing: Timing, limits: Limits) -> (EngineHandle, JoinHandle<()>) {
-    let (submissions, receiver) = mpsc::unbounded_channel();
-    let load = Arc::new(Load::default());
-    let task = tokio::spawn(run(receiver, timing, limits, load.clone()));
-    (EngineHandle { submissions, load }, task)
-}
-
-async fn run(mut submissions: mpsc::UnboundedReceiver<Sequence>, timing: Timing, limits: Limits, load: Arc<Load>) {
-    let mut waiting = VecDeque::new();
-    let mut running: Vec<Sequence> = Vec::new();
-    let mut deadline = Instant::now();
-    loop {
-        if waiting.is_empty() && running.is_empty() {
-            match submissions.recv().await {
-                Some(sequence) => waiting.push_back(sequence),
-                None => return,
+    async fn steps(&mut self, commands: &mut mpsc::UnboundedReceiver<Command>) -> Result<(), EngineCrashed> {
+        let mut deadline = Instant::now();
+        loop {
+            if self.scheduler.is_idle() {
+                self.publish();
+                match commands.recv().await {
+                    Some(command) => self.handle(command),
+                    None => return Ok(()),
+                }
+                // An idle engine starts its next step now, not at a deadline in the past.
+                deadline = Instant::now();
             }
-            // An idle engine starts its next step now, not at a deadline in the past.
-            deadline = Instant::now();
+            while let Ok(command) = commands.try_recv() {
+                self.handle(command);
+            }
+            let gone: Vec<u64> = self.sinks.iter().filter(|(_, s)| s.tokens.is_closed()).map(|(id, _)| *id).collect();
+            for id in gone {
+                self.sinks.remove(&id);
+                self.scheduler.abort(id);
+            }
+            let Some(step) = self.scheduler.step() else { continue };
+            self.publish();
+            deadline += Duration::from_secs_f64(step.duration.as_secs_f64() / self.speedup);
+            sleep_until(deadline).await;
+            for emission in step.emissions {
+                let Some(sink) = self.sinks.get_mut(&emission.id) else { continue };
+                let words: Chunk = (0..emission.tokens).map(|_| VOCAB[sink.rng.random_range(0..VOCAB.len())]).collect();
+                if !words.is_empty() {
+                    // A failed send means the client went away; the next iteration aborts it.
+                    let _ = sink.tokens.send(words);
+                }
+                if emission.finished {
+                    self.sinks.remove(&emission.id);
+                }
+            }
+            let completed = self.scheduler.counters().finished;
+            if self.crash_after.is_some_and(|limit| completed >= limit) {
+                return Err(EngineCrashed { completed });
+            }
         }
-        while let Ok(sequence) = submissions.try_recv() {
-            waiting.push_back(sequence);
-        }
-        waiting.retain(|s| !s.tokens.is_closed());
-        running.retain(|s| !s.tokens.is_closed());
-        let admitted = limits.max_num_seqs.saturating_sub(running.len()).min(waiting.len());
-        running.extend(waiting.drain(..admitted));
-        load.running.store(running.len(), Ordering::Relaxed);
-        load.waiting.store(waiting.len(), Ordering::Relaxed);
-        if running.is_empty() {
-            continue;
-        }
-
-        let decoding = running.iter().filter(|s| s.decoding()).count();
-        let mut budget = limits.max_num_batched_tokens.saturating_sub(decoding);
-        let mut prefill_tokens = 0;
-        for sequence in running.iter_mut().filter(|s| !s.decoding()) {
-            let chunk = (sequence.request.prompt_tokens - sequence.prefilled).min(budget);
-            sequence.prefilled += chunk;
-            prefill_tokens += chunk;
-            budget -= chunk;
-        }
-        let batch_size = running.iter().filter(|s| s.decoding()).count();
-        deadline += step_time(&timing, prefill_tokens, batch_size);
-        sleep_until(deadline).await;
-
-        for sequence in running.iter_mut().filter(|s| s.decoding()) {
-            let word = VOCAB[sequence.rng.random_range(0..VOCAB.len())];
-            // A failed send means the client went away; the retain below drops it.
-            let _ = sequence.tokens.send(word);
-            sequence.generated += 1;
-        }
-        running.retain(|s| s.generated < s.request.max_tokens && !s.tokens.is_closed());
-        load.running.store(running.len(), Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const LIMITS: Limits = Limits { max_num_seqs: 256, max_num_batched_tokens: 8192 };
-
-    #[test]
-    fn step_time_grows_with_batch_and_prefill() {
-        let t = Timing::default();
-        assert_eq!(step_time(&t, 0, 1), Duration::from_micros(8050));
-        assert_eq!(step_time(&t, 0, 64), Duration::from_micros(11200));
-        assert_eq!(step_time(&t, 1000, 1), Duration::from_micros(28050));
     }
 
-    /// Mean time per output token after the first, for `concurrency` identical requests.
-    async fn tpot(concurrency: usize) -> Duration {
-        let (engine, _task) = start(Timing::default(), LIMITS);
-        let request = Request { prompt_tokens: 100, max_tokens: 21, seed: 7 };
-        // One task per request, so each token is timed when it is sent, not when a reader gets to it.
-        let readers: Vec<_> = (0..concurrency)
-            .map(|_| {
-                let mut tokens = engine.submit(request).expect("engine runs");
-                tokio::spawn(async move {
-                    tokens.recv().await.expect("first token");
-                    let (first, mut count) = (Instant::now(), 1);
-                    while tokens.recv().await.is_some() {
-                        count += 1;
-                    }
-                    assert_eq!(count, request.max_tokens);
-                    (Instant::now() - first) / 20
-                })
-            })
-            .collect();
-        let mut total = Duration::ZERO;
-        for reader in readers {
-            total += reader.await.expect("reader finishes");
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(request, tokens) => {
+                self.next_id += 1;
+                let id = self.next_id;
+                self.sinks.insert(id, Sink { tokens, rng: ChaCha8Rng::seed_from_u64(request.seed) });
+                self.scheduler.add(SeqRequest {
+                    id,
+                    prompt_tokens: request.prompt_tokens,
+                    block_hashes: request.block_hashes,
+                    max_tokens: request.max_tokens,
+                    seed: request.seed,
+                });
+            }
+            Command::ResetPrefixCache => self.scheduler.reset_prefix_cache(),
         }
-        total / u32::try_from(concurrency).expect("small")
     }
 
-    /// Tokio's timer fires on whole milliseconds, so a token may come up to 1 ms after its deadline.
-    fn assert_near(actual: Duration, expected: Duration, slack: Duration) {
-        assert!(actual.abs_diff(expected) <= slack, "{actual:?} is not within {slack:?} of {expected:?}");
-    }
-
-    // Paused time makes the loop's clock exact: TPOT is the step time, not wall-clock noise.
-    #[tokio::test(start_paused = true)]
-    async fn tpot_grows_with_concurrency() {
-        let (one, many) = (tpot(1).await, tpot(64).await);
-        // 20 gaps between absolute deadlines: the millisecond rounding spreads over all of them.
-        let slack = Duration::from_micros(50);
-        assert_near(one, step_time(&Timing::default(), 0, 1), slack);
-        assert_near(many, step_time(&Timing::default(), 0, 64), slack);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn queueing_and_chunked_prefill_delay_the_first_token() {
-        let limits = Limits { max_num_seqs: 1, max_num_batched_tokens: 100 };
-        let (engine, _task) = start(Timing::default(), limits);
-        let start = Instant::now();
-        let request = Request { prompt_tokens: 250, max_tokens: 2, seed: 1 };
-        let mut first = engine.submit(request).expect("engine runs");
-        let mut second = engine.submit(request).expect("engine runs");
-        first.recv().await.expect("token");
-        // Three prefill chunks of 100, 100 and 50 tokens: 3 × 8 ms + 250 × 20 µs + 50 µs.
-        let ttft = Instant::now() - start;
-        assert_near(ttft, Duration::from_micros(29_050), Duration::from_millis(1));
-        second.recv().await.expect("token");
-        assert!(Instant::now() - start > Duration::from_millis(60), "second waited for the first");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn cancelled_requests_leave_the_batch() {
-        let (engine, _task) = start(Timing::default(), LIMITS);
-        let request = Request { prompt_tokens: 1, max_tokens: 1000, seed: 1 };
-        drop(engine.submit(request).expect("engine runs"));
-        let mut kept = engine.submit(request).expect("engine runs");
-        kept.recv().await.expect("token");
-        kept.recv().await.expect("token");
-        assert_eq!(engine.load.running.load(Ordering::Relaxed), 1);
+    fn publish(&self) {
+        let stats = Stats {
+            running: self.scheduler.running(),
+            waiting: self.scheduler.waiting(),
+            kv_usage: self.scheduler.kv_usage(),
+            counters: self.scheduler.counters(),
+        };
+        *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
     }
 }

@@ -1,36 +1,62 @@
 //! A simulated LLM inference engine: an OpenAI-compatible server started with vLLM's or SGLang's own command line.
 //!
-//! A benchmark matrix runs on it as on a GPU, for demos, dry runs and tests.
-//! Layout: `config` parses the engines' command lines into a [`SimConfig`],
-//! `engine` is the scheduler loop and its latency model (the one place to make
-//! the simulation more realistic), and `api` is the HTTP layer, which only
-//! translates between OpenAI's wire format and the engine.
+//! A benchmark matrix runs on it as on a GPU, for demos, dry runs and tests:
+//! it reacts to load and to the engines' flags the way the engines do, within
+//! the calibration documented in `docs/sim-calibration.md`.
+//!
+//! Layout:
+//! - `config` parses the engines' command lines into a [`SimConfig`];
+//! - `profile` holds the hardware and model profiles and the step-time model:
+//!   every coefficient of the simulation, in one table;
+//! - `kv` is the KV cache in blocks, with prefix caching;
+//! - `scheduler` is the engine model: a pure, deterministic continuous-batching
+//!   scheduler that plans one step at a time and knows no clock;
+//! - `engine` drives it in real time for the server, `simulate` in virtual
+//!   time for whole benchmarks in milliseconds;
+//! - `api` is the HTTP layer, which only translates between OpenAI's wire
+//!   format and the engine.
 
 mod api;
 mod config;
 mod engine;
+mod kv;
+pub mod profile;
+mod scheduler;
+pub mod simulate;
 
 use std::future::Future;
 
 use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
 
-pub use config::{ArgError, EngineKind, SimConfig, parse_command_line};
-pub use engine::{Timing, step_time};
+pub use config::{ArgError, EngineKind, Faults, GPU_ENV, SimConfig, parse_command_line, parse_command_line_with_gpu};
+pub use engine::EngineCrashed;
+pub use scheduler::{Counters, Scheduler, StartupError};
 
-/// Serves `config`'s simulated engine on `listener` until `shutdown` resolves,
-/// then lets in-flight requests finish.
+/// Serves `config`'s simulated engine on `listener` until `shutdown` resolves, then lets in-flight
+/// requests finish. Fails at once with the engine's own message when the model does not fit
+/// ([`StartupError`]), and with [`EngineCrashed`] when `--sim-crash-after` kills the engine.
 pub async fn serve(
     config: SimConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let limits =
-        engine::Limits { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens };
-    let (engine, engine_task) = engine::start(config.timing, limits);
-    axum::serve(listener, api::router(config, engine))
+    let scheduler = Scheduler::from_config(&config)?;
+    let (engine, engine_task) = engine::start(scheduler, config.speedup, config.faults.crash_after);
+    let (stopping, dead) = (CancellationToken::new(), engine.dead.clone());
+    let stop = stopping.clone();
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = dead.cancelled() => {}
+        }
+        stop.cancel();
+    };
+    axum::serve(listener, api::router(config, engine, stopping))
         .with_graceful_shutdown(shutdown)
         .await
         .context("the http server failed")?;
     // The router held the last engine handle, so the loop ends once its batch is done.
-    engine_task.await.context("the engine loop panicked")
+    engine_task.await.context("the engine loop panicked")??;
+    Ok(())
 }

@@ -27,6 +27,7 @@ async fn main() -> ExitCode {
     match run(config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
+            // Exit code 1, as a Python engine that raised: out of memory, a crash, a port in use.
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
@@ -40,7 +41,12 @@ async fn run(config: SimConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {address}: is another server using the port?"))?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    tracing::info!(engine = %config.engine, model = %config.served_model_name, "benchfleet-sim listening on {address}");
+    tracing::info!(
+        engine = %config.engine,
+        model = %config.served_model_name,
+        gpu = config.gpu.name,
+        "benchfleet-sim listening on {address}"
+    );
     let shutdown = async move {
         tokio::select! {
             _ = interrupt.recv() => {}

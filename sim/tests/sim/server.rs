@@ -10,6 +10,7 @@ struct Sim {
     base: String,
     client: reqwest::Client,
     _stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 async fn start(command_line: &str) -> Sim {
@@ -20,10 +21,10 @@ async fn start(command_line: &str) -> Sim {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("bound address"));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(benchfleet_sim::serve(config, listener, async move {
+    let task = tokio::spawn(benchfleet_sim::serve(config, listener, async move {
         let _ = stopped.await;
     }));
-    Sim { base, client: reqwest::Client::new(), _stop: stop }
+    Sim { base, client: reqwest::Client::new(), _stop: stop, task }
 }
 
 impl Sim {
@@ -66,7 +67,7 @@ async fn health_waits_for_startup_and_models_lists_the_served_name() {
 
 #[tokio::test]
 async fn streamed_completion_has_max_tokens_chunks_then_usage_then_done() {
-    let sim = start("vllm serve m --sim-decode-base-ms 1").await;
+    let sim = start("vllm serve m --sim-speedup 10").await;
     let request = json!({"model": "m", "prompt": "one two three", "max_tokens": 5, "stream": true,
         "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": 0.0});
     let (status, body) = sim.post("/v1/completions", request).await;
@@ -86,7 +87,7 @@ async fn streamed_completion_has_max_tokens_chunks_then_usage_then_done() {
 
 #[tokio::test]
 async fn chat_stream_starts_role_only_then_reasoning_then_content() {
-    let sim = start("sglang serve --model-path m --reasoning-parser qwen3 --sim-decode-base-ms 1").await;
+    let sim = start("sglang serve --model-path m --reasoning-parser qwen3 --sim-speedup 10").await;
     let request = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi there"}]}],
         "max_tokens": 8, "stream": true});
     let (status, body) = sim.post("/v1/chat/completions", request).await;
@@ -106,7 +107,7 @@ async fn chat_stream_starts_role_only_then_reasoning_then_content() {
 
 #[tokio::test]
 async fn non_streaming_responses_report_usage() {
-    let sim = start("vllm serve m --sim-decode-base-ms 1").await;
+    let sim = start("vllm serve m --sim-speedup 10").await;
     let (status, body) = sim.post("/v1/completions", json!({"prompt": ["a b c d"], "max_tokens": 3})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let reply: Value = serde_json::from_str(&body).expect("json");
@@ -152,14 +153,85 @@ async fn errors_look_like_vllm() {
     assert_eq!(sim.post("/v1/completions", json!({"prompt": "hi"})).await.0, StatusCode::INTERNAL_SERVER_ERROR);
 }
 
+/// The value of one `/metrics` series.
+async fn metric(sim: &Sim, name: &str) -> f64 {
+    let text = sim.get("/metrics").await.1;
+    let line = text.lines().find(|l| l.starts_with(&format!("{name}{{"))).unwrap_or_else(|| panic!("{name} in {text}"));
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
+}
+
 #[tokio::test]
-async fn metrics_and_prefix_cache_reset() {
-    let sim = start("vllm serve m").await;
-    let (status, text) = sim.get("/metrics").await;
-    assert_eq!(status, StatusCode::OK);
-    assert!(text.contains("# TYPE vllm:num_requests_running gauge"), "{text}");
+async fn metrics_count_prefix_cache_hits_until_the_cache_is_reset() {
+    let sim = start("vllm serve m --sim-speedup 10").await;
+    let text = sim.get("/metrics").await.1;
+    for series in [
+        "# TYPE vllm:num_requests_running gauge",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        "# TYPE vllm:prefix_cache_queries_total counter",
+    ] {
+        assert!(text.contains(series), "{text}");
+    }
     assert!(text.contains("vllm:num_requests_waiting{model_name=\"m\"} 0"), "{text}");
+    let prompt = "word ".repeat(100);
+    let request = json!({"prompt": prompt, "max_tokens": 2});
+    assert_eq!(sim.post("/v1/completions", request.clone()).await.0, StatusCode::OK);
+    assert_eq!(metric(&sim, "vllm:prefix_cache_hits_total").await, 0.0);
+    assert_eq!(sim.post("/v1/completions", request.clone()).await.0, StatusCode::OK);
+    // Six full blocks of 16 words are cached; the prompt's last four words are computed again.
+    assert_eq!(metric(&sim, "vllm:prefix_cache_hits_total").await, 96.0);
+    assert_eq!(metric(&sim, "vllm:prefix_cache_queries_total").await, 200.0);
     assert_eq!(sim.post("/reset_prefix_cache", json!({})).await.0, StatusCode::OK);
+    assert_eq!(sim.post("/v1/completions", request).await.0, StatusCode::OK);
+    assert_eq!(metric(&sim, "vllm:prefix_cache_hits_total").await, 96.0, "cold after the reset");
+}
+
+/// Reads a streamed body to its end, or to the error that cut it.
+async fn read_stream(sim: &Sim, max_tokens: usize) -> Result<String, reqwest::Error> {
+    let request = json!({"prompt": "a b c", "max_tokens": max_tokens, "stream": true});
+    let response = sim.client.post(format!("{}/v1/completions", sim.base)).json(&request).send().await?;
+    response.text().await
+}
+
+#[tokio::test]
+async fn faults_disconnect_and_stall_streams() {
+    let sim = start("vllm serve m --sim-speedup 10 --sim-disconnect-rate 1").await;
+    let cut = read_stream(&sim, 10).await;
+    assert!(cut.is_err() || !cut.as_deref().unwrap_or_default().contains("[DONE]"), "{cut:?}");
+
+    let sim = start("vllm serve m --sim-speedup 10 --sim-stall-rate 1 --sim-stall-ms 300").await;
+    let started = std::time::Instant::now();
+    let body = read_stream(&sim, 10).await.expect("a stalled stream still ends");
+    assert_eq!(sse_chunks(&body).len(), 10);
+    assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn the_engine_crashes_after_n_requests_and_the_server_stops_with_an_error() {
+    let sim = start("vllm serve m --sim-speedup 10 --sim-crash-after 1").await;
+    assert_eq!(sim.post("/v1/completions", json!({"prompt": "hi", "max_tokens": 3})).await.0, StatusCode::OK);
+    let result = tokio::time::timeout(Duration::from_secs(10), sim.task).await.expect("stops").expect("no panic");
+    let err = result.expect_err("a crash is an error");
+    assert!(err.to_string().contains("EngineDeadError"), "{err}");
+}
+
+#[tokio::test]
+async fn a_model_that_does_not_fit_fails_at_startup() {
+    let sim = start("vllm serve Qwen/Qwen3-235B-A22B --sim-gpu H100").await;
+    let err = sim.task.await.expect("no panic").expect_err("out of memory");
+    assert!(err.to_string().contains("CUDA out of memory"), "{err}");
+}
+
+#[test]
+fn binary_exits_1_with_the_engines_message_when_the_kv_cache_is_too_small() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-sim"))
+        .args(["vllm", "serve", "Qwen/Qwen3.5-9B", "--port", "0", "--sim-gpu", "H100"])
+        .args(["--gpu-memory-utilization", "0.27", "--max-model-len", "131072"])
+        .output()
+        .expect("run benchfleet-sim");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("KV cache is needed, which is larger than the available KV cache memory"), "{stderr}");
 }
 
 #[test]

@@ -1,0 +1,357 @@
+//! Hardware, model and engine profiles, and the step-time model built from them: the one table of coefficients.
+//!
+//! A step of a continuous-batching engine runs one forward pass over every
+//! token scheduled in it: prefill chunks and one (or, with speculative
+//! decoding, `1 + k`) query tokens per decoding sequence. Its duration is
+//!
+//! ```text
+//! step = engine step overhead
+//!      + engine per-token overhead × decode query tokens
+//!      + draft cost × k                                    (speculative decoding only)
+//!      + max(compute, memory)
+//! compute = 2 × active params × tokens / (peak linear FLOP/s × MFU(tokens))
+//!         + attention FLOPs / (peak BF16 FLOP/s × ATTENTION_EFFICIENCY)
+//! memory  = (weights touched + KV cache read) / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
+//! MFU(n)  = MFU_MAX × n / (n + MFU_HALF_TOKENS)
+//! ```
+//!
+//! The roofline part (`max(compute, memory)`) comes from the hardware's data
+//! sheet and the model's size; the two engine overheads are what the
+//! published reports show beyond the roofline (scheduling, sampling, kernel
+//! launches and the linear-attention state of Qwen3.5's hybrid layers), fitted
+//! to them. The calibration test (`docs/sim-calibration.md`) keeps them honest.
+//!
+//! Every coefficient is in [`COEFFICIENTS`] or in [`GPUS`]; nothing else in
+//! the crate holds a number that shapes the simulated performance.
+
+use std::time::Duration;
+
+use crate::config::EngineKind;
+
+/// One GPU model's data-sheet numbers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gpu {
+    pub name: &'static str,
+    /// Total memory, bytes.
+    pub memory: f64,
+    /// HBM bandwidth, bytes/s.
+    pub bandwidth: f64,
+    /// Dense BF16 tensor-core peak, FLOP/s.
+    pub bf16_flops: f64,
+    /// Dense FP8 tensor-core peak, FLOP/s.
+    pub fp8_flops: f64,
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The GPUs `--sim-gpu` knows: H100 SXM 80GB and H200 141GB (same compute, more and faster memory).
+pub const GPUS: [Gpu; 2] = [
+    Gpu { name: "H100", memory: 79.6 * GIB, bandwidth: 3.35e12, bf16_flops: 989e12, fp8_flops: 1979e12 },
+    Gpu { name: "H200", memory: 139.8 * GIB, bandwidth: 4.8e12, bf16_flops: 989e12, fp8_flops: 1979e12 },
+];
+
+/// Finds a GPU by a name as operators write it: `H100`, `h200`, `NVIDIA H100 80GB HBM3`.
+pub fn gpu(name: &str) -> Option<Gpu> {
+    let upper = name.to_ascii_uppercase();
+    GPUS.into_iter().find(|g| upper.contains(g.name))
+}
+
+/// The numbers that shape the simulation, in one place; see the module doc for the formula.
+#[derive(Debug, Clone, Copy)]
+pub struct Coefficients {
+    /// Fraction of peak HBM bandwidth a decode step reaches.
+    pub bandwidth_efficiency: f64,
+    /// Best model-FLOPs utilisation of the linear layers, reached by large prefill chunks.
+    pub mfu_max_dense: f64,
+    /// Mixture-of-experts layers spread a step's tokens over many small expert GEMMs: lower utilisation.
+    pub mfu_max_moe: f64,
+    /// Tokens in a step at which the linear layers reach half of `mfu_max`.
+    pub mfu_half_tokens: f64,
+    /// Fraction of BF16 peak the attention kernels reach on long prefills.
+    pub attention_efficiency: f64,
+    /// KV-cache bytes per token (BF16) per square root of the billions of parameters. Sized like
+    /// Qwen3.5's hybrid attention, where only one layer in four keeps a KV cache.
+    pub kv_bytes_per_token_per_sqrt_b: f64,
+    /// Attention FLOPs per (query token, context token) pair, per BF16 KV byte of a token.
+    pub attention_flops_per_kv_byte: f64,
+    /// GPU memory that is neither weights nor KV cache (activations, CUDA graphs, allocator), bytes.
+    pub runtime_reserve: f64,
+    /// Fraction of the weights the vision encoder holds; `--language-model-only` frees its memory.
+    pub vision_encoder_fraction: f64,
+    /// Loading weights from local disk, bytes/s, plus a fixed warm-up (compile, CUDA graphs):
+    /// what `--sim-startup-ms model` waits.
+    pub load_bandwidth: f64,
+    pub load_warmup: f64,
+    /// Per-GPU efficiency of tensor parallelism (all-reduce between GPUs).
+    pub tensor_parallel_efficiency: f64,
+    /// Cost of one draft token of speculative decoding per step (the MTP head is one layer), seconds.
+    pub draft_cost: f64,
+    /// Probability that a draft token is accepted given the ones before it were, per method.
+    pub acceptance_mtp: f64,
+    pub acceptance_eagle: f64,
+    pub acceptance_ngram: f64,
+    pub acceptance_other: f64,
+    /// A model name without a size (`m`, `my-model`) is simulated as a dense model of this many billions.
+    pub default_params_b: f64,
+}
+
+/// The coefficients; the engine-specific ones are in [`EngineCosts::of`].
+pub const COEFFICIENTS: Coefficients = Coefficients {
+    bandwidth_efficiency: 0.9,
+    mfu_max_dense: 0.7,
+    mfu_max_moe: 0.35,
+    mfu_half_tokens: 64.0,
+    attention_efficiency: 0.5,
+    kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
+    attention_flops_per_kv_byte: 4.0,
+    runtime_reserve: 4.0 * GIB,
+    vision_encoder_fraction: 0.02,
+    load_bandwidth: 2.0e9,
+    load_warmup: 20.0,
+    tensor_parallel_efficiency: 0.85,
+    draft_cost: 0.4e-3,
+    acceptance_mtp: 0.6,
+    acceptance_eagle: 0.6,
+    acceptance_ngram: 0.3,
+    acceptance_other: 0.5,
+    default_params_b: 8.0,
+};
+
+/// What an engine adds to the roofline, and its scheduler defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineCosts {
+    /// Fixed cost of a step: scheduling, kernel launches, seconds.
+    pub step_overhead: f64,
+    /// Cost per decode query token: sampling, detokenising, per-sequence state, seconds.
+    pub decode_token_overhead: f64,
+    /// Default cap on running sequences (`--max-num-seqs` / `--max-running-requests`).
+    pub default_max_num_seqs: usize,
+    /// Default token budget per step (`--max-num-batched-tokens` / `--chunked-prefill-size`).
+    pub default_max_num_batched_tokens: usize,
+    /// Default fraction of GPU memory the engine may use.
+    pub default_memory_fraction: f64,
+}
+
+impl EngineCosts {
+    /// vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens, 90% of memory), and SGLang 0.5.9,
+    /// whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running and
+    /// whose per-sequence cost on this model is about three times vLLM's, as the reports show.
+    /// `--performance-mode`: `throughput` doubles the token budget and lowers the per-token cost
+    /// (larger CUDA graphs); `interactivity` lowers the fixed cost of small steps.
+    pub fn of(engine: EngineKind, performance_mode: Option<&str>) -> EngineCosts {
+        let mut costs = match engine {
+            EngineKind::Vllm => EngineCosts {
+                step_overhead: 1.5e-3,
+                decode_token_overhead: 0.08e-3,
+                default_max_num_seqs: 1024,
+                default_max_num_batched_tokens: 8192,
+                default_memory_fraction: 0.9,
+            },
+            EngineKind::Sglang => EngineCosts {
+                step_overhead: 2.0e-3,
+                decode_token_overhead: 0.33e-3,
+                default_max_num_seqs: 128,
+                default_max_num_batched_tokens: 8192,
+                default_memory_fraction: 0.88,
+            },
+        };
+        match performance_mode {
+            Some("throughput") => {
+                costs.default_max_num_batched_tokens *= 2;
+                costs.decode_token_overhead *= 0.85;
+            }
+            Some("interactivity") => costs.step_overhead *= 0.8,
+            _ => {}
+        }
+        costs
+    }
+}
+
+/// A model's size as its name tells it: `Qwen/Qwen3.5-35B-A3B-FP8` is a 35B mixture of experts
+/// with 3B active parameters, stored in FP8.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelShape {
+    pub total_params: f64,
+    pub active_params: f64,
+    /// 1 for FP8 (or INT8) weights, 2 for BF16.
+    pub bytes_per_param: f64,
+}
+
+impl ModelShape {
+    pub fn from_name(name: &str) -> ModelShape {
+        let base = name.rsplit('/').next().unwrap_or(name);
+        let upper = base.to_ascii_uppercase();
+        let parts: Vec<&str> = upper.split(['-', '_']).filter(|p| !p.is_empty()).collect();
+        // "35B" or "0.6B" (total) and "A3B" (active); "Qwen3.5" does not end in B.
+        let billions = |part: &str| part.strip_suffix('B').and_then(|n| n.parse::<f64>().ok()).filter(|n| *n > 0.0);
+        let total = parts.iter().find_map(|p| billions(p));
+        let active = parts.iter().find_map(|p| p.strip_prefix('A').and_then(billions));
+        let total = total.unwrap_or(COEFFICIENTS.default_params_b);
+        let fp8 = parts.iter().any(|p| matches!(*p, "FP8" | "INT8" | "W8A8"));
+        ModelShape {
+            total_params: total * 1e9,
+            active_params: active.unwrap_or(total).min(total) * 1e9,
+            bytes_per_param: if fp8 { 1.0 } else { 2.0 },
+        }
+    }
+
+    pub fn weight_bytes(&self) -> f64 {
+        self.total_params * self.bytes_per_param
+    }
+
+    /// BF16 KV bytes per token; see [`Coefficients::kv_bytes_per_token_per_sqrt_b`].
+    pub fn kv_bytes_per_token_bf16(&self) -> f64 {
+        COEFFICIENTS.kv_bytes_per_token_per_sqrt_b * (self.total_params / 1e9).sqrt()
+    }
+
+    fn is_moe(&self) -> bool {
+        self.active_params < self.total_params
+    }
+}
+
+/// The work of one step, as the scheduler planned it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepWork {
+    /// Prompt tokens computed in this step (chunked prefill).
+    pub prefill_tokens: usize,
+    /// (query, context) token pairs of the prefill chunks' attention.
+    pub prefill_attention_pairs: f64,
+    /// Query tokens of decoding sequences: one each, `1 + k` with speculative decoding.
+    pub decode_tokens: usize,
+    /// Context tokens the decoding sequences' attention reads, summed.
+    pub decode_context_tokens: usize,
+    /// Draft tokens per decoding sequence (0 without speculative decoding).
+    pub draft_tokens: usize,
+}
+
+/// The step-time model of one engine configuration on one GPU group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    pub gpu: Gpu,
+    pub model: ModelShape,
+    pub engine: EngineCosts,
+    pub tensor_parallel: f64,
+    /// Bytes per token of the KV cache as configured (`--kv-cache-dtype fp8` halves it).
+    pub kv_bytes_per_token: f64,
+}
+
+impl CostModel {
+    /// Duration of a step doing `work`.
+    pub fn step_time(&self, work: &StepWork) -> Duration {
+        let c = &COEFFICIENTS;
+        let scale = self.tensor_parallel * if self.tensor_parallel > 1.0 { c.tensor_parallel_efficiency } else { 1.0 };
+        let tokens = (work.prefill_tokens + work.decode_tokens) as f64;
+        let linear_peak = if self.model.bytes_per_param <= 1.0 { self.gpu.fp8_flops } else { self.gpu.bf16_flops };
+        let mfu_max = if self.model.is_moe() { c.mfu_max_moe } else { c.mfu_max_dense };
+        let mfu = mfu_max * tokens / (tokens + c.mfu_half_tokens);
+        let linear =
+            if tokens > 0.0 { 2.0 * self.model.active_params * tokens / (linear_peak * scale * mfu) } else { 0.0 };
+        // Decode attention is bound by reading the KV cache, which `memory` counts.
+        let attention_flops =
+            c.attention_flops_per_kv_byte * self.model.kv_bytes_per_token_bf16() * work.prefill_attention_pairs;
+        let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
+        let memory = (self.weights_touched(tokens) + self.kv_bytes_per_token * work.decode_context_tokens as f64)
+            / (self.gpu.bandwidth * scale * c.bandwidth_efficiency);
+        let draft = if work.decode_tokens > 0 { c.draft_cost * work.draft_tokens as f64 } else { 0.0 };
+        let seconds = self.engine.step_overhead
+            + self.engine.decode_token_overhead * work.decode_tokens as f64
+            + draft
+            + (linear + attention).max(memory);
+        Duration::from_secs_f64(seconds)
+    }
+
+    /// Weight bytes a step reads: all of a dense model; for a mixture of experts, the experts its
+    /// tokens were routed to: with `n` tokens each touching a fraction `f`, `1 - (1 - f)^n` of them.
+    fn weights_touched(&self, tokens: f64) -> f64 {
+        let all = self.model.weight_bytes();
+        if !self.model.is_moe() {
+            return all;
+        }
+        let fraction = self.model.active_params / self.model.total_params;
+        let touched = 1.0 - (1.0 - fraction).powf(tokens.max(1.0));
+        all * (fraction + (1.0 - fraction) * touched)
+    }
+}
+
+/// The acceptance probability of one draft token for a `--speculative-config` method.
+pub fn acceptance(method: &str) -> f64 {
+    let c = &COEFFICIENTS;
+    match method {
+        "mtp" | "qwen3_next_mtp" | "deepseek_mtp" => c.acceptance_mtp,
+        m if m.starts_with("eagle") => c.acceptance_eagle,
+        "ngram" => c.acceptance_ngram,
+        _ => c.acceptance_other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_shape(name: &str, total_b: f64, active_b: f64, bytes: f64) {
+        let shape = ModelShape::from_name(name);
+        assert_eq!(
+            (shape.total_params / 1e9, shape.active_params / 1e9, shape.bytes_per_param),
+            (total_b, active_b, bytes),
+            "{name}"
+        );
+    }
+
+    #[test]
+    fn model_sizes_from_names() {
+        check_shape("Qwen/Qwen3.5-9B", 9.0, 9.0, 2.0);
+        check_shape("Qwen/Qwen3.5-35B-A3B", 35.0, 3.0, 2.0);
+        check_shape("Qwen/Qwen3.5-35B-A3B-FP8", 35.0, 3.0, 1.0);
+        check_shape("Qwen/Qwen3-0.6B", 0.6, 0.6, 2.0);
+        check_shape("meta-llama/Llama-3.1-70B-Instruct", 70.0, 70.0, 2.0);
+        check_shape("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", 235.0, 22.0, 1.0);
+        check_shape("m", 8.0, 8.0, 2.0);
+    }
+
+    #[test]
+    fn gpus_by_name() {
+        assert_eq!(gpu("h100").map(|g| g.name), Some("H100"));
+        assert_eq!(gpu("NVIDIA H200").map(|g| g.name), Some("H200"));
+        assert_eq!(gpu("A100"), None);
+    }
+
+    fn model(name: &str, gpu_name: &str) -> CostModel {
+        let model = ModelShape::from_name(name);
+        CostModel {
+            gpu: gpu(gpu_name).expect("known gpu"),
+            model,
+            engine: EngineCosts::of(EngineKind::Vllm, None),
+            tensor_parallel: 1.0,
+            kv_bytes_per_token: model.kv_bytes_per_token_bf16(),
+        }
+    }
+
+    #[test]
+    fn decode_is_memory_bound_and_grows_with_batch() {
+        let m = model("Qwen/Qwen3.5-9B", "H100");
+        let decode = |n: usize| {
+            m.step_time(&StepWork { decode_tokens: n, decode_context_tokens: n * 600, ..Default::default() })
+        };
+        let one = decode(1).as_secs_f64();
+        // 18 GB of weights at 85% of 3.35 TB/s, plus the engine's overheads: about 8 ms.
+        assert!((0.007..0.009).contains(&one), "{one}");
+        assert!(decode(64) > decode(8) && decode(512) > decode(64));
+        // H200's faster memory makes the same step shorter.
+        assert!(
+            model("Qwen/Qwen3.5-9B", "H200").step_time(&StepWork { decode_tokens: 1, ..Default::default() })
+                < decode(1)
+        );
+    }
+
+    #[test]
+    fn prefill_is_compute_bound_and_fp8_weights_help() {
+        let work = StepWork { prefill_tokens: 8192, prefill_attention_pairs: 8192.0 * 4096.0, ..Default::default() };
+        let bf16 = model("Qwen/Qwen3.5-35B-A3B", "H200").step_time(&work);
+        let fp8 = model("Qwen/Qwen3.5-35B-A3B-FP8", "H200").step_time(&work);
+        assert!(fp8 < bf16, "{fp8:?} < {bf16:?}");
+        // A mixture of experts reads only the experts its tokens use: one token touches few of them.
+        let moe = model("Qwen/Qwen3.5-35B-A3B", "H200");
+        assert!(moe.weights_touched(1.0) < 0.2 * moe.model.weight_bytes());
+        assert!(moe.weights_touched(256.0) > 0.99 * moe.model.weight_bytes());
+    }
+}

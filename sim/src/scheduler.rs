@@ -1,0 +1,442 @@
+//! The engine model: a pure, deterministic continuous-batching scheduler that plans one step at a time.
+//!
+//! No clock and no I/O: [`Scheduler::step`] plans a step, applies it, and
+//! returns how long the GPU would take and which tokens came out. The HTTP
+//! server drives it in real time (`engine`), sleeping until each step's
+//! deadline; [`crate::simulate`] drives it in virtual time, so a benchmark of
+//! a thousand requests runs in milliseconds. Both see the same behaviour.
+//!
+//! A step, as vLLM's V1 scheduler does it:
+//!
+//! 1. running sequences first, in admission order: a decoding sequence takes
+//!    `1 + k` tokens of the step's budget (`k` draft tokens with speculative
+//!    decoding) and KV blocks for them; when the KV cache is full the most
+//!    recently admitted sequence is preempted (its blocks freed, its prompt and
+//!    output recomputed later); a sequence still in prefill takes the next chunk;
+//! 2. then waiting requests, first come first served, while the batch has fewer
+//!    than `max_num_seqs` sequences, budget is left, and the KV cache can hold
+//!    the whole prompt: a request waits when it is full. Prompt blocks found in
+//!    the prefix cache are not computed again;
+//! 3. the step's duration is [`CostModel::step_time`] of the planned work; a
+//!    sequence whose prefill completes samples its first token in that step, a
+//!    decoding one emits one token plus the accepted draft tokens.
+//!
+//! Output always runs to `max_tokens`: the simulator never samples an end of
+//! sequence (so `ignore_eos` and `min_tokens` change nothing).
+
+use std::{collections::VecDeque, time::Duration};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{
+    config::{EngineKind, SimConfig},
+    kv::{BLOCK_TOKENS, KvCache, blocks_for},
+    profile::{self, COEFFICIENTS, CostModel, StepWork},
+};
+
+/// What the scheduler needs to know about a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqRequest {
+    /// Chosen by the caller, unique among live requests.
+    pub id: u64,
+    pub prompt_tokens: usize,
+    /// One hash per full [`BLOCK_TOKENS`] block of the prompt, each covering the whole prefix up to it.
+    pub block_hashes: Vec<u64>,
+    pub max_tokens: usize,
+    /// Seeds the draws of accepted draft tokens, so a request repeats.
+    pub seed: u64,
+}
+
+/// Scheduler limits: `--max-num-seqs` and `--max-num-batched-tokens`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+}
+
+/// Speculative decoding: `tokens` drafts per step, each accepted with `acceptance` if the ones before it were.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Speculation {
+    pub tokens: usize,
+    pub acceptance: f64,
+}
+
+/// Tokens a request got from one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Emission {
+    pub id: u64,
+    pub tokens: usize,
+    pub finished: bool,
+}
+
+/// One planned and applied step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub duration: Duration,
+    pub emissions: Vec<Emission>,
+    pub work: StepWork,
+}
+
+/// Monotonic counters, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Counters {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache, and those found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub steps: u64,
+}
+
+#[derive(Debug)]
+struct Seq {
+    request: SeqRequest,
+    /// Tokens whose KV must be computed before decoding: the prompt, plus the output after a preemption.
+    target: usize,
+    computed: usize,
+    generated: usize,
+    /// Anonymous KV blocks held, and shared (hashed) prompt blocks referenced.
+    anonymous: usize,
+    hashed: Vec<u64>,
+    rng: ChaCha8Rng,
+}
+
+impl Seq {
+    fn decoding(&self) -> bool {
+        self.computed >= self.target
+    }
+
+    fn blocks(&self) -> usize {
+        self.anonymous + self.hashed.len()
+    }
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    cost: CostModel,
+    limits: Limits,
+    speculation: Option<Speculation>,
+    kv: KvCache,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    counters: Counters,
+}
+
+impl Scheduler {
+    pub fn new(cost: CostModel, limits: Limits, speculation: Option<Speculation>, kv: KvCache) -> Scheduler {
+        Scheduler {
+            cost,
+            limits,
+            speculation,
+            kv,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn add(&mut self, request: SeqRequest) {
+        let rng = ChaCha8Rng::seed_from_u64(request.seed);
+        let target = request.prompt_tokens.max(1);
+        self.counters.prompt_tokens += request.prompt_tokens as u64;
+        self.waiting.push_back(Seq {
+            request,
+            target,
+            computed: 0,
+            generated: 0,
+            anonymous: 0,
+            hashed: Vec::new(),
+            rng,
+        });
+    }
+
+    /// Drops a request whose client went away; its KV blocks are freed.
+    pub fn abort(&mut self, id: u64) {
+        self.waiting.retain(|s| s.request.id != id);
+        if let Some(index) = self.running.iter().position(|s| s.request.id == id) {
+            let seq = self.running.remove(index);
+            self.kv.release(seq.anonymous, &seq.hashed);
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn kv_usage(&self) -> f64 {
+        self.kv.usage()
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Empties the prefix cache of blocks no running request uses.
+    pub fn reset_prefix_cache(&mut self) {
+        self.kv.reset_prefix_cache();
+    }
+
+    fn draft_tokens(&self) -> usize {
+        self.speculation.map_or(0, |s| s.tokens)
+    }
+
+    /// Frees a running sequence's blocks and puts it first in line, to recompute later.
+    fn preempt(&mut self, index: usize) {
+        let mut seq = self.running.remove(index);
+        self.kv.release(seq.anonymous, &seq.hashed);
+        seq.anonymous = 0;
+        seq.hashed.clear();
+        seq.target = seq.request.prompt_tokens.max(1) + seq.generated;
+        seq.computed = 0;
+        self.counters.preemptions += 1;
+        self.waiting.push_front(seq);
+    }
+
+    /// Plans and applies the next step; `None` when there is nothing to do.
+    pub fn step(&mut self) -> Option<Step> {
+        if self.is_idle() {
+            return None;
+        }
+        let draft = self.draft_tokens();
+        let mut budget = self.limits.max_num_batched_tokens;
+        let mut work = StepWork::default();
+        // (index in running, prefill chunk); a chunk of 0 is a decode.
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+
+        let mut index = 0;
+        while index < self.running.len() {
+            let seq = &self.running[index];
+            if seq.decoding() {
+                if budget < 1 + draft {
+                    index += 1;
+                    continue;
+                }
+                let needed = blocks_for(seq.request.prompt_tokens + seq.generated + 1 + draft);
+                let extra = needed.saturating_sub(seq.blocks());
+                if !self.kv.allocate(extra) {
+                    // Preempt the newest sequence; if that is this one, it waits too.
+                    let last = self.running.len() - 1;
+                    self.preempt(last);
+                    plan.retain(|(i, _)| *i < last);
+                    if last == index {
+                        break;
+                    }
+                    continue;
+                }
+                self.running[index].anonymous += extra;
+                let seq = &self.running[index];
+                budget -= 1 + draft;
+                work.decode_tokens += 1 + draft;
+                work.draft_tokens = draft;
+                work.decode_context_tokens += seq.request.prompt_tokens + seq.generated;
+                plan.push((index, 0));
+            } else if budget > 0 {
+                let chunk = (seq.target - seq.computed).min(budget);
+                budget -= chunk;
+                add_prefill(&mut work, seq.computed, chunk);
+                plan.push((index, chunk));
+            }
+            index += 1;
+        }
+
+        while budget > 0 && self.running.len() < self.limits.max_num_seqs {
+            let Some(seq) = self.waiting.front() else { break };
+            let hashes = &seq.request.block_hashes;
+            let hit_blocks = self.kv.cached_prefix(hashes).min(hashes.len());
+            let needed = blocks_for(seq.request.prompt_tokens + seq.generated + 1 + draft);
+            let anonymous = needed.saturating_sub(hit_blocks);
+            if !self.kv.allocate(anonymous) {
+                if self.running.is_empty() && self.kv.available() == self.kv.capacity() {
+                    // It can never fit; the API's length check should have refused it.
+                    let seq = self.waiting.pop_front()?;
+                    return Some(Step {
+                        duration: Duration::ZERO,
+                        emissions: vec![Emission { id: seq.request.id, tokens: 0, finished: true }],
+                        work,
+                    });
+                }
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let shared = seq.request.block_hashes[..hit_blocks].to_vec();
+            self.kv.share(&shared);
+            // vLLM always computes at least the prompt's last token, to sample from it.
+            let hit_tokens = (hit_blocks * BLOCK_TOKENS).min(seq.target - 1);
+            self.counters.prefix_cache_queries += seq.target as u64;
+            self.counters.prefix_cache_hits += hit_tokens as u64;
+            seq.computed = hit_tokens;
+            seq.anonymous = anonymous;
+            seq.hashed = shared;
+            let chunk = (seq.target - seq.computed).min(budget);
+            budget -= chunk;
+            add_prefill(&mut work, seq.computed, chunk);
+            plan.push((self.running.len(), chunk));
+            self.running.push(seq);
+        }
+
+        if plan.is_empty() {
+            // Everything is preempted or waiting for room that a step cannot make; let time pass.
+            return Some(Step { duration: self.cost.step_time(&work), emissions: Vec::new(), work });
+        }
+        let duration = self.cost.step_time(&work);
+        let mut emissions = Vec::with_capacity(plan.len());
+        for &(index, chunk) in &plan {
+            let seq = &mut self.running[index];
+            let tokens = if chunk > 0 {
+                seq.computed += chunk;
+                if !seq.decoding() {
+                    continue;
+                }
+                if self.kv.prefix_caching() {
+                    // The prompt's full blocks are computed now: later requests can share them.
+                    let full_blocks = seq.request.prompt_tokens / BLOCK_TOKENS;
+                    let fresh: Vec<u64> =
+                        seq.request.block_hashes.iter().take(full_blocks).skip(seq.hashed.len()).copied().collect();
+                    let fresh = &fresh[..fresh.len().min(seq.anonymous)];
+                    self.kv.register(fresh);
+                    seq.anonymous -= fresh.len();
+                    seq.hashed.extend_from_slice(fresh);
+                }
+                1
+            } else {
+                let accepted = self
+                    .speculation
+                    .map_or(0, |s| (0..s.tokens).take_while(|_| seq.rng.random::<f64>() < s.acceptance).count());
+                1 + accepted
+            };
+            let tokens = tokens.min(seq.request.max_tokens - seq.generated);
+            seq.generated += tokens;
+            self.counters.generation_tokens += tokens as u64;
+            emissions.push(Emission { id: seq.request.id, tokens, finished: seq.generated >= seq.request.max_tokens });
+        }
+        let mut index = 0;
+        while index < self.running.len() {
+            let seq = &self.running[index];
+            if seq.generated >= seq.request.max_tokens {
+                let seq = self.running.remove(index);
+                self.kv.release(seq.anonymous, &seq.hashed);
+                self.counters.finished += 1;
+            } else {
+                index += 1;
+            }
+        }
+        self.counters.steps += 1;
+        Some(Step { duration, emissions, work })
+    }
+}
+
+/// Adds a prefill chunk of `chunk` tokens after `computed` ones: its tokens, and its attention over
+/// the prefix and over itself (causal, so half of the square).
+fn add_prefill(work: &mut StepWork, computed: usize, chunk: usize) {
+    let n = chunk as f64;
+    work.prefill_tokens += chunk;
+    work.prefill_attention_pairs += n * computed as f64 + n * n / 2.0;
+}
+
+/// The engine could not start with this configuration; the wording is the engine's own, so a log
+/// reader (and the agent's failure classifier) sees what a GPU run would show.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StartupError {
+    #[error(
+        "{}: the weights of {model} need {weights_gib:.2} GiB but only {usable_gib:.2} GiB of GPU memory may be used; use more GPUs (--tensor-parallel-size), a quantized model, or a larger memory fraction",
+        out_of_memory(*engine)
+    )]
+    WeightsDoNotFit { engine: EngineKind, model: String, weights_gib: f64, usable_gib: f64 },
+    #[error(
+        "{}",
+        kv_too_small(*engine, *max_model_len, *needed_gib, *available_gib, *estimated_len)
+    )]
+    KvCacheTooSmall {
+        engine: EngineKind,
+        max_model_len: usize,
+        needed_gib: f64,
+        available_gib: f64,
+        estimated_len: usize,
+    },
+}
+
+fn out_of_memory(engine: EngineKind) -> &'static str {
+    match engine {
+        EngineKind::Vllm => "torch.OutOfMemoryError: CUDA out of memory",
+        EngineKind::Sglang => "RuntimeError: Not enough memory (out of memory)",
+    }
+}
+
+fn kv_too_small(engine: EngineKind, max_model_len: usize, needed: f64, available: f64, estimated: usize) -> String {
+    match engine {
+        EngineKind::Vllm => format!(
+            "ValueError: To serve at least one request with the models's max seq len ({max_model_len}), ({needed:.2} GiB KV cache is needed, which is larger than the available KV cache memory ({available:.2} GiB). Based on the available memory, the estimated maximum model length is {estimated}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+        ),
+        EngineKind::Sglang => format!(
+            "RuntimeError: Not enough memory for the KV cache: a request of --context-length {max_model_len} needs {needed:.2} GiB, {available:.2} GiB is left (at most {estimated} tokens). Please try to increase --mem-fraction-static or decrease --context-length."
+        ),
+    }
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+impl Scheduler {
+    /// The engine a configuration describes: its step-time model, and a KV cache sized from GPU
+    /// memory, weights and `--kv-cache-dtype`. Fails as the engine would when the model does not fit.
+    pub fn from_config(config: &SimConfig) -> Result<Scheduler, StartupError> {
+        let c = &COEFFICIENTS;
+        let model = config.model_shape();
+        let engine = config.engine_costs();
+        let tp = f64::from(config.tensor_parallel_size.max(1));
+        let fraction = config.gpu_memory_utilization.unwrap_or(engine.default_memory_fraction);
+        let usable = config.gpu.memory * tp * fraction - c.runtime_reserve * tp;
+        let vision = if config.language_model_only { 1.0 - c.vision_encoder_fraction } else { 1.0 };
+        let weights = model.weight_bytes() * vision;
+        if weights >= usable {
+            return Err(StartupError::WeightsDoNotFit {
+                engine: config.engine,
+                model: config.model.clone(),
+                weights_gib: weights / GIB,
+                usable_gib: usable.max(0.0) / GIB,
+            });
+        }
+        let kv_fp8 = config.kv_cache_dtype.starts_with("fp8");
+        let kv_bytes_per_token = model.kv_bytes_per_token_bf16() * if kv_fp8 { 0.5 } else { 1.0 };
+        let kv_bytes = usable - weights;
+        let capacity = (kv_bytes / (kv_bytes_per_token * BLOCK_TOKENS as f64)) as usize;
+        let speculation = speculation(config);
+        let longest = config.max_model_len + speculation.map_or(0, |s| s.tokens) + 1;
+        if capacity * BLOCK_TOKENS < longest {
+            return Err(StartupError::KvCacheTooSmall {
+                engine: config.engine,
+                max_model_len: config.max_model_len,
+                needed_gib: longest as f64 * kv_bytes_per_token / GIB,
+                available_gib: kv_bytes / GIB,
+                estimated_len: capacity * BLOCK_TOKENS,
+            });
+        }
+        let cost = CostModel { gpu: config.gpu, model, engine, tensor_parallel: tp, kv_bytes_per_token };
+        let limits =
+            Limits { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens };
+        Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching)))
+    }
+
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.kv.capacity() * BLOCK_TOKENS
+    }
+}
+
+/// `--speculative-config`'s method and draft count, with the method's acceptance unless overridden.
+fn speculation(config: &SimConfig) -> Option<Speculation> {
+    let spec = config.speculative_config.as_ref()?;
+    let tokens = usize::try_from(spec.get("num_speculative_tokens")?.as_u64()?).ok()?;
+    let method = spec.get("method").and_then(serde_json::Value::as_str).unwrap_or("draft_model");
+    (tokens > 0)
+        .then(|| Speculation { tokens, acceptance: config.spec_acceptance.unwrap_or(profile::acceptance(method)) })
+}

@@ -1,0 +1,257 @@
+//! The virtual-time driver: runs a whole benchmark against the engine model in milliseconds.
+//!
+//! A [`Workload`] is a list of requests and how a client sends them: at a
+//! constant rate (with the client's concurrency cap, as guidellm has), or as a
+//! closed loop of N clients each sending its next request when the last one
+//! ends. [`simulate`] replays it step by step on a virtual clock, with the same
+//! [`Scheduler`] the HTTP server drives in real time, and returns when each
+//! request was sent, got its first token and finished. The calibration test
+//! and `docs/sim-calibration.md` are built with it.
+//!
+//! Datasets: `random` (unique prompts of exact lengths), `sharegpt_like`
+//! (ShareGPT's length distribution, scaled to the reference reports' token
+//! totals: 342,058 prompt and 281,412 output tokens per 1000 requests) and
+//! `shared_prefix` (groups of requests that share a long prompt prefix).
+
+use std::collections::{HashMap, VecDeque};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{
+    config::SimConfig,
+    kv::BLOCK_TOKENS,
+    scheduler::{Scheduler, SeqRequest, StartupError},
+};
+
+/// One request of a workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkItem {
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+    /// The prompt's block hashes (see [`SeqRequest::block_hashes`]): equal prefixes, equal hashes.
+    pub block_hashes: Vec<u64>,
+}
+
+/// How the client sends the requests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrival {
+    /// At `rate` per second from time 0, at most `max_concurrency` in flight (later ones wait for a slot).
+    Rate { rate: f64, max_concurrency: Option<usize> },
+    /// `concurrency` clients, each sending its next request as soon as the previous one ends.
+    Closed { concurrency: usize },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub items: Vec<WorkItem>,
+    pub arrival: Arrival,
+}
+
+/// What a benchmark client would record for one request, in seconds from the start of the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestTiming {
+    pub sent: f64,
+    pub first_token: f64,
+    pub completed: f64,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+}
+
+/// The headline numbers of a run, defined as loadgen defines them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    pub requests: usize,
+    /// First send to last completion, seconds.
+    pub duration: f64,
+    pub total_token_throughput: f64,
+    pub output_throughput: f64,
+    pub mean_ttft: f64,
+    /// Mean over requests with more than one output token of (completion - first token) / (tokens - 1).
+    pub mean_tpot: f64,
+    pub mean_latency: f64,
+}
+
+impl Summary {
+    pub fn of(timings: &[RequestTiming]) -> Summary {
+        let n = timings.len().max(1) as f64;
+        let start = timings.iter().map(|t| t.sent).fold(f64::INFINITY, f64::min);
+        let end = timings.iter().map(|t| t.completed).fold(0.0, f64::max);
+        let duration = (end - start).max(f64::MIN_POSITIVE);
+        let tokens = |f: fn(&RequestTiming) -> usize| timings.iter().map(f).sum::<usize>() as f64;
+        let (input, output) = (tokens(|t| t.prompt_tokens), tokens(|t| t.output_tokens));
+        let decoding: Vec<f64> = timings
+            .iter()
+            .filter(|t| t.output_tokens > 1)
+            .map(|t| (t.completed - t.first_token) / (t.output_tokens - 1) as f64)
+            .collect();
+        Summary {
+            requests: timings.len(),
+            duration,
+            total_token_throughput: (input + output) / duration,
+            output_throughput: output / duration,
+            mean_ttft: timings.iter().map(|t| t.first_token - t.sent).sum::<f64>() / n,
+            mean_tpot: decoding.iter().sum::<f64>() / decoding.len().max(1) as f64,
+            mean_latency: timings.iter().map(|t| t.completed - t.sent).sum::<f64>() / n,
+        }
+    }
+}
+
+/// Runs `workload` on a fresh engine built from `config`.
+pub fn simulate(config: &SimConfig, workload: &Workload) -> Result<Vec<RequestTiming>, StartupError> {
+    let mut scheduler = Scheduler::from_config(config)?;
+    Ok(simulate_on(&mut scheduler, workload))
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    item: usize,
+    sent: f64,
+    first_token: Option<f64>,
+    tokens: usize,
+}
+
+/// Runs `workload` on an existing engine, whose prefix cache may be warm from an earlier run.
+/// Timings are in seconds from this run's start.
+pub fn simulate_on(scheduler: &mut Scheduler, workload: &Workload) -> Vec<RequestTiming> {
+    let items = &workload.items;
+    let (rate, cap) = match workload.arrival {
+        Arrival::Rate { rate, max_concurrency } => (rate, max_concurrency.unwrap_or(usize::MAX)),
+        Arrival::Closed { concurrency } => (f64::INFINITY, concurrency.max(1)),
+    };
+    // Scheduled send times: a closed loop has every request ready at 0, sent as clients free up.
+    let mut queue: VecDeque<(usize, f64)> =
+        (0..items.len()).map(|i| (i, if rate.is_finite() { i as f64 / rate } else { 0.0 })).collect();
+    let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
+    let mut timings: Vec<Option<RequestTiming>> = vec![None; items.len()];
+    // The time a client slot last became free, so a request that waited for one is sent then.
+    let mut slot_free_since = 0.0_f64;
+    let mut now = 0.0_f64;
+    let mut next_id = 0_u64;
+    loop {
+        while let Some(&(item, scheduled)) = queue.front() {
+            if scheduled > now || in_flight.len() >= cap {
+                break;
+            }
+            queue.pop_front();
+            let sent = scheduled.max(slot_free_since);
+            let work = &items[item];
+            next_id += 1;
+            scheduler.add(SeqRequest {
+                id: next_id,
+                prompt_tokens: work.prompt_tokens,
+                block_hashes: work.block_hashes.clone(),
+                max_tokens: work.output_tokens.max(1),
+                seed: next_id,
+            });
+            in_flight.insert(next_id, InFlight { item, sent, first_token: None, tokens: 0 });
+        }
+        let Some(step) = scheduler.step() else {
+            match queue.front() {
+                Some(&(_, scheduled)) => {
+                    now = now.max(scheduled);
+                    continue;
+                }
+                None => break,
+            }
+        };
+        now += step.duration.as_secs_f64();
+        for emission in step.emissions {
+            let Some(request) = in_flight.get_mut(&emission.id) else { continue };
+            if emission.tokens > 0 && request.first_token.is_none() {
+                request.first_token = Some(now);
+            }
+            request.tokens += emission.tokens;
+            if emission.finished {
+                let done = *request;
+                in_flight.remove(&emission.id);
+                if in_flight.len() + 1 == cap {
+                    slot_free_since = now;
+                }
+                let work = &items[done.item];
+                timings[done.item] = Some(RequestTiming {
+                    sent: done.sent,
+                    first_token: done.first_token.unwrap_or(now),
+                    completed: now,
+                    prompt_tokens: work.prompt_tokens,
+                    output_tokens: done.tokens,
+                });
+            }
+        }
+    }
+    timings.into_iter().flatten().collect()
+}
+
+/// Chains block hashes: block `i`'s hash covers its content and every block before it.
+pub fn block_hashes(blocks: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    let mut previous = 0xcbf2_9ce4_8422_2325_u64;
+    blocks
+        .into_iter()
+        .map(|content| {
+            previous = mix(previous ^ content.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            previous
+        })
+        .collect()
+}
+
+/// A 64-bit finaliser (SplitMix64's): spreads every input bit over the output.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// `count` unique prompts of exactly `input` tokens, each asking for `output` tokens.
+pub fn random(count: usize, input: usize, output: usize, seed: u64) -> Vec<WorkItem> {
+    (0..count)
+        .map(|i| {
+            let content = mix(seed ^ mix(i as u64 + 1));
+            WorkItem {
+                prompt_tokens: input,
+                output_tokens: output,
+                block_hashes: block_hashes((0..input / BLOCK_TOKENS).map(|b| content ^ mix(b as u64))),
+            }
+        })
+        .collect()
+}
+
+/// Requests whose prompt and output lengths follow ShareGPT's long-tailed (log-normal) shape,
+/// scaled so their means are the reference reports' (342.058 prompt and 281.412 output tokens).
+pub fn sharegpt_like(count: usize, seed: u64) -> Vec<WorkItem> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut normal = || {
+        // Box-Muller: two uniforms make one standard normal.
+        let (u, v): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    };
+    let raw: Vec<(f64, f64)> = (0..count).map(|_| ((1.0 * normal()).exp(), (0.8 * normal()).exp())).collect();
+    let scale = |mean: f64, pick: fn(&(f64, f64)) -> f64| mean * count as f64 / raw.iter().map(pick).sum::<f64>();
+    let (input_scale, output_scale) = (scale(342.058, |r| r.0), scale(281.412, |r| r.1));
+    raw.iter()
+        .enumerate()
+        .map(|(i, (input, output))| {
+            let prompt_tokens = ((input * input_scale).round() as usize).clamp(4, 8192);
+            let content = mix(seed ^ mix(i as u64 + 1));
+            WorkItem {
+                prompt_tokens,
+                output_tokens: ((output * output_scale).round() as usize).clamp(1, 4096),
+                block_hashes: block_hashes((0..prompt_tokens / BLOCK_TOKENS).map(|b| content ^ mix(b as u64))),
+            }
+        })
+        .collect()
+}
+
+/// `count` requests in `groups` groups; a group's prompts share their first `prefix` tokens and
+/// differ in the last `suffix`.
+pub fn shared_prefix(count: usize, groups: usize, prefix: usize, suffix: usize, output: usize) -> Vec<WorkItem> {
+    (0..count)
+        .map(|i| {
+            let group = (i % groups.max(1)) as u64 + 1;
+            let blocks = (prefix + suffix) / BLOCK_TOKENS;
+            let shared = prefix / BLOCK_TOKENS;
+            let content =
+                (0..blocks).map(|b| if b < shared { mix(group) ^ b as u64 } else { mix(!(i as u64)) ^ b as u64 });
+            WorkItem { prompt_tokens: prefix + suffix, output_tokens: output, block_hashes: block_hashes(content) }
+        })
+        .collect()
+}

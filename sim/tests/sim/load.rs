@@ -1,0 +1,116 @@
+//! Behaviour under load, in virtual time: batching, queueing, prefix caching, speculative decoding, startup failures.
+
+use benchfleet_sim::{
+    Scheduler, StartupError, parse_command_line_with_gpu,
+    simulate::{self, Arrival, Summary, Workload},
+};
+
+fn config(line: &str) -> benchfleet_sim::SimConfig {
+    let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+    parse_command_line_with_gpu(&args, None).expect("valid command line")
+}
+
+/// A closed loop of `concurrency` clients, each sending 4 requests of 512 prompt and 128 output tokens.
+fn closed_loop(line: &str, concurrency: usize) -> Summary {
+    let items = simulate::random(concurrency * 4, 512, 128, 7);
+    let workload = Workload { items, arrival: Arrival::Closed { concurrency } };
+    Summary::of(&simulate::simulate(&config(line), &workload).expect("fits"))
+}
+
+const ENGINE: &str = "vllm serve Qwen/Qwen3.5-9B --max-model-len 8192";
+
+#[test]
+fn throughput_rises_then_saturates_and_tpot_grows_with_the_batch() {
+    let runs: Vec<Summary> = [1, 8, 64, 256].into_iter().map(|c| closed_loop(ENGINE, c)).collect();
+    let tps: Vec<f64> = runs.iter().map(|s| s.total_token_throughput).collect();
+    assert!(tps.windows(2).all(|w| w[1] > w[0]), "throughput rises with concurrency: {tps:?}");
+    let gains: Vec<f64> = tps.windows(2).map(|w| w[1] / w[0]).collect();
+    assert!(gains[2] < gains[0] && gains[2] < 2.5, "and saturates: gains {gains:?}");
+    let tpot: Vec<f64> = runs.iter().map(|s| s.mean_tpot).collect();
+    assert!(tpot.windows(2).all(|w| w[1] > w[0]), "TPOT grows with the batch: {tpot:?}");
+}
+
+#[test]
+fn max_num_seqs_caps_the_batch_and_queues_requests() {
+    let free = closed_loop(ENGINE, 64);
+    let capped = closed_loop(&format!("{ENGINE} --max-num-seqs 8"), 64);
+    assert!(capped.mean_ttft > 4.0 * free.mean_ttft, "queueing: {} vs {}", capped.mean_ttft, free.mean_ttft);
+    assert!(capped.total_token_throughput < free.total_token_throughput);
+    // With 8 running, a step decodes at most 8 tokens: TPOT is that of a small batch.
+    assert!(capped.mean_tpot < free.mean_tpot);
+}
+
+#[test]
+fn prefix_caching_skips_shared_prefixes_only_and_reset_makes_it_cold() {
+    let shared = Workload {
+        items: simulate::shared_prefix(64, 4, 2048, 64, 32),
+        arrival: Arrival::Rate { rate: 16.0, max_concurrency: None },
+    };
+    let random = Workload { items: simulate::random(64, 2112, 32, 3), arrival: shared.arrival };
+    let run = |flags: &str, workload: &Workload| {
+        Summary::of(&simulate::simulate(&config(&format!("{ENGINE} {flags}")), workload).expect("fits"))
+    };
+    let (on, off) = (run("--enable-prefix-caching", &shared), run("--no-enable-prefix-caching", &shared));
+    assert!(on.mean_ttft < 0.7 * off.mean_ttft, "shared prefixes: {} vs {}", on.mean_ttft, off.mean_ttft);
+    assert_eq!(run("--enable-prefix-caching", &random), run("--no-enable-prefix-caching", &random), "random prompts");
+
+    let mut engine = Scheduler::from_config(&config(ENGINE)).expect("fits");
+    let cold = Summary::of(&simulate::simulate_on(&mut engine, &random));
+    let warm = Summary::of(&simulate::simulate_on(&mut engine, &random));
+    assert!(warm.mean_ttft < 0.5 * cold.mean_ttft, "the same prompts again: {} vs {}", warm.mean_ttft, cold.mean_ttft);
+    assert!(engine.counters().prefix_cache_hits > 0);
+    engine.reset_prefix_cache();
+    assert_eq!(Summary::of(&simulate::simulate_on(&mut engine, &random)), cold, "cold again after the reset");
+}
+
+#[test]
+fn speculative_decoding_helps_at_low_load_and_hurts_at_high_load() {
+    let spec = format!("{ENGINE} --speculative-config={{\"method\":\"mtp\",\"num_speculative_tokens\":4}}");
+    let (plain_1, spec_1) = (closed_loop(ENGINE, 1), closed_loop(&spec, 1));
+    let (plain_256, spec_256) = (closed_loop(ENGINE, 256), closed_loop(&spec, 256));
+    assert!(spec_1.mean_tpot < 0.8 * plain_1.mean_tpot, "{} vs {}", spec_1.mean_tpot, plain_1.mean_tpot);
+    assert!(spec_256.total_token_throughput < plain_256.total_token_throughput);
+}
+
+#[test]
+fn runs_repeat_exactly_for_a_seed() {
+    let spec = format!("{ENGINE} --speculative-config={{\"method\":\"mtp\",\"num_speculative_tokens\":2}}");
+    let workload = Workload {
+        items: simulate::sharegpt_like(200, 1),
+        arrival: Arrival::Rate { rate: 50.0, max_concurrency: None },
+    };
+    let first = simulate::simulate(&config(&spec), &workload).expect("fits");
+    assert_eq!(first, simulate::simulate(&config(&spec), &workload).expect("fits"));
+}
+
+#[test]
+fn a_full_kv_cache_makes_requests_wait() {
+    // 27% of an H100 leaves about 0.7 GiB of KV cache: some 60k tokens, so 64 prompts of 8000 cannot all run.
+    let small = config("vllm serve Qwen/Qwen3.5-9B --max-model-len 8192 --gpu-memory-utilization 0.27 --sim-gpu H100");
+    let engine = Scheduler::from_config(&small).expect("fits");
+    let capacity = engine.kv_capacity_tokens();
+    assert!((8192..200_000).contains(&capacity), "{capacity}");
+    let workload = Workload { items: simulate::random(64, 8000, 16, 1), arrival: Arrival::Closed { concurrency: 64 } };
+    let timings = simulate::simulate(&small, &workload).expect("fits");
+    let last_first_token = timings.iter().map(|t| t.first_token).fold(0.0, f64::max);
+    let first_done = timings.iter().map(|t| t.completed).fold(f64::INFINITY, f64::min);
+    assert!(last_first_token > first_done, "the last request starts after the first one ends");
+}
+
+#[test]
+fn configurations_that_cannot_fit_fail_at_startup_like_the_engine() {
+    let kv = Scheduler::from_config(&config(
+        "vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 --gpu-memory-utilization 0.27 --max-model-len 131072",
+    ))
+    .expect_err("kv cache too small");
+    assert!(matches!(kv, StartupError::KvCacheTooSmall { max_model_len: 131072, .. }), "{kv:?}");
+    let message = kv.to_string();
+    assert!(message.starts_with("ValueError: To serve at least one request with the models's max seq len (131072)"));
+    assert!(message.contains("Try increasing `gpu_memory_utilization` or decreasing `max_model_len`"), "{message}");
+
+    let weights = Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B")).expect_err("470 GB on one H200");
+    assert!(weights.to_string().starts_with("torch.OutOfMemoryError: CUDA out of memory"), "{weights}");
+    // The same model fits on eight GPUs, or in FP8 on four.
+    assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B --tensor-parallel-size 8")).is_ok());
+    assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size 4")).is_ok());
+}

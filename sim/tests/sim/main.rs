@@ -1,0 +1,9 @@
+//! The simulator's integration tests: one binary, one module per concern.
+//!
+//! `server` drives it over real HTTP; `load` checks its behaviour under load in
+//! virtual time; `calibration` replays the published reports and keeps
+//! `docs/sim-calibration.md` true.
+
+mod calibration;
+mod load;
+mod server;
