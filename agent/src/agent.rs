@@ -14,10 +14,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::engine::{EngineRuntime, wait_until_serving};
-use crate::gpu::GpuProbe;
-use crate::job::{Attempt, GroupAssignment, LoadDataset, LoadRun};
+use crate::engine::{Engine, EngineError, EngineRuntime, wait_until_serving};
+use crate::gpu::{GpuInfo, GpuProbe};
+use crate::job::{Attempt, EngineLaunch, GroupAssignment, LoadDataset, LoadRun};
 use crate::load::LoadRunner;
+use crate::verdict::new_errors;
 
 /// What an agent needs to run.
 #[derive(Clone)]
@@ -33,6 +34,9 @@ pub struct AgentConfig {
     /// Where dataset files are written for loadgen.
     pub work_dir: PathBuf,
     pub startup_timeout: Duration,
+    /// How often the GPUs are checked again and reported, so that a GPU that
+    /// fails between jobs stops being given work.
+    pub gpu_check_interval: Duration,
 }
 
 /// Runs the agent until `shutdown` is cancelled.
@@ -73,23 +77,13 @@ async fn session(config: &AgentConfig, shutdown: &CancellationToken) -> anyhow::
     let mut client = pb::agent_service_client::AgentServiceClient::new(channel)
         .max_decoding_message_size(1 << 30)
         .max_encoding_message_size(1 << 30);
-    let gpus = config.gpus.probe()?;
+    let gpus = probe(config).await?;
     let registered = client
         .register(pb::RegisterRequest {
             name: config.name.clone(),
             hostname: hostname(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            gpus: gpus
-                .iter()
-                .map(|g| pb::Gpu {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    name: g.name.clone(),
-                    memory_total_bytes: g.memory_total_bytes,
-                    usable: g.usable(),
-                    reasons: g.reasons.clone(),
-                })
-                .collect(),
+            gpus: gpus.iter().map(gpu_message).collect(),
             runtimes: config.runtimes.keys().cloned().collect(),
         })
         .await?
@@ -101,6 +95,11 @@ async fn session(config: &AgentConfig, shutdown: &CancellationToken) -> anyhow::
 
     let beat = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(100)));
     let mut heartbeat = tokio::time::interval(beat);
+    let mut gpu_check = tokio::time::interval_at(
+        tokio::time::Instant::now() + config.gpu_check_interval,
+        config.gpu_check_interval.max(Duration::from_millis(100)),
+    );
+    let mut last_verdicts = verdicts(&gpus);
     let session_over = shutdown.child_token();
     let _stop_group_on_exit = session_over.clone().drop_guard();
     loop {
@@ -108,6 +107,24 @@ async fn session(config: &AgentConfig, shutdown: &CancellationToken) -> anyhow::
             () = shutdown.cancelled() => return Ok(()),
             _ = heartbeat.tick() => {
                 tx.send(msg(pb::agent_message::Msg::Heartbeat(pb::Heartbeat {}))).await?;
+            }
+            _ = gpu_check.tick() => {
+                let gpus = match probe(config).await {
+                    Ok(gpus) => gpus,
+                    Err(e) => {
+                        warn!("cannot read the GPUs: {e:#}");
+                        continue;
+                    }
+                };
+                let now = verdicts(&gpus);
+                if now != last_verdicts {
+                    for g in gpus.iter().filter(|g| !g.usable()) {
+                        warn!(gpu = %g.uuid, "GPU not usable: {}", g.reasons.join("; "));
+                    }
+                    last_verdicts = now;
+                }
+                let report = pb::GpuReport { gpus: gpus.iter().map(gpu_message).collect() };
+                tx.send(msg(pb::agent_message::Msg::GpuReport(report))).await?;
             }
             next = inbound.next() => match next {
                 None => return Ok(()),
@@ -130,6 +147,11 @@ async fn session(config: &AgentConfig, shutdown: &CancellationToken) -> anyhow::
             }
         }
     }
+}
+
+/// Each GPU's UUID and reasons, to notice a change.
+fn verdicts(gpus: &[GpuInfo]) -> Vec<(String, Vec<String>)> {
+    gpus.iter().map(|g| (g.uuid.clone(), g.reasons.clone())).collect()
 }
 
 fn msg(m: pb::agent_message::Msg) -> pb::AgentMessage {
@@ -165,13 +187,29 @@ async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::
         return;
     };
     report(tx, &first.attempt, pb::JobState::StartingEngine, |_| {}).await;
-    let gpus: Vec<String> = match config.gpus.probe() {
-        Ok(gpus) => gpus.into_iter().filter(|g| g.usable()).map(|g| g.uuid).collect(),
-        Err(e) => {
-            warn!("cannot read the GPUs before starting the engine: {e:#}");
-            Vec::new()
-        }
+    // The GPUs are checked again right before the engine starts: one that
+    // failed since registration must not produce a number.
+    let unusable: Vec<String> = match probe(config).await {
+        Ok(gpus) => group
+            .gpu_uuids
+            .iter()
+            .filter_map(|uuid| match gpus.iter().find(|g| &g.uuid == uuid) {
+                None => Some(format!("GPU {uuid} is gone")),
+                Some(g) if !g.usable() => Some(format!("GPU {uuid}: {}", g.reasons.join("; "))),
+                Some(_) => None,
+            })
+            .collect(),
+        Err(e) => vec![format!("cannot read the GPUs: {e:#}")],
     };
+    if !unusable.is_empty() {
+        let error = format!("GPU check before engine start failed: {}", unusable.join("; "));
+        warn!(config = %group.engine.config_name, "{error}");
+        for job in &group.jobs {
+            report(tx, &job.attempt, pb::JobState::Failed, |u| u.error = error.clone()).await;
+        }
+        let _ = tx.send(done).await;
+        return;
+    }
     group.engine.instance_name =
         format!("benchfleet-{}-{}-{}", first.attempt.run_id, first.attempt.job, first.attempt.attempt);
     group.engine.labels = vec![
@@ -180,14 +218,14 @@ async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::
         ("benchfleet.attempt".into(), first.attempt.attempt.to_string()),
         ("benchfleet.agent".into(), config.name.clone()),
     ];
-    group.engine.gpu_uuids = gpus;
+    group.engine.gpu_uuids = group.gpu_uuids.clone();
 
     let started = match config.runtimes.get(&group.engine.runtime) {
         None => Err((
             format!("runtime `{}` is not available on agent {}", group.engine.runtime, config.name),
             String::new(),
         )),
-        Some(runtime) => match runtime.start(&group.engine).await {
+        Some(runtime) => match start_engine(runtime.as_ref(), &group.engine, &first.attempt, tx).await {
             Err(e) => Err((e.to_string(), String::new())),
             Ok(mut engine) => {
                 match wait_until_serving(engine.as_mut(), &group.engine.model, config.startup_timeout).await {
@@ -233,7 +271,22 @@ async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::
             // allows it (vLLM and the simulator do).
             let _ = http.post(format!("{}/reset_prefix_cache", engine.base_url())).send().await;
         }
-        report(tx, &job.attempt, pb::JobState::Running, |u| u.engine_startup_s = startup.as_secs_f64()).await;
+        // Read right before the job: its fingerprint goes with the result,
+        // and its error counts are the baseline the job is checked against.
+        let before = probe(config).await.inspect_err(|e| warn!("cannot read the GPUs before the job: {e:#}")).ok();
+        let uuids = attempt_gpus(before.as_deref().unwrap_or_default(), &group.gpu_uuids);
+        report(tx, &job.attempt, pb::JobState::Running, |u| {
+            u.engine_startup_s = startup.as_secs_f64();
+            // The verdicts were given before the engine started; judged now,
+            // the engine's own memory would read as a foreign process.
+            u.gpu_fingerprint = before
+                .iter()
+                .flatten()
+                .filter(|g| uuids.contains(&g.uuid))
+                .map(|g| pb::Gpu { usable: true, reasons: Vec::new(), ..gpu_message(g) })
+                .collect();
+        })
+        .await;
         let result = match dataset_file(config, &job.dataset).await {
             Ok(dataset_path) => {
                 let run = LoadRun {
@@ -247,8 +300,27 @@ async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::
             }
             Err(e) => Err(e),
         };
+        // A GPU error during the attempt makes its numbers worthless,
+        // whatever loadgen says.
+        if let Some(before) = &before
+            && let Some(error) = gpu_errors_since(config, before, &uuids).await
+        {
+            warn!(job = job.attempt.job, "{error}");
+            report(tx, &job.attempt, pb::JobState::Failed, |u| u.error = error).await;
+            continue;
+        }
         match result {
-            Ok(()) => report(tx, &job.attempt, pb::JobState::Succeeded, |_| {}).await,
+            // Numbers measured against an engine that died are no result.
+            Ok(()) => match engine.exit_status() {
+                Some(status) => {
+                    report(tx, &job.attempt, pb::JobState::Failed, |u| {
+                        u.error = format!("the engine exited ({status}) during the job");
+                        u.log_tail = engine.log_tail();
+                    })
+                    .await
+                }
+                None => report(tx, &job.attempt, pb::JobState::Succeeded, |_| {}).await,
+            },
             Err(e) => {
                 warn!(job = job.attempt.job, "job failed: {e:#}");
                 let exited = engine.exit_status();
@@ -267,6 +339,86 @@ async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::
     }
     engine.stop().await;
     let _ = tx.send(done).await;
+}
+
+/// Prepares the runtime (a container image pull), reporting its progress
+/// with STARTING_ENGINE updates, then starts the engine.
+async fn start_engine(
+    runtime: &dyn EngineRuntime,
+    launch: &EngineLaunch,
+    attempt: &Attempt,
+    tx: &mpsc::Sender<pb::AgentMessage>,
+) -> Result<Box<dyn Engine>, EngineError> {
+    let progress = |line: String| {
+        info!(config = %launch.config_name, "{line}");
+        let update = pb::JobUpdate {
+            attempt: Some(attempt.into()),
+            state: pb::JobState::StartingEngine as i32,
+            pull_progress: line,
+            ..Default::default()
+        };
+        // Progress is advisory: a line that finds the session's queue full
+        // is dropped rather than holding the pull up.
+        let _ = tx.try_send(msg(pb::agent_message::Msg::JobUpdate(update)));
+    };
+    runtime.prepare(launch, &progress).await?;
+    runtime.start(launch).await
+}
+
+/// Probes the GPUs off the async threads: NVML calls block, at times for
+/// long (a GPU that fell off the bus).
+async fn probe(config: &AgentConfig) -> anyhow::Result<Vec<GpuInfo>> {
+    let gpus = config.gpus.clone();
+    tokio::task::spawn_blocking(move || gpus.probe()).await?
+}
+
+/// The GPUs an attempt runs on: those the controller gave its group, or
+/// every GPU of the host when it gave none.
+fn attempt_gpus(gpus: &[GpuInfo], assigned: &[String]) -> Vec<String> {
+    if assigned.is_empty() { gpus.iter().map(|g| g.uuid.clone()).collect() } else { assigned.to_vec() }
+}
+
+/// Why an attempt is invalid because of GPU errors since `before`, if it is.
+// TODO(xid): also watch NVML's XID events (nvmlEventSetWait on
+// CRITICAL_XID_ERROR) during the attempt; uncorrectable ECC errors are the
+// one signal compared so far.
+async fn gpu_errors_since(config: &AgentConfig, before: &[GpuInfo], uuids: &[String]) -> Option<String> {
+    match probe(config).await {
+        Ok(after) => {
+            let errors = new_errors(before, &after, uuids);
+            (!errors.is_empty()).then(|| format!("attempt invalidated: {}", errors.join("; ")))
+        }
+        // A GPU that cannot be read after the job may have failed during it.
+        Err(e) => Some(format!("attempt invalidated: cannot read the GPUs after the job: {e:#}")),
+    }
+}
+
+/// A GPU as the controller stores it: inventory, verdict and fingerprint.
+fn gpu_message(g: &GpuInfo) -> pb::Gpu {
+    pb::Gpu {
+        index: g.index,
+        uuid: g.uuid.clone(),
+        name: g.name.clone(),
+        memory_total_bytes: g.memory_total_bytes,
+        usable: g.usable(),
+        reasons: g.reasons.clone(),
+        serial: g.serial.clone().unwrap_or_default(),
+        driver_version: g.driver_version.clone(),
+        cuda_driver_version: g.cuda_driver_version.clone(),
+        memory_used_bytes: g.memory_used_bytes.unwrap_or_default(),
+        sm_clock_max_mhz: g.sm_clock_max_mhz.unwrap_or_default(),
+        memory_clock_max_mhz: g.memory_clock_max_mhz.unwrap_or_default(),
+        power_limit_w: g.power_limit_w.unwrap_or_default(),
+        pcie_gen_max: g.pcie_gen_max.unwrap_or_default(),
+        pcie_width_max: g.pcie_width_max.unwrap_or_default(),
+        pcie_width: g.pcie_width.unwrap_or_default(),
+        mig_enabled: g.mig_enabled.unwrap_or_default(),
+        ecc_enabled: g.ecc_enabled.unwrap_or_default(),
+        ecc_uncorrectable_volatile: g.ecc_uncorrectable_volatile.unwrap_or_default(),
+        ecc_uncorrectable_aggregate: g.ecc_uncorrectable_aggregate.unwrap_or_default(),
+        temperature_c: g.temperature_c.unwrap_or_default(),
+        fingerprint: g.fingerprint(),
+    }
 }
 
 /// Writes a ShareGPT file the controller sent, once, named by its hash.

@@ -1,7 +1,8 @@
 //! Engine runtimes: how an agent starts an inference engine, waits until it
 //! serves, and stops it. `process` runs the engine's command line as a local
 //! process (the simulator in local mode); `external` uses an engine someone
-//! else started. The Docker runtime comes through the same trait.
+//! else started; `docker` (in `crate::docker`) runs it in a container. All
+//! of them share the log tail and the startup failure classification here.
 
 use std::collections::VecDeque;
 use std::process::Stdio;
@@ -14,7 +15,7 @@ use tokio::process::{Child, Command};
 use crate::job::EngineLaunch;
 
 /// Engine log lines kept for a failure report.
-const LOG_TAIL_LINES: usize = 200;
+pub const LOG_TAIL_LINES: usize = 200;
 
 /// Why an engine did not come up, classified for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,13 @@ pub enum EngineError {
     Timeout(Duration),
     #[error("runtime `{0}` is not available on this agent")]
     Unsupported(String),
+    #[error(
+        "the image `{image}` is not on this host and pulling it failed: {message}; \
+         pull or load it on the agent's host, or check the image name"
+    )]
+    ImageMissing { image: String, message: String },
+    #[error("the container runtime could not {action}: {message}")]
+    Container { action: String, message: String },
 }
 
 /// A running engine.
@@ -49,6 +57,16 @@ pub trait Engine: Send + Sync {
 /// Starts engines of one kind of runtime.
 #[tonic::async_trait]
 pub trait EngineRuntime: Send + Sync {
+    /// Fetches what `start` needs, such as a container image, calling
+    /// `progress` with a line now and then so the operator sees a long pull
+    /// move. Most runtimes need nothing.
+    async fn prepare(
+        &self,
+        _launch: &EngineLaunch,
+        _progress: &(dyn Fn(String) + Send + Sync),
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
     async fn start(&self, launch: &EngineLaunch) -> Result<Box<dyn Engine>, EngineError>;
 }
 
@@ -91,7 +109,7 @@ impl EngineRuntime for ProcessRuntime {
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| EngineError::Spawn { command: command.clone(), source })?;
-        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let log = LogTail::default();
         if let Some(out) = child.stdout.take() {
             tokio::spawn(collect_lines(out, log.clone()));
         }
@@ -102,25 +120,61 @@ impl EngineRuntime for ProcessRuntime {
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
+/// A free loopback port for an engine to listen on.
+pub(crate) fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-async fn collect_lines(stream: impl AsyncRead + Unpin, log: Arc<Mutex<VecDeque<String>>>) {
-    let mut lines = BufReader::new(stream).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+/// The last `LOG_TAIL_LINES` lines of an engine's log, shared between the
+/// tasks that read the log and the engine that reports it.
+#[derive(Clone, Debug, Default)]
+pub struct LogTail(Arc<Mutex<VecDeque<String>>>);
+
+impl LogTail {
+    pub fn push(&self, line: String) {
+        let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if log.len() == LOG_TAIL_LINES {
             log.pop_front();
         }
         log.push_back(line);
+    }
+
+    /// Adds a chunk of output that may end mid-line: complete lines are kept,
+    /// the rest waits in `partial` for the next chunk (or `finish`).
+    pub fn push_bytes(&self, partial: &mut Vec<u8>, chunk: &[u8]) {
+        partial.extend_from_slice(chunk);
+        while let Some(end) = partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = partial.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line[..end]);
+            self.push(line.trim_end_matches('\r').to_owned());
+        }
+    }
+
+    /// Keeps what is left of a log that did not end with a newline.
+    pub fn finish(&self, partial: &mut Vec<u8>) {
+        if !partial.is_empty() {
+            self.push(String::from_utf8_lossy(partial).into_owned());
+            partial.clear();
+        }
+    }
+
+    pub fn text(&self) -> String {
+        let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
+    }
+}
+
+async fn collect_lines(stream: impl AsyncRead + Unpin, log: LogTail) {
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        log.push(line);
     }
 }
 
 struct ProcessEngine {
     child: Child,
     port: u16,
-    log: Arc<Mutex<VecDeque<String>>>,
+    log: LogTail,
 }
 
 #[tonic::async_trait]
@@ -130,8 +184,7 @@ impl Engine for ProcessEngine {
     }
 
     fn log_tail(&self) -> String {
-        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        log.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
+        self.log.text()
     }
 
     fn exit_status(&mut self) -> Option<String> {
@@ -211,10 +264,18 @@ pub async fn wait_until_serving(
     }
 }
 
-/// Names the reason an engine exited during startup, from its log.
+/// The status text of an engine the kernel killed for using too much
+/// memory; runtimes that can tell (Docker) put it in the exit status.
+pub const OOM_KILLED: &str = "killed by the out-of-memory killer";
+
+/// Names the reason an engine exited during startup, from its exit status
+/// and its log.
 pub fn classify_exit(status: String, log: &str) -> EngineError {
     let last =
         |pat: &[&str]| log.lines().rev().find(|l| pat.iter().any(|p| l.to_lowercase().contains(p))).map(str::to_owned);
+    if status.contains(OOM_KILLED) {
+        return EngineError::OutOfMemory { message: status };
+    }
     if let Some(line) = last(&["unrecognized arguments", "invalid choice", "unknown flag", "invalid value"]) {
         return EngineError::BadFlag { message: line };
     }
@@ -244,6 +305,27 @@ mod tests {
             "the engine ran out of memory: ValueError: To serve at least one request with max seq len (131072), 16.0 GiB KV cache is needed, which is larger than the available KV cache memory (9.1 GiB).",
         );
         check("loading\nsegfault", "the engine exited during startup (exit status: 2): segfault");
+        assert_eq!(
+            classify_exit(format!("exit status: 137, {OOM_KILLED}"), "loading weights").to_string(),
+            format!("the engine ran out of memory: exit status: 137, {OOM_KILLED}")
+        );
+    }
+
+    #[test]
+    fn the_log_tail_keeps_whole_lines_and_the_last_ones() {
+        let tail = LogTail::default();
+        let mut partial = Vec::new();
+        tail.push_bytes(&mut partial, b"first\r\nsec");
+        tail.push_bytes(&mut partial, b"ond\nthi");
+        assert_eq!(tail.text(), "first\nsecond");
+        tail.finish(&mut partial);
+        assert_eq!(tail.text(), "first\nsecond\nthi");
+        for i in 0..LOG_TAIL_LINES {
+            tail.push(format!("line {i}"));
+        }
+        let text = tail.text();
+        assert_eq!(text.lines().count(), LOG_TAIL_LINES);
+        assert!(text.starts_with("line 0\n") && text.ends_with(&format!("line {}", LOG_TAIL_LINES - 1)));
     }
 
     #[test]

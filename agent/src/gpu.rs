@@ -1,27 +1,149 @@
 //! The GPUs an agent offers. `GpuProbe` is the seam: the simulated probe
-//! serves local mode and tests; the NVML probe (through nvml-wrapper) is the
-//! one for real hosts.
+//! serves local mode and tests; the NVML probe (`crate::nvml`) is the one for
+//! real hosts. Verdicts (which GPU may be used, and why not) are in
+//! `crate::verdict`.
 
-/// One GPU and whether it may be benchmarked on.
-#[derive(Clone, Debug, PartialEq)]
+use serde::Serialize;
+
+/// One GPU: its inventory as NVML reports it, and whether it may be
+/// benchmarked on.
+///
+/// `None` means the GPU does not support the query (e.g. retired pages on a
+/// GPU that remaps rows instead): not a fault. A query that failed for any
+/// other reason is listed in `unreadable`, and makes the GPU unusable.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
     /// The product name, e.g. "NVIDIA H200".
     pub name: String,
+    pub serial: Option<String>,
     pub memory_total_bytes: u64,
+    pub memory_used_bytes: Option<u64>,
+    /// The kernel driver's version, e.g. "550.54.15" (the same for every GPU
+    /// of a host).
+    pub driver_version: String,
+    /// The CUDA version the driver supports, e.g. "12.4".
+    pub cuda_driver_version: String,
+    pub mig_enabled: Option<bool>,
+    pub ecc_enabled: Option<bool>,
+    /// Uncorrectable ECC errors since the last driver reload.
+    pub ecc_uncorrectable_volatile: Option<u64>,
+    /// Uncorrectable ECC errors over the GPU's lifetime.
+    pub ecc_uncorrectable_aggregate: Option<u64>,
+    /// Pages waiting to be retired at the next reset (GPUs before Ampere).
+    pub retired_pages_pending: Option<bool>,
+    /// Row remapping state (Ampere and later).
+    pub remapped_rows: Option<RemappedRows>,
+    /// Why the clocks are held down, as `THROTTLE_REASONS` keys.
+    pub throttle_reasons: Option<Vec<String>>,
+    pub sm_clock_mhz: Option<u32>,
+    pub sm_clock_max_mhz: Option<u32>,
+    pub memory_clock_mhz: Option<u32>,
+    pub memory_clock_max_mhz: Option<u32>,
+    /// The power limit the driver enforces, and the board's default one.
+    pub power_limit_w: Option<u32>,
+    pub power_limit_default_w: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub pcie_gen: Option<u32>,
+    pub pcie_gen_max: Option<u32>,
+    pub pcie_width: Option<u32>,
+    pub pcie_width_max: Option<u32>,
+    pub persistence_mode: Option<bool>,
+    /// Processes holding GPU memory when the GPU was probed. Before an engine
+    /// starts, every one of them is foreign: the agent has none of its own.
+    pub processes: Option<Vec<GpuProcess>>,
+    /// Queries that failed, as "what: why".
+    pub unreadable: Vec<String>,
     /// Why the GPU must not be used; empty when it may.
     pub reasons: Vec<String>,
+}
+
+/// Row remapping counters of one GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RemappedRows {
+    pub corrected: u32,
+    pub uncorrected: u32,
+    /// A remapping waits for a GPU reset.
+    pub pending: bool,
+    /// A remapping failed: the GPU needs service.
+    pub failed: bool,
+}
+
+/// A process that holds memory on a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// None where NVML cannot tell (e.g. inside a container without the
+    /// host's process namespace).
+    pub used_memory_bytes: Option<u64>,
+}
+
+/// NVML's clocks-throttle reason bits, the key a policy names each by, and
+/// how a verdict says it.
+pub const THROTTLE_REASONS: &[(u64, &str, &str)] = &[
+    (0x1, "gpu_idle", "GPU idle"),
+    (0x2, "applications_clocks_setting", "applications clocks setting"),
+    (0x4, "sw_power_cap", "SW power cap"),
+    (0x8, "hw_slowdown", "HW slowdown"),
+    (0x10, "sync_boost", "sync boost"),
+    (0x20, "sw_thermal_slowdown", "SW thermal slowdown"),
+    (0x40, "hw_thermal_slowdown", "HW thermal slowdown"),
+    (0x80, "hw_power_brake_slowdown", "HW power brake slowdown"),
+    (0x100, "display_clock_setting", "display clock setting"),
+];
+
+/// The keys of the throttle reasons set in NVML's bit mask; bits NVML may
+/// add later are named by their value, so they are never silently dropped.
+pub fn throttle_reason_keys(bits: u64) -> Vec<String> {
+    let mut keys: Vec<String> =
+        THROTTLE_REASONS.iter().filter(|(bit, _, _)| bits & bit != 0).map(|(_, key, _)| (*key).to_owned()).collect();
+    let known = THROTTLE_REASONS.iter().fold(0, |all, (bit, _, _)| all | bit);
+    let unknown = bits & !known;
+    if unknown != 0 {
+        keys.push(format!("unknown_{unknown:#x}"));
+    }
+    keys
 }
 
 impl GpuInfo {
     pub fn usable(&self) -> bool {
         self.reasons.is_empty()
     }
+
+    /// What identifies the hardware and software a result was measured on:
+    /// stored with every result, so two results can be told comparable.
+    pub fn fingerprint(&self) -> String {
+        fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+            v.as_ref().map_or_else(|| "?".to_owned(), T::to_string)
+        }
+        format!(
+            "{} uuid={} serial={} memory_mib={} driver={} cuda={} sm_max_mhz={} mem_max_mhz={} power_limit_w={} \
+             pcie=gen{}x{} ecc={} mig={}",
+            self.name,
+            self.uuid,
+            opt(&self.serial),
+            self.memory_total_bytes >> 20,
+            self.driver_version,
+            self.cuda_driver_version,
+            opt(&self.sm_clock_max_mhz),
+            opt(&self.memory_clock_max_mhz),
+            opt(&self.power_limit_w),
+            opt(&self.pcie_gen_max),
+            opt(&self.pcie_width_max),
+            opt(&self.ecc_enabled.map(on_off)),
+            opt(&self.mig_enabled.map(on_off)),
+        )
+    }
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
 }
 
 /// Reads the host's GPU inventory and verdicts.
 pub trait GpuProbe: Send + Sync {
+    /// Every GPU of the host, with `reasons` filled by the probe's policy.
     fn probe(&self) -> anyhow::Result<Vec<GpuInfo>>;
 }
 
@@ -45,8 +167,52 @@ impl GpuProbe for SimGpuProbe {
                 uuid: format!("GPU-sim-{}-{index}", self.host),
                 name: format!("NVIDIA {} (simulated)", self.model),
                 memory_total_bytes: memory_gib << 30,
-                reasons: Vec::new(),
+                driver_version: "simulated".to_owned(),
+                cuda_driver_version: "simulated".to_owned(),
+                ..GpuInfo::default()
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_bits_name_every_reason_and_keep_unknown_ones() {
+        let check = |bits: u64, expected: &[&str]| assert_eq!(throttle_reason_keys(bits), expected, "bits {bits:#x}");
+        check(0, &[]);
+        check(0x1, &["gpu_idle"]);
+        check(0x8 | 0x40, &["hw_slowdown", "hw_thermal_slowdown"]);
+        check(0x100, &["display_clock_setting"]);
+        check(0x1 | 0x1000, &["gpu_idle", "unknown_0x1000"]);
+    }
+
+    #[test]
+    fn fingerprint_names_what_makes_results_comparable() {
+        let gpu = GpuInfo {
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-1".into(),
+            serial: Some("1650".into()),
+            memory_total_bytes: 143_771 << 20,
+            driver_version: "550.54.15".into(),
+            cuda_driver_version: "12.4".into(),
+            sm_clock_max_mhz: Some(1980),
+            memory_clock_max_mhz: Some(3201),
+            power_limit_w: Some(700),
+            pcie_gen_max: Some(5),
+            pcie_width_max: Some(16),
+            ecc_enabled: Some(true),
+            mig_enabled: Some(false),
+            ..GpuInfo::default()
+        };
+        assert_eq!(
+            gpu.fingerprint(),
+            "NVIDIA H200 uuid=GPU-1 serial=1650 memory_mib=143771 driver=550.54.15 cuda=12.4 sm_max_mhz=1980 \
+             mem_max_mhz=3201 power_limit_w=700 pcie=gen5x16 ecc=on mig=off"
+        );
+        let unknown = GpuInfo { name: "NVIDIA H100".into(), ..GpuInfo::default() };
+        assert!(unknown.fingerprint().contains("serial=? "), "{}", unknown.fingerprint());
     }
 }

@@ -4,13 +4,18 @@
 //!
 //! Layout: `agent` is the session and group loop; `job` holds the domain
 //! types of an assignment (and their conversion from gRPC); `engine` the
-//! engine runtimes; `load` runs loadgen; `gpu` the GPU inventory.
+//! engine runtimes, `docker` the one that runs containers; `load` runs loadgen; `gpu` the GPU inventory, `nvml` reads
+//! it on real hosts, `verdict` judges it and `verify` shows it.
 
 pub mod agent;
+pub mod docker;
 pub mod engine;
 pub mod gpu;
 pub mod job;
 pub mod load;
+pub mod nvml;
+pub mod verdict;
+pub mod verify;
 
 pub use agent::{AgentConfig, run};
 

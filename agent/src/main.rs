@@ -1,20 +1,49 @@
 //! `benchfleet-agent`: the daemon an operator runs on every GPU host.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use benchfleet_agent::engine::{EngineRuntime, ExternalRuntime, ProcessRuntime};
-use benchfleet_agent::gpu::SimGpuProbe;
+use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe};
 use benchfleet_agent::load::ProcessLoadRunner;
+use benchfleet_agent::nvml::NvmlProbe;
+use benchfleet_agent::verdict::Policy;
+use benchfleet_agent::verify::{VerifyReport, all_usable, table};
 use benchfleet_agent::{AgentConfig, find_binary};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
-#[command(name = "benchfleet-agent", version, about = "benchfleet's GPU host daemon")]
-struct Args {
+#[command(
+    name = "benchfleet-agent",
+    version,
+    about = "benchfleet's GPU host daemon",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Without a subcommand, the agent runs.
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the agent: register with the controller and run the engine groups it assigns (the default).
+    Run(RunArgs),
+    /// Check this host's GPUs: print their inventory and whether each is usable.
+    ///
+    /// Exit code 0: every GPU is usable; 1: some GPU is not (the table says why); 2: the GPUs could not be read.
+    Verify(VerifyArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
     /// The controller's gRPC URL.
     #[arg(long, env = "BENCHFLEET_CONTROLLER", default_value = "http://127.0.0.1:7070")]
     controller: String,
@@ -33,28 +62,108 @@ struct Args {
     /// How long an engine may take to serve.
     #[arg(long, default_value_t = 1800)]
     startup_timeout_s: u64,
+    #[command(flatten)]
+    gpu: GpuArgs,
+    #[command(flatten)]
+    docker: benchfleet_agent::docker::DockerArgs,
+}
+
+/// How the agent reads and judges its GPUs.
+#[derive(clap::Args, Debug)]
+struct GpuArgs {
+    /// The agent's config file (TOML): its [gpu] table holds the GPU policy (see agent.example.toml).
+    #[arg(long, env = "BENCHFLEET_AGENT_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The NVML library to load instead of the NVIDIA driver's libnvidia-ml.so.1.
+    #[arg(long, env = "BENCHFLEET_NVML_LIB", value_name = "FILE")]
+    nvml_lib: Option<PathBuf>,
+}
+
+impl GpuArgs {
+    /// The NVML probe with the config file's policy; `require` overrides its model.
+    fn nvml_probe(&self, require: Option<String>) -> anyhow::Result<NvmlProbe> {
+        let mut policy = match &self.config {
+            Some(path) => Policy::from_file(path)?,
+            None => Policy::default(),
+        };
+        if require.is_some() {
+            policy.require_model = require;
+        }
+        Ok(NvmlProbe::new(self.nvml_lib.as_deref(), policy)?)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct VerifyArgs {
+    #[command(flatten)]
+    gpu: GpuArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The model every GPU must be, matched on the product name, e.g. H200.
+    #[arg(long, value_name = "MODEL")]
+    require: Option<String>,
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
+    // bollard logs request and response bodies at debug level, and a
+    // container's carry HF_TOKEN: its level is capped whatever RUST_LOG says.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info".into())
+        .add_directive("bollard=info".parse().context("a fixed log directive")?);
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Verify(args)) => verify(&args),
+        Some(Command::Run(args)) => run(args).await.map(|()| ExitCode::SUCCESS),
+        None => run(cli.run).await.map(|()| ExitCode::SUCCESS),
+    }
+}
 
-    let Some(spec) = &args.sim_gpus else {
-        anyhow::bail!("no NVIDIA driver support in this build yet; run with --sim-gpus MODELxCOUNT (e.g. H200x8)");
+/// Prints the GPUs' inventory and verdicts; the exit code says whether every
+/// GPU is usable.
+fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    let gpus = match args.gpu.nvml_probe(args.require.clone()).and_then(|probe| probe.probe()) {
+        Ok(gpus) => gpus,
+        Err(e) => {
+            if args.json {
+                println!("{}", serde_json::json!({ "usable": false, "error": format!("{e:#}") }));
+            }
+            eprintln!("error: {e:#}");
+            return Ok(ExitCode::from(2));
+        }
     };
-    let (model, count) = spec
-        .split_once('x')
-        .and_then(|(m, n)| Some((m.to_owned(), n.parse().ok()?)))
-        .with_context(|| format!("--sim-gpus {spec}: expected MODELxCOUNT, e.g. H200x8"))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&VerifyReport::new(&gpus))?);
+    } else {
+        print!("{}", table(&gpus));
+    }
+    Ok(if all_usable(&gpus) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "agent".to_owned(), |h| h.trim().to_owned())
     });
+    let gpus: Arc<dyn GpuProbe> = match &args.sim_gpus {
+        Some(spec) => {
+            let (model, count) = spec
+                .split_once('x')
+                .and_then(|(m, n)| Some((m.to_owned(), n.parse().ok()?)))
+                .with_context(|| format!("--sim-gpus {spec}: expected MODELxCOUNT, e.g. H200x8"))?;
+            Arc::new(SimGpuProbe { model, count, host: name.clone() })
+        }
+        None => Arc::new(args.gpu.nvml_probe(None)?),
+    };
+    // The controller shows the verdicts too; the host's own log says it first.
+    for gpu in gpus.probe()? {
+        if !gpu.usable() {
+            tracing::warn!("GPU {} ({}) is not usable: {}", gpu.index, gpu.uuid, gpu.reasons.join("; "));
+        }
+    }
     let launcher = if args.sim_engines {
         let sim = find_binary("benchfleet-sim").context("benchfleet-sim not found beside this binary or on PATH")?;
         vec![sim.display().to_string()]
@@ -66,15 +175,19 @@ async fn main() -> anyhow::Result<()> {
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
     runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher }));
     runtimes.insert("external".into(), Arc::new(ExternalRuntime));
+    if let Some(docker) = benchfleet_agent::docker::runtime_from_args(&args.docker, &name).await? {
+        runtimes.insert("docker".into(), Arc::new(docker));
+    }
 
     let config = AgentConfig {
         controller_url: args.controller,
-        gpus: Arc::new(SimGpuProbe { model, count, host: name.clone() }),
+        gpus,
         name,
         runtimes,
         loadgen: Arc::new(ProcessLoadRunner { binary: loadgen }),
         work_dir: args.work_dir,
         startup_timeout: Duration::from_secs(args.startup_timeout_s),
+        gpu_check_interval: Duration::from_secs(60),
     };
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();

@@ -2,5 +2,6 @@
 //! on 127.0.0.1:0, sled in a temp dir), a real agent, the simulator's and
 //! loadgen's libraries in place of their binaries.
 
+mod docker;
 mod fleet;
 mod local_pipeline;

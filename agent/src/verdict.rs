@@ -1,0 +1,524 @@
+//! Which GPUs may be benchmarked on: the policy (thresholds from the agent's
+//! config file) and the pure functions that turn an inventory into reasons.
+//! Every reason is a sentence an operator reads in `benchfleet agents` and
+//! `benchfleet-agent verify`, so each names the value that failed.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::{GpuInfo, THROTTLE_REASONS};
+
+/// The thresholds a GPU must meet; the `[gpu]` table of the agent's config
+/// file (see `agent.example.toml`). The defaults suit a benchmark host: a
+/// clean, idle, full-speed GPU.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Policy {
+    /// A model every GPU must be, matched on the product name's words, e.g.
+    /// "H200". Jobs name their model too; this is for hosts meant for one.
+    pub require_model: Option<String>,
+    /// Uncorrectable ECC errors since the driver loaded.
+    pub max_ecc_uncorrectable: u64,
+    /// Uncorrectable ECC errors over the GPU's life; unset: not checked
+    /// (old errors whose rows were remapped do no harm).
+    pub max_ecc_uncorrectable_aggregate: Option<u64>,
+    pub require_ecc: bool,
+    pub allow_mig: bool,
+    pub allow_retired_pages_pending: bool,
+    pub allow_row_remapping_pending: bool,
+    /// Current over maximum PCIe link width: 1.0 wants the full x16.
+    pub min_pcie_width_fraction: f64,
+    /// Current over maximum PCIe generation. 0 by default: an idle GPU lowers
+    /// its link generation to save power, so this reads low before a run.
+    pub min_pcie_gen_fraction: f64,
+    /// Memory that processes other than the agent's engine may hold on a GPU.
+    pub max_foreign_memory_mib: u64,
+    /// Throttle reasons that do not disqualify (keys of `THROTTLE_REASONS`).
+    pub allowed_throttle_reasons: Vec<String>,
+    pub max_temperature_c: Option<u32>,
+    /// Enforced over default power limit: a capped GPU benchmarks slower.
+    pub min_power_limit_fraction: f64,
+    pub require_persistence_mode: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            require_model: None,
+            max_ecc_uncorrectable: 0,
+            max_ecc_uncorrectable_aggregate: None,
+            require_ecc: true,
+            allow_mig: false,
+            allow_retired_pages_pending: false,
+            allow_row_remapping_pending: false,
+            min_pcie_width_fraction: 1.0,
+            min_pcie_gen_fraction: 0.0,
+            max_foreign_memory_mib: 1024,
+            allowed_throttle_reasons: [
+                "gpu_idle",
+                "applications_clocks_setting",
+                "sync_boost",
+                "display_clock_setting",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            max_temperature_c: Some(85),
+            min_power_limit_fraction: 1.0,
+            require_persistence_mode: false,
+        }
+    }
+}
+
+/// A config file whose GPU policy cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read the agent config {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("the agent config {} is not valid: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("the agent config {}: [gpu] {key}: {message}", path.display())]
+    Invalid { path: PathBuf, key: &'static str, message: String },
+}
+
+impl Policy {
+    /// Reads the `[gpu]` table of an agent config file; the defaults where
+    /// the file has none. Other tables belong to other parts of the agent.
+    pub fn from_file(path: &Path) -> Result<Policy, PolicyError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| PolicyError::Read { path: path.to_owned(), source })?;
+        Policy::from_toml(&text, path)
+    }
+
+    /// Parses the `[gpu]` table of an agent config file's text; `path` names
+    /// it in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Policy, PolicyError> {
+        #[derive(Deserialize)]
+        struct File {
+            #[serde(default)]
+            gpu: Policy,
+        }
+        let file: File =
+            toml::from_str(text).map_err(|e| PolicyError::Parse { path: path.to_owned(), message: e.to_string() })?;
+        file.gpu.validate().map_err(|(key, message)| PolicyError::Invalid { path: path.to_owned(), key, message })?;
+        Ok(file.gpu)
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (key, value) in [
+            ("min_pcie_width_fraction", self.min_pcie_width_fraction),
+            ("min_pcie_gen_fraction", self.min_pcie_gen_fraction),
+            ("min_power_limit_fraction", self.min_power_limit_fraction),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err((key, format!("{value} is not a fraction between 0 and 1")));
+            }
+        }
+        if let Some(unknown) =
+            self.allowed_throttle_reasons.iter().find(|r| !THROTTLE_REASONS.iter().any(|(_, key, _)| key == r))
+        {
+            let known: Vec<&str> = THROTTLE_REASONS.iter().map(|(_, key, _)| *key).collect();
+            return Err((
+                "allowed_throttle_reasons",
+                format!("unknown reason `{unknown}`; known: {}", known.join(", ")),
+            ));
+        }
+        if self.require_model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(("require_model", "is empty; name a model such as \"H200\" or remove the key".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+/// Fills every GPU's `reasons` from the policy.
+pub fn apply(gpus: &mut [GpuInfo], policy: &Policy) {
+    for gpu in gpus {
+        gpu.reasons = reasons(gpu, policy);
+    }
+}
+
+/// Why a GPU must not be used under `policy`; empty when it may.
+pub fn reasons(gpu: &GpuInfo, policy: &Policy) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(model) = &policy.require_model
+        && !model_matches(&gpu.name, model)
+    {
+        out.push(format!("not an {model}: {}", gpu.name));
+    }
+    if gpu.mig_enabled == Some(true) && !policy.allow_mig {
+        out.push("MIG enabled".to_owned());
+    }
+    if gpu.ecc_enabled == Some(false) && policy.require_ecc {
+        out.push("ECC disabled".to_owned());
+    }
+    if let Some(n) = gpu.ecc_uncorrectable_volatile
+        && n > policy.max_ecc_uncorrectable
+    {
+        out.push(format!("ECC uncorrectable errors: {n}"));
+    }
+    if let (Some(n), Some(max)) = (gpu.ecc_uncorrectable_aggregate, policy.max_ecc_uncorrectable_aggregate)
+        && n > max
+    {
+        out.push(format!("ECC uncorrectable errors over the GPU's life: {n}"));
+    }
+    if gpu.retired_pages_pending == Some(true) && !policy.allow_retired_pages_pending {
+        out.push("retired pages pending: reset the GPU".to_owned());
+    }
+    if let Some(rows) = &gpu.remapped_rows {
+        if rows.failed {
+            out.push("row remapping failed: the GPU needs service".to_owned());
+        }
+        if rows.pending && !policy.allow_row_remapping_pending {
+            out.push("row remapping pending: reset the GPU".to_owned());
+        }
+    }
+    if let (Some(width), Some(max)) = (gpu.pcie_width, gpu.pcie_width_max)
+        && below(width, max, policy.min_pcie_width_fraction)
+    {
+        out.push(format!("PCIe x{width} of x{max}"));
+    }
+    if let (Some(generation), Some(max)) = (gpu.pcie_gen, gpu.pcie_gen_max)
+        && below(generation, max, policy.min_pcie_gen_fraction)
+    {
+        out.push(format!("PCIe gen{generation} of gen{max}"));
+    }
+    if let Some(processes) = gpu.processes.as_deref()
+        && !processes.is_empty()
+    {
+        let unknown = processes.iter().filter(|p| p.used_memory_bytes.is_none()).count();
+        let bytes: u64 = processes.iter().filter_map(|p| p.used_memory_bytes).sum();
+        if unknown > 0 || bytes > policy.max_foreign_memory_mib << 20 {
+            let n = processes.len();
+            let (noun, verb) = if n == 1 { ("process", "uses") } else { ("processes", "use") };
+            let amount = if unknown > 0 { "an unknown amount of memory".to_owned() } else { size(bytes) };
+            out.push(format!("{n} foreign {noun} {verb} {amount}"));
+        }
+    }
+    if let Some(keys) = &gpu.throttle_reasons {
+        let throttled: Vec<&str> = keys
+            .iter()
+            .filter(|k| !policy.allowed_throttle_reasons.contains(k))
+            .map(|k| THROTTLE_REASONS.iter().find(|(_, key, _)| key == k).map_or(k.as_str(), |(_, _, label)| label))
+            .collect();
+        if !throttled.is_empty() {
+            out.push(format!("throttled: {}", throttled.join(", ")));
+        }
+    }
+    if let (Some(t), Some(max)) = (gpu.temperature_c, policy.max_temperature_c)
+        && t > max
+    {
+        out.push(format!("temperature {t} C above {max} C"));
+    }
+    if let (Some(limit), Some(default)) = (gpu.power_limit_w, gpu.power_limit_default_w)
+        && below(limit, default, policy.min_power_limit_fraction)
+    {
+        out.push(format!("power limit {limit} W of {default} W"));
+    }
+    if gpu.persistence_mode == Some(false) && policy.require_persistence_mode {
+        out.push("persistence mode off".to_owned());
+    }
+    out.extend(gpu.unreadable.iter().map(|what| format!("cannot read {what}")));
+    out
+}
+
+fn below(value: u32, max: u32, min_fraction: f64) -> bool {
+    f64::from(value) < f64::from(max) * min_fraction
+}
+
+/// Whether a product name is of `model`: the model's words appear in the
+/// name, in order, as whole words, so "H200" matches "NVIDIA H200" but not
+/// "NVIDIA GH200 480GB", and "H20" does not match "NVIDIA H200".
+pub fn model_matches(product_name: &str, model: &str) -> bool {
+    let words = |s: &str| -> Vec<String> {
+        s.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_ascii_lowercase).collect()
+    };
+    let (name, want) = (words(product_name), words(model));
+    !want.is_empty() && name.windows(want.len()).any(|w| w == want.as_slice())
+}
+
+/// GPU errors that appeared between two probes of the same GPUs, as the
+/// reason an attempt is invalid: results measured on a failing GPU are not
+/// results. Only the GPUs named by `uuids` (the attempt's) are compared.
+pub fn new_errors(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for uuid in uuids {
+        let (Some(b), Some(a)) = (before.iter().find(|g| &g.uuid == uuid), after.iter().find(|g| &g.uuid == uuid))
+        else {
+            continue;
+        };
+        let grew = |b: Option<u64>, a: Option<u64>| match (b, a) {
+            (Some(b), Some(a)) if a > b => a - b,
+            _ => 0,
+        };
+        // Volatile counts reset with the driver; the aggregate one catches
+        // errors a driver reload during the attempt would hide.
+        let n = grew(b.ecc_uncorrectable_volatile, a.ecc_uncorrectable_volatile)
+            .max(grew(b.ecc_uncorrectable_aggregate, a.ecc_uncorrectable_aggregate));
+        if n > 0 {
+            out.push(format!("new uncorrectable ECC errors on GPU {uuid}: {n}"));
+        }
+    }
+    out
+}
+
+/// A byte count as an operator reads it: "12 GiB", "1.5 GiB", "512 MiB".
+pub fn size(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    if bytes >= GIB {
+        let gib = bytes as f64 / GIB as f64;
+        if bytes.is_multiple_of(GIB) { format!("{} GiB", bytes / GIB) } else { format!("{gib:.1} GiB") }
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{GpuProcess, RemappedRows};
+
+    /// A healthy, idle H200 as NVML reports it.
+    fn h200() -> GpuInfo {
+        GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "NVIDIA H200".into(),
+            serial: Some("1650924060000".into()),
+            memory_total_bytes: 143_771 << 20,
+            memory_used_bytes: Some(0),
+            driver_version: "550.54.15".into(),
+            cuda_driver_version: "12.4".into(),
+            mig_enabled: Some(false),
+            ecc_enabled: Some(true),
+            ecc_uncorrectable_volatile: Some(0),
+            ecc_uncorrectable_aggregate: Some(0),
+            retired_pages_pending: None,
+            remapped_rows: Some(RemappedRows::default()),
+            throttle_reasons: Some(vec!["gpu_idle".into()]),
+            sm_clock_mhz: Some(345),
+            sm_clock_max_mhz: Some(1980),
+            memory_clock_mhz: Some(3201),
+            memory_clock_max_mhz: Some(3201),
+            power_limit_w: Some(700),
+            power_limit_default_w: Some(700),
+            temperature_c: Some(31),
+            pcie_gen: Some(1),
+            pcie_gen_max: Some(5),
+            pcie_width: Some(16),
+            pcie_width_max: Some(16),
+            persistence_mode: Some(true),
+            processes: Some(Vec::new()),
+            unreadable: Vec::new(),
+            reasons: Vec::new(),
+        }
+    }
+
+    /// The reasons of an H200 changed by `change`, under `policy`.
+    fn check_with(policy: &Policy, change: impl FnOnce(&mut GpuInfo), expected: &[&str]) {
+        let mut gpu = h200();
+        change(&mut gpu);
+        assert_eq!(reasons(&gpu, policy), expected, "for {gpu:#?}");
+    }
+
+    fn check(change: impl FnOnce(&mut GpuInfo), expected: &[&str]) {
+        check_with(&Policy::default(), change, expected);
+    }
+
+    #[test]
+    fn a_healthy_idle_gpu_is_usable() {
+        check(|_| {}, &[]);
+        // Queries a GPU does not support are no reason.
+        check(|g| *g = GpuInfo { name: g.name.clone(), ..GpuInfo::default() }, &[]);
+    }
+
+    #[test]
+    fn model() {
+        let h200 = Policy { require_model: Some("H200".into()), ..Policy::default() };
+        check_with(&h200, |_| {}, &[]);
+        check_with(&h200, |g| g.name = "NVIDIA A100-SXM4-80GB".into(), &["not an H200: NVIDIA A100-SXM4-80GB"]);
+        check_with(&h200, |g| g.name = "NVIDIA GH200 480GB".into(), &["not an H200: NVIDIA GH200 480GB"]);
+    }
+
+    #[test]
+    fn model_names_match_whole_words() {
+        for (name, model, expected) in [
+            ("NVIDIA H200", "H200", true),
+            ("NVIDIA H200", "h200", true),
+            ("NVIDIA H100 80GB HBM3", "H100", true),
+            ("NVIDIA H100 NVL", "H100 NVL", true),
+            ("NVIDIA H100 PCIe", "H100 NVL", false),
+            ("NVIDIA H200", "H20", false),
+            ("NVIDIA GH200 480GB", "H200", false),
+            ("NVIDIA A100-SXM4-80GB", "A100", true),
+            ("NVIDIA H200", "", false),
+        ] {
+            assert_eq!(model_matches(name, model), expected, "{name} is {model}?");
+        }
+    }
+
+    #[test]
+    fn ecc() {
+        check(|g| g.ecc_uncorrectable_volatile = Some(3), &["ECC uncorrectable errors: 3"]);
+        check(|g| g.ecc_uncorrectable_aggregate = Some(12), &[]);
+        let strict = Policy { max_ecc_uncorrectable: 5, max_ecc_uncorrectable_aggregate: Some(0), ..Policy::default() };
+        check_with(&strict, |g| g.ecc_uncorrectable_volatile = Some(5), &[]);
+        check_with(
+            &strict,
+            |g| g.ecc_uncorrectable_aggregate = Some(2),
+            &["ECC uncorrectable errors over the GPU's life: 2"],
+        );
+        check(|g| g.ecc_enabled = Some(false), &["ECC disabled"]);
+        check_with(&Policy { require_ecc: false, ..Policy::default() }, |g| g.ecc_enabled = Some(false), &[]);
+    }
+
+    #[test]
+    fn mig() {
+        check(|g| g.mig_enabled = Some(true), &["MIG enabled"]);
+        check_with(&Policy { allow_mig: true, ..Policy::default() }, |g| g.mig_enabled = Some(true), &[]);
+    }
+
+    #[test]
+    fn retired_pages_and_remapped_rows() {
+        check(|g| g.retired_pages_pending = Some(true), &["retired pages pending: reset the GPU"]);
+        check(
+            |g| g.remapped_rows = Some(RemappedRows { corrected: 2, uncorrected: 1, ..RemappedRows::default() }),
+            &[],
+        );
+        check(
+            |g| g.remapped_rows = Some(RemappedRows { pending: true, ..RemappedRows::default() }),
+            &["row remapping pending: reset the GPU"],
+        );
+        check(
+            |g| g.remapped_rows = Some(RemappedRows { failed: true, ..RemappedRows::default() }),
+            &["row remapping failed: the GPU needs service"],
+        );
+        let lenient =
+            Policy { allow_retired_pages_pending: true, allow_row_remapping_pending: true, ..Policy::default() };
+        check_with(
+            &lenient,
+            |g| {
+                g.retired_pages_pending = Some(true);
+                g.remapped_rows = Some(RemappedRows { pending: true, ..RemappedRows::default() });
+            },
+            &[],
+        );
+    }
+
+    #[test]
+    fn pcie() {
+        check(|g| g.pcie_width = Some(8), &["PCIe x8 of x16"]);
+        check_with(&Policy { min_pcie_width_fraction: 0.5, ..Policy::default() }, |g| g.pcie_width = Some(8), &[]);
+        // An idle GPU's link runs at gen1: not a fault by default.
+        check(|g| g.pcie_gen = Some(1), &[]);
+        check_with(
+            &Policy { min_pcie_gen_fraction: 1.0, ..Policy::default() },
+            |g| g.pcie_gen = Some(4),
+            &["PCIe gen4 of gen5"],
+        );
+    }
+
+    #[test]
+    fn foreign_processes() {
+        let p = |mib: Option<u64>| GpuProcess { pid: 4242, used_memory_bytes: mib.map(|m| m << 20) };
+        check(|g| g.processes = Some(vec![p(Some(512))]), &[]);
+        check(|g| g.processes = Some(vec![p(Some(2048))]), &["1 foreign process uses 2 GiB"]);
+        check(|g| g.processes = Some(vec![p(Some(6144)), p(Some(6144))]), &["2 foreign processes use 12 GiB"]);
+        check(|g| g.processes = Some(vec![p(Some(1536)), p(Some(0))]), &["2 foreign processes use 1.5 GiB"]);
+        check(|g| g.processes = Some(vec![p(None)]), &["1 foreign process uses an unknown amount of memory"]);
+        let none_allowed = Policy { max_foreign_memory_mib: 0, ..Policy::default() };
+        check_with(&none_allowed, |g| g.processes = Some(vec![p(Some(300))]), &["1 foreign process uses 300 MiB"]);
+    }
+
+    #[test]
+    fn throttling() {
+        check(|g| g.throttle_reasons = Some(vec!["hw_slowdown".into()]), &["throttled: HW slowdown"]);
+        check(
+            |g| {
+                g.throttle_reasons =
+                    Some(vec!["gpu_idle".into(), "sw_thermal_slowdown".into(), "unknown_0x1000".into()])
+            },
+            &["throttled: SW thermal slowdown, unknown_0x1000"],
+        );
+        let allow = Policy { allowed_throttle_reasons: vec!["hw_slowdown".into()], ..Policy::default() };
+        check_with(&allow, |g| g.throttle_reasons = Some(vec!["hw_slowdown".into()]), &[]);
+    }
+
+    #[test]
+    fn temperature_power_persistence() {
+        check(|g| g.temperature_c = Some(91), &["temperature 91 C above 85 C"]);
+        check_with(&Policy { max_temperature_c: None, ..Policy::default() }, |g| g.temperature_c = Some(91), &[]);
+        check(|g| g.power_limit_w = Some(500), &["power limit 500 W of 700 W"]);
+        check(|g| g.persistence_mode = Some(false), &[]);
+        check_with(
+            &Policy { require_persistence_mode: true, ..Policy::default() },
+            |g| g.persistence_mode = Some(false),
+            &["persistence mode off"],
+        );
+    }
+
+    #[test]
+    fn unreadable_queries_and_several_reasons_are_all_listed() {
+        check(
+            |g| {
+                g.mig_enabled = Some(true);
+                g.ecc_uncorrectable_volatile = Some(1);
+                g.unreadable = vec!["the clocks: Unknown Error".into()];
+            },
+            &["MIG enabled", "ECC uncorrectable errors: 1", "cannot read the clocks: Unknown Error"],
+        );
+    }
+
+    #[test]
+    fn policy_from_config_files() {
+        let path = Path::new("agent.toml");
+        let ok = |text: &str| Policy::from_toml(text, path).expect("valid config");
+        let err = |text: &str| Policy::from_toml(text, path).expect_err("invalid config").to_string();
+        assert_eq!(ok(""), Policy::default());
+        assert_eq!(ok("[docker]\nsocket = \"x\"\n"), Policy::default(), "other tables are other modules' business");
+        let p = ok("[gpu]\nrequire_model = \"H200\"\nallow_mig = true\nmax_foreign_memory_mib = 0\n");
+        assert_eq!((p.require_model.as_deref(), p.allow_mig, p.max_foreign_memory_mib), (Some("H200"), true, 0));
+        assert_eq!(
+            ok("[gpu]\nallowed_throttle_reasons = []\n").allowed_throttle_reasons,
+            Vec::<String>::new(),
+            "an empty list allows no throttling at all"
+        );
+        for (text, expected) in [
+            ("[gpu]\nalow_mig = true\n", "unknown field `alow_mig`"),
+            ("[gpu]\nmax_ecc_uncorrectable = -1\n", "max_ecc_uncorrectable"),
+            ("[gpu]\nmin_pcie_width_fraction = 2.0\n", "[gpu] min_pcie_width_fraction: 2 is not a fraction"),
+            ("[gpu]\nallowed_throttle_reasons = [\"idle\"]\n", "unknown reason `idle`; known: gpu_idle,"),
+            ("[gpu]\nrequire_model = \" \"\n", "[gpu] require_model: is empty"),
+        ] {
+            let message = err(text);
+            assert!(message.starts_with("the agent config agent.toml"), "{message}");
+            assert!(message.contains(expected), "{text:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn new_errors_during_an_attempt_invalidate_it() {
+        let before = vec![h200(), GpuInfo { uuid: "GPU-1".into(), ..h200() }];
+        let mut after = before.clone();
+        after[1].ecc_uncorrectable_volatile = Some(2);
+        let uuids = |u: &[&str]| u.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            new_errors(&before, &after, &uuids(&["GPU-0", "GPU-1"])),
+            ["new uncorrectable ECC errors on GPU GPU-1: 2"]
+        );
+        assert!(new_errors(&before, &after, &uuids(&["GPU-0"])).is_empty(), "another attempt's GPU");
+        // A driver reload resets the volatile count; the aggregate one still grew.
+        after[1].ecc_uncorrectable_volatile = Some(0);
+        after[1].ecc_uncorrectable_aggregate = Some(1);
+        assert_eq!(new_errors(&before, &after, &uuids(&["GPU-1"])), ["new uncorrectable ECC errors on GPU GPU-1: 1"]);
+        assert!(new_errors(&before, &before, &uuids(&["GPU-0", "GPU-1"])).is_empty());
+    }
+
+    #[test]
+    fn sizes() {
+        for (bytes, expected) in
+            [(0, "0 MiB"), (512 << 20, "512 MiB"), (1 << 30, "1 GiB"), (12 << 30, "12 GiB"), (1536 << 20, "1.5 GiB")]
+        {
+            assert_eq!(size(bytes), expected);
+        }
+    }
+}

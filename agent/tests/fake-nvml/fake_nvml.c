@@ -1,0 +1,452 @@
+/*
+ * A fake libnvidia-ml.so for the agent's tests: it exports the NVML functions
+ * the agent calls through nvml-wrapper, with the same names (versioned ones
+ * included) and C signatures as nvml.h, and reports the GPUs that a scenario
+ * file describes. The real nvml-wrapper loads it through
+ * `Nvml::builder().lib_path(..)`, so the tests exercise the agent's real NVML
+ * code on a machine without a GPU.
+ *
+ * The scenario file is named by the FAKE_NVML_CONFIG environment variable and
+ * read by nvmlInit_v2. One `key = value` per line, `#` starts a comment:
+ *
+ *   init = ok                  # or driver_not_loaded, no_permission
+ *   gpus = 8                   # how many GPUs (at most 16)
+ *   driver_version = 550.54.15
+ *   cuda_version = 12040       # NVML's encoding: 1000 * major + 10 * minor
+ *   gpu.*.name = NVIDIA H200   # a field of every GPU ...
+ *   gpu.3.ecc_volatile = 3     # ... or of GPU 3; later lines win
+ *   gpu.2.process = 4242:12288 # a process (pid:MiB) holding memory; repeatable
+ *
+ * Every GPU starts as a healthy, idle NVIDIA H200. Numeric fields also take
+ * `unsupported` (the query answers NVML_ERROR_NOT_SUPPORTED) and `error`
+ * (NVML_ERROR_UNKNOWN). Fields: name, uuid, serial, memory_total_mib,
+ * memory_used_mib, mig, ecc, ecc_volatile, ecc_aggregate, retired_pending,
+ * remap_corrected, remap_uncorrected, remap_pending, remap_failed, throttle
+ * (the reason bit mask, e.g. 0x8), sm_clock, sm_clock_max, mem_clock,
+ * mem_clock_max, power_limit_mw, power_default_mw, temperature, pcie_gen,
+ * pcie_gen_max, pcie_width, pcie_width_max, persistence, processes
+ * (`unsupported` or `error`), process.
+ */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+typedef struct fake_gpu *nvmlDevice_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+/* Sentinels of a numeric field. */
+#define UNSUPPORTED (-1LL)
+#define FAILS (-2LL)
+
+#define MAX_GPUS 16
+#define MAX_PROCESSES 8
+
+enum field {
+    F_MEMORY_TOTAL_MIB, F_MEMORY_USED_MIB, F_MIG, F_ECC, F_ECC_VOLATILE, F_ECC_AGGREGATE,
+    F_RETIRED_PENDING, F_REMAP_CORRECTED, F_REMAP_UNCORRECTED, F_REMAP_PENDING, F_REMAP_FAILED,
+    F_THROTTLE, F_SM_CLOCK, F_SM_CLOCK_MAX, F_MEM_CLOCK, F_MEM_CLOCK_MAX, F_POWER_LIMIT_MW,
+    F_POWER_DEFAULT_MW, F_TEMPERATURE, F_PCIE_GEN, F_PCIE_GEN_MAX, F_PCIE_WIDTH, F_PCIE_WIDTH_MAX,
+    F_PERSISTENCE, F_PROCESSES, F_COUNT
+};
+
+static const char *const FIELD_NAMES[F_COUNT] = {
+    "memory_total_mib", "memory_used_mib", "mig", "ecc", "ecc_volatile", "ecc_aggregate",
+    "retired_pending", "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failed",
+    "throttle", "sm_clock", "sm_clock_max", "mem_clock", "mem_clock_max", "power_limit_mw",
+    "power_default_mw", "temperature", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
+    "persistence", "processes",
+};
+
+/* A healthy, idle H200. */
+static const long long HEALTHY[F_COUNT] = {
+    [F_MEMORY_TOTAL_MIB] = 143771, [F_MEMORY_USED_MIB] = 0, [F_MIG] = 0, [F_ECC] = 1,
+    [F_ECC_VOLATILE] = 0, [F_ECC_AGGREGATE] = 0, [F_RETIRED_PENDING] = UNSUPPORTED,
+    [F_REMAP_CORRECTED] = 0, [F_REMAP_UNCORRECTED] = 0, [F_REMAP_PENDING] = 0, [F_REMAP_FAILED] = 0,
+    [F_THROTTLE] = 0x1, [F_SM_CLOCK] = 345, [F_SM_CLOCK_MAX] = 1980, [F_MEM_CLOCK] = 3201,
+    [F_MEM_CLOCK_MAX] = 3201, [F_POWER_LIMIT_MW] = 700000, [F_POWER_DEFAULT_MW] = 700000,
+    [F_TEMPERATURE] = 31, [F_PCIE_GEN] = 1, [F_PCIE_GEN_MAX] = 5, [F_PCIE_WIDTH] = 16,
+    [F_PCIE_WIDTH_MAX] = 16, [F_PERSISTENCE] = 1, [F_PROCESSES] = 0,
+};
+
+struct fake_process {
+    unsigned int pid;
+    unsigned long long used_bytes;
+};
+
+struct fake_gpu {
+    char name[96];
+    char uuid[96];
+    char serial[30];
+    long long field[F_COUNT];
+    struct fake_process processes[MAX_PROCESSES];
+    unsigned int process_count;
+};
+
+static struct fake_gpu gpus[MAX_GPUS];
+static unsigned int gpu_count;
+static char driver_version[80];
+static int cuda_version;
+static int initialized;
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    char *end = s + strlen(s);
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) *--end = '\0';
+    return s;
+}
+
+static void copy(char *to, size_t size, const char *from) {
+    snprintf(to, size, "%s", from);
+}
+
+/* Sets one GPU's field from the scenario's text; 0 when the key is unknown. */
+static int set_field(struct fake_gpu *gpu, const char *key, const char *value) {
+    if (strcmp(key, "name") == 0) { copy(gpu->name, sizeof gpu->name, value); return 1; }
+    if (strcmp(key, "uuid") == 0) { copy(gpu->uuid, sizeof gpu->uuid, value); return 1; }
+    if (strcmp(key, "serial") == 0) { copy(gpu->serial, sizeof gpu->serial, value); return 1; }
+    if (strcmp(key, "process") == 0) {
+        unsigned int pid;
+        unsigned long long mib;
+        if (sscanf(value, "%u:%llu", &pid, &mib) != 2 || gpu->process_count == MAX_PROCESSES) return 0;
+        gpu->processes[gpu->process_count++] = (struct fake_process){pid, mib << 20};
+        return 1;
+    }
+    for (int f = 0; f < F_COUNT; f++) {
+        if (strcmp(key, FIELD_NAMES[f]) != 0) continue;
+        if (strcmp(value, "unsupported") == 0) gpu->field[f] = UNSUPPORTED;
+        else if (strcmp(value, "error") == 0) gpu->field[f] = FAILS;
+        else gpu->field[f] = strtoll(value, NULL, 0);
+        return 1;
+    }
+    return 0;
+}
+
+static void reset(void) {
+    gpu_count = 1;
+    copy(driver_version, sizeof driver_version, "550.54.15");
+    cuda_version = 12040;
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        struct fake_gpu *gpu = &gpus[i];
+        memset(gpu, 0, sizeof *gpu);
+        copy(gpu->name, sizeof gpu->name, "NVIDIA H200");
+        snprintf(gpu->uuid, sizeof gpu->uuid, "GPU-fa4e0000-0000-0000-0000-%012u", i);
+        snprintf(gpu->serial, sizeof gpu->serial, "165092406%04u", i);
+        memcpy(gpu->field, HEALTHY, sizeof HEALTHY);
+    }
+}
+
+/* Reads the scenario; returns the NVML code nvmlInit_v2 answers. */
+static nvmlReturn_t load(void) {
+    reset();
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    if (path == NULL) {
+        fprintf(stderr, "fake nvml: set FAKE_NVML_CONFIG to a scenario file\n");
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    FILE *file = fopen(path, "r");
+    if (file == NULL) {
+        fprintf(stderr, "fake nvml: cannot open the scenario %s\n", path);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    nvmlReturn_t result = NVML_SUCCESS;
+    char line[512];
+    int number = 0;
+    while (fgets(line, sizeof line, file) != NULL) {
+        number++;
+        char *hash = strchr(line, '#');
+        if (hash != NULL) *hash = '\0';
+        char *eq = strchr(line, '=');
+        char *text = trim(line);
+        if (*text == '\0') continue;
+        if (eq == NULL) goto bad;
+        *eq = '\0';
+        char *key = trim(line), *value = trim(eq + 1);
+        if (strcmp(key, "init") == 0) {
+            if (strcmp(value, "driver_not_loaded") == 0) result = NVML_ERROR_DRIVER_NOT_LOADED;
+            else if (strcmp(value, "no_permission") == 0) result = NVML_ERROR_NO_PERMISSION;
+            else if (strcmp(value, "ok") != 0) goto bad;
+        } else if (strcmp(key, "gpus") == 0) {
+            gpu_count = (unsigned int)strtoul(value, NULL, 10);
+            if (gpu_count > MAX_GPUS) goto bad;
+        } else if (strcmp(key, "driver_version") == 0) {
+            copy(driver_version, sizeof driver_version, value);
+        } else if (strcmp(key, "cuda_version") == 0) {
+            cuda_version = atoi(value);
+        } else if (strncmp(key, "gpu.", 4) == 0) {
+            char *which = key + 4, *dot = strchr(which, '.');
+            if (dot == NULL) goto bad;
+            *dot = '\0';
+            int ok = 1;
+            for (unsigned int i = 0; i < MAX_GPUS; i++)
+                if (strcmp(which, "*") == 0 || (unsigned int)atoi(which) == i)
+                    ok &= set_field(&gpus[i], dot + 1, value);
+            if (!ok) goto bad;
+        } else {
+            goto bad;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "fake nvml: %s:%d: cannot read this line\n", path, number);
+        result = NVML_ERROR_UNKNOWN;
+        break;
+    }
+    fclose(file);
+    return result;
+}
+
+/* The answer of a query of one numeric field: the value, or its error. */
+static nvmlReturn_t field(nvmlDevice_t device, enum field f, long long *value) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    long long v = device->field[f];
+    if (v == UNSUPPORTED) return NVML_ERROR_NOT_SUPPORTED;
+    if (v == FAILS) return NVML_ERROR_UNKNOWN;
+    *value = v;
+    return NVML_SUCCESS;
+}
+
+#define UINT_FIELD(f, out)                              \
+    do {                                                \
+        long long v_;                                   \
+        nvmlReturn_t r_ = field(device, (f), &v_);      \
+        if (r_ != NVML_SUCCESS) return r_;              \
+        *(out) = (unsigned int)v_;                      \
+    } while (0)
+
+static nvmlReturn_t string(const char *value, char *out, unsigned int length) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    copy(out, length, value);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------ system --- */
+
+nvmlReturn_t nvmlInit_v2(void) {
+    nvmlReturn_t r = load();
+    initialized = r == NVML_SUCCESS;
+    return r;
+}
+
+nvmlReturn_t nvmlShutdown(void) {
+    initialized = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    return string(driver_version, version, length);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    *version = cuda_version;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    *count = gpu_count;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (index >= gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &gpus[index];
+    return NVML_SUCCESS;
+}
+
+/* ---------------------------------------------------------- identity --- */
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    return string(device->name, name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    return string(device->uuid, uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length) {
+    return string(device->serial, serial, length);
+}
+
+/* ------------------------------------------------------------ memory --- */
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    long long total, used;
+    nvmlReturn_t r = field(device, F_MEMORY_TOTAL_MIB, &total);
+    if (r == NVML_SUCCESS) r = field(device, F_MEMORY_USED_MIB, &used);
+    if (r != NVML_SUCCESS) return r;
+    /* NVML_STRUCT_VERSION(Memory, 2), as nvml-wrapper sets it. */
+    if (memory->version != (unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24))) return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = (unsigned long long)total << 20;
+    memory->used = (unsigned long long)used << 20;
+    memory->reserved = 0;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+/* --------------------------------------------------- modes and errors --- */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    UINT_FIELD(F_MIG, current);
+    *pending = *current;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
+    UINT_FIELD(F_ECC, (unsigned int *)current);
+    *pending = *current;
+    return NVML_SUCCESS;
+}
+
+/* errorType 1 = uncorrected; counterType 0 = volatile, 1 = aggregate. */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, int counter_type,
+                                         unsigned long long *count) {
+    if (error_type != 1) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    long long v;
+    nvmlReturn_t r = field(device, counter_type == 0 ? F_ECC_VOLATILE : F_ECC_AGGREGATE, &v);
+    if (r == NVML_SUCCESS) *count = (unsigned long long)v;
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *pending) {
+    UINT_FIELD(F_RETIRED_PENDING, (unsigned int *)pending);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrected, unsigned int *uncorrected,
+                                       unsigned int *pending, unsigned int *failed) {
+    UINT_FIELD(F_REMAP_CORRECTED, corrected);
+    UINT_FIELD(F_REMAP_UNCORRECTED, uncorrected);
+    UINT_FIELD(F_REMAP_PENDING, pending);
+    UINT_FIELD(F_REMAP_FAILED, failed);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
+    UINT_FIELD(F_PERSISTENCE, (unsigned int *)mode);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------ clocks, power, heat --- */
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
+    long long v;
+    nvmlReturn_t r = field(device, F_THROTTLE, &v);
+    if (r == NVML_SUCCESS) *reasons = (unsigned long long)v;
+    return r;
+}
+
+/* clockType 1 = SM, 2 = memory. */
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *mhz) {
+    if (type != 1 && type != 2) return NVML_ERROR_NOT_SUPPORTED;
+    UINT_FIELD(type == 1 ? F_SM_CLOCK : F_MEM_CLOCK, mhz);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned int *mhz) {
+    if (type != 1 && type != 2) return NVML_ERROR_NOT_SUPPORTED;
+    UINT_FIELD(type == 1 ? F_SM_CLOCK_MAX : F_MEM_CLOCK_MAX, mhz);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *milliwatts) {
+    UINT_FIELD(F_POWER_LIMIT_MW, milliwatts);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *milliwatts) {
+    UINT_FIELD(F_POWER_DEFAULT_MW, milliwatts);
+    return NVML_SUCCESS;
+}
+
+/* sensorType 0 = the GPU die. */
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int *celsius) {
+    if (sensor != 0) return NVML_ERROR_NOT_SUPPORTED;
+    UINT_FIELD(F_TEMPERATURE, celsius);
+    return NVML_SUCCESS;
+}
+
+/* -------------------------------------------------------------- PCIe --- */
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *generation) {
+    UINT_FIELD(F_PCIE_GEN, generation);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *generation) {
+    UINT_FIELD(F_PCIE_GEN_MAX, generation);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *width) {
+    UINT_FIELD(F_PCIE_WIDTH, width);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *width) {
+    UINT_FIELD(F_PCIE_WIDTH_MAX, width);
+    return NVML_SUCCESS;
+}
+
+/* --------------------------------------------------------- processes --- */
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* NVML's two-call protocol: a short buffer gets INSUFFICIENT_SIZE and the
+ * count; a large enough one gets the processes. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    long long mode;
+    nvmlReturn_t r = field(device, F_PROCESSES, &mode);
+    if (r != NVML_SUCCESS) return r;
+    if (*count < device->process_count) {
+        *count = device->process_count;
+        return device->process_count == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < device->process_count; i++)
+        infos[i] = (nvmlProcessInfo_t){device->processes[i].pid, device->processes[i].used_bytes, 0xFFFFFFFFu,
+                                       0xFFFFFFFFu};
+    *count = device->process_count;
+    return NVML_SUCCESS;
+}
+
+/* Compute GPUs in a data centre run no graphics contexts. */
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_t *infos) {
+    (void)infos;
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
