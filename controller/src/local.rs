@@ -88,5 +88,6 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
         loadgen: Arc::new(ProcessLoadRunner { binary: loadgen }),
         work_dir,
         startup_timeout: Duration::from_secs(120),
+        gpu_check_interval: Duration::from_secs(60),
     })
 }

@@ -206,6 +206,13 @@ pub struct Job {
     pub engine_startup_s: Option<f64>,
     /// loadgen's summary of the current attempt, once it arrived.
     pub summary: Option<Summary>,
+    /// The GPUs the current attempt ran on, one fingerprint line each
+    /// (name, UUID, driver, CUDA, clocks), as probed before it started.
+    #[serde(default)]
+    pub gpu_fingerprint: Vec<String>,
+    /// The last image pull progress the agent reported, while starting.
+    #[serde(default)]
+    pub pull_progress: Option<String>,
 }
 
 impl Job {
@@ -224,6 +231,8 @@ impl Job {
             log_tail: None,
             engine_startup_s: None,
             summary: None,
+            gpu_fingerprint: Vec::new(),
+            pull_progress: None,
         }
     }
 }

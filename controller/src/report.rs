@@ -36,6 +36,16 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
     for group in &groups {
         let _ = writeln!(out, "\n## {}\n", group.config.name);
         let _ = writeln!(out, "Serve command:\n\n{}\n", group.config.serve_command());
+        if group.config.runtime == crate::model::RuntimeKind::Docker && !group.config.image.is_empty() {
+            let _ = writeln!(out, "Image: {}", group.config.image);
+        }
+        // The GPUs every number of this configuration was measured on.
+        let mut gpus: Vec<&String> = group_jobs(&jobs, group).flat_map(|j| &j.gpu_fingerprint).collect();
+        gpus.sort();
+        gpus.dedup();
+        for gpu in gpus {
+            let _ = writeln!(out, "GPU: {gpu}");
+        }
         for profile in &profiles {
             let of_profile: Vec<&Job> = group_jobs(&jobs, group).filter(|j| j.profile.name == *profile).collect();
             if of_profile.is_empty() {
@@ -161,5 +171,28 @@ pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
         ttft_ms: dist(&|s| &s.ttft_ms),
         tpot_ms: dist(&|s| &s.tpot_ms),
         itl_ms: dist(&|s| &s.itl_ms),
+        itl_per_token_ms: dist(&|s| &s.itl_per_token_ms),
+        latency_from_scheduled_s: dist(&|s| &s.latency_from_scheduled_s),
+        ttft_from_scheduled_ms: dist(&|s| &s.ttft_from_scheduled_ms),
+        connect_ms: dist(&|s| &s.connect_ms),
+        failures: benchfleet_loadgen::Failures {
+            http_error: avg_u(&|s| s.failures.http_error),
+            timeout: avg_u(&|s| s.failures.timeout),
+            cancelled: avg_u(&|s| s.failures.cancelled),
+            incomplete: avg_u(&|s| s.failures.incomplete),
+            transport_error: avg_u(&|s| s.failures.transport_error),
+        },
+        excluded: avg_u(&|s| s.excluded),
+        dispatch_lag_ms: dist(&|s| &s.dispatch_lag_ms),
+        offered_rate: summaries[0].offered_rate.map(|_| avg(&|s| s.offered_rate.unwrap_or(0.0))),
+        achieved_rate: avg(&|s| s.achieved_rate),
+        cap_waits: avg_u(&|s| s.cap_waits),
+        lag_limit_ms: summaries[0].lag_limit_ms,
+        client_cpu_s: summaries[0].client_cpu_s.map(|_| avg(&|s| s.client_cpu_s.unwrap_or(0.0))),
+        // One invalid repeat makes the mean untrustworthy too.
+        invalid: {
+            let reasons: Vec<&str> = summaries.iter().filter_map(|s| s.invalid.as_deref()).collect();
+            (!reasons.is_empty()).then(|| reasons.join("; "))
+        },
     })
 }

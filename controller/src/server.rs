@@ -73,7 +73,7 @@ impl AgentEntry {
         self.gpus
             .iter()
             .filter(|g| g.usable)
-            .filter(|g| model.is_none_or(|m| g.name.to_lowercase().contains(&m.to_lowercase())))
+            .filter(|g| model.is_none_or(|m| benchfleet_agent::verdict::model_matches(&g.name, m)))
             .filter(|g| !self.running.iter().any(|p| p.gpus.contains(&g.uuid)))
             .map(|g| g.uuid.clone())
             .collect()
@@ -263,6 +263,8 @@ impl Controller {
             job.summary = None;
             job.error = None;
             job.log_tail = None;
+            job.gpu_fingerprint.clear();
+            job.pull_progress = None;
             self.store.put_job(&job)?;
             let file = match &job.profile.dataset {
                 crate::model::Dataset::Sharegpt { sha256, .. } => Some(
@@ -321,6 +323,12 @@ impl Controller {
         }
         if update.engine_startup_s > 0.0 {
             job.engine_startup_s = Some(update.engine_startup_s);
+        }
+        if !update.gpu_fingerprint.is_empty() {
+            job.gpu_fingerprint = update.gpu_fingerprint.iter().map(|g| g.fingerprint.clone()).collect();
+        }
+        if !update.pull_progress.is_empty() {
+            job.pull_progress = Some(update.pull_progress);
         }
         self.store.put_job(&job)?;
         if job.state.is_terminal() {
@@ -392,6 +400,23 @@ impl Controller {
                 warn!(agent = agent_id, run = %p.run, group = p.group, "agent session ended during a group; its jobs will run again");
                 state.queue.push_front((p.run, p.group));
             }
+        }
+        self.dispatch();
+        self.notify();
+    }
+
+    /// The agent's GPUs as it checked them again: a GPU that failed gets no
+    /// new group (a running group's agent checks its GPUs after each job);
+    /// one that recovered can be given work again.
+    fn gpu_report(&self, agent_id: &str, gpus: Vec<pb::Gpu>) {
+        if let Some(a) = self.lock().agents.get_mut(agent_id) {
+            for g in gpus.iter().filter(|g| !g.usable) {
+                let was_usable = a.gpus.iter().any(|old| old.uuid == g.uuid && old.usable);
+                if was_usable {
+                    warn!(agent = %a.name, gpu = %g.uuid, "GPU no longer usable: {}", g.reasons.join("; "));
+                }
+            }
+            a.gpus = gpus;
         }
         self.dispatch();
         self.notify();
@@ -537,6 +562,10 @@ impl pb::agent_service_server::AgentService for Services {
                     Some(pb::agent_message::Msg::JobUpdate(u)) => controller.job_update(&agent_id, u),
                     Some(pb::agent_message::Msg::GroupDone(d)) => {
                         convert::run_id(&d.run_id).and_then(|run| controller.group_done(&agent_id, run, d.group))
+                    }
+                    Some(pb::agent_message::Msg::GpuReport(r)) => {
+                        controller.gpu_report(&agent_id, r.gpus);
+                        Ok(())
                     }
                     Some(pb::agent_message::Msg::Heartbeat(_)) | Some(pb::agent_message::Msg::Hello(_)) | None => {
                         Ok(())

@@ -244,6 +244,8 @@ mod tests {
             seq,
             scheduled_ns: 0,
             sent_ns: 1,
+            slot_ns: None,
+            connect_ns: None,
             first_token_ns: Some(2),
             completed_ns: 3,
             chunks: vec![],
@@ -252,6 +254,7 @@ mod tests {
             outcome: Outcome::Ok,
             http_status: Some(200),
             error: None,
+            phase: Default::default(),
         }
     }
 

@@ -233,3 +233,33 @@ async fn a_killed_controller_restarts_with_its_run_and_reassigns_it() {
     let again = after.jobs[0].attempt.clone().expect("attempt");
     assert_eq!((again.job, again.attempt), (job.job, job.attempt + 1));
 }
+
+#[tokio::test]
+async fn a_gpu_that_fails_gets_no_work_until_it_recovers() {
+    let f = controller().await;
+    let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let report = |usable: bool| {
+        let mut g = gpu(0, "NVIDIA H200");
+        g.usable = usable;
+        if !usable {
+            g.reasons = vec!["ECC uncorrectable errors: 3".into()];
+        }
+        pb::agent_message::Msg::GpuReport(pb::GpuReport { gpus: vec![g] })
+    };
+    a.send(report(false)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    submit(&f.url).await;
+    a.nothing_more().await;
+
+    let agents = pb::operator_service_client::OperatorServiceClient::new(channel(&f.url).await)
+        .list_agents(pb::ListAgentsRequest {})
+        .await
+        .expect("agents")
+        .into_inner()
+        .agents;
+    assert_eq!(agents[0].gpus[0].reasons, ["ECC uncorrectable errors: 3"]);
+
+    a.send(report(true)).await;
+    let assigned = a.next().await;
+    assert_eq!(assigned.gpu_uuids, ["GPU-0"]);
+}

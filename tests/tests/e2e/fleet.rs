@@ -101,6 +101,7 @@ pub async fn start(dir: &Path) -> anyhow::Result<(LocalFleet, Arc<dyn Store>)> {
             loadgen: Arc::new(InProcessLoadgen),
             work_dir,
             startup_timeout: Duration::from_secs(30),
+            gpu_check_interval: Duration::from_secs(60),
         })
     })
     .await?;

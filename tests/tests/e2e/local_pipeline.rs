@@ -72,6 +72,8 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
         assert_eq!(seqs, (0..job.profile.requests).collect::<Vec<_>>());
         assert_same(stored, &summarize(&records, stored.max_concurrency));
         assert!(stored.successful > 0 && stored.total_output_tokens > 0);
+        // The GPUs the attempt ran on are stored with the result.
+        assert!(job.gpu_fingerprint.iter().any(|g| g.starts_with("NVIDIA H200")), "{:?}", job.gpu_fingerprint);
     }
 
     // One block per (configuration, profile), each with its fields in order.
@@ -109,6 +111,7 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
             block.lines().filter_map(|l| l.find(':').map(|i| &l[..=i])).take(fields.len()).collect();
         assert_eq!(labels, fields);
     }
+    assert!(report.contains("GPU: NVIDIA H200"), "{report}");
     for config in ["## vllm\n", "## vllm+prefix-caching\n"] {
         assert!(report.contains(config), "{report}");
     }
