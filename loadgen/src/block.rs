@@ -1,5 +1,6 @@
 //! The "Serving Benchmark Result" block, field for field as `vllm bench
-//! serve` prints it and as the published reports quote it.
+//! serve` prints it and as the published reports quote it, and the load
+//! generator's check of itself that follows it.
 
 use std::fmt::Write as _;
 
@@ -25,6 +26,49 @@ pub fn render_block(s: &Summary) -> String {
     section(&mut out, "---------------Time to First Token----------------", "TTFT (ms):", "", &s.ttft_ms);
     section(&mut out, "-----Time per Output Token (excl. 1st token)------", "TPOT (ms):", "", &s.tpot_ms);
     section(&mut out, "---------------Inter-token Latency----------------", "ITL (ms):", "", &s.itl_ms);
+    // After every field of the reference block, so readers of that block
+    // still find each one where they expect it.
+    if let Some(reason) = &s.invalid {
+        let _ = writeln!(out, "RUN INVALID: {reason}");
+    }
+    out.push_str("==================================================\n");
+    out
+}
+
+/// The self-check block: what the reference block leaves out or gets wrong
+/// (failures by kind, per-token ITL, times from the schedule) and whether the
+/// load generator kept its schedule.
+pub fn render_self_check(s: &Summary) -> String {
+    let mut out = String::from("=============== Load Generator Check =============\n");
+    let mut line = |label: &str, value: String| {
+        let _ = writeln!(out, "{label:<40} {value}");
+    };
+    let f = &s.failures;
+    line("Failed requests:", s.failed.to_string());
+    if s.failed > 0 {
+        line("  http error/timeout/incomplete:", format!("{}/{}/{}", f.http_error, f.timeout, f.incomplete));
+        line("  transport error/cancelled:", format!("{}/{}", f.transport_error, f.cancelled));
+    }
+    line("Success rate (%):", format!("{:.2}", s.success_rate() * 100.0));
+    line("Warm-up and cool-down requests:", s.excluded.to_string());
+    line("Offered rate (req/s):", s.offered_rate.map_or_else(|| "all at once".to_owned(), |r| format!("{r:.2}")));
+    line("Achieved rate (req/s):", format!("{:.2}", s.achieved_rate));
+    line("Requests that waited for a slot:", s.cap_waits.to_string());
+    line("Mean dispatch lag (ms):", format!("{:.3}", s.dispatch_lag_ms.mean));
+    line("P99 dispatch lag (ms):", format!("{:.3}", s.dispatch_lag_ms.p99));
+    line("Client CPU time (s):", s.client_cpu_s.map_or_else(|| "unknown".to_owned(), |c| format!("{c:.2}")));
+    line("New connections / mean connect (ms):", format!("{} / {:.2}", s.connect_ms.count, s.connect_ms.mean));
+    line("Mean TTFT from scheduled (ms):", format!("{:.2}", s.ttft_from_scheduled_ms.mean));
+    line("P99 TTFT from scheduled (ms):", format!("{:.2}", s.ttft_from_scheduled_ms.p99));
+    line("Mean Latency from scheduled (s):", format!("{:.2}", s.latency_from_scheduled_s.mean));
+    let d = &s.itl_per_token_ms;
+    line("Mean ITL per token (ms):", format!("{:.2}", d.mean));
+    line("Median ITL per token (ms):", format!("{:.2}", d.median));
+    line("P99 ITL per token (ms):", format!("{:.2}", d.p99));
+    match &s.invalid {
+        None => line("Run:", format!("VALID (p99 lag limit {:.2} ms)", s.lag_limit_ms)),
+        Some(reason) => line("Run:", format!("INVALID: {reason}")),
+    }
     out.push_str("==================================================\n");
     out
 }
@@ -102,8 +146,19 @@ P99 ITL (ms):                            132.49
             ttft_ms: dist(4072.64, 5786.23, 9276.23, 10204.44),
             tpot_ms: dist(25.89, 11.63, 119.58, 161.45),
             itl_ms: dist(11.46, 0.0, 101.72, 132.49),
+            ..Summary::default()
         };
         assert_eq!(render_block(&s), REFERENCE);
+    }
+
+    #[test]
+    fn an_invalid_run_says_so_inside_the_block() {
+        let s = Summary { invalid: Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into()), ..Summary::default() };
+        let block = render_block(&s);
+        let end = format!("RUN INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms\n{}\n", "=".repeat(50));
+        assert!(block.ends_with(&end), "{block}");
+        assert!(render_self_check(&s).contains("INVALID: p99 dispatch lag"));
+        assert!(render_self_check(&Summary::default()).contains("VALID"));
     }
 
     #[test]

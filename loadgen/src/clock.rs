@@ -27,3 +27,17 @@ impl Clock {
         tokio::time::Instant::from_std(self.start + offset)
     }
 }
+
+/// CPU time (user + system, all threads) this process has used so far, from
+/// `/proc/self/stat`; `None` where that file does not exist. Read twice per
+/// run, never on the hot path.
+pub(crate) fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: count fields after its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, in clock ticks
+    // of 1/100 s (USER_HZ, fixed at 100 on every Linux ABI).
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}

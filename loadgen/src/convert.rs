@@ -3,8 +3,18 @@
 
 use benchfleet_proto as pb;
 
-use crate::metrics::{Distribution, Summary};
-use crate::record::{Chunk, Outcome, RequestRecord};
+use crate::metrics::{Distribution, Failures, Summary};
+use crate::record::{Chunk, Outcome, Phase, RequestRecord};
+
+impl From<Phase> for pb::RequestPhase {
+    fn from(p: Phase) -> Self {
+        match p {
+            Phase::Measured => pb::RequestPhase::Measured,
+            Phase::Warmup => pb::RequestPhase::Warmup,
+            Phase::Cooldown => pb::RequestPhase::Cooldown,
+        }
+    }
+}
 
 impl From<Outcome> for pb::Outcome {
     fn from(o: Outcome) -> Self {
@@ -24,6 +34,8 @@ impl From<Outcome> for pb::Outcome {
 pub enum InvalidRecord {
     #[error("record {seq}: unknown outcome {value}")]
     Outcome { seq: u64, value: i32 },
+    #[error("record {seq}: unknown phase {value}")]
+    Phase { seq: u64, value: i32 },
     #[error("record {seq}: {times} chunk times but {tokens} chunk token counts")]
     Chunks { seq: u64, times: usize, tokens: usize },
 }
@@ -43,6 +55,9 @@ impl From<&RequestRecord> for pb::RequestRecord {
             outcome: pb::Outcome::from(r.outcome) as i32,
             http_status: r.http_status.map_or(0, u32::from),
             error: r.error.clone().unwrap_or_default(),
+            slot_ns: r.slot_ns,
+            connect_ns: r.connect_ns,
+            phase: pb::RequestPhase::from(r.phase) as i32,
         }
     }
 }
@@ -62,6 +77,12 @@ impl TryFrom<pb::RequestRecord> for RequestRecord {
                 return Err(InvalidRecord::Outcome { seq: r.seq, value: r.outcome });
             }
         };
+        let phase = match pb::RequestPhase::try_from(r.phase) {
+            Ok(pb::RequestPhase::Measured) => Phase::Measured,
+            Ok(pb::RequestPhase::Warmup) => Phase::Warmup,
+            Ok(pb::RequestPhase::Cooldown) => Phase::Cooldown,
+            Err(_) => return Err(InvalidRecord::Phase { seq: r.seq, value: r.phase }),
+        };
         if r.chunk_ns.len() != r.chunk_tokens.len() {
             return Err(InvalidRecord::Chunks { seq: r.seq, times: r.chunk_ns.len(), tokens: r.chunk_tokens.len() });
         }
@@ -77,6 +98,9 @@ impl TryFrom<pb::RequestRecord> for RequestRecord {
             outcome,
             http_status: u16::try_from(r.http_status).ok().filter(|&s| s != 0),
             error: (!r.error.is_empty()).then_some(r.error),
+            slot_ns: r.slot_ns,
+            connect_ns: r.connect_ns,
+            phase,
         })
     }
 }
@@ -111,6 +135,23 @@ impl From<&Summary> for pb::Summary {
             ttft_ms: Some((&s.ttft_ms).into()),
             tpot_ms: Some((&s.tpot_ms).into()),
             itl_ms: Some((&s.itl_ms).into()),
+            itl_per_token_ms: Some((&s.itl_per_token_ms).into()),
+            latency_from_scheduled_s: Some((&s.latency_from_scheduled_s).into()),
+            ttft_from_scheduled_ms: Some((&s.ttft_from_scheduled_ms).into()),
+            connect_ms: Some((&s.connect_ms).into()),
+            failed_http_error: s.failures.http_error,
+            failed_timeout: s.failures.timeout,
+            failed_cancelled: s.failures.cancelled,
+            failed_incomplete: s.failures.incomplete,
+            failed_transport_error: s.failures.transport_error,
+            excluded: s.excluded,
+            dispatch_lag_ms: Some((&s.dispatch_lag_ms).into()),
+            offered_rate: s.offered_rate,
+            achieved_rate: s.achieved_rate,
+            cap_waits: s.cap_waits,
+            lag_limit_ms: s.lag_limit_ms,
+            client_cpu_s: s.client_cpu_s,
+            invalid: s.invalid.clone(),
         }
     }
 }
@@ -133,6 +174,26 @@ impl From<pb::Summary> for Summary {
             ttft_ms: s.ttft_ms.unwrap_or_default().into(),
             tpot_ms: s.tpot_ms.unwrap_or_default().into(),
             itl_ms: s.itl_ms.unwrap_or_default().into(),
+            itl_per_token_ms: s.itl_per_token_ms.unwrap_or_default().into(),
+            latency_from_scheduled_s: s.latency_from_scheduled_s.unwrap_or_default().into(),
+            ttft_from_scheduled_ms: s.ttft_from_scheduled_ms.unwrap_or_default().into(),
+            connect_ms: s.connect_ms.unwrap_or_default().into(),
+            failures: Failures {
+                http_error: s.failed_http_error,
+                timeout: s.failed_timeout,
+                cancelled: s.failed_cancelled,
+                incomplete: s.failed_incomplete,
+                transport_error: s.failed_transport_error,
+            },
+            excluded: s.excluded,
+            dispatch_lag_ms: s.dispatch_lag_ms.unwrap_or_default().into(),
+            offered_rate: s.offered_rate,
+            achieved_rate: s.achieved_rate,
+            cap_waits: s.cap_waits,
+            // A summary from before the limit was recorded had the default.
+            lag_limit_ms: if s.lag_limit_ms > 0.0 { s.lag_limit_ms } else { crate::metrics::DEFAULT_LAG_LIMIT_MS },
+            client_cpu_s: s.client_cpu_s,
+            invalid: s.invalid,
         }
     }
 }

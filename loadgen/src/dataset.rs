@@ -1,10 +1,13 @@
-//! What each request asks for: random prompts of exact lengths, or the
-//! conversations of a ShareGPT file.
+//! What each request asks for: random prompts of exact lengths, prompts
+//! that share prefixes, or the conversations of a ShareGPT file.
 //!
-//! Until a tokenizer exists, one whitespace-separated word counts as one
-//! token, as the simulated engine counts them.
+//! Token counts come from the model's `tokenizer.json` (the `--processor`)
+//! when one is given; without one, one whitespace-separated word counts as one
+//! token, as the simulated engine counts them. Prompts come from a seeded
+//! ChaCha generator, so one seed gives the same prompts on every machine.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -20,6 +23,107 @@ pub enum Dataset {
     /// there are fewer entries than requests. `output_tokens` overrides the
     /// length of the recorded reply.
     ShareGpt { data: ShareGpt, output_tokens: Option<u32> },
+    /// Random prompts whose lengths spread around a mean.
+    RandomSpread { input: Lengths, output: Lengths, seed: u64 },
+    /// `groups` prefixes of `prefix_tokens` each; request i uses prefix
+    /// i mod groups, followed by its own `suffix_tokens`: for prefix caching.
+    SharedPrefix { groups: u32, prefix_tokens: u32, suffix_tokens: u32, output_tokens: u32, seed: u64 },
+}
+
+/// Lengths drawn from a normal distribution, rounded, clamped to
+/// `min..=max`; a `std` of 0 gives exactly `mean`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lengths {
+    pub mean: u32,
+    pub std: f64,
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Lengths {
+    /// Exactly `n` every time.
+    pub fn exact(n: u32) -> Lengths {
+        Lengths { mean: n, std: 0.0, min: n, max: n }
+    }
+
+    fn draw(&self, rng: &mut ChaCha8Rng) -> u32 {
+        if self.std <= 0.0 {
+            return self.mean.clamp(self.min, self.max.max(self.min));
+        }
+        // Box-Muller; ChaCha and these operations are the same on every
+        // platform, so a seed gives the same lengths everywhere.
+        let (u1, u2): (f64, f64) = (rng.random(), rng.random());
+        let z = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        let n = (f64::from(self.mean) + self.std * z).round();
+        (n.max(0.0) as u32).clamp(self.min, self.max.max(self.min))
+    }
+}
+
+/// How tokens are counted: the model's tokenizer, or one word per token.
+#[derive(Clone, Debug, Default)]
+pub enum TokenCounter {
+    #[default]
+    Words,
+    Tokenizer(Arc<tokenizers::Tokenizer>),
+}
+
+impl TokenCounter {
+    /// Loads `tokenizer.json` from `path`: the file itself, or a model
+    /// directory that holds one.
+    pub fn load(path: &Path) -> Result<TokenCounter, DatasetError> {
+        let file: PathBuf = if path.is_dir() { path.join("tokenizer.json") } else { path.to_owned() };
+        let tokenizer = tokenizers::Tokenizer::from_file(&file)
+            .map_err(|e| DatasetError::Tokenizer { path: file.display().to_string(), reason: e.to_string() })?;
+        Ok(TokenCounter::Tokenizer(Arc::new(tokenizer)))
+    }
+
+    /// Tokens in `text` (without special tokens).
+    pub fn count(&self, text: &str) -> u32 {
+        match self {
+            TokenCounter::Words => word_count(text),
+            TokenCounter::Tokenizer(t) => t
+                .encode_fast(text, false)
+                .map_or_else(|_| word_count(text), |e| u32::try_from(e.len()).unwrap_or(u32::MAX)),
+        }
+    }
+
+    /// Whether replies must be kept to count their tokens.
+    pub(crate) fn needs_text(&self) -> bool {
+        matches!(self, TokenCounter::Tokenizer(_))
+    }
+
+    /// A random text of exactly `n` tokens (as near as the tokenizer allows:
+    /// a byte-level BPE may merge across a boundary).
+    fn random_text(&self, n: u32, rng: &mut ChaCha8Rng) -> String {
+        match self {
+            TokenCounter::Words => {
+                let words: Vec<&str> = (0..n).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect();
+                words.join(" ")
+            }
+            TokenCounter::Tokenizer(t) => {
+                let vocab = u32::try_from(t.get_vocab_size(false)).unwrap_or(u32::MAX).max(1);
+                let target = n as usize;
+                let mut ids: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab)).collect();
+                let mut text = String::new();
+                // Decoding and encoding again does not always give back the
+                // same ids: trim or top up until the count is exact.
+                for _ in 0..16 {
+                    text = t.decode(&ids, true).unwrap_or_default();
+                    let again = t.encode_fast(text.as_str(), false).map(|e| e.get_ids().to_vec()).unwrap_or_default();
+                    if again.len() == target {
+                        break;
+                    }
+                    ids = again;
+                    if ids.len() > target {
+                        ids.truncate(target);
+                    } else {
+                        ids.extend((ids.len()..target).map(|_| rng.random_range(0..vocab)));
+                    }
+                }
+                text
+            }
+        }
+    }
 }
 
 /// The usable entries of a ShareGPT file.
@@ -39,6 +143,8 @@ pub struct ShareGptEntry {
     pub prompt: String,
     /// Words in the reply that followed it, at least 1.
     pub output_tokens: u32,
+    /// The reply, so that a tokenizer can count its tokens.
+    pub reply: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +161,8 @@ pub enum DatasetError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("cannot load the tokenizer {path}: {reason}")]
+    Tokenizer { path: String, reason: String },
     #[error(
         "dataset {name} has no usable conversation ({skipped} skipped: each needs a human turn followed by a gpt reply)"
     )]
@@ -116,7 +224,11 @@ impl RawEntry {
         if prompt.trim().is_empty() {
             return None;
         }
-        Some(ShareGptEntry { prompt: prompt.clone(), output_tokens: word_count(&reply.value).max(1) })
+        Some(ShareGptEntry {
+            prompt: prompt.clone(),
+            output_tokens: word_count(&reply.value).max(1),
+            reply: reply.value.clone(),
+        })
     }
 }
 
@@ -128,8 +240,8 @@ pub(crate) fn word_count(text: &str) -> u32 {
 #[derive(Clone, Debug)]
 pub(crate) struct Prompt {
     pub text: String,
-    /// Words in the prompt: its token count when the server gives no usage.
-    pub words: u32,
+    /// Tokens in the prompt: its count when the server gives no usage.
+    pub tokens: u32,
     pub max_tokens: u32,
     /// Ask the server to generate exactly `max_tokens`.
     pub ignore_eos: bool,
@@ -144,16 +256,32 @@ const WORDS: &[&str] = &[
     "number", "story", "music", "field",
 ];
 
-/// The prompts of `n` requests.
-pub(crate) fn prompts(dataset: &Dataset, n: usize) -> Vec<Prompt> {
+/// The prompts of `n` requests, their tokens counted by `counter`.
+pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Vec<Prompt> {
+    let random = |input: Lengths, output: Lengths, seed: u64| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let (input, output) = (input.draw(&mut rng), output.draw(&mut rng));
+                let text = counter.random_text(input, &mut rng);
+                Prompt { tokens: counter.count(&text), text, max_tokens: output.max(1), ignore_eos: true }
+            })
+            .collect()
+    };
     match dataset {
         Dataset::Random { input_tokens, output_tokens, seed } => {
+            random(Lengths::exact(*input_tokens), Lengths::exact(*output_tokens), *seed)
+        }
+        Dataset::RandomSpread { input, output, seed } => random(*input, *output, *seed),
+        Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
             let mut rng = ChaCha8Rng::seed_from_u64(*seed);
+            let prefixes: Vec<String> =
+                (0..(*groups).max(1)).map(|_| counter.random_text(*prefix_tokens, &mut rng)).collect();
             (0..n)
-                .map(|_| {
-                    let words: Vec<&str> =
-                        (0..*input_tokens).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect();
-                    Prompt { text: words.join(" "), words: *input_tokens, max_tokens: *output_tokens, ignore_eos: true }
+                .map(|i| {
+                    let suffix = counter.random_text(*suffix_tokens, &mut rng);
+                    let text = format!("{} {suffix}", prefixes[i % prefixes.len()]);
+                    Prompt { tokens: counter.count(&text), text, max_tokens: (*output_tokens).max(1), ignore_eos: true }
                 })
                 .collect()
         }
@@ -164,8 +292,11 @@ pub(crate) fn prompts(dataset: &Dataset, n: usize) -> Vec<Prompt> {
             .take(if data.entries.is_empty() { 0 } else { n })
             .map(|e| Prompt {
                 text: e.prompt.clone(),
-                words: word_count(&e.prompt),
-                max_tokens: output_tokens.unwrap_or(e.output_tokens),
+                tokens: counter.count(&e.prompt),
+                max_tokens: output_tokens.unwrap_or_else(|| match counter {
+                    TokenCounter::Words => e.output_tokens,
+                    TokenCounter::Tokenizer(_) => counter.count(&e.reply).max(1),
+                }),
                 ignore_eos: output_tokens.is_some(),
             })
             .collect(),
@@ -179,11 +310,12 @@ mod tests {
     #[test]
     fn random_prompts_have_exact_lengths_and_follow_the_seed() {
         let d = |seed| Dataset::Random { input_tokens: 37, output_tokens: 5, seed };
-        let a = prompts(&d(1), 3);
-        assert!(a.iter().all(|p| word_count(&p.text) == 37 && p.words == 37 && p.max_tokens == 5 && p.ignore_eos));
+        let w = TokenCounter::Words;
+        let a = prompts(&d(1), 3, &w);
+        assert!(a.iter().all(|p| word_count(&p.text) == 37 && p.tokens == 37 && p.max_tokens == 5 && p.ignore_eos));
         assert_ne!(a[0].text, a[1].text, "each request gets its own prompt");
-        assert_eq!(a[2].text, prompts(&d(1), 3)[2].text);
-        assert_ne!(a[0].text, prompts(&d(2), 1)[0].text);
+        assert_eq!(a[2].text, prompts(&d(1), 3, &w)[2].text);
+        assert_ne!(a[0].text, prompts(&d(2), 1, &w)[0].text);
     }
 
     const SHAREGPT: &str = r#"[
@@ -207,11 +339,59 @@ mod tests {
     #[test]
     fn sharegpt_prompts_cycle_and_take_the_override() {
         let data = load_sharegpt(SHAREGPT.as_bytes(), "test.json").expect("parses");
-        let cycled = prompts(&Dataset::ShareGpt { data: data.clone(), output_tokens: None }, 3);
-        let got: Vec<(&str, u32, u32)> = cycled.iter().map(|p| (p.text.as_str(), p.words, p.max_tokens)).collect();
+        let cycled = prompts(&Dataset::ShareGpt { data: data.clone(), output_tokens: None }, 3, &TokenCounter::Words);
+        let got: Vec<(&str, u32, u32)> = cycled.iter().map(|p| (p.text.as_str(), p.tokens, p.max_tokens)).collect();
         assert_eq!(got, [("hello there you", 3, 2), ("why", 1, 1), ("hello there you", 3, 2)]);
-        let fixed = prompts(&Dataset::ShareGpt { data, output_tokens: Some(9) }, 2);
+        let fixed = prompts(&Dataset::ShareGpt { data, output_tokens: Some(9) }, 2, &TokenCounter::Words);
         assert!(fixed.iter().all(|p| p.max_tokens == 9));
+    }
+
+    fn fixture_tokenizer() -> TokenCounter {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        TokenCounter::load(&path).expect("the fixture tokenizer loads")
+    }
+
+    #[test]
+    fn tokenizer_prompts_have_exact_token_counts_and_follow_the_seed() {
+        let t = fixture_tokenizer();
+        assert_eq!(t.count("hello world of water"), 4);
+        let d = Dataset::Random { input_tokens: 50, output_tokens: 7, seed: 5 };
+        let a = prompts(&d, 4, &t);
+        for p in &a {
+            assert_eq!((t.count(&p.text), p.tokens, p.max_tokens), (50, 50, 7), "{}", p.text);
+        }
+        let again = prompts(&d, 4, &t);
+        assert_eq!(a.iter().map(|p| &p.text).collect::<Vec<_>>(), again.iter().map(|p| &p.text).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn spread_lengths_stay_in_range_and_prefixes_are_shared() {
+        let input = Lengths { mean: 100, std: 30.0, min: 60, max: 140 };
+        let d = Dataset::RandomSpread { input, output: Lengths::exact(3), seed: 1 };
+        let lens: Vec<u32> = prompts(&d, 200, &TokenCounter::Words).iter().map(|p| p.tokens).collect();
+        assert!(lens.iter().all(|&n| (60..=140).contains(&n)));
+        let mean = lens.iter().map(|&n| f64::from(n)).sum::<f64>() / 200.0;
+        assert!((mean - 100.0).abs() < 6.0, "mean {mean}");
+        assert!(lens.iter().any(|&n| n != lens[0]), "lengths spread");
+
+        let d = Dataset::SharedPrefix { groups: 3, prefix_tokens: 20, suffix_tokens: 5, output_tokens: 4, seed: 2 };
+        let p = prompts(&d, 6, &TokenCounter::Words);
+        assert!(p.iter().all(|p| p.tokens == 25 && p.max_tokens == 4));
+        let prefix = |i: usize| p[i].text.split(' ').take(20).collect::<Vec<_>>().join(" ");
+        assert_eq!(prefix(0), prefix(3));
+        assert_ne!(prefix(0), prefix(1));
+        assert_ne!(p[0].text, p[3].text, "suffixes differ");
+    }
+
+    #[test]
+    fn a_sharegpt_file_with_broken_entries_is_read_with_them_skipped() {
+        let dir = std::env::temp_dir().join(format!("loadgen-sharegpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("share.json");
+        std::fs::write(&path, SHAREGPT).expect("write");
+        let data = read_sharegpt(&path).expect("reads");
+        assert_eq!((data.entries.len(), data.skipped), (2, 4));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,15 +1,18 @@
 //! `benchfleet-loadgen`: the command-line face of the library, with flags
 //! modelled on `vllm bench serve`.
 
-use std::io::{BufWriter, IsTerminal, Write};
-use std::path::PathBuf;
+use std::io::{BufWriter, IsTerminal};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use benchfleet_loadgen::block::render_self_check;
+use benchfleet_loadgen::output::{summary_json, write_csv, write_jsonl};
 use benchfleet_loadgen::{
-    Arrival, Dataset, Endpoint, LoadConfig, Progress, SinkConfig, read_sharegpt, render_block, run,
+    Arrival, Dataset, Endpoint, Lengths, LoadConfig, LoadResult, Progress, SinkConfig, TokenCounter, Window,
+    read_sharegpt, render_block, run,
 };
 use clap::{Parser, ValueEnum};
 
@@ -25,9 +28,14 @@ struct Args {
     /// The served model name.
     #[arg(long)]
     model: String,
-    /// Where prompts come from.
+    /// Where prompts come from: random text, prompts sharing prefixes
+    /// (prefix), or a ShareGPT file.
     #[arg(long, value_enum, default_value_t = DatasetName::Random)]
     dataset_name: DatasetName,
+    /// The model's tokenizer.json (or a directory holding it): exact token
+    /// counts for prompts and replies. Without it one word is one token.
+    #[arg(long)]
+    processor: Option<PathBuf>,
     /// The ShareGPT JSON file, for --dataset-name sharegpt.
     #[arg(long)]
     dataset_path: Option<PathBuf>,
@@ -37,6 +45,31 @@ struct Args {
     /// Output tokens of each random request.
     #[arg(long, default_value_t = 128)]
     random_output_len: u32,
+    /// Standard deviation of the random input lengths (0: all exact).
+    #[arg(long, default_value_t = 0.0)]
+    random_input_std: f64,
+    /// Shortest random input.
+    #[arg(long)]
+    random_input_min: Option<u32>,
+    /// Longest random input.
+    #[arg(long)]
+    random_input_max: Option<u32>,
+    /// Standard deviation of the random output lengths (0: all exact).
+    #[arg(long, default_value_t = 0.0)]
+    random_output_std: f64,
+    /// Shortest random output.
+    #[arg(long)]
+    random_output_min: Option<u32>,
+    /// Longest random output.
+    #[arg(long)]
+    random_output_max: Option<u32>,
+    /// Groups of prompts sharing a prefix, for --dataset-name prefix.
+    #[arg(long, default_value_t = 8)]
+    prefix_groups: u32,
+    /// Tokens of each shared prefix; each prompt adds --random-input-len of
+    /// its own.
+    #[arg(long, default_value_t = 512)]
+    prefix_len: u32,
     /// Output tokens of each ShareGPT request, instead of the recorded reply's.
     #[arg(long)]
     sharegpt_output_len: Option<u32>,
@@ -52,13 +85,60 @@ struct Args {
     /// Arrival process when a rate is given (default poisson).
     #[arg(long, value_enum)]
     arrival: Option<ArrivalName>,
-    /// Most requests in flight at once (no cap when absent).
+    /// Most requests in flight at once (no cap when absent; never a hidden
+    /// one). With no rate it makes a closed loop of this many users.
     #[arg(long)]
     max_concurrency: Option<usize>,
+    /// A load profile instead of --request-rate/--arrival/--max-concurrency:
+    /// synchronous (one at a time), throughput (all at once), or sweep
+    /// (synchronous, throughput, then --sweep-steps rates between).
+    #[arg(long, value_enum)]
+    profile: Option<ProfileName>,
+    /// Rates a sweep tries between the synchronous and the throughput rate.
+    #[arg(long, default_value_t = 5)]
+    sweep_steps: usize,
+    /// Stop sending after this many seconds; requests in flight then are
+    /// recorded as cancelled.
+    #[arg(long)]
+    max_duration: Option<f64>,
+    /// Requests at the start that are recorded but not measured.
+    #[arg(long, conflicts_with = "warmup_time")]
+    warmup: Option<usize>,
+    /// Seconds at the start whose requests are recorded but not measured.
+    #[arg(long)]
+    warmup_time: Option<f64>,
+    /// Requests at the end that are recorded but not measured.
+    #[arg(long, conflicts_with = "cooldown_time")]
+    cooldown: Option<usize>,
+    /// Seconds at the end whose requests are recorded but not measured.
+    #[arg(long)]
+    cooldown_time: Option<f64>,
+    /// Ask for whole responses instead of streams (TTFT is then the latency).
+    #[arg(long)]
+    no_stream: bool,
+    /// Ask the server to ignore end-of-sequence, so every reply has exactly
+    /// its max_tokens (random datasets always do).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// A JSON object merged into every request body, e.g. '{"temperature":0}'.
+    #[arg(long)]
+    extra_body: Option<String>,
+    /// The P99 dispatch lag (ms) above which the run is marked INVALID.
+    #[arg(long, default_value_t = 5.0)]
+    lag_limit_ms: f64,
+    /// Exit with status 3 when the run is INVALID.
+    #[arg(long)]
+    fail_on_invalid: bool,
     /// Sent as `Authorization: Bearer`.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// Seconds without data before a request times out.
+    /// Seconds to open a connection before the request times out.
+    #[arg(long, default_value_t = 10.0)]
+    connect_timeout: f64,
+    /// Seconds from the send to the first token before the request times out.
+    #[arg(long, default_value_t = 600.0)]
+    first_token_timeout: f64,
+    /// Seconds without data between chunks before a request times out.
     #[arg(long, default_value_t = 600.0)]
     idle_timeout: f64,
     /// Seconds one request may take in all.
@@ -83,6 +163,9 @@ struct Args {
     /// Write the summary here as JSON.
     #[arg(long)]
     save_summary: Option<PathBuf>,
+    /// Write one CSV row per request here.
+    #[arg(long)]
+    save_csv: Option<PathBuf>,
     /// No progress on stderr.
     #[arg(long)]
     quiet: bool,
@@ -91,7 +174,15 @@ struct Args {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum DatasetName {
     Random,
+    Prefix,
     Sharegpt,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ProfileName {
+    Synchronous,
+    Throughput,
+    Sweep,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -110,7 +201,7 @@ fn main() -> ExitCode {
         .context("cannot start the async runtime")
         .and_then(|rt| rt.block_on(start(Args::parse())));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -118,13 +209,112 @@ fn main() -> ExitCode {
     }
 }
 
-async fn start(args: Args) -> anyhow::Result<()> {
+async fn start(args: Args) -> anyhow::Result<ExitCode> {
+    let config = load_config(&args)?;
+    let sink = match (&args.report_to, &args.run_id, args.job, args.attempt) {
+        (Some(url), Some(run_id), Some(job), Some(attempt)) => {
+            Some(SinkConfig::new(url.clone(), run_id.clone(), job, attempt))
+        }
+        _ => None,
+    };
+    // Ctrl-C ends the run early; what was sent is still recorded.
+    let stop = config.stop.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            stop.cancel();
+        }
+    });
+
+    let mut invalid = false;
+    if args.profile == Some(ProfileName::Sweep) {
+        if sink.is_some() {
+            bail!("--profile sweep makes several runs and cannot stream them to --report-to: run each rate as a job");
+        }
+        let mut summaries = Vec::new();
+        let step = |name: String, config: LoadConfig, args: &Args| {
+            let quiet = args.quiet;
+            async move {
+                println!("--- sweep: {name} ---");
+                let result = run_one(config, None, quiet).await?;
+                Ok::<_, anyhow::Error>(result)
+            }
+        };
+        let mut sync = config.clone();
+        (sync.request_rate, sync.max_concurrency) = (None, Some(1));
+        let low = step("synchronous".into(), sync, &args).await?;
+        let mut all = config.clone();
+        (all.request_rate, all.max_concurrency) = (None, None);
+        let high = step("throughput".into(), all, &args).await?;
+        let (lo, hi) = (low.summary.request_throughput, high.summary.request_throughput);
+        let mut results = vec![("synchronous".to_owned(), low), ("throughput".to_owned(), high)];
+        for rate in benchfleet_loadgen::schedule::sweep_rates(lo, hi, args.sweep_steps) {
+            let mut c = config.clone();
+            (c.request_rate, c.max_concurrency) = (Some(rate), args.max_concurrency);
+            let name = format!("{rate:.2} req/s");
+            results.push((name.clone(), step(name, c, &args).await?));
+        }
+        for (i, (name, result)) in results.iter().enumerate() {
+            invalid |= result.summary.invalid.is_some();
+            save(&args, result, Some(i))?;
+            summaries.push(serde_json::json!({ "step": name, "summary": result.summary }));
+        }
+        if let Some(path) = &args.save_summary {
+            let json = serde_json::to_vec_pretty(&summaries).context("cannot encode the summaries")?;
+            std::fs::write(path, json).with_context(|| format!("cannot write the summaries to {}", path.display()))?;
+        }
+    } else {
+        let result = run_one(config, sink, args.quiet).await?;
+        save(&args, &result, None)?;
+        if let Some(path) = &args.save_summary {
+            let json = summary_json(&result.summary).context("cannot encode the summary")?;
+            std::fs::write(path, json).with_context(|| format!("cannot write the summary to {}", path.display()))?;
+        }
+        invalid = result.summary.invalid.is_some();
+    }
+    Ok(if invalid && args.fail_on_invalid { ExitCode::from(3) } else { ExitCode::SUCCESS })
+}
+
+/// The run the flags describe.
+fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
     let Some(endpoint) = Endpoint::from_path(&args.endpoint) else {
         bail!("unknown endpoint {}: use /v1/completions or /v1/chat/completions", args.endpoint);
     };
+    let tokens = match &args.processor {
+        Some(path) => TokenCounter::load(path)?,
+        None => TokenCounter::Words,
+    };
+    let lengths = |mean: u32, std: f64, min: Option<u32>, max: Option<u32>| Lengths {
+        mean,
+        std,
+        min: min.unwrap_or(if std > 0.0 { 1 } else { mean }),
+        max: max.unwrap_or(if std > 0.0 { u32::MAX } else { mean }),
+    };
     let dataset = match args.dataset_name {
-        DatasetName::Random => Dataset::Random {
-            input_tokens: args.random_input_len,
+        DatasetName::Random if args.random_input_std == 0.0 && args.random_output_std == 0.0 => {
+            let exact = [args.random_input_min, args.random_input_max, args.random_output_min, args.random_output_max];
+            if exact.iter().any(Option::is_some) {
+                bail!("--random-*-min/max need a --random-*-std above 0");
+            }
+            Dataset::Random {
+                input_tokens: args.random_input_len,
+                output_tokens: args.random_output_len,
+                seed: args.seed,
+            }
+        }
+        DatasetName::Random => Dataset::RandomSpread {
+            input: lengths(args.random_input_len, args.random_input_std, args.random_input_min, args.random_input_max),
+            output: lengths(
+                args.random_output_len,
+                args.random_output_std,
+                args.random_output_min,
+                args.random_output_max,
+            ),
+            seed: args.seed,
+        },
+        DatasetName::Prefix => Dataset::SharedPrefix {
+            groups: args.prefix_groups,
+            prefix_tokens: args.prefix_len,
+            suffix_tokens: args.random_input_len,
             output_tokens: args.random_output_len,
             seed: args.seed,
         },
@@ -144,50 +334,97 @@ async fn start(args: Args) -> anyhow::Result<()> {
             .filter(|d| !d.is_zero())
             .with_context(|| format!("{name} must be positive seconds, got {s}"))
     };
-    let progress = Arc::new(Progress::default());
-    let mut config = LoadConfig::new(args.base_url, args.model, dataset, args.num_prompts);
+    let mut config = LoadConfig::new(args.base_url.clone(), args.model.clone(), dataset, args.num_prompts);
     config.endpoint = endpoint;
     config.request_rate = rate;
     config.arrival = arrival;
     config.max_concurrency = args.max_concurrency;
-    config.api_key = args.api_key;
+    match args.profile {
+        Some(ProfileName::Synchronous) => (config.request_rate, config.max_concurrency) = (None, Some(1)),
+        Some(ProfileName::Throughput) => (config.request_rate, config.max_concurrency) = (None, None),
+        Some(ProfileName::Sweep) | None => {}
+    }
+    config.api_key = args.api_key.clone();
+    config.connect_timeout = seconds("--connect-timeout", args.connect_timeout)?;
+    config.first_token_timeout = seconds("--first-token-timeout", args.first_token_timeout)?;
     config.idle_timeout = seconds("--idle-timeout", args.idle_timeout)?;
     config.total_timeout = seconds("--timeout", args.timeout)?;
-    config.progress = Some(Arc::clone(&progress));
-    let sink = match (args.report_to, args.run_id, args.job, args.attempt) {
-        (Some(url), Some(run_id), Some(job), Some(attempt)) => Some(SinkConfig::new(url, run_id, job, attempt)),
-        _ => None,
+    config.max_duration = args.max_duration.map(|s| seconds("--max-duration", s)).transpose()?;
+    config.warmup = match (args.warmup, args.warmup_time) {
+        (Some(n), _) => Window::Requests(n),
+        (None, Some(s)) => Window::Time(seconds("--warmup-time", s)?),
+        (None, None) => Window::None,
     };
+    config.cooldown = match (args.cooldown, args.cooldown_time) {
+        (Some(n), _) => Window::Requests(n),
+        (None, Some(s)) => Window::Time(seconds("--cooldown-time", s)?),
+        (None, None) => Window::None,
+    };
+    config.stream = !args.no_stream;
+    if let Some(extra) = &args.extra_body {
+        let value: serde_json::Value = serde_json::from_str(extra).context("--extra-body is not valid JSON")?;
+        let serde_json::Value::Object(fields) = value else {
+            bail!("--extra-body must be a JSON object, got {extra}");
+        };
+        config.extra_body = fields;
+    }
+    if args.ignore_eos {
+        config.extra_body.insert("ignore_eos".into(), serde_json::Value::Bool(true));
+    }
+    config.lag_limit_ms = args.lag_limit_ms;
+    config.tokens = tokens;
+    Ok(config)
+}
 
-    let reporter = (!args.quiet).then(|| tokio::spawn(report_progress(progress, args.num_prompts as u64)));
+/// One run with its progress display; prints its blocks.
+async fn run_one(mut config: LoadConfig, sink: Option<SinkConfig>, quiet: bool) -> anyhow::Result<LoadResult> {
+    let progress = Arc::new(Progress::default());
+    config.progress = Some(Arc::clone(&progress));
+    let total = config.num_requests as u64;
+    let reporter = (!quiet).then(|| tokio::spawn(report_progress(progress, total)));
     let result = run(config, sink).await;
     if let Some(reporter) = reporter {
         reporter.abort();
     }
     let result = result?;
-
-    if let Some(path) = &args.save_records {
-        let write = || -> std::io::Result<()> {
-            let mut out = BufWriter::new(std::fs::File::create(path)?);
-            for record in &result.records {
-                serde_json::to_writer(&mut out, record)?;
-                out.write_all(b"\n")?;
-            }
-            out.flush()
-        };
-        write().with_context(|| format!("cannot write records to {}", path.display()))?;
-    }
-    if let Some(path) = &args.save_summary {
-        let json = serde_json::to_vec_pretty(&result.summary).context("cannot encode the summary")?;
-        std::fs::write(path, json).with_context(|| format!("cannot write the summary to {}", path.display()))?;
-    }
     print!("{}", render_block(&result.summary));
+    print!("{}", render_self_check(&result.summary));
+    Ok(result)
+}
+
+/// Writes the records as JSONL and CSV where asked; `step` numbers the runs
+/// of a sweep.
+fn save(args: &Args, result: &LoadResult, step: Option<usize>) -> anyhow::Result<()> {
+    let named = |path: &Path| match step {
+        None => path.to_owned(),
+        Some(i) => {
+            let ext = path.extension().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+            path.with_extension(format!("{i}.{ext}"))
+        }
+    };
+    if let Some(path) = args.save_records.as_deref().map(named) {
+        std::fs::File::create(&path)
+            .and_then(|f| write_jsonl(&mut BufWriter::new(f), &result.records))
+            .with_context(|| format!("cannot write records to {}", path.display()))?;
+    }
+    if let Some(path) = args.save_csv.as_deref().map(named) {
+        std::fs::File::create(&path)
+            .and_then(|f| write_csv(&mut BufWriter::new(f), &result.records))
+            .with_context(|| format!("cannot write the CSV to {}", path.display()))?;
+    }
     Ok(())
 }
 
 /// Progress on stderr: a bar on a terminal, else a line every few seconds
 /// (logs of headless runs stay readable).
 async fn report_progress(progress: Arc<Progress>, total: u64) {
+    let started = Instant::now();
+    let status = || {
+        let (done, secs) = (progress.done(), started.elapsed().as_secs_f64());
+        let rate = if secs > 0.0 { done as f64 / secs } else { 0.0 };
+        let eta = if rate > 0.0 { format!("{:.0}s", total.saturating_sub(done) as f64 / rate) } else { "?".into() };
+        format!("{rate:.1} req/s, {} in flight, {} failed, eta {eta}", progress.sent() - done, progress.failed())
+    };
     if std::io::stderr().is_terminal() {
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
@@ -196,7 +433,7 @@ async fn report_progress(progress: Arc<Progress>, total: u64) {
         );
         loop {
             bar.set_position(progress.done());
-            bar.set_message(format!("{} failed", progress.failed()));
+            bar.set_message(status());
             if progress.done() >= total {
                 bar.finish();
                 return;
@@ -208,7 +445,7 @@ async fn report_progress(progress: Arc<Progress>, total: u64) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        eprintln!("progress: {}/{total} requests done, {} failed", progress.done(), progress.failed());
+        eprintln!("progress: {}/{total} requests done, {}", progress.done(), status());
         if progress.done() >= total {
             return;
         }

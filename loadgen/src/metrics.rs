@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::RequestRecord;
+use crate::record::{Outcome, Phase, RequestRecord};
 
 const NS_PER_S: f64 = 1e9;
 const NS_PER_MS: f64 = 1e6;
@@ -47,7 +47,19 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
 }
 
-/// The numbers of one "Serving Benchmark Result" block.
+/// Failed requests by outcome; their sum is `Summary::failed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failures {
+    pub http_error: u64,
+    pub timeout: u64,
+    pub cancelled: u64,
+    /// The stream broke off or was malformed before the server said it was done.
+    pub incomplete: u64,
+    pub transport_error: u64,
+}
+
+/// The numbers of one "Serving Benchmark Result" block, and the load
+/// generator's check of itself.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub successful: u64,
@@ -71,7 +83,62 @@ pub struct Summary {
     pub tpot_ms: Distribution,
     /// Gaps between successive chunks (vLLM-compatible).
     pub itl_ms: Distribution,
+    /// The same gaps per token: a gap before a chunk of k tokens counts k
+    /// times as gap / k, so bundled tokens do not show as an ITL of 0.
+    #[serde(default)]
+    pub itl_per_token_ms: Distribution,
+    /// Latency from the scheduled send: a client that fell behind, or a
+    /// binding cap, shows here.
+    #[serde(default)]
+    pub latency_from_scheduled_s: Distribution,
+    /// TTFT from the scheduled send.
+    #[serde(default)]
+    pub ttft_from_scheduled_ms: Distribution,
+    /// Connection setup of the requests that opened one.
+    #[serde(default)]
+    pub connect_ms: Distribution,
+    /// Failed requests by outcome.
+    #[serde(default)]
+    pub failures: Failures,
+    /// Requests sent during warm-up or cool-down: recorded, not measured.
+    #[serde(default)]
+    pub excluded: u64,
+    /// Sent minus ready (the deadline, or the moment a concurrency slot came
+    /// free): how late the client itself was.
+    #[serde(default)]
+    pub dispatch_lag_ms: Distribution,
+    /// The schedule's rate over the measured requests, requests per second;
+    /// `None` when they were all due at once.
+    #[serde(default)]
+    pub offered_rate: Option<f64>,
+    /// Sends per second over the measured requests.
+    #[serde(default)]
+    pub achieved_rate: f64,
+    /// Requests that waited for a concurrency slot: when > 0 the cap was
+    /// binding and the achieved rate may rightly fall short of the offered one.
+    #[serde(default)]
+    pub cap_waits: u64,
+    /// The P99 dispatch lag above which the run is invalid, ms.
+    #[serde(default = "default_lag_limit_ms")]
+    pub lag_limit_ms: f64,
+    /// CPU time (user + system) the load generator used during the run, s.
+    #[serde(default)]
+    pub client_cpu_s: Option<f64>,
+    /// Why the run cannot be trusted, when it cannot: the client did not keep
+    /// its own schedule.
+    #[serde(default)]
+    pub invalid: Option<String>,
 }
+
+/// The default P99 dispatch lag limit, ms.
+pub const DEFAULT_LAG_LIMIT_MS: f64 = 5.0;
+
+fn default_lag_limit_ms() -> f64 {
+    DEFAULT_LAG_LIMIT_MS
+}
+
+/// Below this share of the offered rate (with no binding cap) a run is invalid.
+pub const MIN_ACHIEVED_SHARE: f64 = 0.95;
 
 impl Summary {
     /// Successful / sent, in 0..=1.
@@ -81,9 +148,34 @@ impl Summary {
     }
 }
 
-/// Computes the block's numbers from a run's records.
+/// What a summary needs besides the records.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SummaryOptions {
+    /// The configured concurrency cap, if one was set.
+    pub max_concurrency: Option<u64>,
+    /// The P99 dispatch lag above which the run is invalid, ms.
+    pub lag_limit_ms: f64,
+}
+
+impl SummaryOptions {
+    pub fn new(max_concurrency: Option<u64>) -> SummaryOptions {
+        SummaryOptions { max_concurrency, lag_limit_ms: DEFAULT_LAG_LIMIT_MS }
+    }
+}
+
+/// Computes the block's numbers from a run's records, with the default lag
+/// limit.
 pub fn summarize(records: &[RequestRecord], max_concurrency: Option<u64>) -> Summary {
-    let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.outcome.is_ok()).collect();
+    summarize_with(records, SummaryOptions::new(max_concurrency))
+}
+
+/// Computes the block's numbers from a run's records. Warm-up and cool-down
+/// records are counted in `excluded` and nowhere else. Everything but the
+/// client's CPU time comes from the records, so a summary can always be
+/// recomputed from them.
+pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary {
+    let records: Vec<&RequestRecord> = all.iter().filter(|r| r.phase == Phase::Measured).collect();
+    let ok: Vec<&RequestRecord> = records.iter().copied().filter(|r| r.outcome.is_ok()).collect();
 
     let first_send = records.iter().map(|r| r.sent_ns).min();
     let last_completion = records.iter().map(|r| r.completed_ns).max();
@@ -98,37 +190,134 @@ pub fn summarize(records: &[RequestRecord], max_concurrency: Option<u64>) -> Sum
     let total_input_tokens: u64 = ok.iter().map(|r| u64::from(r.prompt_tokens)).sum();
     let total_output_tokens: u64 = ok.iter().map(|r| u64::from(r.output_tokens)).sum();
 
-    let itl =
-        ok.iter().flat_map(|r| r.chunks.windows(2).map(|w| (w[1].at_ns - w[0].at_ns) as f64 / NS_PER_MS)).collect();
+    let itl = ok.iter().flat_map(|r| r.chunks.windows(2).map(|w| (w[1].at_ns - w[0].at_ns) as f64 / NS_PER_MS));
+    let mut itl_per_token = Vec::new();
+    for r in &ok {
+        let scale = token_scale(r);
+        for w in r.chunks.windows(2) {
+            let tokens = f64::from(w[1].tokens) * scale;
+            if tokens > 0.0 {
+                let gap = (w[1].at_ns - w[0].at_ns) as f64 / NS_PER_MS / tokens;
+                // Token-weighted: a chunk of k tokens gives k samples.
+                itl_per_token.extend(std::iter::repeat_n(gap, (tokens.round() as usize).max(1)));
+            }
+        }
+    }
+    let ms = |ns: i64| ns as f64 / NS_PER_MS;
 
-    Summary {
+    let mut failures = Failures::default();
+    for r in &records {
+        match r.outcome {
+            Outcome::Ok => {}
+            Outcome::HttpError => failures.http_error += 1,
+            Outcome::Timeout => failures.timeout += 1,
+            Outcome::Cancelled => failures.cancelled += 1,
+            Outcome::Incomplete => failures.incomplete += 1,
+            Outcome::TransportError => failures.transport_error += 1,
+        }
+    }
+
+    let mut summary = Summary {
         successful: ok.len() as u64,
         failed: (records.len() - ok.len()) as u64,
-        max_concurrency,
+        max_concurrency: options.max_concurrency,
         duration_s,
         total_input_tokens,
         total_output_tokens,
         request_throughput: per_second(ok.len() as f64),
         output_throughput: per_second(total_output_tokens as f64),
         peak_output_throughput: peak_tokens_per_second(&ok),
-        peak_concurrent: peak_concurrency(records),
+        peak_concurrent: peak_concurrency(&records),
         total_token_throughput: per_second((total_input_tokens + total_output_tokens) as f64),
         latency_s: Distribution::of(ok.iter().map(|r| r.latency_ns() as f64 / NS_PER_S).collect()),
-        ttft_ms: Distribution::of(ok.iter().filter_map(|r| r.ttft_ns()).map(|t| t as f64 / NS_PER_MS).collect()),
+        ttft_ms: Distribution::of(ok.iter().filter_map(|r| r.ttft_ns()).map(ms).collect()),
         tpot_ms: Distribution::of(ok.iter().filter_map(|r| r.tpot_ns()).map(|t| t / NS_PER_MS).collect()),
-        itl_ms: Distribution::of(itl),
+        itl_ms: Distribution::of(itl.collect()),
+        itl_per_token_ms: Distribution::of(itl_per_token),
+        latency_from_scheduled_s: Distribution::of(
+            ok.iter().map(|r| r.latency_from_scheduled_ns() as f64 / NS_PER_S).collect(),
+        ),
+        ttft_from_scheduled_ms: Distribution::of(
+            ok.iter().filter_map(|r| r.ttft_from_scheduled_ns()).map(ms).collect(),
+        ),
+        connect_ms: Distribution::of(records.iter().filter_map(|r| r.connect_ns).map(ms).collect()),
+        failures,
+        excluded: (all.len() - records.len()) as u64,
+        // The first wave of a closed loop (or of a run with everything due at
+        // once) is due at the very start and necessarily goes out one after
+        // another: that is the profile, not a client falling behind.
+        dispatch_lag_ms: Distribution::of(
+            records.iter().filter(|r| r.ready_ns() > 0).map(|r| ms(r.dispatch_lag_ns())).collect(),
+        ),
+        offered_rate: rate_of(records.iter().map(|r| r.scheduled_ns)),
+        achieved_rate: rate_of(records.iter().map(|r| r.sent_ns)).unwrap_or(0.0),
+        cap_waits: records.iter().filter(|r| r.slot_ns.is_some()).count() as u64,
+        lag_limit_ms: options.lag_limit_ms,
+        client_cpu_s: None,
+        invalid: None,
+    };
+    summary.invalid = validity(&summary);
+    summary
+}
+
+/// Why a run is not to be trusted: the client lagged behind its schedule, or
+/// (with no binding cap to explain it) sent slower than offered.
+fn validity(s: &Summary) -> Option<String> {
+    let mut reasons = Vec::new();
+    if s.dispatch_lag_ms.count > 0 && s.dispatch_lag_ms.p99 > s.lag_limit_ms {
+        reasons.push(format!(
+            "p99 dispatch lag {:.2} ms exceeds {:.2} ms: the load generator could not keep its schedule",
+            s.dispatch_lag_ms.p99, s.lag_limit_ms
+        ));
     }
+    if let Some(offered) = s.offered_rate
+        && s.cap_waits == 0
+        && s.achieved_rate < MIN_ACHIEVED_SHARE * offered
+    {
+        reasons.push(format!(
+            "achieved {:.2} req/s is below {:.0}% of the offered {:.2} req/s and the concurrency cap was not binding",
+            s.achieved_rate,
+            MIN_ACHIEVED_SHARE * 100.0,
+            offered
+        ));
+    }
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
+/// Events per second over the span of `times`; `None` for fewer than two
+/// events or when they all fall on one instant.
+fn rate_of(times: impl Iterator<Item = i64>) -> Option<f64> {
+    let (mut n, mut lo, mut hi) = (0u64, i64::MAX, i64::MIN);
+    for t in times {
+        n += 1;
+        lo = lo.min(t);
+        hi = hi.max(t);
+    }
+    (n > 1 && hi > lo).then(|| (n - 1) as f64 / ((hi - lo) as f64 / NS_PER_S))
+}
+
+/// How many output tokens one counted chunk token is worth in `r`: the
+/// server's usage is the truth about the total, the chunk counts (the
+/// tokenizer's, or words) only say how it is spread over the chunks.
+fn token_scale(r: &RequestRecord) -> f64 {
+    let counted: u64 = r.chunks.iter().map(|c| u64::from(c.tokens)).sum();
+    if counted == 0 || r.output_tokens == 0 { 1.0 } else { f64::from(r.output_tokens) / counted as f64 }
 }
 
 /// The most output tokens that arrived in any window of one second, found by
 /// sliding a window over every chunk arrival (tokens, not chunks, so a chunk
 /// of k tokens counts k).
 fn peak_tokens_per_second(ok: &[&RequestRecord]) -> f64 {
-    let mut arrivals: Vec<(i64, u64)> =
-        ok.iter().flat_map(|r| r.chunks.iter().map(|c| (c.at_ns, u64::from(c.tokens)))).collect();
-    arrivals.sort_unstable();
+    let mut arrivals: Vec<(i64, f64)> = ok
+        .iter()
+        .flat_map(|r| {
+            let scale = token_scale(r);
+            r.chunks.iter().map(move |c| (c.at_ns, f64::from(c.tokens) * scale))
+        })
+        .collect();
+    arrivals.sort_unstable_by_key(|a| a.0);
     let window_ns = 1_000_000_000;
-    let (mut best, mut in_window, mut start) = (0u64, 0u64, 0usize);
+    let (mut best, mut in_window, mut start) = (0f64, 0f64, 0usize);
     for end in 0..arrivals.len() {
         in_window += arrivals[end].1;
         while arrivals[end].0 - arrivals[start].0 >= window_ns {
@@ -137,11 +326,12 @@ fn peak_tokens_per_second(ok: &[&RequestRecord]) -> f64 {
         }
         best = best.max(in_window);
     }
-    best as f64
+    // Sums of fractional token shares: round away the float noise.
+    (best * 1e6).round() / 1e6
 }
 
 /// The most requests in flight at once, from send to completion.
-fn peak_concurrency(records: &[RequestRecord]) -> u64 {
+fn peak_concurrency(records: &[&RequestRecord]) -> u64 {
     // A completion at the same instant as a send frees its slot first.
     let mut events: Vec<(i64, i64)> = records.iter().flat_map(|r| [(r.sent_ns, 1), (r.completed_ns, -1)]).collect();
     events.sort_unstable();
@@ -177,6 +367,9 @@ mod tests {
             outcome: Outcome::Ok,
             http_status: Some(200),
             error: None,
+            slot_ns: None,
+            connect_ns: None,
+            phase: Phase::Measured,
         }
     }
 
@@ -229,6 +422,72 @@ mod tests {
         r.output_tokens = 120;
         // 30 chunks 100 ms apart: 10 fit in a 1-second window, 40 tokens.
         assert!(close(summarize(&[r], None).peak_output_throughput, 40.0));
+    }
+
+    /// Requests due every 10 ms, sent `lag_ms` late.
+    fn at_rate(n: u64, lag_ms: i64, sent_every_ms: i64) -> Vec<RequestRecord> {
+        (0..n)
+            .map(|i| {
+                let mut r = streamed(i, i as i64 * sent_every_ms + lag_ms, 50, 10, 3);
+                r.scheduled_ns = i as i64 * 10_000_000;
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_client_that_lags_or_under_delivers_makes_the_run_invalid() {
+        let s = summarize(&at_rate(100, 1, 10), None);
+        assert!(s.invalid.is_none(), "{:?}", s.invalid);
+        assert!(close(s.dispatch_lag_ms.p99, 1.0));
+        assert!(close(s.offered_rate.expect("rate"), 100.0) && close(s.achieved_rate, 100.0));
+
+        let s = summarize(&at_rate(100, 8, 10), None);
+        assert!(s.invalid.as_deref().is_some_and(|r| r.contains("p99 dispatch lag 8.00 ms exceeds 5.00 ms")));
+
+        // Sent every 11 ms for a 10 ms schedule: 91% of the offered rate.
+        let mut slow = at_rate(100, 0, 11);
+        let s = summarize(&slow, None);
+        assert!(s.invalid.as_deref().is_some_and(|r| r.contains("below 95% of the offered 100.00 req/s")), "{s:?}");
+        // The same, explained by a binding cap and measured from the slot: valid.
+        for r in &mut slow {
+            r.slot_ns = Some(r.sent_ns);
+        }
+        let s = summarize(&slow, Some(4));
+        assert_eq!(s.cap_waits, 100);
+        assert!(s.invalid.is_none(), "{:?}", s.invalid);
+        assert!(
+            summarize_with(&at_rate(100, 8, 10), SummaryOptions { max_concurrency: None, lag_limit_ms: 10.0 })
+                .invalid
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn warmup_and_cooldown_are_counted_apart() {
+        let mut records = at_rate(10, 0, 10);
+        records[0].phase = Phase::Warmup;
+        records[9].phase = Phase::Cooldown;
+        records[9].outcome = Outcome::Cancelled;
+        let s = summarize(&records, None);
+        assert_eq!((s.successful, s.failed, s.excluded), (8, 0, 2));
+    }
+
+    #[test]
+    fn bundled_tokens_give_a_per_token_itl() {
+        let mut r = streamed(0, 0, 100, 40, 10);
+        for c in &mut r.chunks {
+            c.tokens = 4;
+        }
+        r.output_tokens = 40;
+        let s = summarize(&[r.clone()], None);
+        assert!(close(s.itl_ms.mean, 40.0) && close(s.itl_per_token_ms.median, 10.0));
+        assert_eq!((s.itl_ms.count, s.itl_per_token_ms.count), (9, 36));
+        // The server's usage wins over the chunk counts: 80 tokens in 40
+        // counted means each counted token is worth two.
+        r.output_tokens = 80;
+        let s = summarize(&[r], None);
+        assert!(close(s.itl_per_token_ms.mean, 5.0) && close(s.peak_output_throughput, 80.0));
     }
 
     #[test]

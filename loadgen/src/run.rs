@@ -1,18 +1,24 @@
-//! One load run: warm up, dispatch every request at its deadline, collect
-//! the records, summarize, and report.
+//! One load run: open connections, dispatch every request at its deadline,
+//! collect the records, summarize, and report.
+//!
+//! One dispatcher task owns the schedule, the concurrency count and the idle
+//! connections; request tasks hand their record and connection back over a
+//! channel. So the cap needs no shared semaphore, connection reuse no shared
+//! pool, and nothing on the hot path takes a lock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::sync::Semaphore;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-use crate::client::{self, Endpoint, Target};
-use crate::clock::Clock;
-use crate::dataset::{self, Dataset};
-use crate::metrics::{Summary, summarize};
-use crate::record::RequestRecord;
+use crate::client::{self, BodyOptions, Conn, Endpoint, Request, Target, Timeouts, Transport};
+use crate::clock::{self, Clock};
+use crate::dataset::{self, Dataset, TokenCounter};
+use crate::metrics::{DEFAULT_LAG_LIMIT_MS, Summary, SummaryOptions, summarize_with};
+use crate::record::{Phase, RequestRecord};
 use crate::schedule::{Arrival, send_times};
 use crate::sink::{Sink, SinkConfig, SinkError};
 
@@ -34,12 +40,46 @@ pub struct LoadConfig {
     pub max_concurrency: Option<usize>,
     /// Sent as `Authorization: Bearer`.
     pub api_key: Option<String>,
-    /// Longest wait for response headers or the next bytes of a stream.
+    /// Longest wait for the next bytes of a stream once the first token came.
     pub idle_timeout: Duration,
     /// Longest time one request may take from its send.
     pub total_timeout: Duration,
+    /// Longest wait for a new connection.
+    pub connect_timeout: Duration,
+    /// Longest wait from the send to the first token.
+    pub first_token_timeout: Duration,
+    /// Ask for a streamed response (SSE); without it each response is one
+    /// chunk and TTFT equals the latency.
+    pub stream: bool,
+    /// Extra top-level fields of every request body (they override ours).
+    pub extra_body: serde_json::Map<String, serde_json::Value>,
+    /// Counts tokens where the server gives no usage, and makes random prompts
+    /// of exact token counts.
+    pub tokens: TokenCounter,
+    /// The first requests, or the first seconds, are sent and recorded but
+    /// not measured.
+    pub warmup: Window,
+    /// The last requests, or the last seconds, likewise.
+    pub cooldown: Window,
+    /// Stop sending after this long; requests still in flight then are
+    /// cancelled (and recorded as such).
+    pub max_duration: Option<Duration>,
+    /// The P99 dispatch lag above which the run is marked invalid, ms.
+    pub lag_limit_ms: f64,
+    /// Cancelling it ends the run early: nothing more is sent, requests in
+    /// flight are recorded as cancelled.
+    pub stop: CancellationToken,
     /// Live counters for a progress display, if the caller wants one.
     pub progress: Option<Arc<Progress>>,
+}
+
+/// A part of the run at its start or end, by request count or by time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Window {
+    #[default]
+    None,
+    Requests(usize),
+    Time(Duration),
 }
 
 impl LoadConfig {
@@ -63,6 +103,16 @@ impl LoadConfig {
             api_key: None,
             idle_timeout: Duration::from_secs(600),
             total_timeout: Duration::from_secs(6 * 3600),
+            connect_timeout: Duration::from_secs(10),
+            first_token_timeout: Duration::from_secs(600),
+            stream: true,
+            extra_body: serde_json::Map::new(),
+            tokens: TokenCounter::Words,
+            warmup: Window::None,
+            cooldown: Window::None,
+            max_duration: None,
+            lag_limit_ms: DEFAULT_LAG_LIMIT_MS,
+            stop: CancellationToken::new(),
             progress: None,
         }
     }
@@ -71,11 +121,17 @@ impl LoadConfig {
 /// Counters updated as requests finish; lock-free, read from anywhere.
 #[derive(Debug, Default)]
 pub struct Progress {
+    sent: AtomicU64,
     done: AtomicU64,
     failed: AtomicU64,
 }
 
 impl Progress {
+    /// Requests sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
     /// Requests finished so far (any outcome).
     pub fn done(&self) -> u64 {
         self.done.load(Ordering::Relaxed)
@@ -90,7 +146,7 @@ impl Progress {
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct LoadResult {
-    /// One per request, in schedule order.
+    /// One per request sent, in schedule order.
     pub records: Vec<RequestRecord>,
     pub summary: Summary,
 }
@@ -120,90 +176,67 @@ pub enum LoadError {
         #[source]
         source: SinkError,
     },
-    #[error("a request task failed")]
-    Task(#[source] tokio::task::JoinError),
+    #[error("invalid base url {url}: {reason}")]
+    BaseUrl { url: String, reason: String },
+    #[error("cannot open connection {n} to {addr} before the run: {reason}")]
+    Connect { n: usize, addr: String, reason: String },
 }
 
 /// Runs the load: checks the server serves the model, opens connections,
 /// sends every request at its deadline and records it. With a sink, returns
 /// only once the controller has acknowledged every record and the summary.
 pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadResult, LoadError> {
-    if config.num_requests == 0 {
-        return Err(LoadError::Config("the number of requests must be at least 1".into()));
-    }
-    if config.request_rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
-        return Err(LoadError::Config("the request rate must be positive".into()));
-    }
-    if config.max_concurrency == Some(0) {
-        return Err(LoadError::Config("the concurrency cap must be at least 1".into()));
-    }
+    check(&config)?;
 
     // Everything costly happens before the measured window: prompts, bodies,
     // the schedule, connections, the sink's stream.
-    let prompts = dataset::prompts(&config.dataset, config.num_requests);
-    let requests: Vec<(String, u32)> =
-        prompts.iter().map(|p| (client::request_body(config.endpoint, &config.model, p), p.words)).collect();
+    let prompts = dataset::prompts(&config.dataset, config.num_requests, &config.tokens);
+    let options = BodyOptions {
+        endpoint: config.endpoint,
+        model: &config.model,
+        stream: config.stream,
+        extra: &config.extra_body,
+    };
+    let requests: Vec<(Arc<str>, u32)> =
+        prompts.iter().map(|p| (Arc::from(client::request_body(&options, p)), p.tokens)).collect();
     drop(prompts);
     let deadlines = send_times(requests.len(), config.request_rate, config.arrival);
-    let in_flight = config.max_concurrency.unwrap_or(requests.len()).min(requests.len());
-    let http = build_client(in_flight)?;
-    warm_up(&http, &config, in_flight.min(WARM_CONNECTIONS)).await?;
+    let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(requests.len());
+    let reqwest = build_client(first_wave)?;
+    check_model(&reqwest, &config).await?;
+    let transport = transport(&config, reqwest)?;
+    let cancel = config.stop.child_token();
+    let mut target = Target {
+        transport,
+        api_key: config.api_key.clone(),
+        stream: config.stream,
+        timeouts: Timeouts {
+            connect: config.connect_timeout,
+            first_token: config.first_token_timeout,
+            idle: config.idle_timeout,
+            total: config.total_timeout,
+        },
+        clock: Clock::start(),
+        counter: config.tokens.clone(),
+        cancel: cancel.clone(),
+    };
+    let idle = open_connections(&target, first_wave).await?;
     let sink = match sink {
         Some(sink) => Some(Sink::start(sink).await.map_err(LoadError::Sink)?),
         None => None,
     };
 
-    let clock = Clock::start();
-    let target = Arc::new(Target {
-        client: http,
-        url: format!("{}{}", config.base_url.trim_end_matches('/'), config.endpoint.path()),
-        api_key: config.api_key.clone(),
-        idle_timeout: config.idle_timeout,
-        total_timeout: config.total_timeout,
-        clock,
-    });
-    let slots = config.max_concurrency.map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS))));
-    let sink_tx = sink.as_ref().map(Sink::sender);
-    let mut tasks = Vec::with_capacity(requests.len());
-    for (seq, ((body, words), deadline)) in requests.into_iter().zip(deadlines).enumerate() {
-        tokio::time::sleep_until(clock.at(deadline)).await;
-        // Waiting for a slot delays the send, not the schedule: both times
-        // are recorded.
-        let permit = match &slots {
-            Some(slots) => Some(
-                Arc::clone(slots)
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| LoadError::Config("the concurrency limiter closed".into()))?,
-            ),
-            None => None,
-        };
-        let (target, progress, sink_tx) = (Arc::clone(&target), config.progress.clone(), sink_tx.clone());
-        let scheduled_ns = i64::try_from(deadline.as_nanos()).unwrap_or(i64::MAX);
-        tasks.push(tokio::spawn(async move {
-            let record = client::send(&target, seq as u64, scheduled_ns, body, words).await;
-            drop(permit);
-            if let Some(progress) = progress {
-                progress.done.fetch_add(1, Ordering::Relaxed);
-                if !record.outcome.is_ok() {
-                    progress.failed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if let Some(tx) = sink_tx {
-                tx.record(record.clone());
-            }
-            record
-        }));
-    }
-    let mut records = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        records.push(task.await.map_err(LoadError::Task)?);
-    }
+    let cpu_before = clock::cpu_time();
+    target.clock = Clock::start();
+    let phases = Phases::new(&config, &deadlines);
+    let records = dispatch(Arc::new(target), &config, requests, &deadlines, phases, idle, sink.as_ref()).await;
+    let cpu = cpu_before.zip(clock::cpu_time()).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
 
     let cap = config.max_concurrency.map(|n| n as u64);
-    let summary = summarize(&records, cap);
+    let mut summary =
+        summarize_with(&records, SummaryOptions { max_concurrency: cap, lag_limit_ms: config.lag_limit_ms });
+    summary.client_cpu_s = cpu;
     if let Some(sink) = sink {
-        drop(sink_tx);
         sink.finish(summary.clone()).await.map_err(|source| LoadError::Unacknowledged {
             unacked: (records.len() as u64).saturating_sub(source.acked()),
             total: records.len() as u64,
@@ -213,8 +246,228 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     Ok(LoadResult { records, summary })
 }
 
-/// Most connections opened before the run: enough for the first wave of
-/// most profiles without hammering the server with warm-up requests.
+fn check(config: &LoadConfig) -> Result<(), LoadError> {
+    let bad = |m: &str| Err(LoadError::Config(m.to_owned()));
+    if config.num_requests == 0 {
+        return bad("the number of requests must be at least 1");
+    }
+    if config.request_rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
+        return bad("the request rate must be positive");
+    }
+    if config.max_concurrency == Some(0) {
+        return bad("the concurrency cap must be at least 1");
+    }
+    if config.lag_limit_ms.is_nan() || config.lag_limit_ms <= 0.0 {
+        return bad("the dispatch lag limit must be positive");
+    }
+    let unbounded = config.request_rate.is_none_or(f64::is_infinite) && config.max_duration.is_none();
+    if matches!(config.cooldown, Window::Time(_)) && unbounded {
+        return bad("a cool-down by time needs a request rate or a maximum duration: the end is not known otherwise");
+    }
+    Ok(())
+}
+
+/// Which phase a request falls in, by its position or its time.
+struct Phases {
+    n: usize,
+    warmup: Window,
+    cooldown: Window,
+    /// When the run's sending ends, ns from its start, where known.
+    end_ns: Option<i64>,
+}
+
+impl Phases {
+    fn new(config: &LoadConfig, deadlines: &[Duration]) -> Phases {
+        let last = deadlines.last().map(|d| ns(*d)).filter(|&d| d > 0);
+        let end_ns = match (config.max_duration.map(ns), last) {
+            (Some(max), Some(last)) => Some(max.min(last)),
+            (max, last) => max.or(last),
+        };
+        Phases { n: deadlines.len(), warmup: config.warmup, cooldown: config.cooldown, end_ns }
+    }
+
+    /// The phase of request `seq`, ready to go at `ready_ns`.
+    fn of(&self, seq: usize, ready_ns: i64) -> Phase {
+        let warm = match self.warmup {
+            Window::None => false,
+            Window::Requests(n) => seq < n,
+            Window::Time(t) => ready_ns < ns(t),
+        };
+        let cool = match self.cooldown {
+            Window::None => false,
+            Window::Requests(n) => seq + n >= self.n,
+            Window::Time(t) => self.end_ns.is_some_and(|end| ready_ns >= end - ns(t)),
+        };
+        if warm {
+            Phase::Warmup
+        } else if cool {
+            Phase::Cooldown
+        } else {
+            Phase::Measured
+        }
+    }
+}
+
+fn ns(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// A request task's report to the dispatcher.
+struct Done {
+    record: RequestRecord,
+    conn: Option<Conn>,
+}
+
+/// Sends every request at its deadline (or when a slot frees, under a cap)
+/// until the schedule, the maximum duration or a stop ends it; returns the
+/// records in schedule order.
+async fn dispatch(
+    target: Arc<Target>,
+    config: &LoadConfig,
+    requests: Vec<(Arc<str>, u32)>,
+    deadlines: &[Duration],
+    phases: Phases,
+    mut idle: Vec<Conn>,
+    sink: Option<&Sink>,
+) -> Vec<RequestRecord> {
+    let clock = target.clock;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let mut records = Vec::with_capacity(requests.len());
+    let mut in_flight = 0usize;
+    let cap = config.max_concurrency.unwrap_or(usize::MAX);
+    let end = config.max_duration.map(|d| clock.at(d));
+    let end_or_never = async move {
+        match end {
+            Some(end) => tokio::time::sleep_until(end).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(end_or_never);
+    let stop = target.cancel.clone();
+    let sink_tx = sink.map(Sink::sender);
+    let mut accept = |done: Done, idle: &mut Vec<Conn>, in_flight: &mut usize| {
+        *in_flight -= 1;
+        if let Some(conn) = done.conn {
+            idle.push(conn);
+        }
+        records.push(done.record);
+    };
+
+    'sending: for (seq, ((body, prompt_tokens), deadline)) in requests.into_iter().zip(deadlines).enumerate() {
+        // Until the deadline, take completions in (their connections are
+        // reused, and the records would otherwise pile up in the channel).
+        let due = tokio::time::sleep_until(clock.at(*deadline));
+        tokio::pin!(due);
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break 'sending,
+                () = &mut end_or_never => break 'sending,
+                () = &mut due => break,
+                Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
+            }
+        }
+        // Under the cap, a request that is due waits for a slot: its send is
+        // late, its deadline stays as scheduled, and the slot's time is kept
+        // so the lag of the client itself can be told apart.
+        let mut slot_ns = None;
+        while in_flight >= cap {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break 'sending,
+                () = &mut end_or_never => break 'sending,
+                Some(done) = done_rx.recv() => {
+                    slot_ns = Some(done.record.completed_ns);
+                    accept(done, &mut idle, &mut in_flight);
+                }
+            }
+        }
+        while let Ok(done) = done_rx.try_recv() {
+            accept(done, &mut idle, &mut in_flight);
+        }
+        let scheduled_ns = ns(*deadline);
+        let ready_ns = slot_ns.map_or(scheduled_ns, |s| s.max(scheduled_ns));
+        let request =
+            Request { seq: seq as u64, scheduled_ns, slot_ns, phase: phases.of(seq, ready_ns), body, prompt_tokens };
+        let conn = idle.pop();
+        let (target, progress, sink_tx, done_tx) =
+            (Arc::clone(&target), config.progress.clone(), sink_tx.clone(), done_tx.clone());
+        if let Some(progress) = &progress {
+            progress.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        in_flight += 1;
+        tokio::spawn(async move {
+            let (record, conn) = client::send(&target, request, conn).await;
+            if let Some(progress) = progress {
+                progress.done.fetch_add(1, Ordering::Relaxed);
+                if !record.outcome.is_ok() {
+                    progress.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if let Some(tx) = sink_tx {
+                tx.record(record.clone());
+            }
+            let _ = done_tx.send(Done { record, conn });
+        });
+    }
+    drop(done_tx);
+
+    // The rest finish, unless the run's time is up or it is stopped: then
+    // they are cancelled, and each still reports its record.
+    while in_flight > 0 {
+        tokio::select! {
+            biased;
+            Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
+            () = &mut end_or_never, if !stop.is_cancelled() => stop.cancel(),
+            () = stop.cancelled() => {
+                // Already cancelled: wait for the records to come in.
+                match done_rx.recv().await {
+                    Some(done) => accept(done, &mut idle, &mut in_flight),
+                    None => break,
+                }
+            }
+        }
+    }
+    records.sort_unstable_by_key(|r| r.seq);
+    records
+}
+
+/// The transport for the base URL: our own HTTP/1.1 client for http, reqwest
+/// for https.
+fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport, LoadError> {
+    let base = config.base_url.trim_end_matches('/');
+    let bad = |reason: &str| LoadError::BaseUrl { url: config.base_url.clone(), reason: reason.to_owned() };
+    let url = reqwest::Url::parse(base).map_err(|e| bad(&e.to_string()))?;
+    let path = format!("{}{}", url.path().trim_end_matches('/'), config.endpoint.path());
+    match url.scheme() {
+        "http" => {
+            let host = url.host_str().ok_or_else(|| bad("it has no host"))?;
+            let port = url.port_or_known_default().unwrap_or(80);
+            // An IPv6 host comes bracketed, as both the address and the Host
+            // header want it.
+            let authority = format!("{host}:{port}");
+            Ok(Transport::Raw { addr: authority.clone(), host: authority, path })
+        }
+        "https" => Ok(Transport::Reqwest { client: reqwest, url: format!("{base}{}", config.endpoint.path()) }),
+        other => Err(bad(&format!("scheme {other} is not http or https"))),
+    }
+}
+
+/// Opens `n` connections of the raw transport before the measured window.
+async fn open_connections(target: &Target, n: usize) -> Result<Vec<Conn>, LoadError> {
+    let Transport::Raw { addr, .. } = &target.transport else {
+        return Ok(Vec::new());
+    };
+    let opened = futures_util::future::join_all((0..n).map(|_| client::connect(target))).await;
+    opened
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| c.map_err(|reason| LoadError::Connect { n: i + 1, addr: addr.clone(), reason }))
+        .collect()
+}
+
+/// Connections opened before the run when no cap says how many the first
+/// wave needs: more are opened as needed, their connect time recorded apart.
 const WARM_CONNECTIONS: usize = 256;
 
 fn build_client(in_flight: usize) -> Result<reqwest::Client, LoadError> {
@@ -242,9 +495,8 @@ struct Model {
     id: String,
 }
 
-/// Checks that the server serves the model, on `connections` parallel
-/// requests so that as many connections are open before the run.
-async fn warm_up(http: &reqwest::Client, config: &LoadConfig, connections: usize) -> Result<(), LoadError> {
+/// Checks that the server serves the model.
+async fn check_model(http: &reqwest::Client, config: &LoadConfig) -> Result<(), LoadError> {
     let url = format!("{}/v1/models", config.base_url.trim_end_matches('/'));
     let get = || async {
         let mut request = http.get(&url).timeout(Duration::from_secs(30));
@@ -270,7 +522,11 @@ async fn warm_up(http: &reqwest::Client, config: &LoadConfig, connections: usize
             served: if served.is_empty() { "nothing".into() } else { served.join(", ") },
         });
     }
-    let rest = futures_util::future::join_all((1..connections).map(|_| get())).await;
-    rest.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // Over https, warm reqwest's pool for the first wave.
+    if config.base_url.starts_with("https") {
+        let connections = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(config.num_requests);
+        let rest = futures_util::future::join_all((1..connections).map(|_| get())).await;
+        rest.into_iter().collect::<Result<Vec<_>, _>>()?;
+    }
     Ok(())
 }

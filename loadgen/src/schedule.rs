@@ -46,6 +46,15 @@ pub fn send_times(n: usize, rate: Option<f64>, arrival: Arrival) -> Vec<Duration
     }
 }
 
+/// The rates a sweep tries: `steps` evenly spaced strictly between `low`
+/// (the synchronous rate) and `high` (the throughput rate).
+pub fn sweep_rates(low: f64, high: f64, steps: usize) -> Vec<f64> {
+    if !(low.is_finite() && high.is_finite()) || high <= low || low <= 0.0 {
+        return Vec::new();
+    }
+    (1..=steps).map(|i| low + (high - low) * i as f64 / (steps + 1) as f64).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,6 +83,34 @@ mod tests {
         assert_ne!(a, send_times(100, Some(10.0), Arrival::Poisson { seed: 8 }));
         assert_eq!(a[0], Duration::ZERO);
         assert!(a.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn poisson_gaps_pass_a_kolmogorov_smirnov_test() {
+        let (n, rate) = (5000, 200.0);
+        let times = send_times(n, Some(rate), Arrival::Poisson { seed: 11 });
+        let mut gaps: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+        gaps.sort_by(f64::total_cmp);
+        let m = gaps.len() as f64;
+        let d = gaps
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| {
+                let cdf = 1.0 - (-rate * g).exp();
+                (cdf - i as f64 / m).abs().max(((i + 1) as f64 / m - cdf).abs())
+            })
+            .fold(0.0, f64::max);
+        // The critical value at the 1% level is 1.63 / sqrt(m).
+        assert!(d < 1.63 / m.sqrt(), "KS statistic {d}");
+        // And a constant schedule is far from exponential.
+        let constant = send_times(n, Some(rate), Arrival::Constant);
+        assert!(constant.windows(2).all(|w| (w[1] - w[0]).as_secs_f64() - 1.0 / rate < 1e-9));
+    }
+
+    #[test]
+    fn sweep_rates_lie_evenly_between_the_ends() {
+        assert_eq!(sweep_rates(1.0, 5.0, 3), vec![2.0, 3.0, 4.0]);
+        assert!(sweep_rates(5.0, 1.0, 3).is_empty());
     }
 
     #[test]

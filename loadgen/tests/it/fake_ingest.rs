@@ -77,7 +77,7 @@ impl IngestService for Fake {
                     }
                     received.attempts.extend(batch.attempt.clone());
                     if batch.summary.is_some() {
-                        received.summary = batch.summary;
+                        received.summary = batch.summary.clone();
                     }
                     batch.summary.is_some()
                 };

@@ -1,7 +1,12 @@
 //! A fake OpenAI-compatible server whose timings and tokens are known
-//! exactly. The model name picks the behaviour: `good` streams normally,
-//! `http-500` fails, `drop-after-3` breaks the stream after three tokens.
+//! exactly. The model name picks the behaviour: `good` streams normally (in
+//! chat, the first chunk is reasoning), `http-500` fails, `every-4th-fails`
+//! answers every fourth request with a 500, `drop-after-3` breaks the stream
+//! after three chunks, `malformed` sends a chunk that is not JSON,
+//! `stall-first` never sends a token, `stall-after-2` stops after two chunks.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Json;
@@ -16,12 +21,19 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// When tokens come: the first `ttft` after the request arrives, then one
-/// every `itl`.
+/// When tokens come: the first chunk `ttft` after the request arrives, then
+/// one chunk every `itl`, each of `per_chunk` tokens (the last may carry fewer).
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
     pub ttft: Duration,
     pub itl: Duration,
+    pub per_chunk: u64,
+}
+
+#[derive(Clone)]
+struct Server {
+    timing: Timing,
+    requests: Arc<AtomicU64>,
 }
 
 /// Starts the server on a free port; returns its base URL.
@@ -30,7 +42,7 @@ pub async fn start(timing: Timing) -> String {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate))
         .route("/v1/chat/completions", post(generate))
-        .with_state(timing);
+        .with_state(Server { timing, requests: Arc::new(AtomicU64::new(0)) });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("local addr");
     // Like uvicorn: without TCP_NODELAY, Nagle and delayed ACKs hold small
@@ -41,20 +53,30 @@ pub async fn start(timing: Timing) -> String {
 }
 
 async fn models() -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": "good"}, {"id": "http-500"}, {"id": "drop-after-3"}]}))
+    let models = ["good", "http-500", "drop-after-3", "every-4th-fails", "malformed", "stall-first", "stall-after-2"];
+    let data: Vec<Value> = models.iter().map(|m| json!({ "id": m })).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
-async fn generate(State(timing): State<Timing>, Json(request): Json<Value>) -> Response {
+async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> Response {
     let arrived = Instant::now();
+    let timing = server.timing;
+    let n = server.requests.fetch_add(1, Ordering::Relaxed);
     let model = request["model"].as_str().unwrap_or_default().to_owned();
-    if model == "http-500" {
+    if model == "http-500" || (model == "every-4th-fails" && n % 4 == 3) {
         return (StatusCode::INTERNAL_SERVER_ERROR, "engine exploded ".repeat(40)).into_response();
     }
     let chat = request.get("messages").is_some();
     let prompt = if chat { &request["messages"][0]["content"] } else { &request["prompt"] };
     let prompt_tokens = prompt.as_str().unwrap_or_default().split_whitespace().count();
     let tokens = request["max_tokens"].as_u64().expect("max_tokens");
-    let drop_after = (model == "drop-after-3").then_some(3);
+    let stop_after = match model.as_str() {
+        "drop-after-3" => Some(3),
+        "stall-first" => Some(0),
+        "stall-after-2" => Some(2),
+        _ => None,
+    };
+    let stall = model.starts_with("stall");
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     tokio::spawn(async move {
@@ -66,17 +88,28 @@ async fn generate(State(timing): State<Timing>, Json(request): Json<Value>) -> R
             json!({"choices": [{"index": 0, "text": ""}]})
         };
         send(empty.to_string()).await.ok();
-        for i in 0..tokens {
+        let chunks = tokens.div_ceil(timing.per_chunk);
+        for i in 0..chunks {
             // Absolute deadlines, so that timer overshoot does not add up.
             tokio::time::sleep_until(arrived + timing.ttft + timing.itl * i as u32).await;
-            if drop_after == Some(i) {
+            if stop_after == Some(i) {
+                if stall {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
                 tx.send(Err(std::io::Error::other("dropped on purpose"))).await.ok();
                 return;
             }
-            let chunk = if chat {
-                json!({"choices": [{"index": 0, "delta": {"content": "word "}}]})
-            } else {
-                json!({"choices": [{"index": 0, "text": "word "}]})
+            if model == "malformed" && i == 1 {
+                send("{not json".to_owned()).await.ok();
+                continue;
+            }
+            let k = timing.per_chunk.min(tokens - i * timing.per_chunk);
+            let text = "word ".repeat(k as usize);
+            let chunk = match (chat, i) {
+                // Reasoning counts as the first token.
+                (true, 0) => json!({"choices": [{"index": 0, "delta": {"reasoning_content": text}}]}),
+                (true, _) => json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
+                (false, _) => json!({"choices": [{"index": 0, "text": text}]}),
             };
             send(chunk.to_string()).await.ok();
         }

@@ -8,7 +8,7 @@ use benchfleet_loadgen::{Endpoint, LoadError, Outcome, run};
 use crate::fake_openai::{self, Timing};
 use crate::random_load;
 
-const TIMING: Timing = Timing { ttft: Duration::from_millis(80), itl: Duration::from_millis(15) };
+const TIMING: Timing = Timing { ttft: Duration::from_millis(80), itl: Duration::from_millis(15), per_chunk: 1 };
 
 fn within_10_percent(name: &str, measured: f64, truth: f64) {
     assert!((measured - truth).abs() <= 0.1 * truth, "{name}: measured {measured:.2} ms, truth {truth:.2} ms");

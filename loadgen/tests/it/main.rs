@@ -2,6 +2,7 @@
 //! the test: an OpenAI-compatible one with known timings and an
 //! IngestService that stands in for the controller.
 
+mod accuracy;
 mod cli;
 mod fake_ingest;
 mod fake_openai;

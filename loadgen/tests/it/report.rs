@@ -10,7 +10,7 @@ use crate::fake_ingest::{self, Behaviour};
 use crate::fake_openai::{self, Timing};
 use crate::random_load;
 
-const QUICK: Timing = Timing { ttft: Duration::from_millis(20), itl: Duration::from_millis(5) };
+const QUICK: Timing = Timing { ttft: Duration::from_millis(20), itl: Duration::from_millis(5), per_chunk: 1 };
 
 /// 30 requests over about 1.2 s: several batches of records.
 async fn report_run(

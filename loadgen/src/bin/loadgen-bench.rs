@@ -1,0 +1,398 @@
+//! `loadgen-bench`: how far the load generator keeps its schedule and its
+//! accuracy, against a minimal streaming server of exactly known timing.
+//!
+//! `loadgen-bench all` runs every scenario, each as a fresh pair of
+//! processes: the server pinned to one core, the client to another (with
+//! `taskset`), so that neither steals from the other and the client's memory
+//! high-water mark is its own. `serve` and `client` are those two halves.
+
+use std::io::{Read as _, Write as _};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use benchfleet_loadgen::{Arrival, Dataset, LoadConfig, LoadResult, run};
+use clap::{Parser, Subcommand};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "loadgen-bench", about = "Benchmarks benchfleet-loadgen against a server of known timing")]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Every scenario, server on `--server-core`, client on `--client-core`.
+    All {
+        #[arg(long, default_value_t = 0)]
+        server_core: u32,
+        #[arg(long, default_value_t = 1)]
+        client_core: u32,
+        /// Seconds of load per step of the rate and concurrency searches.
+        #[arg(long, default_value_t = 4.0)]
+        seconds: f64,
+    },
+    /// The streaming server; prints its port.
+    Serve {
+        #[arg(long)]
+        ttft_ms: u64,
+        #[arg(long)]
+        itl_ms: u64,
+        #[arg(long, default_value_t = 128)]
+        tokens: u64,
+    },
+    /// One client scenario against `--url`; prints a JSON line.
+    Client {
+        #[arg(long)]
+        url: String,
+        /// Requests per second (open loop, Poisson); absent: closed loop.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Concurrent streams (closed loop), or the cap of an open loop.
+        #[arg(long)]
+        concurrency: Option<usize>,
+        #[arg(long)]
+        requests: usize,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // One thread: the whole point is what one core can do.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
+    match Args::parse().command {
+        Cmd::Serve { ttft_ms, itl_ms, tokens } => rt.block_on(serve(ttft_ms, itl_ms, tokens)),
+        Cmd::Client { url, rate, concurrency, requests } => rt.block_on(client(url, rate, concurrency, requests)),
+        Cmd::All { server_core, client_core, seconds } => all(server_core, client_core, seconds),
+    }
+}
+
+// ---------------------------------------------------------------- server --
+
+/// The server's own account of its timing: what the client must reproduce.
+/// Its timer has a granularity of its own, so "50 ms" is 50.x ms in truth.
+static STREAMS: AtomicU64 = AtomicU64::new(0);
+static TTFT_NS: AtomicU64 = AtomicU64::new(0);
+static LATENCY_NS: AtomicU64 = AtomicU64::new(0);
+
+async fn serve(ttft_ms: u64, itl_ms: u64, tokens: u64) -> anyhow::Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.context("cannot bind the server")?;
+    println!("{}", listener.local_addr()?.port());
+    std::io::stdout().flush()?;
+    let timing = (Duration::from_millis(ttft_ms), Duration::from_millis(itl_ms), tokens);
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        tcp.set_nodelay(true)?;
+        tokio::spawn(async move {
+            let _ = connection(tcp, timing).await;
+        });
+    }
+}
+
+/// A vLLM-sized chunk (~200 bytes), framed for chunked transfer encoding.
+fn frame(data: &str) -> Vec<u8> {
+    let event = format!("data: {data}\n\n");
+    format!("{:x}\r\n{event}\r\n", event.len()).into_bytes()
+}
+
+async fn connection(tcp: TcpStream, (ttft, itl, tokens): (Duration, Duration, u64)) -> std::io::Result<()> {
+    let chunk = frame(
+        r#"{"id":"cmpl-0123456789abcdef","object":"text_completion","created":1700000000,"model":"bench","choices":[{"index":0,"text":" word","logprobs":null,"finish_reason":null}]}"#,
+    );
+    let usage = frame(&format!(
+        r#"{{"id":"cmpl-0123456789abcdef","object":"text_completion","choices":[],"usage":{{"prompt_tokens":16,"completion_tokens":{tokens},"total_tokens":{}}}}}"#,
+        tokens + 16
+    ));
+    let (read, mut write) = tcp.into_split();
+    let mut read = BufReader::new(read);
+    let mut line = String::new();
+    loop {
+        // The head: only the request line and the body's length matter.
+        let mut length = 0usize;
+        line.clear();
+        if read.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let arrived = Instant::now();
+        let get = line.starts_with("GET");
+        loop {
+            line.clear();
+            read.read_line(&mut line).await?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = l.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        read.read_exact(&mut body).await?;
+        if get {
+            let stats = format!(
+                r#"{{"object":"list","data":[{{"id":"bench"}}],"streams":{},"ttft_ns":{},"latency_ns":{}}}"#,
+                STREAMS.load(Ordering::Relaxed),
+                TTFT_NS.load(Ordering::Relaxed),
+                LATENCY_NS.load(Ordering::Relaxed)
+            );
+            let json = stats.as_str();
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{json}",
+                json.len()
+            );
+            write.write_all(response.as_bytes()).await?;
+            continue;
+        }
+        write
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await?;
+        if ttft.is_zero() && itl.is_zero() {
+            // Instant: the whole stream in one write, so the client's parsing
+            // is what is measured.
+            let mut all = Vec::with_capacity(chunk.len() * tokens as usize + 256);
+            for _ in 0..tokens {
+                all.extend_from_slice(&chunk);
+            }
+            all.extend_from_slice(&usage);
+            all.extend_from_slice(&frame("[DONE]"));
+            all.extend_from_slice(b"0\r\n\r\n");
+            write.write_all(&all).await?;
+            continue;
+        }
+        for i in 0..tokens {
+            // Absolute deadlines: timer overshoot does not add up.
+            tokio::time::sleep_until(arrived + ttft + itl * i as u32).await;
+            if i == 0 {
+                TTFT_NS.fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            write.write_all(&chunk).await?;
+        }
+        let mut end = usage.clone();
+        end.extend_from_slice(&frame("[DONE]"));
+        end.extend_from_slice(b"0\r\n\r\n");
+        write.write_all(&end).await?;
+        LATENCY_NS.fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        STREAMS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------- client --
+
+async fn client(url: String, rate: Option<f64>, concurrency: Option<usize>, requests: usize) -> anyhow::Result<()> {
+    let dataset = Dataset::Random { input_tokens: 16, output_tokens: 128, seed: 1 };
+    let mut config = LoadConfig::new(url, "bench", dataset, requests);
+    config.request_rate = rate;
+    config.arrival = Arrival::Poisson { seed: 1 };
+    config.max_concurrency = concurrency;
+    config.idle_timeout = Duration::from_secs(60);
+    let LoadResult { records, summary: s } = run(config, None).await?;
+    let chunks: usize = records.iter().map(|r| r.chunks.len()).sum();
+    let peak_rss_mb = peak_rss_kb().map(|kb| kb as f64 / 1024.0);
+    let line = serde_json::json!({
+        "requests": records.len(),
+        "ok": s.successful,
+        "chunks": chunks,
+        "duration_s": s.duration_s,
+        "request_throughput": s.request_throughput,
+        "offered_rate": s.offered_rate,
+        "achieved_rate": s.achieved_rate,
+        "ttft_mean_ms": s.ttft_ms.mean,
+        "ttft_p99_ms": s.ttft_ms.p99,
+        "ttft_from_scheduled_mean_ms": s.ttft_from_scheduled_ms.mean,
+        "itl_mean_ms": s.itl_ms.mean,
+        "lag_p99_ms": s.dispatch_lag_ms.p99,
+        "cpu_s": s.client_cpu_s,
+        "peak_rss_mb": peak_rss_mb,
+        "peak_concurrent": s.peak_concurrent,
+        "invalid": s.invalid,
+    });
+    println!("{line}");
+    Ok(())
+}
+
+/// The process's peak resident set (VmHWM), kB.
+fn peak_rss_kb() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+// ------------------------------------------------------------- scenarios --
+
+/// A running server process, killed on drop.
+struct Server {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(core: u32, ttft_ms: u64, itl_ms: u64) -> anyhow::Result<Server> {
+    let me = std::env::current_exe().context("cannot find this binary")?;
+    let mut child = Command::new("taskset")
+        .args(["-c", &core.to_string()])
+        .arg(&me)
+        .args(["serve", "--ttft-ms", &ttft_ms.to_string(), "--itl-ms", &itl_ms.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start the server under taskset")?;
+    let mut port = String::new();
+    let stdout = child.stdout.take().context("no server stdout")?;
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut port)?;
+    let port: u16 = port.trim().parse().with_context(|| format!("the server printed {port:?}, not a port"))?;
+    Ok(Server { child, url: format!("http://127.0.0.1:{port}") })
+}
+
+fn run_client(core: u32, url: &str, rate: Option<f64>, concurrency: Option<usize>, n: usize) -> anyhow::Result<Value> {
+    let me = std::env::current_exe().context("cannot find this binary")?;
+    let mut command = Command::new("taskset");
+    command.args(["-c", &core.to_string()]).arg(&me).args(["client", "--url", url, "--requests", &n.to_string()]);
+    if let Some(rate) = rate {
+        command.args(["--rate", &rate.to_string()]);
+    }
+    if let Some(c) = concurrency {
+        command.args(["--concurrency", &c.to_string()]);
+    }
+    let output = command.env("RUST_LOG", "warn").output().context("cannot run the client")?;
+    if !output.status.success() {
+        bail!("client failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).with_context(|| format!("client printed {last:?}"))
+}
+
+type Value = serde_json::Value;
+
+/// The server's true mean TTFT and latency, ms, from its counters.
+fn server_truth(url: &str) -> anyhow::Result<(f64, f64)> {
+    let addr = url.trim_start_matches("http://");
+    let mut tcp = std::net::TcpStream::connect(addr).context("cannot reach the server for its stats")?;
+    tcp.write_all(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut buf = vec![0; 4096];
+    let n = tcp.read(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let body = text.split("\r\n\r\n").nth(1).context("no stats body")?;
+    let v: Value = serde_json::from_str(body)?;
+    let streams = num(&v, "streams").max(1.0);
+    Ok((num(&v, "ttft_ns") / streams / 1e6, num(&v, "latency_ns") / streams / 1e6))
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(f64::NAN)
+}
+
+fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
+    // 50 ms to the first token, 127 gaps of 10 ms: the nominal latency.
+    const LATENCY_S: f64 = (50.0 + 127.0 * 10.0) / 1000.0;
+    let accurate = |v: &Value, achieved: f64, offered: f64, true_ttft: f64| {
+        let rate_ok = (achieved - offered).abs() <= 0.01 * offered;
+        let ttft_ok = (num(v, "ttft_mean_ms") - true_ttft).abs() <= 0.02 * true_ttft;
+        rate_ok && ttft_ok && num(v, "ok") as usize == v["requests"].as_u64().unwrap_or(0) as usize
+    };
+    println!("(a) open loop, Poisson, 128-token streams, TTFT 50 ms, 10 ms between tokens");
+    println!(
+        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6}",
+        "rate", "achieved", "offered*", "true ttft", "ttft ms", "sched ms", "lag p99", "cpu s", "ok?"
+    );
+    let mut best_rate = 0.0;
+    for rate in [100.0, 250.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0] {
+        let server = start_server(server_core, 50, 10)?;
+        let n = (rate * seconds) as usize;
+        let v = run_client(client_core, &server.url, Some(rate), None, n)?;
+        // The schedule's own rate: a finite Poisson sample is not exactly `rate`.
+        let offered = num(&v, "offered_rate");
+        let (true_ttft, _) = server_truth(&server.url)?;
+        let ok = accurate(&v, num(&v, "achieved_rate"), offered, true_ttft);
+        println!(
+            "{rate:>8.0} {:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.2} {:>9.3} {:>7.2} {:>6}",
+            num(&v, "achieved_rate"),
+            num(&v, "ttft_mean_ms"),
+            num(&v, "ttft_from_scheduled_mean_ms"),
+            num(&v, "lag_p99_ms"),
+            num(&v, "cpu_s"),
+            if ok { "yes" } else { "NO" }
+        );
+        if !ok {
+            break;
+        }
+        best_rate = rate;
+    }
+    println!("\n(a) closed loop, same server; offered = concurrency / {LATENCY_S:.2} s");
+    println!(
+        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}",
+        "streams", "achieved", "offered", "ttft ms", "lag p99", "cpu s", "ok?"
+    );
+    let mut best_streams = 0;
+    for c in [16usize, 64, 256, 512, 1024, 2048, 4096] {
+        let server = start_server(server_core, 50, 10)?;
+        // Whole waves: a partial last one would take a full latency for less.
+        let waves = ((seconds / LATENCY_S).round() as usize).max(3);
+        let v = run_client(client_core, &server.url, None, Some(c), waves * c)?;
+        // Each of the c users sends its next request as soon as one ends:
+        // c / latency requests per second is what a perfect client achieves.
+        let (true_ttft, true_latency) = server_truth(&server.url)?;
+        let offered = c as f64 / (true_latency / 1e3);
+        let achieved = num(&v, "request_throughput");
+        let ok = accurate(&v, achieved, offered, true_ttft);
+        println!(
+            "{c:>8} {achieved:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.3} {:>7.2} {:>6}",
+            num(&v, "ttft_mean_ms"),
+            num(&v, "lag_p99_ms"),
+            num(&v, "cpu_s"),
+            if ok { "yes" } else { "NO" }
+        );
+        if !ok {
+            break;
+        }
+        best_streams = c;
+    }
+
+    println!("\n(b, c) an instant server: everything at once, 128-token streams");
+    let server = start_server(server_core, 0, 0)?;
+    let v = run_client(client_core, &server.url, None, Some(256), 40_000)?;
+    let chunks = num(&v, "chunks");
+    let (req_s, chunk_s) = (num(&v, "request_throughput"), chunks / num(&v, "duration_s"));
+    let cpu_per_m = num(&v, "cpu_s") / chunks * 1e6;
+    println!(
+        "requests/s {req_s:.0}, chunks/s {chunk_s:.0}, client CPU {:.2} s, {cpu_per_m:.2} s per million chunks",
+        num(&v, "cpu_s")
+    );
+    drop(server);
+
+    println!("\n(d) memory with 10,000 requests in flight (TTFT 50 ms, 10 ms between tokens)");
+    let server = start_server(server_core, 50, 10)?;
+    let v = run_client(client_core, &server.url, None, None, 10_000)?;
+    let rss = num(&v, "peak_rss_mb");
+    println!("peak concurrent {}, peak RSS {rss:.1} MB, ok {}", v["peak_concurrent"], v["ok"]);
+    drop(server);
+
+    println!("\n| measure | target | measured | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| (a) open-loop Poisson rate kept within 1% / TTFT within 2% | 1,000 req/s | {best_rate:.0} req/s | {:.2}x |",
+        best_rate / 1000.0
+    );
+    println!(
+        "| (a) closed-loop streams kept within 1% / TTFT within 2% | 1,024 | {best_streams} | {:.2}x |",
+        best_streams as f64 / 1024.0
+    );
+    println!("| (b) requests per second, instant server | 4,000 | {req_s:.0} | {:.2}x |", req_s / 4000.0);
+    println!("| (b) streamed chunks per second, instant server | - | {chunk_s:.0} | - |");
+    println!("| (c) client CPU s per million chunks | < 2.5 | {cpu_per_m:.2} | {:.2}x better |", 2.5 / cpu_per_m);
+    println!("| (d) peak RSS, 10,000 in flight | < 50 MB | {rss:.1} MB | {:.2}x better |", 50.0 / rss);
+    Ok(())
+}
