@@ -18,7 +18,7 @@ use crate::engine::{Engine, EngineError, EngineRuntime, wait_until_serving};
 use crate::gpu::{GpuInfo, GpuProbe};
 use crate::job::{Attempt, EngineLaunch, GroupAssignment, LoadDataset, LoadRun};
 use crate::load::LoadRunner;
-use crate::verdict::new_errors;
+use crate::verdict::{new_errors, new_xids};
 
 /// What an agent needs to run.
 #[derive(Clone)]
@@ -258,6 +258,9 @@ async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::
 
     let http = reqwest::Client::new();
     for (i, job) in group.jobs.iter().enumerate() {
+        // Taken first: an XID from here on (the cache reset included) is
+        // during this job's attempt.
+        let xid_mark = config.gpus.xid_mark();
         if let Some(status) = engine.exit_status() {
             report(tx, &job.attempt, pb::JobState::Failed, |u| {
                 u.error = format!("the engine exited ({status}) before this job");
@@ -302,9 +305,7 @@ async fn run_group(config: &AgentConfig, mut group: GroupAssignment, tx: &mpsc::
         };
         // A GPU error during the attempt makes its numbers worthless,
         // whatever loadgen says.
-        if let Some(before) = &before
-            && let Some(error) = gpu_errors_since(config, before, &uuids).await
-        {
+        if let Some(error) = gpu_errors_since(config, before.as_deref(), xid_mark, &uuids).await {
             warn!(job = job.attempt.job, "{error}");
             report(tx, &job.attempt, pb::JobState::Failed, |u| u.error = error).await;
             continue;
@@ -378,19 +379,25 @@ fn attempt_gpus(gpus: &[GpuInfo], assigned: &[String]) -> Vec<String> {
     if assigned.is_empty() { gpus.iter().map(|g| g.uuid.clone()).collect() } else { assigned.to_vec() }
 }
 
-/// Why an attempt is invalid because of GPU errors since `before`, if it is.
-// TODO(xid): also watch NVML's XID events (nvmlEventSetWait on
-// CRITICAL_XID_ERROR) during the attempt; uncorrectable ECC errors are the
-// one signal compared so far.
-async fn gpu_errors_since(config: &AgentConfig, before: &[GpuInfo], uuids: &[String]) -> Option<String> {
-    match probe(config).await {
-        Ok(after) => {
-            let errors = new_errors(before, &after, uuids);
-            (!errors.is_empty()).then(|| format!("attempt invalidated: {}", errors.join("; ")))
-        }
-        // A GPU that cannot be read after the job may have failed during it.
-        Err(e) => Some(format!("attempt invalidated: cannot read the GPUs after the job: {e:#}")),
-    }
+/// Why an attempt is invalid, if it is: new uncorrectable ECC errors since
+/// `before` (not compared when the GPUs could not be read before the job),
+/// and XID events since `xid_mark`.
+async fn gpu_errors_since(
+    config: &AgentConfig,
+    before: Option<&[GpuInfo]>,
+    xid_mark: u64,
+    uuids: &[String],
+) -> Option<String> {
+    let mut errors = match before {
+        Some(before) => match probe(config).await {
+            Ok(after) => new_errors(before, &after, uuids),
+            // A GPU that cannot be read after the job may have failed during it.
+            Err(e) => vec![format!("cannot read the GPUs after the job: {e:#}")],
+        },
+        None => Vec::new(),
+    };
+    errors.extend(new_xids(&config.gpus.xid_events_after(xid_mark), uuids));
+    (!errors.is_empty()).then(|| format!("attempt invalidated: {}", errors.join("; ")))
 }
 
 /// A GPU as the controller stores it: inventory, verdict and fingerprint.
@@ -435,4 +442,78 @@ async fn dataset_file(config: &AgentConfig, dataset: &LoadDataset) -> anyhow::Re
         tokio::fs::rename(&partial, &path).await?;
     }
     Ok(Some(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::gpu::XidEvent;
+    use crate::load::ProcessLoadRunner;
+
+    /// GPUs whose inventory a test changes between probes, and a fixed XID
+    /// log of which only the events after a mark are returned.
+    struct Changing {
+        gpus: Mutex<Vec<GpuInfo>>,
+        xids: Vec<XidEvent>,
+    }
+
+    impl GpuProbe for Changing {
+        fn probe(&self) -> anyhow::Result<Vec<GpuInfo>> {
+            Ok(self.gpus.lock().expect("not poisoned").clone())
+        }
+
+        fn xid_mark(&self) -> u64 {
+            1
+        }
+
+        fn xid_events_after(&self, mark: u64) -> Vec<XidEvent> {
+            self.xids.iter().filter(|e| e.seq > mark).cloned().collect()
+        }
+    }
+
+    fn config(gpus: Arc<Changing>) -> AgentConfig {
+        AgentConfig {
+            controller_url: String::new(),
+            name: "test".into(),
+            gpus,
+            runtimes: HashMap::new(),
+            loadgen: Arc::new(ProcessLoadRunner { binary: PathBuf::new() }),
+            work_dir: PathBuf::new(),
+            startup_timeout: Duration::ZERO,
+            gpu_check_interval: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn ecc_errors_and_xids_during_an_attempt_are_both_named() {
+        let gpu = |uuid: &str| GpuInfo { uuid: uuid.into(), ecc_uncorrectable_volatile: Some(0), ..GpuInfo::default() };
+        let xid = |seq, uuid: &str, xid| XidEvent { seq, uuid: uuid.into(), xid, at_unix_ms: 0 };
+        let before = vec![gpu("GPU-0"), gpu("GPU-1")];
+        let probe = Arc::new(Changing {
+            gpus: Mutex::new(before.clone()),
+            // Before the mark, and on a GPU of another attempt: neither counts.
+            xids: vec![xid(1, "GPU-0", 13), xid(2, "GPU-1", 79), xid(3, "GPU-0", 79)],
+        });
+        let config = config(Arc::clone(&probe));
+        let mark = config.gpus.xid_mark();
+        let attempt = ["GPU-0".to_owned()];
+        assert_eq!(
+            gpu_errors_since(&config, Some(&before), mark, &attempt).await.as_deref(),
+            Some("attempt invalidated: XID 79 on GPU GPU-0")
+        );
+        probe.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(2);
+        assert_eq!(
+            gpu_errors_since(&config, Some(&before), mark, &attempt).await.as_deref(),
+            Some("attempt invalidated: new uncorrectable ECC errors on GPU GPU-0: 2; XID 79 on GPU GPU-0")
+        );
+        // Without a reading before the job, XIDs still count.
+        assert_eq!(
+            gpu_errors_since(&config, None, mark, &attempt).await.as_deref(),
+            Some("attempt invalidated: XID 79 on GPU GPU-0")
+        );
+        probe.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(0);
+        assert_eq!(gpu_errors_since(&config, Some(&before), 3, &attempt).await, None, "nothing after this mark");
+    }
 }

@@ -141,10 +141,43 @@ fn on_off(b: bool) -> &'static str {
     if b { "on" } else { "off" }
 }
 
+/// An XID event: the NVIDIA driver's report of a GPU error (NVML's "critical
+/// XID error" event), as a probe received it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct XidEvent {
+    /// Its place in the probe's log: the events after a mark are those with
+    /// a greater `seq`.
+    pub seq: u64,
+    /// The GPU it happened on.
+    pub uuid: String,
+    /// The XID number, e.g. 79 (the GPU fell off the bus); `UNKNOWN_XID` when
+    /// the driver could not tell which.
+    pub xid: u64,
+    /// When the probe received it, in milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+}
+
+/// NVML's XID number for an XID error it cannot name.
+pub const UNKNOWN_XID: u64 = 999;
+
 /// Reads the host's GPU inventory and verdicts.
 pub trait GpuProbe: Send + Sync {
     /// Every GPU of the host, with `reasons` filled by the probe's policy.
     fn probe(&self) -> anyhow::Result<Vec<GpuInfo>>;
+
+    /// The position of the probe's XID log now: `xid_events_after` with it
+    /// returns the events received from now on. Reading it never blocks on
+    /// the GPUs, so async code may call it.
+    fn xid_mark(&self) -> u64 {
+        0
+    }
+
+    /// The XID events received after `mark`, oldest first, less those the
+    /// probe's policy ignores. A probe that watches no XID events (the
+    /// simulated one) has none.
+    fn xid_events_after(&self, _mark: u64) -> Vec<XidEvent> {
+        Vec::new()
+    }
 }
 
 /// GPUs that do not exist, for local mode and tests: `count` GPUs of one

@@ -12,7 +12,7 @@ use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe};
 use benchfleet_agent::load::ProcessLoadRunner;
 use benchfleet_agent::nvml::NvmlProbe;
 use benchfleet_agent::verdict::Policy;
-use benchfleet_agent::verify::{VerifyReport, all_usable, table};
+use benchfleet_agent::verify::{VerifyReport, all_usable, table, watch_xids};
 use benchfleet_agent::{AgentConfig, find_binary};
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
@@ -38,7 +38,8 @@ enum Command {
     Run(RunArgs),
     /// Check this host's GPUs: print their inventory and whether each is usable.
     ///
-    /// Exit code 0: every GPU is usable; 1: some GPU is not (the table says why); 2: the GPUs could not be read.
+    /// Exit code 0: every GPU is usable; 1: some GPU is not (the table says why), or reported an XID during
+    /// --watch-xid-ms; 2: the GPUs could not be read.
     Verify(VerifyArgs),
 }
 
@@ -103,6 +104,10 @@ struct VerifyArgs {
     /// The model every GPU must be, matched on the product name, e.g. H200.
     #[arg(long, value_name = "MODEL")]
     require: Option<String>,
+    /// Also watch the GPUs' XID events for this long before reading them: a GPU that reports one (other than those
+    /// the config's ignore_xids lists) is not usable.
+    #[arg(long, value_name = "MS")]
+    watch_xid_ms: Option<u64>,
 }
 
 #[tokio::main]
@@ -125,8 +130,17 @@ async fn main() -> anyhow::Result<ExitCode> {
 /// Prints the GPUs' inventory and verdicts; the exit code says whether every
 /// GPU is usable.
 fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
-    let gpus = match args.gpu.nvml_probe(args.require.clone()).and_then(|probe| probe.probe()) {
-        Ok(gpus) => gpus,
+    let read = args.gpu.nvml_probe(args.require.clone()).and_then(|probe| {
+        let watch = args.watch_xid_ms.map(|ms| watch_xids(&probe, Duration::from_millis(ms)));
+        Ok((probe.probe()?, watch))
+    });
+    let (gpus, watch) = match read {
+        Ok((mut gpus, watch)) => {
+            if let Some(watch) = &watch {
+                watch.judge(&mut gpus);
+            }
+            (gpus, watch)
+        }
         Err(e) => {
             if args.json {
                 println!("{}", serde_json::json!({ "usable": false, "error": format!("{e:#}") }));
@@ -136,9 +150,12 @@ fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         }
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&VerifyReport::new(&gpus))?);
+        println!("{}", serde_json::to_string_pretty(&VerifyReport::new(&gpus, watch.as_ref()))?);
     } else {
         print!("{}", table(&gpus));
+        if let Some(watch) = &watch {
+            print!("{}", watch.text(&gpus));
+        }
     }
     Ok(if all_usable(&gpus) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::{GpuInfo, THROTTLE_REASONS};
+use crate::gpu::{GpuInfo, THROTTLE_REASONS, UNKNOWN_XID, XidEvent};
 
 /// The thresholds a GPU must meet; the `[gpu]` table of the agent's config
 /// file (see `agent.example.toml`). The defaults suit a benchmark host: a
@@ -40,6 +40,9 @@ pub struct Policy {
     /// Enforced over default power limit: a capped GPU benchmarks slower.
     pub min_power_limit_fraction: f64,
     pub require_persistence_mode: bool,
+    /// XID numbers that do not invalidate an attempt. Empty by default: an
+    /// XID during a job, whatever its cause, casts doubt on its numbers.
+    pub ignore_xids: Vec<u64>,
 }
 
 impl Default for Policy {
@@ -66,6 +69,7 @@ impl Default for Policy {
             max_temperature_c: Some(85),
             min_power_limit_fraction: 1.0,
             require_persistence_mode: false,
+            ignore_xids: Vec::new(),
         }
     }
 }
@@ -259,6 +263,51 @@ pub fn new_errors(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Ve
         }
     }
     out
+}
+
+/// Why an attempt is invalid because of XID events during it: one reason per
+/// GPU of `uuids` (the attempt's) and XID number, in order of first
+/// occurrence, e.g. "XID 79 on GPU GPU-1" or "XID 13 on GPU GPU-1 (3 times)".
+/// `events` are those received during the attempt, less the ignored ones.
+pub fn new_xids(events: &[XidEvent], uuids: &[String]) -> Vec<String> {
+    uuids
+        .iter()
+        .flat_map(|uuid| {
+            xid_counts(events, uuid)
+                .into_iter()
+                .map(move |(xid, n)| format!("{} on GPU {uuid}{}", xid_name(xid), times(n)))
+        })
+        .collect()
+}
+
+/// The XID events of one GPU as reasons it is not usable, for `verify`'s
+/// watch, e.g. "XID 79 during the watch".
+pub fn watched_xids(events: &[XidEvent], uuid: &str) -> Vec<String> {
+    xid_counts(events, uuid)
+        .into_iter()
+        .map(|(xid, n)| format!("{} during the watch{}", xid_name(xid), times(n)))
+        .collect()
+}
+
+/// Each XID number seen on `uuid`, in order of first occurrence, and how
+/// often: a GPU in trouble often repeats one XID many times.
+fn xid_counts(events: &[XidEvent], uuid: &str) -> Vec<(u64, usize)> {
+    let mut counts: Vec<(u64, usize)> = Vec::new();
+    for e in events.iter().filter(|e| e.uuid == uuid) {
+        match counts.iter_mut().find(|(xid, _)| *xid == e.xid) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((e.xid, 1)),
+        }
+    }
+    counts
+}
+
+fn xid_name(xid: u64) -> String {
+    if xid == UNKNOWN_XID { "an unknown XID".to_owned() } else { format!("XID {xid}") }
+}
+
+fn times(n: usize) -> String {
+    if n == 1 { String::new() } else { format!(" ({n} times)") }
 }
 
 /// A byte count as an operator reads it: "12 GiB", "1.5 GiB", "512 MiB".
@@ -511,6 +560,45 @@ mod tests {
         after[1].ecc_uncorrectable_aggregate = Some(1);
         assert_eq!(new_errors(&before, &after, &uuids(&["GPU-1"])), ["new uncorrectable ECC errors on GPU GPU-1: 1"]);
         assert!(new_errors(&before, &before, &uuids(&["GPU-0", "GPU-1"])).is_empty());
+    }
+
+    fn xid(seq: u64, uuid: &str, xid: u64) -> XidEvent {
+        XidEvent { seq, uuid: uuid.to_owned(), xid, at_unix_ms: 0 }
+    }
+
+    #[test]
+    fn xid_events_during_an_attempt_invalidate_it() {
+        let uuids = |u: &[&str]| u.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let check = |events: &[XidEvent], on: &[&str], expected: &[&str]| {
+            assert_eq!(new_xids(events, &uuids(on)), expected, "{events:?} on {on:?}");
+        };
+        check(&[], &["GPU-0"], &[]);
+        check(&[xid(1, "GPU-1", 79)], &["GPU-0", "GPU-1"], &["XID 79 on GPU GPU-1"]);
+        check(&[xid(1, "GPU-1", 79)], &["GPU-0"], &[]);
+        check(
+            &[xid(1, "GPU-1", 13), xid(2, "GPU-0", 48), xid(3, "GPU-1", 13), xid(4, "GPU-1", 31), xid(5, "GPU-1", 13)],
+            &["GPU-0", "GPU-1"],
+            &["XID 48 on GPU GPU-0", "XID 13 on GPU GPU-1 (3 times)", "XID 31 on GPU GPU-1"],
+        );
+        check(&[xid(1, "GPU-0", UNKNOWN_XID)], &["GPU-0"], &["an unknown XID on GPU GPU-0"]);
+    }
+
+    #[test]
+    fn xid_events_of_a_watch_are_a_gpus_reasons() {
+        let events = [xid(1, "GPU-0", 79), xid(2, "GPU-1", 94), xid(3, "GPU-1", 94)];
+        assert_eq!(watched_xids(&events, "GPU-0"), ["XID 79 during the watch"]);
+        assert_eq!(watched_xids(&events, "GPU-1"), ["XID 94 during the watch (2 times)"]);
+        assert!(watched_xids(&events, "GPU-2").is_empty());
+    }
+
+    #[test]
+    fn ignored_xids_come_from_the_config_file() {
+        let path = Path::new("agent.toml");
+        assert!(Policy::default().ignore_xids.is_empty(), "every XID counts by default");
+        let p = Policy::from_toml("[gpu]\nignore_xids = [43, 45]\n", path).expect("valid config");
+        assert_eq!(p.ignore_xids, [43, 45]);
+        let e = Policy::from_toml("[gpu]\nignore_xids = [\"43\"]\n", path).expect_err("not a number");
+        assert!(e.to_string().contains("ignore_xids"), "{e}");
     }
 
     #[test]

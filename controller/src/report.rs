@@ -43,8 +43,11 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
         let mut gpus: Vec<&String> = group_jobs(&jobs, group).flat_map(|j| &j.gpu_fingerprint).collect();
         gpus.sort();
         gpus.dedup();
-        for gpu in gpus {
+        for gpu in &gpus {
             let _ = writeln!(out, "GPU: {gpu}");
+        }
+        if !gpus.is_empty() {
+            out.push('\n');
         }
         for profile in &profiles {
             let of_profile: Vec<&Job> = group_jobs(&jobs, group).filter(|j| j.profile.name == *profile).collect();
@@ -181,6 +184,8 @@ pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
             cancelled: avg_u(&|s| s.failures.cancelled),
             incomplete: avg_u(&|s| s.failures.incomplete),
             transport_error: avg_u(&|s| s.failures.transport_error),
+            disconnected: avg_u(&|s| s.failures.disconnected),
+            malformed: avg_u(&|s| s.failures.malformed),
         },
         excluded: avg_u(&|s| s.excluded),
         dispatch_lag_ms: dist(&|s| &s.dispatch_lag_ms),

@@ -26,11 +26,23 @@
  * mem_clock_max, power_limit_mw, power_default_mw, temperature, pcie_gen,
  * pcie_gen_max, pcie_width, pcie_width_max, persistence, processes
  * (`unsupported` or `error`), process.
+ *
+ * Events: event_types (the mask nvmlDeviceGetSupportedEventTypes answers;
+ * 0x1f by default, XID events included; 0x7 leaves them out), events_register
+ * (`unsupported` or `error`: nvmlDeviceRegisterEvents fails for this GPU),
+ * xid (an XID number, 0 for none) and xid_after_ms: an event set that holds
+ * the GPU for XID events delivers that XID once, this long after the GPU was
+ * registered in it.
+ *
+ *   gpu.2.xid = 79
+ *   gpu.2.xid_after_ms = 200
  */
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 typedef struct fake_gpu *nvmlDevice_t;
@@ -43,6 +55,7 @@ enum {
     NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -58,7 +71,7 @@ enum field {
     F_RETIRED_PENDING, F_REMAP_CORRECTED, F_REMAP_UNCORRECTED, F_REMAP_PENDING, F_REMAP_FAILED,
     F_THROTTLE, F_SM_CLOCK, F_SM_CLOCK_MAX, F_MEM_CLOCK, F_MEM_CLOCK_MAX, F_POWER_LIMIT_MW,
     F_POWER_DEFAULT_MW, F_TEMPERATURE, F_PCIE_GEN, F_PCIE_GEN_MAX, F_PCIE_WIDTH, F_PCIE_WIDTH_MAX,
-    F_PERSISTENCE, F_PROCESSES, F_COUNT
+    F_PERSISTENCE, F_PROCESSES, F_EVENT_TYPES, F_EVENTS_REGISTER, F_XID, F_XID_AFTER_MS, F_COUNT
 };
 
 static const char *const FIELD_NAMES[F_COUNT] = {
@@ -66,7 +79,7 @@ static const char *const FIELD_NAMES[F_COUNT] = {
     "retired_pending", "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failed",
     "throttle", "sm_clock", "sm_clock_max", "mem_clock", "mem_clock_max", "power_limit_mw",
     "power_default_mw", "temperature", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
-    "persistence", "processes",
+    "persistence", "processes", "event_types", "events_register", "xid", "xid_after_ms",
 };
 
 /* A healthy, idle H200. */
@@ -78,6 +91,8 @@ static const long long HEALTHY[F_COUNT] = {
     [F_MEM_CLOCK_MAX] = 3201, [F_POWER_LIMIT_MW] = 700000, [F_POWER_DEFAULT_MW] = 700000,
     [F_TEMPERATURE] = 31, [F_PCIE_GEN] = 1, [F_PCIE_GEN_MAX] = 5, [F_PCIE_WIDTH] = 16,
     [F_PCIE_WIDTH_MAX] = 16, [F_PERSISTENCE] = 1, [F_PROCESSES] = 0,
+    /* Single and double bit ECC, P-state, XID, clock. */
+    [F_EVENT_TYPES] = 0x1f, [F_EVENTS_REGISTER] = 0, [F_XID] = 0, [F_XID_AFTER_MS] = 0,
 };
 
 struct fake_process {
@@ -449,4 +464,117 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
     if (device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *count = 0;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL || index == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)(device - gpus);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------ events --- */
+
+#define EVENT_XID_CRITICAL 0x8ULL
+
+/* A set holds each registered GPU once, with its scenario XID's due time. */
+struct fake_event_set {
+    struct {
+        nvmlDevice_t device;
+        unsigned long long types;
+        long long xid_due_ns;
+        int xid_delivered;
+    } entries[MAX_GPUS];
+    unsigned int count;
+};
+typedef struct fake_event_set *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Sleeps until the monotonic clock reads `deadline`, through interruptions. */
+static void sleep_until(long long deadline) {
+    long long left;
+    while ((left = deadline - now_ns()) > 0) {
+        struct timespec t = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
+        if (nanosleep(&t, NULL) != 0 && errno != EINTR) return;
+    }
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof **set);
+    return *set == NULL ? NVML_ERROR_UNKNOWN : NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    free(set);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    long long v;
+    nvmlReturn_t r = field(device, F_EVENT_TYPES, &v);
+    if (r == NVML_SUCCESS) *types = (unsigned long long)v;
+    return r;
+}
+
+/* Like NVML, asking for an event type the GPU does not support fails. */
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    long long supported, fails;
+    nvmlReturn_t r = field(device, F_EVENT_TYPES, &supported);
+    if (r == NVML_SUCCESS) r = field(device, F_EVENTS_REGISTER, &fails);
+    if (r != NVML_SUCCESS) return r;
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & ~(unsigned long long)supported) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int i = 0;
+    while (i < set->count && set->entries[i].device != device) i++;
+    if (i == set->count) {
+        set->count++;
+        set->entries[i].device = device;
+        set->entries[i].types = 0;
+        set->entries[i].xid_delivered = 0;
+        set->entries[i].xid_due_ns = now_ns() + device->field[F_XID_AFTER_MS] * 1000000LL;
+    }
+    set->entries[i].types |= types;
+    return NVML_SUCCESS;
+}
+
+/* Delivers the earliest XID that is due; sleeps for it when it falls due
+ * within the timeout, else for the whole timeout, and then times out. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    long long deadline = now_ns() + (long long)timeout_ms * 1000000LL;
+    for (;;) {
+        int next = -1;
+        for (unsigned int i = 0; i < set->count; i++) {
+            if (set->entries[i].xid_delivered || !(set->entries[i].types & EVENT_XID_CRITICAL)) continue;
+            if (set->entries[i].device->field[F_XID] <= 0) continue;
+            if (next < 0 || set->entries[i].xid_due_ns < set->entries[next].xid_due_ns) next = (int)i;
+        }
+        long long now = now_ns();
+        if (next >= 0 && set->entries[next].xid_due_ns <= now) {
+            set->entries[next].xid_delivered = 1;
+            nvmlDevice_t device = set->entries[next].device;
+            *data = (nvmlEventData_t){device, EVENT_XID_CRITICAL, (unsigned long long)device->field[F_XID],
+                                      0xFFFFFFFFu, 0xFFFFFFFFu};
+            return NVML_SUCCESS;
+        }
+        if (now >= deadline) return NVML_ERROR_TIMEOUT;
+        sleep_until(next >= 0 && set->entries[next].xid_due_ns < deadline ? set->entries[next].xid_due_ns : deadline);
+    }
 }

@@ -7,3 +7,4 @@
 mod fake;
 mod real;
 mod verify;
+mod xid;

@@ -37,3 +37,24 @@ fn verify_reads_the_real_driver() {
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
     println!("{report:#}");
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn the_driver_delivers_xid_events_of_every_gpu() {
+    use benchfleet_agent::gpu::GpuProbe;
+
+    let probe = NvmlProbe::new(None, Policy::default()).expect("NVML starts on a GPU host");
+    // Data-centre GPUs support XID events; one that is not watched is a
+    // registration the watcher got wrong.
+    assert_eq!(probe.xid_unwatched(), [], "GPUs whose XID events are not watched");
+    let mark = probe.xid_mark();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // A healthy idle host reports none; if one does, show it.
+    for e in probe.xid_events_after(mark) {
+        println!("XID {} on GPU {}", e.xid, e.uuid);
+    }
+    // Dropping the probe stops the watcher within one wait.
+    let started = std::time::Instant::now();
+    drop(probe);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "the watcher took {:?} to stop", started.elapsed());
+}
