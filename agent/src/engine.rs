@@ -88,6 +88,9 @@ pub struct ProcessRuntime {
     /// Put before the engine's command line: the simulator binary, for
     /// simulated engines; empty to run the real `vllm`/`python3`.
     pub launcher: Vec<String>,
+    /// Set in the engine's environment (for the simulator: which GPU it
+    /// stands in for).
+    pub env: Vec<(String, String)>,
 }
 
 #[tonic::async_trait]
@@ -103,6 +106,7 @@ impl EngineRuntime for ProcessRuntime {
         })?;
         let mut child = Command::new(program)
             .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -165,12 +165,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "agent".to_owned(), |h| h.trim().to_owned())
     });
+    let mut sim_env = Vec::new();
     let gpus: Arc<dyn GpuProbe> = match &args.sim_gpus {
         Some(spec) => {
             let (model, count) = spec
                 .split_once('x')
                 .and_then(|(m, n)| Some((m.to_owned(), n.parse().ok()?)))
                 .with_context(|| format!("--sim-gpus {spec}: expected MODELxCOUNT, e.g. H200x8"))?;
+            // Simulated engines model the simulated GPU.
+            sim_env.push(("BENCHFLEET_SIM_GPU".to_owned(), model.clone()));
             Arc::new(SimGpuProbe { model, count, host: name.clone() })
         }
         None => Arc::new(args.gpu.nvml_probe(None)?),
@@ -190,7 +193,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let loadgen =
         find_binary("benchfleet-loadgen").context("benchfleet-loadgen not found beside this binary or on PATH")?;
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
-    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher }));
+    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher, env: sim_env }));
     runtimes.insert("external".into(), Arc::new(ExternalRuntime));
     if let Some(docker) = benchfleet_agent::docker::runtime_from_args(&args.docker, &name).await? {
         runtimes.insert("docker".into(), Arc::new(docker));

@@ -79,7 +79,9 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
     let sim = benchfleet_agent::find_binary("benchfleet-sim").with_context(|| missing("benchfleet-sim"))?;
     let loadgen = benchfleet_agent::find_binary("benchfleet-loadgen").with_context(|| missing("benchfleet-loadgen"))?;
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
-    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher: vec![sim.display().to_string()] }));
+    // The simulator models the GPU the matrix asks for.
+    let env = vec![("BENCHFLEET_SIM_GPU".to_owned(), gpu.to_owned())];
+    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher: vec![sim.display().to_string()], env }));
     Ok(AgentConfig {
         controller_url,
         name: "local".into(),
