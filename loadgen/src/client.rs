@@ -2,22 +2,32 @@
 //! by chunk.
 //!
 //! This is the hot path. It takes no locks and does no blocking I/O: request
-//! bodies are serialized before the run, each read's arrival time is taken
-//! before its bytes are parsed, and plain `http://` targets are spoken to over
-//! a minimal HTTP/1.1 client on one connection per request in flight (a
-//! general-purpose client's pool takes a lock per request and hides connect
-//! time). `https://` targets go through reqwest; the parsing is shared.
+//! bodies are serialized before the run, and each chunk's arrival time is
+//! taken as soon as hyper hands over its bytes, before they are parsed.
+//! Plain `http://` targets are spoken to with hyper's connection-level
+//! HTTP/1.1 client, one connection per request in flight, reused, and driven
+//! by the request's own task: no pool (whose lock and hidden connects a
+//! general-purpose client would add), no extra task per connection.
+//! `https://` targets go through reqwest; the parsing is shared.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::future::{Future, poll_fn};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use http_body_util::Full;
+use hyper::body::{Body as _, Bytes};
+use hyper::client::conn::http1;
+use hyper::header::{self, HeaderValue};
+use hyper_util::rt::TokioIo;
 use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
@@ -98,8 +108,14 @@ pub(crate) fn request_body(options: &BodyOptions<'_>, prompt: &Prompt) -> String
 
 /// Where requests go and how.
 pub(crate) enum Transport {
-    /// Plain HTTP/1.1 on our own connections.
-    Raw { addr: String, host: String, path: String },
+    /// Plain HTTP/1.1 over hyper, on our own connections.
+    Http {
+        /// `host:port`, to connect to.
+        addr: String,
+        /// The same, as the `Host` header.
+        host: HeaderValue,
+        path: hyper::Uri,
+    },
     /// TLS through reqwest (which pools connections itself).
     Reqwest { client: reqwest::Client, url: String },
 }
@@ -107,6 +123,8 @@ pub(crate) enum Transport {
 /// What every request of a run shares.
 pub(crate) struct Target {
     pub transport: Transport,
+    /// The whole `Authorization` header value.
+    pub authorization: Option<HeaderValue>,
     pub api_key: Option<String>,
     pub stream: bool,
     pub timeouts: Timeouts,
@@ -117,17 +135,26 @@ pub(crate) struct Target {
     pub cancel: CancellationToken,
 }
 
-/// An open keep-alive connection of the raw transport, with any bytes read
-/// past the previous response.
+/// hyper's side of one connection: the HTTP/1.1 state machine that does the
+/// socket I/O. It is polled by whichever request task holds the connection.
+type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// An open keep-alive connection of the HTTP transport.
 pub(crate) struct Conn {
-    tcp: TcpStream,
-    buf: Vec<u8>,
+    sender: http1::SendRequest<Full<Bytes>>,
+    /// `None` once the connection has ended. Boxed: it is large, and the
+    /// connection moves through every request task that uses it.
+    driver: Option<Box<Driver>>,
 }
 
-/// Opens a connection for the raw transport.
+/// Bytes hyper reads at a time. Small, because ten thousand connections
+/// each hold one such buffer; a burst of chunks is read in several reads.
+const READ_BUF: usize = 2048;
+
+/// Opens a connection for the HTTP transport.
 pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
-    let Transport::Raw { addr, .. } = &target.transport else {
-        return Err("not a raw transport".to_owned());
+    let Transport::Http { addr, .. } = &target.transport else {
+        return Err("not an http transport".to_owned());
     };
     let tcp = match tokio::time::timeout(target.timeouts.connect, TcpStream::connect(addr.as_str())).await {
         Err(_) => return Err(format!("connect timeout: no connection to {addr} within {:?}", target.timeouts.connect)),
@@ -136,26 +163,28 @@ pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
     };
     // Without it, Nagle holds a small request back behind the previous ack.
     tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY on {addr}: {e}"))?;
-    Ok(Conn { tcp, buf: Vec::new() })
+    let (sender, driver) = http1::Builder::new()
+        .read_buf_exact_size(Some(READ_BUF))
+        .handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| format!("cannot start http/1.1 on {addr}: {}", error_chain(&e)))?;
+    Ok(Conn { sender, driver: Some(Box::new(driver)) })
 }
 
-/// Bytes asked of each read, into a buffer shared by the thread's requests:
-/// a request in flight holds only what it has not parsed yet, so ten
-/// thousand of them fit in little memory.
-const READ_BUF: usize = 64 * 1024;
-
-/// Buffers that grew past this while a burst was parsed are given back.
-const KEEP_BUF: usize = 4096;
-
-thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_BUF]);
-}
-
-/// Gives memory back once a buffer is mostly empty again.
-fn trim(buf: &mut Vec<u8>) {
-    if buf.capacity() > KEEP_BUF && buf.len() < KEEP_BUF / 4 {
-        buf.shrink_to(KEEP_BUF / 4);
+/// Polls `poll` after letting the connection do its I/O, in the calling
+/// task: the connection reads and decodes, `poll` takes what it decoded.
+fn poll_driven<T>(
+    driver: &mut Option<Box<Driver>>,
+    cx: &mut Context<'_>,
+    poll: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+) -> Poll<T> {
+    if let Some(d) = driver
+        && Pin::new(&mut **d).poll(cx).is_ready()
+    {
+        // Closed (or broken): whatever waits on it now sees the end.
+        *driver = None;
     }
+    poll(cx)
 }
 
 /// One request ready to go.
@@ -164,8 +193,10 @@ pub(crate) struct Request {
     pub scheduled_ns: i64,
     pub slot_ns: Option<i64>,
     pub phase: Phase,
-    pub body: Arc<str>,
+    pub body: Bytes,
     pub prompt_tokens: u32,
+    /// The reply length asked for: the chunk list is sized for it up front.
+    pub max_tokens: u32,
 }
 
 /// Sends one request and records it; failures are records too, never errors.
@@ -191,47 +222,50 @@ async fn exchange(
     kept: &mut Option<Conn>,
 ) -> Result<(), Failure> {
     match &target.transport {
-        Transport::Raw { host, path, .. } => {
-            let head = request_head(path, host, request.body.len(), target.api_key.as_deref());
+        Transport::Http { host, path, .. } => {
             let reused = conn.is_some();
-            let (result, conn) = raw_exchange(target, &head, &request.body, conn, rec).await;
+            let (result, conn) = http_exchange(target, host, path, &request.body, conn, rec).await;
             // A kept-alive connection the server closed while idle fails
-            // before any byte of the response: once more on a new one.
-            if reused
-                && matches!(result, Err((Outcome::TransportError, _)))
-                && rec.http_status.is_none()
-                && !rec.had_bytes
-            {
-                let (result, conn) = raw_exchange(target, &head, &request.body, None, rec).await;
+            // before any response: once more on a new one.
+            if reused && matches!(result, Err((Outcome::TransportError, _))) && rec.http_status.is_none() {
+                // Boxed, as is reqwest's below: rare paths should not grow
+                // every request task's state (ten thousand of them at once).
+                let (result, conn) = Box::pin(http_exchange(target, host, path, &request.body, None, rec)).await;
                 *kept = conn;
                 return result;
             }
             *kept = conn;
             result
         }
-        Transport::Reqwest { client, url } => reqwest_exchange(target, client, url, &request.body, rec).await,
+        Transport::Reqwest { client, url } => Box::pin(reqwest_exchange(target, client, url, &request.body, rec)).await,
     }
 }
 
-fn request_head(path: &str, host: &str, len: usize, api_key: Option<&str>) -> Vec<u8> {
-    let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {len}\r\n"
-    );
-    if let Some(key) = api_key {
-        head.push_str("Authorization: Bearer ");
-        head.push_str(key);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    head.into_bytes()
-}
-
-/// One request and response on a raw connection (opened here if `conn` is
-/// `None`); returns the connection if it may be reused.
-async fn raw_exchange(
+fn http_request(
     target: &Target,
-    head: &[u8],
-    body: &str,
+    host: &HeaderValue,
+    path: &hyper::Uri,
+    body: &Bytes,
+) -> Result<hyper::Request<Full<Bytes>>, Failure> {
+    let mut builder = hyper::Request::post(path.clone())
+        .header(header::HOST, host.clone())
+        .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header(header::ACCEPT, HeaderValue::from_static("text/event-stream"));
+    if let Some(auth) = &target.authorization {
+        builder = builder.header(header::AUTHORIZATION, auth.clone());
+    }
+    builder
+        .body(Full::new(body.clone()))
+        .map_err(|e| fail(Outcome::TransportError, format!("cannot build the request: {e}")))
+}
+
+/// One request and response on a connection (opened here if `conn` is
+/// `None`); returns the connection if it may be reused.
+async fn http_exchange(
+    target: &Target,
+    host: &HeaderValue,
+    path: &hyper::Uri,
+    body: &Bytes,
     conn: Option<Conn>,
     rec: &mut Recorder<'_>,
 ) -> (Result<(), Failure>, Option<Conn>) {
@@ -239,7 +273,9 @@ async fn raw_exchange(
         Some(conn) => conn,
         None => {
             let started = target.clock.now_ns();
-            match connect(target).await {
+            // Boxed: connecting (address parsing, the handshake) needs a
+            // large state that a reused connection should not carry.
+            match Box::pin(connect(target)).await {
                 Ok(conn) => {
                     rec.connect_ns = Some(target.clock.now_ns() - started);
                     conn
@@ -253,93 +289,129 @@ async fn raw_exchange(
             }
         }
     };
+    let request = match http_request(target, host, path, body) {
+        Ok(request) => request,
+        Err(failure) => return (Err(failure), None),
+    };
     rec.sent_ns = target.clock.now_ns();
     rec.deadline = Instant::now() + target.timeouts.total;
-    let mut message = Vec::with_capacity(head.len() + body.len());
-    message.extend_from_slice(head);
-    message.extend_from_slice(body.as_bytes());
-    if let Err(e) = conn.tcp.write_all(&message).await {
-        return (Err(fail(Outcome::TransportError, format!("cannot send the request: {e}"))), None);
-    }
-    drop(message);
-    let result = read_response(&mut conn, rec).await;
-    let reusable = result.as_ref().is_ok_and(|keep| *keep);
+    let result = http_response(&mut conn, request, rec).await;
+    let reusable = result.as_ref().is_ok_and(|keep| *keep) && conn.driver.is_some() && !conn.sender.is_closed();
     (result.map(|_| ()), reusable.then_some(conn))
 }
 
-/// Reads one response; `Ok(true)` when the connection may be reused.
-async fn read_response(conn: &mut Conn, rec: &mut Recorder<'_>) -> Result<bool, Failure> {
-    // The head.
-    let head_end = loop {
-        if let Some(end) = find(&conn.buf, b"\r\n\r\n") {
-            break end + 4;
-        }
-        let at = rec.read(&mut conn.tcp, &mut conn.buf).await?;
-        if at.is_none() {
-            return Err(fail(Outcome::TransportError, "the server closed the connection before answering"));
-        }
-    };
-    let head = Head::parse(&conn.buf[..head_end])?;
-    conn.buf.drain(..head_end);
-    rec.http_status = Some(head.status);
-    let mut framing = head.framing();
-    let mut body = Vec::new();
-    if !(200..300).contains(&head.status) {
+/// Sends the request and reads its response; `Ok(true)` when the
+/// connection may be reused.
+async fn http_response(
+    conn: &mut Conn,
+    request: hyper::Request<Full<Bytes>>,
+    rec: &mut Recorder<'_>,
+) -> Result<bool, Failure> {
+    let Conn { sender, driver } = conn;
+    // One timer for the whole exchange, moved only when a deadline comes
+    // nearer, not once per chunk: see `Recorder::wait`.
+    rec.timer_due = rec.read_deadline();
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(rec.timer_due));
+    let unsent =
+        |e: hyper::Error| fail(Outcome::TransportError, format!("cannot send the request: {}", error_chain(&e)));
+    rec.wait(driver, timer.as_mut(), |cx| sender.poll_ready(cx)).await?.0.map_err(unsent)?;
+    let mut response = std::pin::pin!(sender.send_request(request));
+    let (response, _) = rec.wait(driver, timer.as_mut(), |cx| response.as_mut().poll(cx)).await?;
+    let response = response.map_err(|e| {
+        fail(
+            Outcome::TransportError,
+            format!("no response: the connection failed before one came: {}", error_chain(&e)),
+        )
+    })?;
+    let mut at_ns = rec.target.clock.now_ns();
+    rec.arrived(at_ns);
+    let status = response.status();
+    rec.http_status = Some(status.as_u16());
+    let mut body = response.into_body();
+    if !status.is_success() {
         // Read what the body has to say, but not forever.
         let mut excerpt = Vec::new();
-        while excerpt.len() < 200 {
-            let done = framing.decode(&mut conn.buf, &mut excerpt)?;
-            if done {
-                break;
+        let read = async {
+            while excerpt.len() < 200 {
+                match poll_fn(|cx| poll_driven(driver, cx, |cx| Pin::new(&mut body).poll_frame(cx))).await {
+                    Some(Ok(frame)) => excerpt.extend_from_slice(frame.data_ref().map_or(&[][..], |d| &d[..])),
+                    _ => break,
+                }
             }
-            if rec.read(&mut conn.tcp, &mut conn.buf).await?.is_none() {
-                break;
-            }
-        }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
         let text = String::from_utf8_lossy(&excerpt);
-        return Err(fail(Outcome::HttpError, format!("http {}: {}", head.status, head_of(text.trim()))));
+        return Err(fail(Outcome::HttpError, format!("http {}: {}", status.as_u16(), head_of(text.trim()))));
     }
-    let mut at_ns = rec.last_read_ns;
     loop {
-        let ended = framing.decode(&mut conn.buf, &mut body)?;
-        let done = rec.feed(&mut body, at_ns, ended)?;
-        trim(&mut conn.buf);
-        trim(&mut body);
-        if done {
-            // Done: the connection is reusable when the body ended cleanly.
-            return Ok(ended && head.keep_alive && !matches!(framing, Framing::Close));
+        let (frame, waited) = rec.wait(driver, timer.as_mut(), |cx| Pin::new(&mut body).poll_frame(cx)).await?;
+        // Frames decoded without waiting came in the same read: they share
+        // its arrival time, as the read's bytes did.
+        if waited {
+            at_ns = rec.target.clock.now_ns();
+            rec.arrived(at_ns);
         }
-        if ended {
-            return Err(fail(Outcome::Incomplete, "disconnected: the response ended before [DONE]"));
-        }
-        match rec.read(&mut conn.tcp, &mut conn.buf).await? {
-            Some(at) => at_ns = at,
-            None => match framing {
-                Framing::Close => {
-                    if rec.feed(&mut body, at_ns, true)? {
-                        return Ok(false);
-                    }
-                    return Err(fail(Outcome::Incomplete, "disconnected: the stream ended before [DONE]"));
+        match frame {
+            None => {
+                if rec.end(at_ns)? {
+                    return Ok(true);
                 }
-                _ => {
-                    return Err(fail(
-                        Outcome::Incomplete,
-                        "disconnected mid-stream: the connection closed before [DONE]",
-                    ));
+                return Err(fail(Outcome::Disconnected, "disconnected: the response ended before [DONE]"));
+            }
+            Some(Err(e)) => return Err(body_failed(&e)),
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else { continue };
+                if rec.feed(&data, at_ns)? {
+                    break;
                 }
-            },
+                // The first token moves the deadline from the first-token
+                // one to the idle one, which may be nearer.
+                let due = rec.read_deadline();
+                if due < rec.timer_due {
+                    rec.timer_due = due;
+                    timer.as_mut().reset(due);
+                }
+            }
         }
     }
+    // [DONE]: the connection can carry the next request once the body's end
+    // is in too, which it normally is (it came in the same read).
+    loop {
+        let next = poll_fn(|cx| Poll::Ready(poll_driven(driver, cx, |cx| Pin::new(&mut body).poll_frame(cx)))).await;
+        match next {
+            Poll::Ready(Some(Ok(_))) => {}
+            Poll::Ready(None) => return Ok(true),
+            Poll::Ready(Some(Err(_))) | Poll::Pending => return Ok(false),
+        }
+    }
+}
+
+/// The failure for a body that broke off: malformed framing, or a
+/// connection that ended.
+fn body_failed(e: &hyper::Error) -> Failure {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(io.kind(), std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput)
+        {
+            return fail(Outcome::Malformed, format!("malformed stream: bad chunked framing: {}", error_chain(e)));
+        }
+        source = s.source();
+    }
+    fail(
+        Outcome::Disconnected,
+        format!("disconnected mid-stream: the connection broke before [DONE]: {}", error_chain(e)),
+    )
 }
 
 async fn reqwest_exchange(
     target: &Target,
     client: &reqwest::Client,
     url: &str,
-    body: &str,
+    body: &Bytes,
     rec: &mut Recorder<'_>,
 ) -> Result<(), Failure> {
-    let mut request = client.post(url).header("content-type", "application/json").body(body.to_owned());
+    let mut request = client.post(url).header("content-type", "application/json").body(body.clone());
     if let Some(key) = &target.api_key {
         request = request.bearer_auth(key);
     }
@@ -347,7 +419,6 @@ async fn reqwest_exchange(
     rec.deadline = Instant::now() + target.timeouts.total;
     let response = match tokio::time::timeout_at(rec.read_deadline(), request.send()).await {
         Err(_) => return Err(rec.timeout()),
-        Ok(Err(e)) if e.is_connect() => return Err(fail(Outcome::TransportError, error_chain(&e))),
         Ok(Err(e)) => return Err(fail(Outcome::TransportError, error_chain(&e))),
         Ok(Ok(response)) => response,
     };
@@ -360,25 +431,25 @@ async fn reqwest_exchange(
         return Err(fail(Outcome::HttpError, format!("http {status}: {}", head_of(text.trim()))));
     }
     let mut stream = response.bytes_stream();
-    let mut pending = Vec::new();
     loop {
         let next = tokio::time::timeout_at(rec.read_deadline(), stream.next()).await;
         let at_ns = target.clock.now_ns();
         match next {
             Err(_) => return Err(rec.timeout()),
             Ok(None) => {
-                if rec.feed(&mut pending, at_ns, true)? {
+                if rec.end(at_ns)? {
                     return Ok(());
                 }
-                return Err(fail(Outcome::Incomplete, "disconnected: the stream ended before [DONE]"));
+                return Err(fail(Outcome::Disconnected, "disconnected: the stream ended before [DONE]"));
             }
             Ok(Some(Err(e))) => {
-                return Err(fail(Outcome::Incomplete, format!("disconnected mid-stream: {}", error_chain(&e))));
+                let message =
+                    format!("disconnected mid-stream: the connection broke before [DONE]: {}", error_chain(&e));
+                return Err(fail(Outcome::Disconnected, message));
             }
             Ok(Some(Ok(bytes))) => {
-                rec.had_bytes = true;
-                pending.extend_from_slice(&bytes);
-                if rec.feed(&mut pending, at_ns, false)? {
+                rec.arrived(at_ns);
+                if rec.feed(&bytes, at_ns)? {
                     return Ok(());
                 }
             }
@@ -401,9 +472,12 @@ struct Recorder<'t> {
     http_status: Option<u16>,
     /// The total deadline, from the send.
     deadline: Instant,
-    last_read_ns: i64,
+    /// When the last bytes arrived: the idle timeout counts from here.
     last_read: Instant,
-    had_bytes: bool,
+    /// Where the exchange's timer is set; never later than the real deadline.
+    timer_due: Instant,
+    /// Body bytes of a line not yet complete.
+    pending: Vec<u8>,
     /// The data lines of the event being read.
     data: Vec<u8>,
     usage: Option<Usage>,
@@ -414,6 +488,9 @@ struct Recorder<'t> {
 impl<'t> Recorder<'t> {
     fn new(target: &'t Target, request: &Request) -> Recorder<'t> {
         let now = Instant::now();
+        // Sized for the reply asked for: no regrowth, no slack (a chunk per
+        // token at most, and usually exactly that).
+        let chunks = if target.stream { request.max_tokens.min(1 << 16) as usize } else { 1 };
         Recorder {
             target,
             record: RequestRecord {
@@ -424,7 +501,7 @@ impl<'t> Recorder<'t> {
                 connect_ns: None,
                 first_token_ns: None,
                 completed_ns: 0,
-                chunks: Vec::new(),
+                chunks: Vec::with_capacity(chunks),
                 prompt_tokens: request.prompt_tokens,
                 output_tokens: 0,
                 outcome: Outcome::Incomplete,
@@ -436,25 +513,67 @@ impl<'t> Recorder<'t> {
             sent_ns: 0,
             http_status: None,
             deadline: now + target.timeouts.total,
-            last_read_ns: 0,
             last_read: now,
-            had_bytes: false,
+            timer_due: now,
+            pending: Vec::new(),
             data: Vec::new(),
             usage: None,
             text: target.counter.needs_text().then(String::new),
         }
     }
 
-    /// When the next read must have come: the first-token deadline until a
+    /// Bytes arrived at `at_ns`: the idle timeout restarts.
+    fn arrived(&mut self, at_ns: i64) {
+        self.last_read = self.target.clock.at(Duration::from_nanos(u64::try_from(at_ns).unwrap_or(0)));
+    }
+
+    /// When the next bytes must have come: the first-token deadline until a
     /// token arrived, then the idle one, never past the total one.
     fn read_deadline(&self) -> Instant {
         let stage = if self.record.first_token_ns.is_none() {
-            let sent_ago = Duration::from_nanos(u64::try_from(self.target.clock.now_ns() - self.sent_ns).unwrap_or(0));
-            Instant::now() + self.target.timeouts.first_token.saturating_sub(sent_ago)
+            let sent = self.target.clock.at(Duration::from_nanos(u64::try_from(self.sent_ns).unwrap_or(0)));
+            sent + self.target.timeouts.first_token
         } else {
             self.last_read + self.target.timeouts.idle
         };
         stage.min(self.deadline)
+    }
+
+    /// Waits for `poll` while driving the connection, until the read
+    /// deadline; also says whether it had to wait (new bytes came since).
+    ///
+    /// The timer is set once and moved only when it fires early or a nearer
+    /// deadline appears: re-arming it per chunk would cost more than the
+    /// chunk's parsing.
+    async fn wait<T>(
+        &mut self,
+        driver: &mut Option<Box<Driver>>,
+        mut timer: Pin<&mut Sleep>,
+        mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> Result<(T, bool), Failure> {
+        let mut waited = false;
+        let out = poll_fn(|cx| {
+            if let Poll::Ready(v) = poll_driven(driver, cx, &mut poll) {
+                return Poll::Ready(Some(v));
+            }
+            waited = true;
+            loop {
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let due = self.read_deadline();
+                if Instant::now() >= due {
+                    return Poll::Ready(None);
+                }
+                self.timer_due = due;
+                timer.as_mut().reset(due);
+            }
+        })
+        .await;
+        match out {
+            Some(v) => Ok((v, waited)),
+            None => Err(self.timeout()),
+        }
     }
 
     /// The failure for the deadline that expired.
@@ -470,56 +589,49 @@ impl<'t> Recorder<'t> {
         fail(Outcome::Timeout, message)
     }
 
-    /// Reads more bytes into `buf`; `None` at the end of the connection.
-    async fn read(&mut self, tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<i64>, Failure> {
-        let deadline = self.read_deadline();
-        loop {
-            match tokio::time::timeout_at(deadline, tcp.readable()).await {
-                Err(_) => return Err(self.timeout()),
-                Ok(Err(e)) => return Err(self.read_failed(&e)),
-                Ok(Ok(())) => {}
-            }
-            // Readiness, then a non-blocking read into the shared buffer: no
-            // borrow of it is held across an await.
-            let read = SCRATCH.with_borrow_mut(|scratch| {
-                let n = tcp.try_read(scratch)?;
-                buf.extend_from_slice(&scratch[..n]);
-                Ok::<_, std::io::Error>(n)
-            });
-            let at_ns = self.target.clock.now_ns();
-            match read {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(self.read_failed(&e)),
-                Ok(0) => return Ok(None),
-                Ok(_) => {
-                    self.had_bytes = true;
-                    self.last_read_ns = at_ns;
-                    self.last_read = Instant::now();
-                    return Ok(Some(at_ns));
-                }
-            }
-        }
-    }
-
-    fn read_failed(&self, e: &std::io::Error) -> Failure {
-        let outcome = if self.http_status.is_some() { Outcome::Incomplete } else { Outcome::TransportError };
-        fail(outcome, format!("disconnected: read failed: {e}"))
-    }
-
-    /// Parses the body bytes in `body` that arrived at `at_ns`, consuming
-    /// whole lines; `Ok(true)` once the response is complete. `ended` says
-    /// the body has no more bytes (a non-streamed body is parsed then).
-    fn feed(&mut self, body: &mut Vec<u8>, at_ns: i64, ended: bool) -> Result<bool, Failure> {
+    /// Parses body bytes that arrived at `at_ns`, consuming whole lines;
+    /// `Ok(true)` once the stream said `[DONE]`. A non-streamed body is
+    /// gathered until its end.
+    fn feed(&mut self, bytes: &[u8], at_ns: i64) -> Result<bool, Failure> {
         if !self.target.stream {
-            if !ended {
-                return Ok(false);
-            }
-            self.whole(body, at_ns)?;
-            return Ok(true);
+            self.pending.extend_from_slice(bytes);
+            return Ok(false);
         }
+        if self.pending.is_empty() {
+            // The usual case: the bytes hold whole lines; parse them where
+            // they are and keep only a line's unfinished tail.
+            let (consumed, done) = self.lines(bytes, at_ns)?;
+            if !done {
+                self.pending.extend_from_slice(&bytes[consumed..]);
+            }
+            return Ok(done);
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.extend_from_slice(bytes);
+        let result = self.lines(&pending, at_ns);
+        if let Ok((consumed, false)) = result {
+            pending.drain(..consumed);
+            self.pending = pending;
+        }
+        result.map(|(_, done)| done)
+    }
+
+    /// The body ended at `at_ns`: `Ok(true)` if the response is complete
+    /// (a non-streamed body is parsed now).
+    fn end(&mut self, at_ns: i64) -> Result<bool, Failure> {
+        if self.target.stream {
+            return Ok(false);
+        }
+        let body = std::mem::take(&mut self.pending);
+        self.whole(&body, at_ns)?;
+        Ok(true)
+    }
+
+    /// The SSE lines in `body`: how many bytes were whole lines, and whether
+    /// `[DONE]` came.
+    fn lines(&mut self, body: &[u8], at_ns: i64) -> Result<(usize, bool), Failure> {
         let mut consumed = 0;
-        let mut done = false;
-        while let Some(nl) = body[consumed..].iter().position(|&b| b == b'\n') {
+        while let Some(nl) = memchr::memchr(b'\n', &body[consumed..]) {
             let line = &body[consumed..consumed + nl];
             consumed += nl + 1;
             let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -530,8 +642,7 @@ impl<'t> Recorder<'t> {
                     self.data = data;
                     self.data.clear();
                     if event? {
-                        done = true;
-                        break;
+                        return Ok((consumed, true));
                     }
                 }
             } else if let Some(value) = line.strip_prefix(b"data:") {
@@ -542,8 +653,7 @@ impl<'t> Recorder<'t> {
             }
             // Other fields (event, id, retry) and comments carry nothing we use.
         }
-        body.drain(..consumed);
-        Ok(done)
+        Ok((consumed, false))
     }
 
     /// One SSE event's data; `Ok(true)` for `[DONE]`.
@@ -554,19 +664,15 @@ impl<'t> Recorder<'t> {
         }
         let chunk: StreamChunk<'_> = serde_json::from_slice(data).map_err(|e| {
             fail(
-                Outcome::Incomplete,
+                Outcome::Malformed,
                 format!("malformed stream: bad chunk ({e}): {}", head_of(&String::from_utf8_lossy(data))),
             )
         })?;
         if let Some(error) = chunk.error {
             return Err(fail(Outcome::Incomplete, format!("server error in stream: {}", head_of(&error.to_string()))));
         }
-        if let Some(text) = chunk.choices.first().and_then(Choice::text) {
-            self.record.first_token_ns.get_or_insert(at_ns);
-            self.record.chunks.push(Chunk { at_ns, tokens: words(&text).max(1) });
-            if let Some(all) = &mut self.text {
-                all.push_str(&text);
-            }
+        if let Some(choice) = &chunk.choice {
+            self.text_chunk(choice, at_ns);
         }
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
@@ -574,20 +680,30 @@ impl<'t> Recorder<'t> {
         Ok(false)
     }
 
+    /// Records a chunk if the choice carries text.
+    fn text_chunk(&mut self, choice: &Choice<'_>, at_ns: i64) {
+        let parts = choice.parts();
+        let words = words(&parts);
+        if parts.iter().all(|p| p.is_empty()) {
+            return;
+        }
+        self.record.first_token_ns.get_or_insert(at_ns);
+        self.record.chunks.push(Chunk { at_ns, tokens: words.max(1) });
+        if let Some(all) = &mut self.text {
+            parts.iter().for_each(|p| all.push_str(p));
+        }
+    }
+
     /// A non-streamed response: one chunk, at its arrival.
     fn whole(&mut self, body: &[u8], at_ns: i64) -> Result<(), Failure> {
         let response: StreamChunk<'_> = serde_json::from_slice(body).map_err(|e| {
-            fail(Outcome::Incomplete, format!("malformed response ({e}): {}", head_of(&String::from_utf8_lossy(body))))
+            fail(Outcome::Malformed, format!("malformed response ({e}): {}", head_of(&String::from_utf8_lossy(body))))
         })?;
         if let Some(error) = response.error {
             return Err(fail(Outcome::Incomplete, format!("server error: {}", head_of(&error.to_string()))));
         }
-        if let Some(text) = response.choices.first().and_then(Choice::text) {
-            self.record.first_token_ns = Some(at_ns);
-            self.record.chunks.push(Chunk { at_ns, tokens: words(&text).max(1) });
-            if let Some(all) = &mut self.text {
-                all.push_str(&text);
-            }
+        if let Some(choice) = &response.choice {
+            self.text_chunk(choice, at_ns);
         }
         self.usage = response.usage;
         Ok(())
@@ -603,6 +719,10 @@ impl<'t> Recorder<'t> {
             Ok(()) => (Outcome::Ok, None),
             Err(failure) => failure,
         };
+        // A reply shorter than asked for gives its slack back.
+        if r.chunks.capacity() > r.chunks.len() + r.chunks.len() / 8 + 8 {
+            r.chunks.shrink_to_fit();
+        }
         // The server's usage is the truth about tokens; else the tokenizer's
         // count of the reply, else the chunks' words.
         let counted: u32 = r.chunks.iter().map(|c| c.tokens).sum();
@@ -618,151 +738,20 @@ impl<'t> Recorder<'t> {
     }
 }
 
-/// Whitespace-separated words: the token count of a chunk's text until the
-/// server's usage says otherwise (the simulated engine counts this way).
-fn words(text: &str) -> u32 {
-    u32::try_from(text.split_ascii_whitespace().count()).unwrap_or(u32::MAX)
-}
-
-/// The parsed head of a response.
-struct Head {
-    status: u16,
-    content_length: Option<u64>,
-    chunked: bool,
-    keep_alive: bool,
-}
-
-impl Head {
-    fn parse(bytes: &[u8]) -> Result<Head, Failure> {
-        let text =
-            std::str::from_utf8(bytes).map_err(|_| fail(Outcome::TransportError, "response head is not utf-8"))?;
-        let mut lines = text.split("\r\n");
-        let status_line = lines.next().unwrap_or_default();
-        let mut parts = status_line.splitn(3, ' ');
-        let version = parts.next().unwrap_or_default();
-        let status = parts
-            .next()
-            .and_then(|s| s.parse::<u16>().ok())
-            .ok_or_else(|| fail(Outcome::TransportError, format!("not an HTTP response: {}", head_of(status_line))))?;
-        let mut head = Head { status, content_length: None, chunked: false, keep_alive: version == "HTTP/1.1" };
-        for line in lines {
-            let Some((name, value)) = line.split_once(':') else { continue };
-            let value = value.trim();
-            if name.eq_ignore_ascii_case("content-length") {
-                head.content_length = value.parse().ok();
-            } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                head.chunked = value.to_ascii_lowercase().contains("chunked");
-            } else if name.eq_ignore_ascii_case("connection") {
-                let value = value.to_ascii_lowercase();
-                if value.contains("close") {
-                    head.keep_alive = false;
-                } else if value.contains("keep-alive") {
-                    head.keep_alive = true;
-                }
-            }
+/// Whitespace-separated words of the parts taken as one text: the token
+/// count of a chunk's text until the server's usage says otherwise (the
+/// simulated engine counts this way).
+fn words(parts: &[&str]) -> u32 {
+    let mut count = 0u32;
+    let mut in_word = false;
+    for b in parts.iter().flat_map(|p| p.bytes()) {
+        let space = b.is_ascii_whitespace();
+        if !space && !in_word {
+            count = count.saturating_add(1);
         }
-        Ok(head)
+        in_word = !space;
     }
-
-    fn framing(&self) -> Framing {
-        if self.chunked {
-            Framing::Chunked { remaining: 0, state: ChunkState::Size }
-        } else if let Some(n) = self.content_length {
-            Framing::Length(n)
-        } else {
-            Framing::Close
-        }
-    }
-}
-
-/// How the body's end is known.
-enum Framing {
-    Chunked {
-        remaining: u64,
-        state: ChunkState,
-    },
-    Length(u64),
-    /// Until the server closes the connection.
-    Close,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    Size,
-    Data,
-    DataEnd,
-    Trailers,
-    Done,
-}
-
-impl Framing {
-    /// Moves the body bytes in `raw` to `body`, removing the framing; `true`
-    /// once the body is complete.
-    fn decode(&mut self, raw: &mut Vec<u8>, body: &mut Vec<u8>) -> Result<bool, Failure> {
-        match self {
-            Framing::Close => {
-                body.append(raw);
-                Ok(false)
-            }
-            Framing::Length(left) => {
-                let take = (*left).min(raw.len() as u64) as usize;
-                body.extend_from_slice(&raw[..take]);
-                raw.drain(..take);
-                *left -= take as u64;
-                Ok(*left == 0)
-            }
-            Framing::Chunked { remaining, state } => {
-                let mut pos = 0;
-                let result = loop {
-                    match *state {
-                        ChunkState::Size => {
-                            let Some(end) = find(&raw[pos..], b"\r\n") else { break Ok(false) };
-                            let line = &raw[pos..pos + end];
-                            let hex = line.split(|&b| b == b';').next().unwrap_or_default();
-                            let size = std::str::from_utf8(hex)
-                                .ok()
-                                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-                                .ok_or_else(|| fail(Outcome::Incomplete, "malformed stream: bad chunk size"))?;
-                            pos += end + 2;
-                            *remaining = size;
-                            *state = if size == 0 { ChunkState::Trailers } else { ChunkState::Data };
-                        }
-                        ChunkState::Data => {
-                            let take = (*remaining).min((raw.len() - pos) as u64) as usize;
-                            body.extend_from_slice(&raw[pos..pos + take]);
-                            pos += take;
-                            *remaining -= take as u64;
-                            if *remaining > 0 {
-                                break Ok(false);
-                            }
-                            *state = ChunkState::DataEnd;
-                        }
-                        ChunkState::DataEnd => {
-                            if raw.len() - pos < 2 {
-                                break Ok(false);
-                            }
-                            pos += 2;
-                            *state = ChunkState::Size;
-                        }
-                        ChunkState::Trailers => {
-                            let Some(end) = find(&raw[pos..], b"\r\n") else { break Ok(false) };
-                            pos += end + 2;
-                            if end == 0 {
-                                *state = ChunkState::Done;
-                            }
-                        }
-                        ChunkState::Done => break Ok(true),
-                    }
-                };
-                raw.drain(..pos);
-                result
-            }
-        }
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    count
 }
 
 /// The first 200 bytes of `text`, cut at a character boundary.
@@ -787,13 +776,33 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// One `data:` payload of the stream (or a whole non-streamed response);
-/// only the fields we read, borrowed from the bytes where possible.
+/// only the fields we read, borrowed from the bytes where possible, and of
+/// the choices only the first: nothing is allocated for a plain chunk.
 #[derive(Deserialize)]
 struct StreamChunk<'a> {
-    #[serde(default, borrow)]
-    choices: Vec<Choice<'a>>,
+    #[serde(default, borrow, rename = "choices", deserialize_with = "first_choice")]
+    choice: Option<Choice<'a>>,
     usage: Option<Usage>,
     error: Option<serde_json::Value>,
+}
+
+/// The first element of the `choices` list; the others are skipped.
+fn first_choice<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Choice<'a>>, D::Error> {
+    struct First<'a>(PhantomData<Choice<'a>>);
+    impl<'de: 'a, 'a> Visitor<'de> for First<'a> {
+        type Value = Option<Choice<'a>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of choices")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let first = seq.next_element::<Choice<'a>>()?;
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(first)
+        }
+    }
+    d.deserialize_seq(First(PhantomData))
 }
 
 #[derive(Deserialize)]
@@ -819,17 +828,20 @@ struct Delta<'a> {
 }
 
 impl Choice<'_> {
-    /// The text the choice carries (content and reasoning), if any: a
-    /// role-only, empty or usage-only chunk is not a token.
-    fn text(&self) -> Option<String> {
-        let some = |s: &Option<Cow<'_, str>>| s.as_deref().filter(|s| !s.is_empty()).map(str::to_owned);
-        if let Some(text) = some(&self.text) {
-            return Some(text);
+    /// The text the choice carries, in order (reasoning, then content);
+    /// all empty for a role-only, empty or usage-only chunk, which is not a
+    /// token.
+    fn parts(&self) -> [&str; 3] {
+        fn s<'s>(s: &'s Option<Cow<'_, str>>) -> &'s str {
+            s.as_deref().unwrap_or_default()
         }
-        let delta = self.delta.as_ref().or(self.message.as_ref())?;
-        let parts: Vec<String> =
-            [&delta.reasoning_content, &delta.reasoning, &delta.content].into_iter().filter_map(some).collect();
-        (!parts.is_empty()).then(|| parts.concat())
+        if !s(&self.text).is_empty() {
+            return [s(&self.text), "", ""];
+        }
+        match self.delta.as_ref().or(self.message.as_ref()) {
+            Some(d) => [s(&d.reasoning_content), s(&d.reasoning), s(&d.content)],
+            None => ["", "", ""],
+        }
     }
 }
 
@@ -847,7 +859,8 @@ mod tests {
     fn only_chunks_with_text_are_tokens() {
         let check = |data: &str, expected: Option<&str>| {
             let chunk: StreamChunk<'_> = serde_json::from_str(data).expect("valid chunk");
-            assert_eq!(chunk.choices.first().and_then(Choice::text).as_deref(), expected, "{data}");
+            let text = chunk.choice.as_ref().map(|c| c.parts().concat()).filter(|t| !t.is_empty());
+            assert_eq!(text.as_deref(), expected, "{data}");
         };
         check(r#"{"choices":[{"text":"hi"}]}"#, Some("hi"));
         check(r#"{"choices":[{"text":""}]}"#, None);
@@ -857,7 +870,16 @@ mod tests {
         check(r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#, Some("hmm"));
         check(r#"{"choices":[{"delta":{"reasoning":"hmm","content":null}}]}"#, Some("hmm"));
         check(r#"{"choices":[{"message":{"content":"a b c"}}]}"#, Some("a b c"));
+        check(r#"{"choices":[{"text":"a"},{"text":"b"}]}"#, Some("a"));
         check(r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#, None);
+    }
+
+    #[test]
+    fn words_count_across_parts_as_one_text() {
+        assert_eq!(words(&["a b", "", " c"]), 3);
+        assert_eq!(words(&["a", "b", ""]), 1);
+        assert_eq!(words(&["  ", "\n", ""]), 0);
+        assert_eq!(words(&[" hello  world ", "", ""]), 2);
     }
 
     #[test]
@@ -865,29 +887,5 @@ mod tests {
         assert_eq!(Endpoint::from_path("/v1/completions"), Some(Endpoint::Completions));
         assert_eq!(Endpoint::from_path("/v1/chat/completions/"), Some(Endpoint::ChatCompletions));
         assert_eq!(Endpoint::from_path("/v1/embeddings"), None);
-    }
-
-    #[test]
-    fn chunked_bodies_decode_across_reads() {
-        let mut framing = Framing::Chunked { remaining: 0, state: ChunkState::Size };
-        let mut body = Vec::new();
-        let mut raw = b"5\r\nhel".to_vec();
-        assert!(!framing.decode(&mut raw, &mut body).expect("decodes"));
-        raw.extend_from_slice(b"lo\r\n3;ext=1\r\n wo\r\n0\r\n");
-        assert!(!framing.decode(&mut raw, &mut body).expect("decodes"));
-        raw.extend_from_slice(b"\r\nNEXT");
-        assert!(framing.decode(&mut raw, &mut body).expect("decodes"));
-        assert_eq!(body, b"hello wo");
-        assert_eq!(raw, b"NEXT", "bytes of the next response stay");
-    }
-
-    #[test]
-    fn response_heads_give_status_and_framing() {
-        let head = Head::parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").expect("parses");
-        assert!(head.chunked && head.keep_alive && head.status == 200);
-        let head =
-            Head::parse(b"HTTP/1.1 500 Oops\r\ncontent-length: 12\r\nConnection: close\r\n\r\n").expect("parses");
-        assert!(!head.keep_alive && head.content_length == Some(12) && head.status == 500);
-        assert!(Head::parse(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
     }
 }

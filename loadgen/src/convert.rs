@@ -24,6 +24,8 @@ impl From<Outcome> for pb::Outcome {
             Outcome::Timeout => pb::Outcome::Timeout,
             Outcome::Cancelled => pb::Outcome::Cancelled,
             Outcome::Incomplete => pb::Outcome::Incomplete,
+            Outcome::Disconnected => pb::Outcome::Disconnected,
+            Outcome::Malformed => pb::Outcome::Malformed,
             Outcome::TransportError => pb::Outcome::TransportError,
         }
     }
@@ -72,6 +74,8 @@ impl TryFrom<pb::RequestRecord> for RequestRecord {
             Ok(pb::Outcome::Timeout) => Outcome::Timeout,
             Ok(pb::Outcome::Cancelled) => Outcome::Cancelled,
             Ok(pb::Outcome::Incomplete) => Outcome::Incomplete,
+            Ok(pb::Outcome::Disconnected) => Outcome::Disconnected,
+            Ok(pb::Outcome::Malformed) => Outcome::Malformed,
             Ok(pb::Outcome::TransportError) => Outcome::TransportError,
             Ok(pb::Outcome::Unspecified) | Err(_) => {
                 return Err(InvalidRecord::Outcome { seq: r.seq, value: r.outcome });
@@ -144,6 +148,8 @@ impl From<&Summary> for pb::Summary {
             failed_cancelled: s.failures.cancelled,
             failed_incomplete: s.failures.incomplete,
             failed_transport_error: s.failures.transport_error,
+            failed_disconnected: s.failures.disconnected,
+            failed_malformed: s.failures.malformed,
             excluded: s.excluded,
             dispatch_lag_ms: Some((&s.dispatch_lag_ms).into()),
             offered_rate: s.offered_rate,
@@ -184,6 +190,8 @@ impl From<pb::Summary> for Summary {
                 cancelled: s.failed_cancelled,
                 incomplete: s.failed_incomplete,
                 transport_error: s.failed_transport_error,
+                disconnected: s.failed_disconnected,
+                malformed: s.failed_malformed,
             },
             excluded: s.excluded,
             dispatch_lag_ms: s.dispatch_lag_ms.unwrap_or_default().into(),

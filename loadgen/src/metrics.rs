@@ -53,9 +53,15 @@ pub struct Failures {
     pub http_error: u64,
     pub timeout: u64,
     pub cancelled: u64,
-    /// The stream broke off or was malformed before the server said it was done.
+    /// The server reported an error inside the stream.
     pub incomplete: u64,
     pub transport_error: u64,
+    /// The connection ended after the response began, before it was done.
+    #[serde(default)]
+    pub disconnected: u64,
+    /// Bad framing, or a chunk that is not the JSON expected.
+    #[serde(default)]
+    pub malformed: u64,
 }
 
 /// The numbers of one "Serving Benchmark Result" block, and the load
@@ -214,6 +220,8 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
             Outcome::Cancelled => failures.cancelled += 1,
             Outcome::Incomplete => failures.incomplete += 1,
             Outcome::TransportError => failures.transport_error += 1,
+            Outcome::Disconnected => failures.disconnected += 1,
+            Outcome::Malformed => failures.malformed += 1,
         }
     }
 

@@ -18,8 +18,13 @@ pub enum Outcome {
     Timeout,
     /// The run ended before the request did.
     Cancelled,
-    /// The stream ended before the server said it was done, or was malformed.
+    /// The server reported an error inside the stream.
     Incomplete,
+    /// The connection ended (or broke) after the response began, before
+    /// the server said it was done.
+    Disconnected,
+    /// Bad chunked framing, or a chunk or body that is not the JSON expected.
+    Malformed,
     /// The connection could not be made or broke.
     TransportError,
 }
@@ -36,6 +41,8 @@ impl Outcome {
             Outcome::Timeout => "timeout",
             Outcome::Cancelled => "cancelled",
             Outcome::Incomplete => "incomplete",
+            Outcome::Disconnected => "disconnected",
+            Outcome::Malformed => "malformed",
             Outcome::TransportError => "transport_error",
         }
     }

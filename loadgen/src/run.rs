@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use hyper::body::Bytes;
+use hyper::header::HeaderValue;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -197,8 +199,14 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
         stream: config.stream,
         extra: &config.extra_body,
     };
-    let requests: Vec<(Arc<str>, u32)> =
-        prompts.iter().map(|p| (Arc::from(client::request_body(&options, p)), p.tokens)).collect();
+    let requests: Vec<Prepared> = prompts
+        .iter()
+        .map(|p| Prepared {
+            body: Bytes::from(client::request_body(&options, p)),
+            prompt_tokens: p.tokens,
+            max_tokens: p.max_tokens,
+        })
+        .collect();
     drop(prompts);
     let deadlines = send_times(requests.len(), config.request_rate, config.arrival);
     let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(requests.len());
@@ -206,8 +214,16 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     check_model(&reqwest, &config).await?;
     let transport = transport(&config, reqwest)?;
     let cancel = config.stop.child_token();
+    let authorization = match &config.api_key {
+        Some(key) => Some(
+            HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| LoadError::Config("the api key holds characters a header cannot carry".to_owned()))?,
+        ),
+        None => None,
+    };
     let mut target = Target {
         transport,
+        authorization,
         api_key: config.api_key.clone(),
         stream: config.stream,
         timeouts: Timeouts {
@@ -312,6 +328,13 @@ fn ns(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// A request's body and what is known of it before it is sent.
+struct Prepared {
+    body: Bytes,
+    prompt_tokens: u32,
+    max_tokens: u32,
+}
+
 /// A request task's report to the dispatcher.
 struct Done {
     record: RequestRecord,
@@ -324,7 +347,7 @@ struct Done {
 async fn dispatch(
     target: Arc<Target>,
     config: &LoadConfig,
-    requests: Vec<(Arc<str>, u32)>,
+    requests: Vec<Prepared>,
     deadlines: &[Duration],
     phases: Phases,
     mut idle: Vec<Conn>,
@@ -353,7 +376,9 @@ async fn dispatch(
         records.push(done.record);
     };
 
-    'sending: for (seq, ((body, prompt_tokens), deadline)) in requests.into_iter().zip(deadlines).enumerate() {
+    'sending: for (seq, (Prepared { body, prompt_tokens, max_tokens }, deadline)) in
+        requests.into_iter().zip(deadlines).enumerate()
+    {
         // Until the deadline, take completions in (their connections are
         // reused, and the records would otherwise pile up in the channel).
         let due = tokio::time::sleep_until(clock.at(*deadline));
@@ -387,8 +412,8 @@ async fn dispatch(
         }
         let scheduled_ns = ns(*deadline);
         let ready_ns = slot_ns.map_or(scheduled_ns, |s| s.max(scheduled_ns));
-        let request =
-            Request { seq: seq as u64, scheduled_ns, slot_ns, phase: phases.of(seq, ready_ns), body, prompt_tokens };
+        let phase = phases.of(seq, ready_ns);
+        let request = Request { seq: seq as u64, scheduled_ns, slot_ns, phase, body, prompt_tokens, max_tokens };
         let conn = idle.pop();
         let (target, progress, sink_tx, done_tx) =
             (Arc::clone(&target), config.progress.clone(), sink_tx.clone(), done_tx.clone());
@@ -432,8 +457,8 @@ async fn dispatch(
     records
 }
 
-/// The transport for the base URL: our own HTTP/1.1 client for http, reqwest
-/// for https.
+/// The transport for the base URL: hyper on our own connections for http,
+/// reqwest for https.
 fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport, LoadError> {
     let base = config.base_url.trim_end_matches('/');
     let bad = |reason: &str| LoadError::BaseUrl { url: config.base_url.clone(), reason: reason.to_owned() };
@@ -446,16 +471,18 @@ fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport,
             // An IPv6 host comes bracketed, as both the address and the Host
             // header want it.
             let authority = format!("{host}:{port}");
-            Ok(Transport::Raw { addr: authority.clone(), host: authority, path })
+            let host = HeaderValue::from_str(&authority).map_err(|_| bad("its host is not a valid header value"))?;
+            let path = path.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(&format!("bad path {path}: {e}")))?;
+            Ok(Transport::Http { addr: authority, host, path })
         }
         "https" => Ok(Transport::Reqwest { client: reqwest, url: format!("{base}{}", config.endpoint.path()) }),
         other => Err(bad(&format!("scheme {other} is not http or https"))),
     }
 }
 
-/// Opens `n` connections of the raw transport before the measured window.
+/// Opens `n` connections of the http transport before the measured window.
 async fn open_connections(target: &Target, n: usize) -> Result<Vec<Conn>, LoadError> {
-    let Transport::Raw { addr, .. } = &target.transport else {
+    let Transport::Http { addr, .. } = &target.transport else {
         return Ok(Vec::new());
     };
     let opened = futures_util::future::join_all((0..n).map(|_| client::connect(target))).await;

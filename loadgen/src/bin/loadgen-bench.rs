@@ -305,10 +305,13 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
     };
     println!("(a) open loop, Poisson, 128-token streams, TTFT 50 ms, 10 ms between tokens");
     println!(
-        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6}",
-        "rate", "achieved", "offered*", "true ttft", "ttft ms", "sched ms", "lag p99", "cpu s", "ok?"
+        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>6}",
+        "rate", "achieved", "offered*", "true ttft", "ttft ms", "sched ms", "lag p99", "cpu s", "s/M chunk", "ok?"
     );
     let mut best_rate = 0.0;
+    // CPU per million chunks at the highest rate kept: each chunk came in a
+    // read of its own.
+    let mut streamed_per_m = f64::NAN;
     for rate in [100.0, 250.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0] {
         let server = start_server(server_core, 50, 10)?;
         let n = (rate * seconds) as usize;
@@ -317,8 +320,9 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         let offered = num(&v, "offered_rate");
         let (true_ttft, _) = server_truth(&server.url)?;
         let ok = accurate(&v, num(&v, "achieved_rate"), offered, true_ttft);
+        let per_m = num(&v, "cpu_s") / num(&v, "chunks") * 1e6;
         println!(
-            "{rate:>8.0} {:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.2} {:>9.3} {:>7.2} {:>6}",
+            "{rate:>8.0} {:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.2} {:>9.3} {:>7.2} {per_m:>9.2} {:>6}",
             num(&v, "achieved_rate"),
             num(&v, "ttft_mean_ms"),
             num(&v, "ttft_from_scheduled_mean_ms"),
@@ -330,6 +334,7 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
             break;
         }
         best_rate = rate;
+        streamed_per_m = per_m;
     }
     println!("\n(a) closed loop, same server; offered = concurrency / {LATENCY_S:.2} s");
     println!(
@@ -392,7 +397,14 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
     );
     println!("| (b) requests per second, instant server | 4,000 | {req_s:.0} | {:.2}x |", req_s / 4000.0);
     println!("| (b) streamed chunks per second, instant server | - | {chunk_s:.0} | - |");
-    println!("| (c) client CPU s per million chunks | < 2.5 | {cpu_per_m:.2} | {:.2}x better |", 2.5 / cpu_per_m);
+    println!(
+        "| (c) client CPU s per million chunks, bundled | < 2.5 | {cpu_per_m:.2} | {:.2}x better |",
+        2.5 / cpu_per_m
+    );
+    println!(
+        "| (c) client CPU s per million chunks, one per read ({best_rate:.0} req/s) | < 2.5 | {streamed_per_m:.2} | {:.2}x better |",
+        2.5 / streamed_per_m
+    );
     println!("| (d) peak RSS, 10,000 in flight | < 50 MB | {rss:.1} MB | {:.2}x better |", 50.0 / rss);
     Ok(())
 }

@@ -119,7 +119,7 @@ async fn timeouts_malformed_streams_and_the_end_of_the_run_are_outcomes() {
     };
     check("stall-first", Outcome::Timeout, "first-token timeout").await;
     check("stall-after-2", Outcome::Timeout, "idle timeout").await;
-    check("malformed", Outcome::Incomplete, "malformed stream").await;
+    check("malformed", Outcome::Malformed, "malformed stream").await;
     // 200 ms + 59 x 30 ms does not fit in the run's 500 ms.
     check("good", Outcome::Cancelled, "cancelled").await;
 }

@@ -66,7 +66,7 @@ async fn failed_requests_are_recorded_and_counted() {
     };
     let errors = check("http-500", Outcome::HttpError, "engine exploded").await;
     assert!(errors.iter().all(|r| r.http_status == Some(500) && r.chunks.is_empty()));
-    let dropped = check("drop-after-3", Outcome::Incomplete, "before [DONE]").await;
+    let dropped = check("drop-after-3", Outcome::Disconnected, "before [DONE]").await;
     assert!(dropped.iter().all(|r| r.chunks.len() == 3 && r.output_tokens == 3));
 }
 
