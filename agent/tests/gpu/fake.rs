@@ -66,4 +66,17 @@ impl Scenario {
             .output()
             .expect("run benchfleet-agent")
     }
+
+    /// `verify --json` (plus `args`) on this scenario: the exit code and the
+    /// report.
+    pub fn verify_json(&self, args: &[&str]) -> (i32, serde_json::Value) {
+        let mut all = vec!["verify", "--json"];
+        all.extend_from_slice(args);
+        let out = self.agent(&all);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!("verify printed no JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr))
+        });
+        (out.status.code().expect("an exit code"), report)
+    }
 }

@@ -7,15 +7,7 @@ use crate::fake::Scenario;
 
 /// `verify --json` on a scenario: the exit code and the report.
 fn verify_json(scenario: &str, args: &[&str]) -> (i32, Value) {
-    let scenario = Scenario::new(scenario);
-    let mut all = vec!["verify", "--json"];
-    all.extend_from_slice(args);
-    let out = scenario.agent(&all);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!("verify printed no JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr))
-    });
-    (out.status.code().expect("an exit code"), report)
+    Scenario::new(scenario).verify_json(args)
 }
 
 /// Each GPU's reasons, in index order.

@@ -17,14 +17,9 @@ fn uuid(index: u32) -> String {
 /// code and the report. The window is wide so that a loaded machine still
 /// receives an XID the scenario delivers 300 ms into it.
 fn watch(scenario: &Scenario, args: &[&str]) -> (i32, Value) {
-    let mut all = vec!["verify", "--json", "--watch-xid-ms", "1500"];
+    let mut all = vec!["--watch-xid-ms", "1500"];
     all.extend_from_slice(args);
-    let out = scenario.agent(&all);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!("verify printed no JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr))
-    });
-    (out.status.code().expect("an exit code"), report)
+    scenario.verify_json(&all)
 }
 
 /// The (GPU UUID, XID) of each event of the watch.
