@@ -151,12 +151,29 @@ pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
     }
     let avg = |f: &dyn Fn(&Summary) -> f64| summaries.iter().map(|s| f(s)).sum::<f64>() / n as f64;
     let avg_u = |f: &dyn Fn(&Summary) -> u64| (avg(&|s| f(s) as f64)).round() as u64;
-    let dist = |f: &dyn Fn(&Summary) -> &Distribution| Distribution {
-        mean: avg(&|s| f(s).mean),
-        median: avg(&|s| f(s).median),
-        p95: avg(&|s| f(s).p95),
-        p99: avg(&|s| f(s).p99),
-        count: summaries.iter().map(|s| f(s).count).sum(),
+    let dist = |f: &dyn Fn(&Summary) -> &Distribution| {
+        // The asked percentiles average pairwise when every repeat asked the
+        // same ones; otherwise only the block's three can be averaged.
+        let first = &f(summaries[0]).percentiles;
+        let same = |s: &&Summary| {
+            let other = &f(s).percentiles;
+            other.len() == first.len() && other.iter().zip(first).all(|(a, b)| a.p == b.p)
+        };
+        let percentiles = if summaries.iter().all(same) {
+            (0..first.len())
+                .map(|i| benchfleet_loadgen::Percentile { p: first[i].p, value: avg(&|s| f(s).percentiles[i].value) })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Distribution {
+            mean: avg(&|s| f(s).mean),
+            median: avg(&|s| f(s).median),
+            p95: avg(&|s| f(s).p95),
+            p99: avg(&|s| f(s).p99),
+            count: summaries.iter().map(|s| f(s).count).sum(),
+            percentiles,
+        }
     };
     Some(Summary {
         successful: avg_u(&|s| s.successful),

@@ -248,7 +248,7 @@ mod tests {
             connect_ns: None,
             first_token_ns: Some(2),
             completed_ns: 3,
-            chunks: vec![],
+            chunks: Default::default(),
             prompt_tokens: 8,
             output_tokens: 4,
             outcome: Outcome::Ok,

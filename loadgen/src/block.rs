@@ -75,19 +75,31 @@ pub fn render_self_check(s: &Summary) -> String {
 }
 
 /// One titled section of mean, median, P95 and P99. The latency section's
-/// values sit one column further right, as in the published block.
+/// values sit one column further right, as in the published block. A P95 or
+/// P99 the run did not ask for reads "N/A", as published blocks of runs that
+/// asked for other percentiles do; the other asked percentiles are in the
+/// JSON summary and the summary CSV, not here, so the block stays the same
+/// field for field.
 fn section(out: &mut String, title: &str, unit: &str, extra_pad: &str, d: &Distribution) {
     out.push_str(title);
     out.push('\n');
-    for (name, value) in [("Mean", d.mean), ("Median", d.median), ("P95", d.p95), ("P99", d.p99)] {
+    let shown = |p: f64| d.percentile(p).map_or_else(|| "N/A".to_owned(), |v| format!("{v:.2}"));
+    let lines = [
+        ("Mean", format!("{:.2}", d.mean)),
+        ("Median", format!("{:.2}", d.median)),
+        ("P95", shown(95.0)),
+        ("P99", shown(99.0)),
+    ];
+    for (name, value) in lines {
         let label = format!("{name} {unit}");
-        let _ = writeln!(out, "{label:<40} {extra_pad}{value:.2}");
+        let _ = writeln!(out, "{label:<40} {extra_pad}{value}");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Percentile;
 
     /// The reference report's vLLM ShareGPT baseline, block for block.
     const REFERENCE: &str = "\
@@ -126,7 +138,7 @@ P99 ITL (ms):                            132.49
 ";
 
     fn dist(mean: f64, median: f64, p95: f64, p99: f64) -> Distribution {
-        Distribution { mean, median, p95, p99, count: 1000 }
+        Distribution { mean, median, p95, p99, count: 1000, percentiles: Vec::new() }
     }
 
     #[test]
@@ -150,6 +162,35 @@ P99 ITL (ms):                            132.49
             ..Summary::default()
         };
         assert_eq!(render_block(&s), REFERENCE);
+    }
+
+    #[test]
+    fn a_p95_not_asked_for_reads_n_a_as_published() {
+        let asked = |d: Distribution| {
+            let percentiles = [50.0, 99.0].map(|p| Percentile { p, value: d.percentile(p).unwrap_or_default() });
+            Distribution { percentiles: percentiles.to_vec(), ..d }
+        };
+        let s = Summary {
+            latency_s: asked(dist(24.0, 21.51, 48.0, 51.01)),
+            ttft_ms: asked(dist(1604.23, 646.01, 5000.0, 5737.27)),
+            ..Summary::default()
+        };
+        let block = render_block(&s);
+        // Lines 297-298 and 124-125 of the Japanese H100 throughput report.
+        for expected in [
+            "P95 Latency(s):                           N/A\nP99 Latency(s):                           51.01\n",
+            "P95 TTFT (ms):                           N/A\nP99 TTFT (ms):                           5737.27\n",
+        ] {
+            assert!(block.contains(expected), "{block}");
+        }
+        let without_p99 =
+            Distribution { percentiles: vec![Percentile { p: 95.0, value: 1.0 }], ..dist(1.0, 1.0, 1.0, 1.0) };
+        let block = render_block(&Summary { itl_ms: without_p99, ..Summary::default() });
+        assert!(
+            block.contains(
+                "P95 ITL (ms):                            1.00\nP99 ITL (ms):                            N/A\n"
+            )
+        );
     }
 
     #[test]

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::dataset::{Prompt, TokenCounter};
-use crate::record::{Chunk, Outcome, Phase, RequestRecord};
+use crate::record::{Chunk, Chunks, Outcome, Phase, RequestRecord};
 
 /// Which OpenAI API the requests use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -501,7 +501,7 @@ impl<'t> Recorder<'t> {
                 connect_ns: None,
                 first_token_ns: None,
                 completed_ns: 0,
-                chunks: Vec::with_capacity(chunks),
+                chunks: Chunks::with_capacity(chunks),
                 prompt_tokens: request.prompt_tokens,
                 output_tokens: 0,
                 outcome: Outcome::Incomplete,

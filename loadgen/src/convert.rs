@@ -3,7 +3,7 @@
 
 use benchfleet_proto as pb;
 
-use crate::metrics::{Distribution, Failures, Summary};
+use crate::metrics::{Distribution, Failures, Percentile, Summary};
 use crate::record::{Chunk, Outcome, Phase, RequestRecord};
 
 impl From<Phase> for pb::RequestPhase {
@@ -111,13 +111,27 @@ impl TryFrom<pb::RequestRecord> for RequestRecord {
 
 impl From<&Distribution> for pb::Distribution {
     fn from(d: &Distribution) -> Self {
-        pb::Distribution { mean: d.mean, median: d.median, p95: d.p95, p99: d.p99, count: d.count }
+        pb::Distribution {
+            mean: d.mean,
+            median: d.median,
+            p95: d.p95,
+            p99: d.p99,
+            count: d.count,
+            percentiles: d.percentiles.iter().map(|q| pb::Percentile { p: q.p, value: q.value }).collect(),
+        }
     }
 }
 
 impl From<pb::Distribution> for Distribution {
     fn from(d: pb::Distribution) -> Self {
-        Distribution { mean: d.mean, median: d.median, p95: d.p95, p99: d.p99, count: d.count }
+        Distribution {
+            mean: d.mean,
+            median: d.median,
+            p95: d.p95,
+            p99: d.p99,
+            count: d.count,
+            percentiles: d.percentiles.iter().map(|q| Percentile { p: q.p, value: q.value }).collect(),
+        }
     }
 }
 

@@ -26,8 +26,10 @@ pub use client::{Endpoint, Timeouts};
 pub use dataset::{
     Dataset, DatasetError, Lengths, ShareGpt, ShareGptEntry, TokenCounter, load_sharegpt, read_sharegpt,
 };
-pub use metrics::{Distribution, Failures, Summary, SummaryOptions, summarize, summarize_with};
-pub use record::{Chunk, Outcome, Phase, RequestRecord};
+pub use metrics::{
+    DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryOptions, summarize, summarize_with,
+};
+pub use record::{Chunk, ChunkIter, Chunks, Outcome, Phase, RequestRecord};
 pub use run::{LoadConfig, LoadError, LoadResult, Progress, Window, run};
 pub use schedule::{Arrival, send_times};
 pub use sink::{SinkConfig, SinkError};

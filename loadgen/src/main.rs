@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use benchfleet_loadgen::block::render_self_check;
-use benchfleet_loadgen::output::{summary_json, write_csv, write_jsonl};
+use benchfleet_loadgen::output::{summary_json, write_csv, write_jsonl, write_summary_csv};
 use benchfleet_loadgen::{
     Arrival, Dataset, Endpoint, Lengths, LoadConfig, LoadResult, Progress, SinkConfig, TokenCounter, Window,
     read_sharegpt, render_block, run,
@@ -126,6 +126,11 @@ struct Args {
     /// The P99 dispatch lag (ms) above which the run is marked INVALID.
     #[arg(long, default_value_t = 5.0)]
     lag_limit_ms: f64,
+    /// Percentiles (0 to 100) of latency, TTFT, TPOT and ITL to report, e.g.
+    /// 50,90,95,99. The block shows P95 and P99 (N/A when not asked); the
+    /// JSON summary and --save-summary-csv carry every one.
+    #[arg(long, value_delimiter = ',', default_values_t = benchfleet_loadgen::DEFAULT_PERCENTILES)]
+    percentiles: Vec<f64>,
     /// Exit with status 3 when the run is INVALID.
     #[arg(long)]
     fail_on_invalid: bool,
@@ -157,6 +162,10 @@ struct Args {
     /// The attempt of the job, for --report-to.
     #[arg(long)]
     attempt: Option<u32>,
+    /// MiB of records not yet acknowledged by the controller kept in memory,
+    /// for --report-to; past it they wait in a temporary file.
+    #[arg(long, default_value_t = 16)]
+    report_buffer_mib: usize,
     /// Write every request record here, one JSON object per line.
     #[arg(long)]
     save_records: Option<PathBuf>,
@@ -166,6 +175,9 @@ struct Args {
     /// Write one CSV row per request here.
     #[arg(long)]
     save_csv: Option<PathBuf>,
+    /// Write the latency metrics with every asked percentile here as CSV.
+    #[arg(long)]
+    save_summary_csv: Option<PathBuf>,
     /// No progress on stderr.
     #[arg(long)]
     quiet: bool,
@@ -213,7 +225,9 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     let sink = match (&args.report_to, &args.run_id, args.job, args.attempt) {
         (Some(url), Some(run_id), Some(job), Some(attempt)) => {
-            Some(SinkConfig::new(url.clone(), run_id.clone(), job, attempt))
+            let mut sink = SinkConfig::new(url.clone(), run_id.clone(), job, attempt);
+            sink.memory_bytes = args.report_buffer_mib.saturating_mul(1 << 20);
+            Some(sink)
         }
         _ => None,
     };
@@ -372,6 +386,7 @@ fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
         config.extra_body.insert("ignore_eos".into(), serde_json::Value::Bool(true));
     }
     config.lag_limit_ms = args.lag_limit_ms;
+    config.percentiles = args.percentiles.clone();
     config.tokens = tokens;
     Ok(config)
 }
@@ -411,6 +426,11 @@ fn save(args: &Args, result: &LoadResult, step: Option<usize>) -> anyhow::Result
         std::fs::File::create(&path)
             .and_then(|f| write_csv(&mut BufWriter::new(f), &result.records))
             .with_context(|| format!("cannot write the CSV to {}", path.display()))?;
+    }
+    if let Some(path) = args.save_summary_csv.as_deref().map(named) {
+        std::fs::File::create(&path)
+            .and_then(|f| write_summary_csv(&mut BufWriter::new(f), &result.summary))
+            .with_context(|| format!("cannot write the summary CSV to {}", path.display()))?;
     }
     Ok(())
 }

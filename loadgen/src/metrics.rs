@@ -10,22 +10,47 @@ const NS_PER_S: f64 = 1e9;
 const NS_PER_MS: f64 = 1e6;
 
 /// Mean and percentiles of one latency metric.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Distribution {
     pub mean: f64,
+    /// The block's three percentiles, always computed (the self-check and
+    /// the validity rules read them) whatever else was asked.
     pub median: f64,
     pub p95: f64,
     pub p99: f64,
     /// Number of samples; 0 means every other field is 0.
     pub count: u64,
+    /// The percentiles the run asked for, in its order. Empty in summaries
+    /// stored before they could be chosen: the three above were then the
+    /// ones asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub percentiles: Vec<Percentile>,
 }
 
+/// The `p`th percentile (0..=100) of a metric.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Percentile {
+    pub p: f64,
+    pub value: f64,
+}
+
+/// The percentiles asked when none are: those of the reference block.
+pub const DEFAULT_PERCENTILES: [f64; 3] = [50.0, 95.0, 99.0];
+
 impl Distribution {
+    /// Summarizes samples with the default percentiles; see
+    /// [`Distribution::with_percentiles`].
+    pub fn of(samples: Vec<f64>) -> Distribution {
+        Distribution::with_percentiles(samples, &DEFAULT_PERCENTILES)
+    }
+
     /// Summarizes samples; percentiles interpolate linearly between the two
-    /// nearest ranks (numpy's default, which `vllm bench serve` uses).
-    pub fn of(mut samples: Vec<f64>) -> Distribution {
+    /// nearest ranks (numpy's default, which `vllm bench serve` uses). `asked`
+    /// are in 0..=100.
+    pub fn with_percentiles(mut samples: Vec<f64>, asked: &[f64]) -> Distribution {
         if samples.is_empty() {
-            return Distribution::default();
+            let percentiles = asked.iter().map(|&p| Percentile { p, value: 0.0 }).collect();
+            return Distribution { percentiles, ..Distribution::default() };
         }
         samples.sort_by(f64::total_cmp);
         let mean = samples.iter().sum::<f64>() / samples.len() as f64;
@@ -35,13 +60,26 @@ impl Distribution {
             p95: percentile(&samples, 95.0),
             p99: percentile(&samples, 99.0),
             count: samples.len() as u64,
+            percentiles: asked.iter().map(|&p| Percentile { p, value: percentile(&samples, p) }).collect(),
         }
+    }
+
+    /// The `p`th percentile, when it was asked (or, for a summary stored
+    /// before percentiles could be chosen, when it is one of the block's).
+    pub fn percentile(&self, p: f64) -> Option<f64> {
+        if self.percentiles.is_empty() {
+            return [(50.0, self.median), (95.0, self.p95), (99.0, self.p99)]
+                .into_iter()
+                .find(|&(q, _)| q == p)
+                .map(|(_, value)| value);
+        }
+        self.percentiles.iter().find(|q| q.p == p).map(|q| q.value)
     }
 }
 
 /// The `p`th percentile of sorted, non-empty samples.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = p / 100.0 * (sorted.len() - 1) as f64;
+    let rank = (p / 100.0).clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
     let lo = rank.floor() as usize;
     let hi = rank.ceil() as usize;
     sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
@@ -155,17 +193,38 @@ impl Summary {
 }
 
 /// What a summary needs besides the records.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SummaryOptions {
     /// The configured concurrency cap, if one was set.
     pub max_concurrency: Option<u64>,
     /// The P99 dispatch lag above which the run is invalid, ms.
     pub lag_limit_ms: f64,
+    /// The percentiles (0..=100) every distribution carries.
+    pub percentiles: Vec<f64>,
 }
 
 impl SummaryOptions {
     pub fn new(max_concurrency: Option<u64>) -> SummaryOptions {
-        SummaryOptions { max_concurrency, lag_limit_ms: DEFAULT_LAG_LIMIT_MS }
+        SummaryOptions {
+            max_concurrency,
+            lag_limit_ms: DEFAULT_LAG_LIMIT_MS,
+            percentiles: DEFAULT_PERCENTILES.to_vec(),
+        }
+    }
+
+    /// The options a summary was made with, so that it can be recomputed
+    /// from its records.
+    pub fn of(summary: &Summary) -> SummaryOptions {
+        let asked = &summary.latency_s.percentiles;
+        SummaryOptions {
+            max_concurrency: summary.max_concurrency,
+            lag_limit_ms: summary.lag_limit_ms,
+            percentiles: if asked.is_empty() {
+                DEFAULT_PERCENTILES.to_vec()
+            } else {
+                asked.iter().map(|q| q.p).collect()
+            },
+        }
     }
 }
 
@@ -196,20 +255,21 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
     let total_input_tokens: u64 = ok.iter().map(|r| u64::from(r.prompt_tokens)).sum();
     let total_output_tokens: u64 = ok.iter().map(|r| u64::from(r.output_tokens)).sum();
 
-    let itl = ok.iter().flat_map(|r| r.chunks.windows(2).map(|w| (w[1].at_ns - w[0].at_ns) as f64 / NS_PER_MS));
+    let itl = ok.iter().flat_map(|r| r.chunks.pairs().map(|(a, b)| (b.at_ns - a.at_ns) as f64 / NS_PER_MS));
     let mut itl_per_token = Vec::new();
     for r in &ok {
         let scale = token_scale(r);
-        for w in r.chunks.windows(2) {
-            let tokens = f64::from(w[1].tokens) * scale;
+        for (a, b) in r.chunks.pairs() {
+            let tokens = f64::from(b.tokens) * scale;
             if tokens > 0.0 {
-                let gap = (w[1].at_ns - w[0].at_ns) as f64 / NS_PER_MS / tokens;
+                let gap = (b.at_ns - a.at_ns) as f64 / NS_PER_MS / tokens;
                 // Token-weighted: a chunk of k tokens gives k samples.
                 itl_per_token.extend(std::iter::repeat_n(gap, (tokens.round() as usize).max(1)));
             }
         }
     }
     let ms = |ns: i64| ns as f64 / NS_PER_MS;
+    let dist = |samples: Vec<f64>| Distribution::with_percentiles(samples, &options.percentiles);
 
     let mut failures = Failures::default();
     for r in &records {
@@ -237,26 +297,20 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
         peak_output_throughput: peak_tokens_per_second(&ok),
         peak_concurrent: peak_concurrency(&records),
         total_token_throughput: per_second((total_input_tokens + total_output_tokens) as f64),
-        latency_s: Distribution::of(ok.iter().map(|r| r.latency_ns() as f64 / NS_PER_S).collect()),
-        ttft_ms: Distribution::of(ok.iter().filter_map(|r| r.ttft_ns()).map(ms).collect()),
-        tpot_ms: Distribution::of(ok.iter().filter_map(|r| r.tpot_ns()).map(|t| t / NS_PER_MS).collect()),
-        itl_ms: Distribution::of(itl.collect()),
-        itl_per_token_ms: Distribution::of(itl_per_token),
-        latency_from_scheduled_s: Distribution::of(
-            ok.iter().map(|r| r.latency_from_scheduled_ns() as f64 / NS_PER_S).collect(),
-        ),
-        ttft_from_scheduled_ms: Distribution::of(
-            ok.iter().filter_map(|r| r.ttft_from_scheduled_ns()).map(ms).collect(),
-        ),
-        connect_ms: Distribution::of(records.iter().filter_map(|r| r.connect_ns).map(ms).collect()),
+        latency_s: dist(ok.iter().map(|r| r.latency_ns() as f64 / NS_PER_S).collect()),
+        ttft_ms: dist(ok.iter().filter_map(|r| r.ttft_ns()).map(ms).collect()),
+        tpot_ms: dist(ok.iter().filter_map(|r| r.tpot_ns()).map(|t| t / NS_PER_MS).collect()),
+        itl_ms: dist(itl.collect()),
+        itl_per_token_ms: dist(itl_per_token),
+        latency_from_scheduled_s: dist(ok.iter().map(|r| r.latency_from_scheduled_ns() as f64 / NS_PER_S).collect()),
+        ttft_from_scheduled_ms: dist(ok.iter().filter_map(|r| r.ttft_from_scheduled_ns()).map(ms).collect()),
+        connect_ms: dist(records.iter().filter_map(|r| r.connect_ns).map(ms).collect()),
         failures,
         excluded: (all.len() - records.len()) as u64,
         // The first wave of a closed loop (or of a run with everything due at
         // once) is due at the very start and necessarily goes out one after
         // another: that is the profile, not a client falling behind.
-        dispatch_lag_ms: Distribution::of(
-            records.iter().filter(|r| r.ready_ns() > 0).map(|r| ms(r.dispatch_lag_ns())).collect(),
-        ),
+        dispatch_lag_ms: dist(records.iter().filter(|r| r.ready_ns() > 0).map(|r| ms(r.dispatch_lag_ns())).collect()),
         offered_rate: rate_of(records.iter().map(|r| r.scheduled_ns)),
         achieved_rate: rate_of(records.iter().map(|r| r.sent_ns)).unwrap_or(0.0),
         cap_waits: records.iter().filter(|r| r.slot_ns.is_some()).count() as u64,
@@ -369,7 +423,7 @@ mod tests {
             sent_ns: sent_ms * ms,
             first_token_ns: Some(first),
             completed_ns: chunks.last().map_or(first, |c| c.at_ns),
-            chunks,
+            chunks: chunks.into(),
             prompt_tokens: 10,
             output_tokens: tokens,
             outcome: Outcome::Ok,
@@ -393,7 +447,24 @@ mod tests {
         assert!(close(d.p95, 3.85));
         assert!(close(d.p99, 3.97));
         assert_eq!(d.count, 4);
-        assert_eq!(Distribution::of(vec![]), Distribution::default());
+        let empty = Distribution::of(vec![]);
+        assert_eq!((empty.count, empty.mean, empty.percentile(95.0)), (0, 0.0, Some(0.0)));
+    }
+
+    #[test]
+    fn asked_percentiles_come_in_the_order_asked() {
+        let d = Distribution::with_percentiles(vec![4.0, 1.0, 3.0, 2.0], &[90.0, 50.0, 100.0]);
+        let asked: Vec<(f64, f64)> = d.percentiles.iter().map(|q| (q.p, q.value)).collect();
+        assert_eq!(asked.len(), 3);
+        assert!(asked.iter().zip([(90.0, 3.7), (50.0, 2.5), (100.0, 4.0)]).all(|(a, b)| a.0 == b.0 && close(a.1, b.1)));
+        // Not asked: absent, though the block's three are still computed.
+        assert_eq!(d.percentile(95.0), None);
+        assert!(close(d.p95, 3.85));
+        // A summary stored before percentiles could be chosen still answers
+        // for the block's three.
+        let old: Distribution =
+            serde_json::from_str(r#"{"mean":1,"median":2,"p95":3,"p99":4,"count":5}"#).expect("old");
+        assert_eq!((old.percentile(95.0), old.percentile(90.0)), (Some(3.0), None));
     }
 
     #[test]
@@ -424,9 +495,7 @@ mod tests {
     #[test]
     fn peak_counts_tokens_not_chunks() {
         let mut r = streamed(0, 0, 0, 100, 30);
-        for c in &mut r.chunks {
-            c.tokens = 4;
-        }
+        r.chunks = r.chunks.iter().map(|c| Chunk { tokens: 4, ..c }).collect();
         r.output_tokens = 120;
         // 30 chunks 100 ms apart: 10 fit in a 1-second window, 40 tokens.
         assert!(close(summarize(&[r], None).peak_output_throughput, 40.0));
@@ -465,7 +534,7 @@ mod tests {
         assert_eq!(s.cap_waits, 100);
         assert!(s.invalid.is_none(), "{:?}", s.invalid);
         assert!(
-            summarize_with(&at_rate(100, 8, 10), SummaryOptions { max_concurrency: None, lag_limit_ms: 10.0 })
+            summarize_with(&at_rate(100, 8, 10), SummaryOptions { lag_limit_ms: 10.0, ..SummaryOptions::new(None) })
                 .invalid
                 .is_none()
         );
@@ -484,9 +553,7 @@ mod tests {
     #[test]
     fn bundled_tokens_give_a_per_token_itl() {
         let mut r = streamed(0, 0, 100, 40, 10);
-        for c in &mut r.chunks {
-            c.tokens = 4;
-        }
+        r.chunks = r.chunks.iter().map(|c| Chunk { tokens: 4, ..c }).collect();
         r.output_tokens = 40;
         let s = summarize(&[r.clone()], None);
         assert!(close(s.itl_ms.mean, 40.0) && close(s.itl_per_token_ms.median, 10.0));

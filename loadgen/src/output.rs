@@ -1,10 +1,10 @@
 //! Files a run leaves behind: every record as JSON lines or CSV, the summary
-//! as JSON. The JSON forms read back into the same types, so any metric can
+//! as JSON, and its latency metrics with every asked percentile as CSV. The JSON forms read back into the same types, so any metric can
 //! be recomputed from them with `summarize_with`.
 
 use std::io::{self, Write};
 
-use crate::metrics::Summary;
+use crate::metrics::{Distribution, Summary};
 use crate::record::RequestRecord;
 
 /// One JSON object per record, one per line.
@@ -63,6 +63,35 @@ pub fn write_csv(out: &mut impl Write, records: &[RequestRecord]) -> io::Result<
     out.flush()
 }
 
+/// The summary's latency metrics, one row each: count, mean and every
+/// percentile the run asked for (one column per percentile, named `p90`,
+/// `p99.9`), values in the metric's unit (`_s` or `_ms`).
+pub fn write_summary_csv(out: &mut impl Write, s: &Summary) -> io::Result<()> {
+    let rows: [(&str, &Distribution); 4] =
+        [("latency_s", &s.latency_s), ("ttft_ms", &s.ttft_ms), ("tpot_ms", &s.tpot_ms), ("itl_ms", &s.itl_ms)];
+    let asked: Vec<f64> = if s.latency_s.percentiles.is_empty() {
+        crate::metrics::DEFAULT_PERCENTILES.to_vec()
+    } else {
+        s.latency_s.percentiles.iter().map(|q| q.p).collect()
+    };
+    write!(out, "metric,count,mean")?;
+    for p in &asked {
+        write!(out, ",p{p}")?;
+    }
+    writeln!(out)?;
+    for (name, d) in rows {
+        write!(out, "{name},{},{:.6}", d.count, d.mean)?;
+        for &p in &asked {
+            match d.percentile(p) {
+                Some(v) => write!(out, ",{v:.6}")?,
+                None => write!(out, ",")?,
+            }
+        }
+        writeln!(out)?;
+    }
+    out.flush()
+}
+
 fn phase_name(r: &RequestRecord) -> &'static str {
     match r.phase {
         crate::record::Phase::Measured => "measured",
@@ -79,6 +108,26 @@ fn csv_field(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_summary_csv_has_a_column_per_asked_percentile() {
+        let options = crate::metrics::SummaryOptions {
+            percentiles: vec![50.0, 90.0, 99.9],
+            ..crate::metrics::SummaryOptions::new(None)
+        };
+        let s = crate::metrics::summarize_with(&[], options);
+        let mut out = Vec::new();
+        write_summary_csv(&mut out, &s).expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "metric,count,mean,p50,p90,p99.9");
+        assert_eq!(lines[2], "ttft_ms,0,0.000000,0.000000,0.000000,0.000000");
+        assert_eq!(lines.len(), 5);
+        // The JSON summary carries them too, and reads back the same.
+        let json = summary_json(&s).expect("json");
+        assert!(json.contains("\"p\": 99.9"), "{json}");
+        assert_eq!(serde_json::from_str::<Summary>(&json).expect("read back"), s);
+    }
 
     #[test]
     fn csv_fields_are_quoted_when_needed() {

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::{self, BodyOptions, Conn, Endpoint, Request, Target, Timeouts, Transport};
 use crate::clock::{self, Clock};
 use crate::dataset::{self, Dataset, TokenCounter};
-use crate::metrics::{DEFAULT_LAG_LIMIT_MS, Summary, SummaryOptions, summarize_with};
+use crate::metrics::{DEFAULT_LAG_LIMIT_MS, DEFAULT_PERCENTILES, Summary, SummaryOptions, summarize_with};
 use crate::record::{Phase, RequestRecord};
 use crate::schedule::{Arrival, send_times};
 use crate::sink::{Sink, SinkConfig, SinkError};
@@ -68,6 +68,8 @@ pub struct LoadConfig {
     pub max_duration: Option<Duration>,
     /// The P99 dispatch lag above which the run is marked invalid, ms.
     pub lag_limit_ms: f64,
+    /// The percentiles (0..=100) every distribution of the summary carries.
+    pub percentiles: Vec<f64>,
     /// Cancelling it ends the run early: nothing more is sent, requests in
     /// flight are recorded as cancelled.
     pub stop: CancellationToken,
@@ -114,6 +116,7 @@ impl LoadConfig {
             cooldown: Window::None,
             max_duration: None,
             lag_limit_ms: DEFAULT_LAG_LIMIT_MS,
+            percentiles: DEFAULT_PERCENTILES.to_vec(),
             stop: CancellationToken::new(),
             progress: None,
         }
@@ -249,8 +252,9 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     let cpu = cpu_before.zip(clock::cpu_time()).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
 
     let cap = config.max_concurrency.map(|n| n as u64);
-    let mut summary =
-        summarize_with(&records, SummaryOptions { max_concurrency: cap, lag_limit_ms: config.lag_limit_ms });
+    let options =
+        SummaryOptions { max_concurrency: cap, lag_limit_ms: config.lag_limit_ms, percentiles: config.percentiles };
+    let mut summary = summarize_with(&records, options);
     summary.client_cpu_s = cpu;
     if let Some(sink) = sink {
         sink.finish(summary.clone()).await.map_err(|source| LoadError::Unacknowledged {
@@ -275,6 +279,12 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     }
     if config.lag_limit_ms.is_nan() || config.lag_limit_ms <= 0.0 {
         return bad("the dispatch lag limit must be positive");
+    }
+    if let Some(p) = config.percentiles.iter().find(|p| !(0.0..=100.0).contains(*p)) {
+        return Err(LoadError::Config(format!("percentile {p} is not between 0 and 100")));
+    }
+    if config.percentiles.is_empty() {
+        return bad("at least one percentile must be asked for");
     }
     let unbounded = config.request_rate.is_none_or(f64::is_infinite) && config.max_duration.is_none();
     if matches!(config.cooldown, Window::Time(_)) && unbounded {

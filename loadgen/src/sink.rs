@@ -2,17 +2,20 @@
 //! complete, and the summary at the end.
 //!
 //! The sink is a task fed by an unbounded channel, so a slow or broken
-//! controller never stalls the requests. Every batch stays in memory until
-//! the controller acknowledges it; a broken stream is reopened and the
-//! unacknowledged batches are resent in order (the controller keeps records
-//! idempotent by seq).
+//! controller never stalls the requests. Every batch is kept until the
+//! controller acknowledges it: in memory up to a bound, then in a spill file
+//! (see [`spill`]). A broken stream is reopened and the unacknowledged batches
+//! are resent in order, those in memory first, then those in the file (the
+//! controller keeps records idempotent by seq).
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use benchfleet_proto as pb;
 use futures_util::StreamExt;
 use pb::ingest_service_client::IngestServiceClient;
+use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -20,6 +23,8 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::metrics::Summary;
 use crate::record::RequestRecord;
+
+mod spill;
 
 /// Where to report records, and as which attempt.
 #[derive(Clone, Debug)]
@@ -33,11 +38,28 @@ pub struct SinkConfig {
     /// after a broken stream, or while acknowledgements stall) before the run
     /// fails.
     pub retry_for: Duration,
+    /// Most bytes (encoded) of unacknowledged batches kept in memory. Past
+    /// it, batches wait in a spill file, so a controller that is away for
+    /// long costs disk, not the memory the requests in flight need.
+    pub memory_bytes: usize,
+    /// Where the spill file is made, when one is needed.
+    pub spill_dir: PathBuf,
 }
+
+/// The default bound of unacknowledged batches in memory.
+pub const DEFAULT_MEMORY_BYTES: usize = 16 << 20;
 
 impl SinkConfig {
     pub fn new(url: impl Into<String>, run_id: impl Into<String>, job: u64, attempt: u32) -> SinkConfig {
-        SinkConfig { url: url.into(), run_id: run_id.into(), job, attempt, retry_for: Duration::from_secs(30) }
+        SinkConfig {
+            url: url.into(),
+            run_id: run_id.into(),
+            job,
+            attempt,
+            retry_for: Duration::from_secs(30),
+            memory_bytes: DEFAULT_MEMORY_BYTES,
+            spill_dir: std::env::temp_dir(),
+        }
     }
 }
 
@@ -46,8 +68,16 @@ pub enum SinkError {
     #[error("cannot reach the controller at {url} (tried for {retry_for:?}): {reason}")]
     Unreachable { url: String, retry_for: Duration, reason: String },
     /// The controller stopped acknowledging; `acked` records are stored.
-    #[error("the controller at {url} stopped acknowledging records: {reason}")]
-    Broken { url: String, reason: String, acked: u64 },
+    /// `spilled` names the spill file, kept, when batches were waiting in one.
+    #[error("the controller at {url} stopped acknowledging records: {reason}{}", kept(spilled.as_ref()))]
+    Broken { url: String, reason: String, acked: u64, spilled: Option<PathBuf> },
+    /// The spill file could not be written or read back.
+    #[error("cannot use the spill file {}: {reason}", path.display())]
+    Spill { path: PathBuf, reason: String, acked: u64 },
+}
+
+fn kept(spilled: Option<&PathBuf>) -> String {
+    spilled.map_or_else(String::new, |p| format!(" (unsent batches are kept in {})", p.display()))
 }
 
 impl SinkError {
@@ -55,7 +85,7 @@ impl SinkError {
     pub fn acked(&self) -> u64 {
         match self {
             SinkError::Unreachable { .. } => 0,
-            SinkError::Broken { acked, .. } => *acked,
+            SinkError::Broken { acked, .. } | SinkError::Spill { acked, .. } => *acked,
         }
     }
 }
@@ -84,7 +114,9 @@ impl Sink {
         let mut state = State {
             attempt: pb::AttemptRef { run_id: config.run_id.clone(), job: config.job, attempt: config.attempt },
             config,
-            pending: VecDeque::new(),
+            memory: VecDeque::new(),
+            memory_bytes: 0,
+            spill: None,
             buffer: Vec::new(),
             next_batch: 0,
             acked: 0,
@@ -122,7 +154,12 @@ impl Sink {
         let _ = self.tx.send(Message::Finish(Box::new(summary)));
         match self.task.await {
             Ok(result) => result,
-            Err(e) => Err(SinkError::Broken { url: self.url, reason: format!("sink task failed: {e}"), acked: 0 }),
+            Err(e) => Err(SinkError::Broken {
+                url: self.url,
+                reason: format!("sink task failed: {e}"),
+                acked: 0,
+                spilled: None,
+            }),
         }
     }
 }
@@ -148,8 +185,15 @@ struct Conn {
 struct State {
     config: SinkConfig,
     attempt: pb::AttemptRef,
-    /// Sent, not yet acknowledged, in batch order.
-    pending: VecDeque<pb::RecordBatch>,
+    /// Unacknowledged batches in memory, in batch order, with their encoded
+    /// sizes; every one was sent on the open stream, if there is one. They
+    /// all come before those in the spill file.
+    memory: VecDeque<(pb::RecordBatch, usize)>,
+    /// The sum of the sizes in `memory`.
+    memory_bytes: usize,
+    /// Unacknowledged batches past the memory bound, never sent on the open
+    /// stream; `None` when there are none.
+    spill: Option<spill::Spill>,
     /// Completed records not yet in a batch.
     buffer: Vec<pb::RequestRecord>,
     next_batch: u64,
@@ -177,41 +221,44 @@ impl State {
                     Some(Message::Record(record)) => {
                         self.buffer.push(pb::RequestRecord::from(&*record));
                         if self.buffer.len() >= BATCH_RECORDS {
-                            self.flush(None);
+                            self.flush(None).await?;
                         }
                     }
                     Some(Message::Finish(summary)) => {
                         finishing = true;
-                        self.flush(Some(pb::Summary::from(&*summary)));
+                        self.flush(Some(pb::Summary::from(&*summary))).await?;
                     }
                     // The run went away without finishing: nothing to wait for.
                     None => return Ok(()),
                 },
                 ack = next_ack(&mut self.conn) => match ack {
-                    Some(Ok(ack)) => self.on_ack(&ack),
+                    Some(Ok(ack)) => {
+                        self.on_ack(&ack);
+                        self.refill().await?;
+                    }
                     Some(Err(status)) => self.broke(format!("stream failed: {}", status.message())),
                     None => self.broke("stream closed by the controller".to_owned()),
                 },
                 _ = tick.tick() => {
                     if !finishing {
-                        self.flush(None);
+                        self.flush(None).await?;
                     }
                     self.watch().await?;
                 }
             }
-            if finishing && self.summary_acked && self.pending.is_empty() {
+            if finishing && self.summary_acked && self.memory.is_empty() && self.spill.is_none() {
                 return Ok(());
             }
         }
     }
 
     /// Closes the current batch (with the summary, for the last one) and
-    /// sends it.
-    fn flush(&mut self, summary: Option<pb::Summary>) {
+    /// sends it, or spills it when memory is full.
+    async fn flush(&mut self, summary: Option<pb::Summary>) -> Result<(), SinkError> {
         if self.buffer.is_empty() && summary.is_none() {
-            return;
+            return Ok(());
         }
-        if self.pending.is_empty() {
+        if self.memory.is_empty() {
             // Stall detection measures from the oldest unacknowledged batch.
             self.last_progress = Instant::now();
         }
@@ -222,16 +269,86 @@ impl State {
             summary,
         };
         self.next_batch += 1;
+        let size = batch.encoded_len();
+        // Once anything is spilled, later batches follow it into the file:
+        // the order of resending is the order of the batches.
+        if self.spill.is_none() && self.fits(size) {
+            self.keep(batch, size);
+            return Ok(());
+        }
+        let spill = match &mut self.spill {
+            Some(spill) => spill,
+            None => {
+                let spill = spill::Spill::create(&self.config.spill_dir, &self.attempt)
+                    .await
+                    .map_err(|(path, e)| self.spill_error(path, &e))?;
+                tracing::warn!(
+                    url = %self.config.url,
+                    path = %spill.path().display(),
+                    "unacknowledged records exceed the memory bound; spilling to a file"
+                );
+                self.spill.insert(spill)
+            }
+        };
+        if let Err(e) = spill.append(&batch).await {
+            let path = spill.path().to_owned();
+            return Err(self.spill_error(path, &e));
+        }
+        Ok(())
+    }
+
+    /// Whether a batch of `size` bytes may be kept in memory. One batch always
+    /// may: the stream needs something to send.
+    fn fits(&self, size: usize) -> bool {
+        self.memory.is_empty() || self.memory_bytes + size <= self.config.memory_bytes
+    }
+
+    /// Keeps a batch in memory and sends it on the open stream.
+    fn keep(&mut self, batch: pb::RecordBatch, size: usize) {
         if let Some(conn) = &self.conn {
             let _ = conn.tx.send(batch.clone());
         }
-        self.pending.push_back(batch);
+        self.memory_bytes += size;
+        self.memory.push_back((batch, size));
+    }
+
+    /// Moves spilled batches back into memory (and onto the stream) as far as
+    /// the bound allows; removes the file once it is drained.
+    async fn refill(&mut self) -> Result<(), SinkError> {
+        while let Some(next) = self.spill.as_ref().map(spill::Spill::next_size) {
+            let Some(size) = next else {
+                // Drained: dropping it removes the file.
+                self.spill = None;
+                break;
+            };
+            if !self.fits(size) {
+                break;
+            }
+            let Some(spill) = &mut self.spill else { break };
+            match spill.next().await {
+                Ok(batch) => self.keep(batch, size),
+                Err(e) => {
+                    let path = spill.path().to_owned();
+                    return Err(self.spill_error(path, &e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn spill_error(&mut self, path: PathBuf, e: &std::io::Error) -> SinkError {
+        // The file holds records the controller has not stored: keep it.
+        if let Some(spill) = &mut self.spill {
+            spill.keep_on_drop();
+        }
+        SinkError::Spill { path, reason: e.to_string(), acked: self.acked }
     }
 
     fn on_ack(&mut self, ack: &pb::RecordAck) {
         // Acks come in order, one per batch; an ack covers every batch up to it.
-        while self.pending.front().is_some_and(|b| b.batch <= ack.batch) {
-            if let Some(batch) = self.pending.pop_front() {
+        while self.memory.front().is_some_and(|(b, _)| b.batch <= ack.batch) {
+            if let Some((batch, size)) = self.memory.pop_front() {
+                self.memory_bytes -= size;
                 self.acked += batch.records.len() as u64;
                 self.summary_acked |= batch.summary.is_some() && ack.summary_stored;
             }
@@ -251,15 +368,20 @@ impl State {
     /// Once per tick: detects stalls, reconnects a broken stream, gives up.
     async fn watch(&mut self) -> Result<(), SinkError> {
         let retry_for = self.config.retry_for;
-        if self.conn.is_some() && !self.pending.is_empty() && self.last_progress.elapsed() > retry_for {
+        if self.conn.is_some() && !self.memory.is_empty() && self.last_progress.elapsed() > retry_for {
             self.broke(format!("no acknowledgement for {retry_for:?}"));
         }
         if self.conn.is_none() {
             if self.broken_since.is_some_and(|t| t.elapsed() > retry_for) {
+                let spilled = self.spill.as_mut().map(|spill| {
+                    spill.keep_on_drop();
+                    spill.path().to_owned()
+                });
                 return Err(SinkError::Broken {
                     url: self.config.url.clone(),
                     reason: format!("no working stream for {retry_for:?}"),
                     acked: self.acked,
+                    spilled,
                 });
             }
             if Instant::now() >= self.retry_at {
@@ -267,7 +389,7 @@ impl State {
                     tracing::warn!(url = %self.config.url, %reason, "cannot reopen the record stream");
                     self.retry_at = Instant::now() + self.backoff;
                     self.backoff = (self.backoff * 2).min(Duration::from_secs(5));
-                } else if self.pending.is_empty() {
+                } else if self.memory.is_empty() {
                     // Nothing was lost: the stream is whole again.
                     self.broken_since = None;
                 }
@@ -276,14 +398,15 @@ impl State {
         Ok(())
     }
 
-    /// Opens a Records stream and resends every unacknowledged batch on it.
+    /// Opens a Records stream and resends the unacknowledged batches in memory
+    /// on it; those in the spill file follow as acknowledgements make room.
     async fn connect(&mut self) -> Result<(), String> {
         let open = async {
             let mut client = IngestServiceClient::connect(self.config.url.clone())
                 .await
                 .map_err(|e| crate::client::error_chain(&e))?;
             let (tx, rx) = mpsc::unbounded_channel();
-            for batch in &self.pending {
+            for (batch, _) in &self.memory {
                 let _ = tx.send(batch.clone());
             }
             let acks = client.records(UnboundedReceiverStream::new(rx)).await.map_err(|s| s.message().to_owned())?;

@@ -53,6 +53,49 @@ async fn saved_records_recompute_to_the_saved_summary() {
     assert_eq!(saved.total_output_tokens, 20 * 6);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asked_percentiles_reach_the_json_and_the_csv_and_the_block_says_n_a() {
+    let url = fake_openai::start(QUICK).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (summary_path, csv_path) = (dir.path().join("summary.json"), dir.path().join("summary.csv"));
+    let output = loadgen()
+        .args(["--base-url", &url, "--model", "good", "--num-prompts", "10", "--quiet"])
+        .args(["--random-input-len", "4", "--random-output-len", "4", "--percentiles", "50,90,99"])
+        .arg("--save-summary")
+        .arg(&summary_path)
+        .arg("--save-summary-csv")
+        .arg(&csv_path)
+        .output()
+        .await
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("P95 Latency(s):                           N/A\n"), "{stdout}");
+    assert!(stdout.contains("P95 TTFT (ms):                           N/A\n"), "{stdout}");
+    assert!(!stdout.contains("P99 TTFT (ms):                           N/A"), "{stdout}");
+
+    let summary: Summary = serde_json::from_str(&std::fs::read_to_string(&summary_path).expect("json")).expect("json");
+    for d in [&summary.latency_s, &summary.ttft_ms, &summary.tpot_ms, &summary.itl_ms] {
+        assert_eq!(d.percentiles.iter().map(|q| q.p).collect::<Vec<_>>(), [50.0, 90.0, 99.0]);
+    }
+    let csv = std::fs::read_to_string(&csv_path).expect("csv");
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], "metric,count,mean,p50,p90,p99");
+    assert_eq!(
+        rows.iter().skip(1).map(|r| r.split(',').next().unwrap_or_default()).collect::<Vec<_>>(),
+        ["latency_s", "ttft_ms", "tpot_ms", "itl_ms"]
+    );
+
+    let output = loadgen()
+        .args(["--base-url", &url, "--model", "good", "--num-prompts", "1", "--percentiles", "50,101"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("percentile 101 is not between 0 and 100"), "{stderr}");
+}
+
 #[tokio::test]
 async fn failures_exit_1_with_an_error_line() {
     let url = fake_openai::start(QUICK).await;

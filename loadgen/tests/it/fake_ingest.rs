@@ -1,9 +1,11 @@
 //! A fake controller IngestService that keeps what it receives and can
-//! misbehave: break the first stream after one batch, or never acknowledge.
+//! misbehave: break the first stream after one batch, refuse new streams for
+//! a while, or never acknowledge.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use benchfleet_proto as pb;
 use pb::ingest_service_server::{IngestService, IngestServiceServer};
@@ -19,6 +21,8 @@ pub struct Behaviour {
     pub break_first_stream: bool,
     /// Store but never acknowledge.
     pub never_ack: bool,
+    /// Refuse every stream opened this long after the first one broke.
+    pub refuse_for: Duration,
 }
 
 /// What the fake controller stored.
@@ -29,6 +33,10 @@ pub struct Received {
     pub summary: Option<pb::Summary>,
     pub streams: u32,
     pub attempts: Vec<pb::AttemptRef>,
+    /// Streams refused.
+    pub refused: u32,
+    /// When the first stream was broken on purpose.
+    broke_at: Option<Instant>,
 }
 
 #[derive(Clone)]
@@ -63,6 +71,10 @@ impl IngestService for Fake {
         let mut inbound = request.into_inner();
         let stream_no = {
             let mut received = self.received.lock().expect("lock");
+            if received.broke_at.is_some_and(|t| t.elapsed() < self.behaviour.refuse_for) {
+                received.refused += 1;
+                return Err(Status::unavailable("refused on purpose"));
+            }
             received.streams += 1;
             received.streams
         };
@@ -86,6 +98,7 @@ impl IngestService for Fake {
                 }
                 tx.send(Ok(pb::RecordAck { batch: batch.batch, summary_stored })).await.ok();
                 if fake.behaviour.break_first_stream && stream_no == 1 {
+                    fake.received.lock().expect("lock").broke_at = Some(Instant::now());
                     tx.send(Err(Status::unavailable("broken on purpose"))).await.ok();
                     return;
                 }

@@ -5,8 +5,8 @@
 //! after three chunks, `malformed` sends a chunk that is not JSON,
 //! `stall-first` never sends a token, `stall-after-2` stops after two chunks.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Json;
@@ -30,26 +30,47 @@ pub struct Timing {
     pub per_chunk: u64,
 }
 
+/// What the server really did for one streamed request: when each text
+/// chunk left it and when the stream ended, from the request's arrival. The
+/// server's timer overshoots its deadlines a little (more on a busy
+/// machine); these are the truth a client's measurements are checked against.
+#[derive(Clone, Debug, Default)]
+pub struct Served {
+    pub chunks: Vec<Duration>,
+    pub done: Duration,
+}
+
+/// Every completed stream the server served, in completion order.
+pub type Truth = Arc<Mutex<Vec<Served>>>;
+
 #[derive(Clone)]
 struct Server {
     timing: Timing,
     requests: Arc<AtomicU64>,
+    truth: Truth,
 }
 
 /// Starts the server on a free port; returns its base URL.
 pub async fn start(timing: Timing) -> String {
+    start_recorded(timing).await.0
+}
+
+/// Starts the server on a free port; returns its base URL and the record of
+/// what it served.
+pub async fn start_recorded(timing: Timing) -> (String, Truth) {
+    let truth = Truth::default();
     let app = axum::Router::new()
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate))
         .route("/v1/chat/completions", post(generate))
-        .with_state(Server { timing, requests: Arc::new(AtomicU64::new(0)) });
+        .with_state(Server { timing, requests: Arc::new(AtomicU64::new(0)), truth: truth.clone() });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("local addr");
     // Like uvicorn: without TCP_NODELAY, Nagle and delayed ACKs hold small
     // chunks back for up to 40 ms and the timings would be the kernel's.
     let listener = listener.tap_io(|tcp| tcp.set_nodelay(true).expect("nodelay"));
     tokio::spawn(async move { axum::serve(listener, app).await.expect("fake server") });
-    format!("http://{addr}")
+    (format!("http://{addr}"), truth)
 }
 
 async fn models() -> Json<Value> {
@@ -79,7 +100,9 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
     let stall = model.starts_with("stall");
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let truth = server.truth.clone();
     tokio::spawn(async move {
+        let mut served = Served::default();
         let send = |data: String| tx.send(Ok(Bytes::from(format!("data: {data}\n\n"))));
         // Neither a role-only nor an empty chunk is a token.
         let empty = if chat {
@@ -111,11 +134,14 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
                 (true, _) => json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
                 (false, _) => json!({"choices": [{"index": 0, "text": text}]}),
             };
+            served.chunks.push(arrived.elapsed());
             send(chunk.to_string()).await.ok();
         }
         let usage = json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}});
         send(usage.to_string()).await.ok();
+        served.done = arrived.elapsed();
         send("[DONE]".to_owned()).await.ok();
+        truth.lock().expect("truth lock").push(served);
     });
     Response::builder()
         .header("content-type", "text/event-stream")

@@ -2,6 +2,8 @@
 //! across a broken stream, and a controller that does not acknowledge fails
 //! the run.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use benchfleet_loadgen::{Arrival, LoadError, SinkConfig, Summary, run};
@@ -16,13 +18,20 @@ const QUICK: Timing = Timing { ttft: Duration::from_millis(20), itl: Duration::f
 async fn report_run(
     behaviour: Behaviour,
 ) -> (Result<benchfleet_loadgen::LoadResult, LoadError>, fake_ingest::Received) {
+    report_run_with(behaviour, |sink| sink.retry_for = Duration::from_secs(1)).await
+}
+
+async fn report_run_with(
+    behaviour: Behaviour,
+    configure: impl FnOnce(&mut SinkConfig),
+) -> (Result<benchfleet_loadgen::LoadResult, LoadError>, fake_ingest::Received) {
     let url = fake_openai::start(QUICK).await;
     let (ingest, received) = fake_ingest::start(behaviour).await;
     let mut config = random_load(&url, "good", 30, 10, 5);
     config.request_rate = Some(25.0);
     config.arrival = Arrival::Constant;
     let mut sink = SinkConfig::new(ingest, "run-1", 7, 2);
-    sink.retry_for = Duration::from_secs(1);
+    configure(&mut sink);
     let result = run(config, Some(sink)).await;
     let received = std::mem::take(&mut *received.lock().expect("lock"));
     (result, received)
@@ -48,6 +57,44 @@ async fn a_broken_stream_is_reopened_and_nothing_is_lost_or_doubled() {
     assert_eq!(received.stored.keys().copied().collect::<Vec<_>>(), expected);
     assert!(received.stored.values().all(|&n| n == 1), "{:?}", received.stored);
     assert_eq!(received.summary.map(Summary::from), Some(result.summary));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_memory_bound_records_wait_in_a_file_until_the_controller_is_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Watches the spill directory while the run goes on: the file must appear
+    // (memory holds about one batch) and be gone at the end.
+    let watched = dir.path().to_owned();
+    let seen = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn({
+        let seen = Arc::clone(&seen);
+        async move {
+            loop {
+                if std::fs::read_dir(&watched).is_ok_and(|mut d| d.next().is_some()) {
+                    seen.store(true, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    let behaviour =
+        Behaviour { break_first_stream: true, refuse_for: Duration::from_millis(700), ..Behaviour::default() };
+    let (result, received) = report_run_with(behaviour, |sink| {
+        sink.retry_for = Duration::from_secs(10);
+        sink.memory_bytes = 256;
+        sink.spill_dir = dir.path().to_owned();
+    })
+    .await;
+    watcher.abort();
+    let result = result.expect("run");
+    assert!(received.refused > 0, "the controller refused streams for a while");
+    assert!(seen.load(Ordering::Relaxed), "batches past the bound went to a spill file");
+    let expected: Vec<u64> = (0..30).collect();
+    assert_eq!(received.stored.keys().copied().collect::<Vec<_>>(), expected);
+    assert!(received.stored.values().all(|&n| n == 1), "{:?}", received.stored);
+    assert_eq!(received.summary.map(Summary::from), Some(result.summary));
+    let left: Vec<_> = std::fs::read_dir(dir.path()).expect("spill dir").collect();
+    assert!(left.is_empty(), "the spill file is removed: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
