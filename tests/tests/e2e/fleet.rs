@@ -86,8 +86,14 @@ impl LoadRunner for InProcessLoadgen {
     }
 }
 
-/// Starts a controller over a sled store in `dir` and one in-process agent.
+/// Starts a controller over a sled store in `dir` and one in-process agent
+/// with one simulated H200.
 pub async fn start(dir: &Path) -> anyhow::Result<(LocalFleet, Arc<dyn Store>)> {
+    start_with_gpus(dir, 1).await
+}
+
+/// The same with `gpus` simulated H200s on the agent.
+pub async fn start_with_gpus(dir: &Path, gpus: u32) -> anyhow::Result<(LocalFleet, Arc<dyn Store>)> {
     let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.join("store"))?);
     let work_dir = dir.join("agent");
     let fleet = LocalFleet::start(store.clone(), |controller_url| {
@@ -96,7 +102,7 @@ pub async fn start(dir: &Path) -> anyhow::Result<(LocalFleet, Arc<dyn Store>)> {
         Ok(AgentConfig {
             controller_url,
             name: "in-process".into(),
-            gpus: Arc::new(SimGpuProbe { model: "H200".into(), count: 1, host: "test".into() }),
+            gpus: Arc::new(SimGpuProbe { model: "H200".into(), count: gpus, host: "test".into() }),
             runtimes,
             loadgen: Arc::new(InProcessLoadgen),
             work_dir,

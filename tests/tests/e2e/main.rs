@@ -5,3 +5,4 @@
 mod docker;
 mod fleet;
 mod local_pipeline;
+mod placement;
