@@ -1,5 +1,6 @@
 //! The run report: one "Serving Benchmark Result" block per (engine
-//! configuration, profile), each variant against its engine's baseline, and
+//! configuration, profile), each variant against its engine's baseline (a
+//! variant below the matrix's acceptance is reported, never adopted), and
 //! every failure with its reason. Rendered from the store alone, so that
 //! `benchfleet report` prints the same text long after the run.
 
@@ -17,6 +18,10 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
     let jobs = store.jobs(run_id)?;
     let progress = Progress::of(&jobs);
     let state = if run.finished { "finished" } else { "running" };
+    // The stored matrix was valid when it was submitted; its files are not
+    // needed to read its acceptance.
+    let min_success_rate = crate::matrix::parse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new()))
+        .map_or(1.0, |m| m.min_success_rate);
 
     let mut out = String::new();
     let _ = writeln!(out, "Run {}: {} ({})", run.id, run.name, run.matrix_file);
@@ -84,7 +89,7 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
         }
     }
 
-    comparison(&mut out, &groups, &jobs, &profiles);
+    comparison(&mut out, &groups, &jobs, &profiles, min_success_rate);
     Ok(out)
 }
 
@@ -105,7 +110,7 @@ fn state_word(s: JobState) -> &'static str {
 }
 
 /// Each variant configuration against its engine's baseline, per profile.
-fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str]) {
+fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str], min_success_rate: f64) {
     let variants: Vec<&Group> = groups.iter().filter(|g| !g.config.variants.is_empty()).collect();
     if variants.is_empty() {
         return;
@@ -123,14 +128,19 @@ fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str
                 mean(&succeeded(&js).collect::<Vec<_>>())
             };
             let line = match (summary_of(base), summary_of(v)) {
-                (Some(b), Some(s)) => format!(
-                    "Total TPS: {:.2} ({:+.2}%) Mean TPOT(ms): {:.2} | baseline Total TPS: {:.2} Mean TPOT(ms): {:.2}",
-                    s.total_token_throughput,
-                    change(b.total_token_throughput, s.total_token_throughput),
-                    s.tpot_ms.mean,
-                    b.total_token_throughput,
-                    b.tpot_ms.mean
-                ),
+                (Some(b), Some(s)) => {
+                    let verdict = if let Some(why) = &s.invalid {
+                        format!("run INVALID: {why}; not adopted")
+                    } else if s.success_rate() < min_success_rate {
+                        format!("success rate {:.1}%, not adopted", s.success_rate() * 100.0)
+                    } else {
+                        format!("{:+.2}%", change(b.total_token_throughput, s.total_token_throughput))
+                    };
+                    format!(
+                        "Total TPS: {:.2} ({verdict}) Mean TPOT(ms): {:.2} | baseline Total TPS: {:.2} Mean TPOT(ms): {:.2}",
+                        s.total_token_throughput, s.tpot_ms.mean, b.total_token_throughput, b.tpot_ms.mean
+                    )
+                }
                 _ => "no result to compare".to_owned(),
             };
             let _ = writeln!(out, "  {:<40} {line}", v.config.name);
@@ -217,4 +227,90 @@ pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
             (!reasons.is_empty()).then(|| reasons.join("; "))
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, Run, RuntimeKind};
+    use crate::store::SledStore;
+
+    const MATRIX: &str = "\
+name: acceptance
+model: m
+acceptance: { min_success_rate: 0.99 }
+engines: { vllm: {} }
+variants:
+  mtp: { args: [--mtp] }
+  fp8: { model: m-fp8 }
+profiles:
+  p: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 1000 }
+";
+
+    fn group(id: u64, variants: &[&str]) -> Group {
+        Group {
+            run: RunId(1),
+            id,
+            config: EngineConfig {
+                name: std::iter::once("vllm").chain(variants.iter().copied()).collect::<Vec<_>>().join("+"),
+                engine: "vllm".into(),
+                kind: EngineKind::Vllm,
+                variants: variants.iter().map(|v| v.to_string()).collect(),
+                model: "m".into(),
+                image: String::new(),
+                args: Vec::new(),
+                runtime: RuntimeKind::Process,
+                url: None,
+            },
+            gpu: None,
+            gpus_per_job: 1,
+            jobs: vec![id],
+        }
+    }
+
+    fn job(group: u64, tps: f64, successful: u64) -> Job {
+        let profile = Profile {
+            name: "p".into(),
+            dataset: Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 },
+            rate: None,
+            arrival: Arrival::Constant,
+            requests: 1000,
+            max_concurrency: None,
+            endpoint: Endpoint::Completions,
+            seed: 0,
+        };
+        let mut job = Job::new(RunId(1), group, group, profile, 1);
+        job.state = JobState::Succeeded;
+        job.summary =
+            Some(Summary { successful, failed: 1000 - successful, total_token_throughput: tps, ..Summary::default() });
+        job
+    }
+
+    #[test]
+    fn variants_below_the_acceptance_are_reported_but_not_adopted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("store");
+        let run = Run {
+            id: RunId(1),
+            name: "acceptance".into(),
+            matrix_file: "m.yaml".into(),
+            matrix_yaml: MATRIX.into(),
+            created_unix_ms: 0,
+            finished: true,
+        };
+        let groups = [group(0, &[]), group(1, &["mtp"]), group(2, &["fp8"])];
+        let jobs = [job(0, 9632.01, 1000), job(1, 15514.15, 516), job(2, 9942.93, 1000)];
+        store.create_run(&run, &groups, &jobs).expect("create");
+        let report = render(&store, RunId(1)).expect("render");
+        let lines: Vec<&str> = report.lines().filter(|l| l.contains("| baseline")).collect();
+        assert_eq!(
+            lines,
+            [
+                "  vllm+mtp                                 Total TPS: 15514.15 (success rate 51.6%, not adopted) \
+                 Mean TPOT(ms): 0.00 | baseline Total TPS: 9632.01 Mean TPOT(ms): 0.00",
+                "  vllm+fp8                                 Total TPS: 9942.93 (+3.23%) \
+                 Mean TPOT(ms): 0.00 | baseline Total TPS: 9632.01 Mean TPOT(ms): 0.00",
+            ]
+        );
+    }
 }
