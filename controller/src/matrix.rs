@@ -239,6 +239,17 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         Some(a) => a.min_success_rate,
         None => 1.0,
     };
+    match raw.objective.as_deref() {
+        None | Some("total_token_throughput" | "output_throughput" | "mean_latency") => {}
+        Some(other) => {
+            return Err(err(
+                "objective",
+                format!(
+                    "unknown objective '{other}'; expected total_token_throughput, output_throughput or mean_latency"
+                ),
+            ));
+        }
+    }
     if raw.model.trim().is_empty() {
         return Err(err("model", "must name the model to serve".to_owned()));
     }
@@ -639,6 +650,10 @@ profiles:
         check_err(
             &GOOD.replace("  sglang: {", "  tgi: {"),
             "m.yaml:7: engines.tgi: cannot tell the engine from its name; set kind: vllm or sglang",
+        );
+        check_err(
+            &format!("{GOOD}objective: speed\n"),
+            "m.yaml:17: objective: unknown objective 'speed'; expected total_token_throughput, output_throughput or mean_latency",
         );
         check_err(
             &format!("{GOOD}strategy: greedy\n"),

@@ -20,8 +20,8 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
     let state = if run.finished { "finished" } else { "running" };
     // The stored matrix was valid when it was submitted; its files are not
     // needed to read its acceptance.
-    let min_success_rate = crate::matrix::parse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new()))
-        .map_or(1.0, |m| m.min_success_rate);
+    let matrix = crate::matrix::parse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new())).ok();
+    let min_success_rate = matrix.as_ref().map_or(1.0, |m| m.min_success_rate);
 
     let mut out = String::new();
     let _ = writeln!(out, "Run {}: {} ({})", run.id, run.name, run.matrix_file);
@@ -90,6 +90,9 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
     }
 
     comparison(&mut out, &groups, &jobs, &profiles, min_success_rate);
+    if let Some(m) = &matrix {
+        recommendation(&mut out, &groups, &jobs, m);
+    }
     Ok(out)
 }
 
@@ -147,6 +150,48 @@ fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str
         }
         out.push('\n');
     }
+}
+
+/// The configuration to serve: the best on the primary profile by the
+/// matrix's objective, among those whose runs were valid and met the
+/// acceptance.
+fn recommendation(out: &mut String, groups: &[Group], jobs: &[Job], matrix: &crate::matrix::Matrix) {
+    let profile = matrix.primary_profile.as_str();
+    let candidates = groups.iter().filter_map(|g| {
+        let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == profile).collect();
+        let s = mean(&succeeded(&js).collect::<Vec<_>>())?;
+        (s.invalid.is_none() && s.success_rate() >= matrix.min_success_rate).then_some((g, s))
+    });
+    // Higher is better, so latency is negated.
+    let score = |s: &Summary| match matrix.objective.as_str() {
+        "mean_latency" => -s.latency_s.mean,
+        "output_throughput" => s.output_throughput,
+        _ => s.total_token_throughput,
+    };
+    let Some((best, s)) = candidates.max_by(|a, b| score(&a.1).total_cmp(&score(&b.1))) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "## Recommended
+"
+    );
+    let _ = writeln!(
+        out,
+        "{}
+",
+        best.config.serve_command()
+    );
+    let value = match matrix.objective.as_str() {
+        "mean_latency" => format!("mean latency {:.2} s", s.latency_s.mean),
+        "output_throughput" => format!("output throughput {:.2} tok/s", s.output_throughput),
+        _ => format!("total token throughput {:.2} tok/s", s.total_token_throughput),
+    };
+    let _ = writeln!(
+        out,
+        "({}: the best {value} on profile {profile} among the configurations that met the acceptance)",
+        best.config.name
+    );
 }
 
 fn change(base: f64, new: f64) -> f64 {
@@ -302,6 +347,11 @@ profiles:
         let jobs = [job(0, 9632.01, 1000), job(1, 15514.15, 516), job(2, 9942.93, 1000)];
         store.create_run(&run, &groups, &jobs).expect("create");
         let report = render(&store, RunId(1)).expect("render");
+        // mtp has the highest throughput but failed half its requests.
+        assert!(
+            report.contains("## Recommended\n\nvllm serve m\n\n(vllm+fp8: the best total token throughput"),
+            "{report}"
+        );
         let lines: Vec<&str> = report.lines().filter(|l| l.contains("| baseline")).collect();
         assert_eq!(
             lines,
