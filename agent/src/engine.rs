@@ -83,7 +83,7 @@ pub fn engine_command(launch: &EngineLaunch, host: &str, port: u16) -> Vec<Strin
 }
 
 /// Runs the engine as a local process on a free loopback port.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ProcessRuntime {
     /// Put before the engine's command line: the simulator binary, for
     /// simulated engines; empty to run the real `vllm`/`python3`.
@@ -91,6 +91,15 @@ pub struct ProcessRuntime {
     /// Set in the engine's environment (for the simulator: which GPU it
     /// stands in for).
     pub env: Vec<(String, String)>,
+    /// How long a stopped engine has to exit after SIGTERM before it is
+    /// killed.
+    pub stop_grace: Duration,
+}
+
+impl Default for ProcessRuntime {
+    fn default() -> Self {
+        ProcessRuntime { launcher: Vec::new(), env: Vec::new(), stop_grace: Duration::from_secs(30) }
+    }
 }
 
 #[tonic::async_trait]
@@ -107,6 +116,10 @@ impl EngineRuntime for ProcessRuntime {
         let mut child = Command::new(program)
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            // Its own process group, so that stopping it reaches the worker
+            // processes an engine forks (vLLM's engine core, SGLang's
+            // schedulers) and none is left holding GPU memory.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -120,7 +133,7 @@ impl EngineRuntime for ProcessRuntime {
         if let Some(err) = child.stderr.take() {
             tokio::spawn(collect_lines(err, log.clone()));
         }
-        Ok(Box::new(ProcessEngine { child, port, log }))
+        Ok(Box::new(ProcessEngine { child, port, log, stop_grace: self.stop_grace }))
     }
 }
 
@@ -179,6 +192,7 @@ struct ProcessEngine {
     child: Child,
     port: u16,
     log: LogTail,
+    stop_grace: Duration,
 }
 
 #[tonic::async_trait]
@@ -196,8 +210,21 @@ impl Engine for ProcessEngine {
     }
 
     async fn stop(mut self: Box<Self>) {
-        // TODO(graceful stop): SIGTERM first, so a real engine frees its GPU
-        // memory cleanly; needs a signal-sending crate.
+        // SIGTERM first, so that a real engine shuts its workers down and
+        // frees GPU memory cleanly; SIGKILL to the whole group after the
+        // grace period, or at once if the signal cannot be sent.
+        let group = self.child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32));
+        if let Some(group) = group
+            && rustix::process::kill_process_group(group, rustix::process::Signal::TERM).is_ok()
+            && tokio::time::timeout(self.stop_grace, self.child.wait()).await.is_ok()
+        {
+            // The leader is gone; workers that outlived it go too.
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+            return;
+        }
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
         let _ = self.child.kill().await;
     }
 }
@@ -349,5 +376,69 @@ mod tests {
             engine_command(&vllm, "127.0.0.1", 9).join(" "),
             "vllm serve m --host 127.0.0.1 --port 9 --context-length=8"
         );
+    }
+
+    /// A stand-in engine: a shell that runs `script` with a worker process in
+    /// its group, writing the worker's pid to `pid_file`.
+    async fn shell_engine(script: &str, pid_file: &std::path::Path, grace: Duration) -> Box<dyn Engine> {
+        let script = format!("{script}; sleep 1000 & echo $! > {}; wait", pid_file.display());
+        let runtime = ProcessRuntime {
+            launcher: vec!["sh".into(), "-c".into(), script, "sh".into()],
+            env: Vec::new(),
+            stop_grace: grace,
+        };
+        let launch = EngineLaunch { kind: "vllm".into(), model: "m".into(), ..EngineLaunch::default() };
+        let engine = runtime.start(&launch).await.expect("the shell starts");
+        for _ in 0..100 {
+            if std::fs::read_to_string(pid_file).is_ok_and(|p| !p.trim().is_empty()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        engine
+    }
+
+    fn alive(pid_file: &std::path::Path) -> bool {
+        let pid = std::fs::read_to_string(pid_file).expect("pid file");
+        // A zombie has been killed; only its exit status is left to collect.
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).is_ok_and(|stat| !stat.contains(") Z "))
+    }
+
+    /// Whether the worker is gone within a while: a killed process takes a
+    /// moment to be torn down.
+    async fn gone(pid_file: &std::path::Path) -> bool {
+        for _ in 0..100 {
+            if !alive(pid_file) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn stopping_a_process_engine_asks_first_and_takes_its_workers_along() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid_file = dir.path().join("worker.pid");
+        let saw_term = dir.path().join("term");
+        let trap = format!("trap 'echo > {}; exit 0' TERM", saw_term.display());
+        let engine = shell_engine(&trap, &pid_file, Duration::from_secs(30)).await;
+        assert!(alive(&pid_file));
+        let started = std::time::Instant::now();
+        engine.stop().await;
+        assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM was enough");
+        assert!(saw_term.exists(), "the engine was asked to stop with SIGTERM");
+        assert!(gone(&pid_file).await, "the worker went with the engine");
+    }
+
+    #[tokio::test]
+    async fn an_engine_that_ignores_sigterm_is_killed_after_the_grace_period() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid_file = dir.path().join("worker.pid");
+        let engine = shell_engine("trap '' TERM", &pid_file, Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        engine.stop().await;
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert!(gone(&pid_file).await, "the worker was killed too");
     }
 }

@@ -193,7 +193,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let loadgen =
         find_binary("benchfleet-loadgen").context("benchfleet-loadgen not found beside this binary or on PATH")?;
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
-    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher, env: sim_env }));
+    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher, env: sim_env, ..ProcessRuntime::default() }));
     runtimes.insert("external".into(), Arc::new(ExternalRuntime));
     if let Some(docker) = benchfleet_agent::docker::runtime_from_args(&args.docker, &name).await? {
         runtimes.insert("docker".into(), Arc::new(docker));

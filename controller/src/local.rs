@@ -81,7 +81,10 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
     // The simulator models the GPU the matrix asks for.
     let env = vec![("BENCHFLEET_SIM_GPU".to_owned(), gpu.to_owned())];
-    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher: vec![sim.display().to_string()], env }));
+    runtimes.insert(
+        "process".into(),
+        Arc::new(ProcessRuntime { launcher: vec![sim.display().to_string()], env, ..ProcessRuntime::default() }),
+    );
     Ok(AgentConfig {
         controller_url,
         name: "local".into(),
