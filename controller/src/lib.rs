@@ -2,7 +2,8 @@
 //! agents, stores every request record loadgen streams back, and renders the
 //! reports. The `benchfleet` operator CLI lives here too.
 //!
-//! Layout: `matrix` parses and expands matrix files; `model` holds the domain
+//! Layout: `matrix` parses and expands matrix files; `greedy` plans the
+//! stages of a greedy run from its results so far; `model` holds the domain
 //! types; `store` persists them (sled); `server` holds the scheduling state and
 //! the gRPC services; `convert` is the only module that sees prost types
 //! besides `server`'s service glue; `report` renders reports; `local` runs a
@@ -10,6 +11,7 @@
 //! the operator command line.
 
 pub mod convert;
+pub mod greedy;
 pub mod matrix;
 pub mod model;
 pub mod report;

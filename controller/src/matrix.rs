@@ -149,6 +149,28 @@ struct RawRandom {
 pub enum Strategy {
     /// Every engine x variant set x profile x repeat.
     Grid,
+    /// The reference reports' procedure, in stages the controller plans as
+    /// results come in (see `greedy`).
+    Greedy,
+}
+
+/// An engine as the matrix defines it, before any variant is applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineDef {
+    pub name: String,
+    pub kind: EngineKind,
+    pub image: String,
+    pub args: Vec<String>,
+    pub runtime: RuntimeKind,
+    pub url: Option<String>,
+}
+
+/// A variant: flags (and perhaps another model) applied on top of an engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VariantDef {
+    pub name: String,
+    pub model: Option<String>,
+    pub args: Vec<String>,
 }
 
 /// A validated matrix.
@@ -163,7 +185,12 @@ pub struct Matrix {
     pub min_success_rate: f64,
     pub repeats: u32,
     pub strategy: Strategy,
-    /// One per engine and variant set, baselines first.
+    /// In file order.
+    pub engines: Vec<EngineDef>,
+    /// In file order, which is the order their args are applied in.
+    pub variants: Vec<VariantDef>,
+    /// For grid: one per engine and variant set, baselines first. Empty for
+    /// greedy, whose configurations are built stage by stage.
     pub configs: Vec<EngineConfig>,
     /// In file order of their names.
     pub profiles: Vec<Profile>,
@@ -211,10 +238,8 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         .ok_or_else(|| err("repeats", format!("must be at least 1, got {}", raw.repeats)))?;
     let strategy = match raw.strategy.as_deref() {
         None | Some("grid") => Strategy::Grid,
-        Some("greedy") => {
-            return Err(err("strategy", "greedy is not implemented yet; use grid (every combination)".to_owned()));
-        }
-        Some(other) => return Err(err("strategy", format!("unknown strategy '{other}'; expected grid"))),
+        Some("greedy") => Strategy::Greedy,
+        Some(other) => return Err(err("strategy", format!("unknown strategy '{other}'; expected grid or greedy"))),
     };
     let (gpu, gpus_per_job) = match &raw.hardware {
         Some(h) => {
@@ -284,12 +309,18 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         }
     }
 
-    let variant_names = key_order(&value, "variants");
-    let mut configs = Vec::new();
-    for name in &key_order(&value, "engines") {
-        let e = &raw.engines[name];
+    let variants: Vec<VariantDef> = key_order(&value, "variants")
+        .into_iter()
+        .map(|name| {
+            let v = &raw.variants[&name];
+            VariantDef { model: v.model.clone(), args: v.args.clone(), name }
+        })
+        .collect();
+    let mut engines = Vec::new();
+    for name in key_order(&value, "engines") {
+        let e = &raw.engines[&name];
         let field = format!("engines.{name}");
-        let kind = match e.kind.as_deref().unwrap_or(name) {
+        let kind = match e.kind.as_deref().unwrap_or(&name) {
             "vllm" => EngineKind::Vllm,
             "sglang" => EngineKind::Sglang,
             other if e.kind.is_some() => {
@@ -316,39 +347,25 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         if runtime == RuntimeKind::External && e.url.is_none() {
             return Err(err(&format!("{field}.url"), "the external runtime needs the engine's url".to_owned()));
         }
-        // Every combination of variants, the baseline (no variant) first.
-        let mut sets: Vec<Vec<&String>> = (0u64..1 << variant_names.len())
-            .map(|mask| {
-                variant_names.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n).collect()
-            })
-            .collect();
-        sets.sort_by_key(Vec::len);
-        for set in sets {
-            let mut model = raw.model.clone();
-            let mut args = e.args.clone();
-            for v in &set {
-                let variant = &raw.variants[*v];
-                if let Some(m) = &variant.model {
-                    model = m.clone();
-                }
-                args.extend(variant.args.iter().cloned());
-            }
-            let mut config_name = name.clone();
-            for v in &set {
-                config_name.push('+');
-                config_name.push_str(v);
-            }
-            configs.push(EngineConfig {
-                name: config_name,
-                engine: name.clone(),
-                kind,
-                variants: set.into_iter().cloned().collect(),
-                model,
-                image: e.image.clone().unwrap_or_default(),
-                args,
-                runtime,
-                url: e.url.clone(),
-            });
+        engines.push(EngineDef {
+            name,
+            kind,
+            image: e.image.clone().unwrap_or_default(),
+            args: e.args.clone(),
+            runtime,
+            url: e.url.clone(),
+        });
+    }
+
+    let mut configs = Vec::new();
+    if strategy == Strategy::Grid {
+        for engine in &engines {
+            // Every combination of variants, the baseline (no variant) first.
+            let mut sets: Vec<Vec<&VariantDef>> = (0u64..1 << variants.len())
+                .map(|mask| variants.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, v)| v).collect())
+                .collect();
+            sets.sort_by_key(Vec::len);
+            configs.extend(sets.iter().map(|set| config(&raw.model, engine, set)));
         }
     }
 
@@ -362,10 +379,49 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         min_success_rate,
         repeats,
         strategy,
+        engines,
+        variants,
         configs,
         profiles,
         primary_profile,
     })
+}
+
+impl Matrix {
+    /// The configuration of `engine` with the named variants applied, in the
+    /// file's order whatever the order of `chosen`, so that one set of
+    /// variants always makes one configuration with one name.
+    pub fn config_with(&self, engine: &EngineDef, chosen: &[&str]) -> EngineConfig {
+        let set: Vec<&VariantDef> = self.variants.iter().filter(|v| chosen.contains(&v.name.as_str())).collect();
+        config(&self.model, engine, &set)
+    }
+}
+
+/// An engine with a set of variants applied: their args after the engine's,
+/// the last variant that names a model serving it.
+fn config(model: &str, engine: &EngineDef, set: &[&VariantDef]) -> EngineConfig {
+    let mut model = model.to_owned();
+    let mut args = engine.args.clone();
+    let mut name = engine.name.clone();
+    for v in set {
+        if let Some(m) = &v.model {
+            model = m.clone();
+        }
+        args.extend(v.args.iter().cloned());
+        name.push('+');
+        name.push_str(&v.name);
+    }
+    EngineConfig {
+        name,
+        engine: engine.name.clone(),
+        kind: engine.kind,
+        variants: set.iter().map(|v| v.name.clone()).collect(),
+        model,
+        image: engine.image.clone(),
+        args,
+        runtime: engine.runtime,
+        url: engine.url.clone(),
+    }
 }
 
 fn profile(
@@ -656,9 +712,30 @@ profiles:
             "m.yaml:17: objective: unknown objective 'speed'; expected total_token_throughput, output_throughput or mean_latency",
         );
         check_err(
-            &format!("{GOOD}strategy: greedy\n"),
-            "m.yaml:17: strategy: greedy is not implemented yet; use grid (every combination)",
+            &format!("{GOOD}strategy: random\n"),
+            "m.yaml:17: strategy: unknown strategy 'random'; expected grid or greedy",
         );
+    }
+
+    #[test]
+    fn greedy_builds_configurations_on_demand_in_file_order() {
+        let m = parse("m.yaml", &format!("{GOOD}strategy: greedy\n"), &hash).expect("valid matrix");
+        assert_eq!(m.strategy, Strategy::Greedy);
+        assert!(m.configs.is_empty());
+        let both = m.config_with(&m.engines[0], &["fp8", "prefix-caching"]);
+        assert_eq!(both.name, "vllm+prefix-caching+fp8");
+        assert_eq!(both.model, "Qwen/Qwen3.5-9B-FP8");
+        assert_eq!(both.args, ["--max-model-len=8192", "--enable-prefix-caching"]);
+        // The same as the grid builds for the same set.
+        let grid = parse("m.yaml", GOOD, &hash).expect("valid matrix");
+        assert_eq!(grid.configs[3], both);
+    }
+
+    #[test]
+    fn the_greedy_example_is_valid() {
+        let yaml = include_str!("../../examples/greedy.yaml");
+        let m = parse("greedy.yaml", yaml, &|_| Some(String::new())).expect("valid matrix");
+        assert_eq!((m.strategy, m.engines.len(), m.variants.len()), (Strategy::Greedy, 2, 2));
     }
 
     #[test]

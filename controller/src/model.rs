@@ -1,6 +1,7 @@
 //! The controller's domain types: runs, engine groups, jobs and attempts, as
 //! they are scheduled and stored.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use benchfleet_loadgen::Summary;
@@ -36,6 +37,14 @@ pub struct Run {
     pub matrix_yaml: String,
     pub created_unix_ms: i64,
     pub finished: bool,
+    /// The SHA-256 of each dataset file the matrix names, by its path in the
+    /// matrix: a greedy run parses its matrix again for every stage.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// The runtime the submitter asked every engine to use instead of the
+    /// matrix's, which later stages must honour too.
+    #[serde(default)]
+    pub runtime_override: Option<RuntimeKind>,
 }
 
 /// How an engine is run by the agent.
@@ -164,9 +173,16 @@ pub struct Group {
     pub gpus_per_job: u32,
     /// In the order they run.
     pub jobs: Vec<u64>,
+    /// The greedy stage that scheduled the group; 1 for a grid run.
+    #[serde(default = "first_stage")]
+    pub stage: u32,
 }
 
 fn one_gpu() -> u32 {
+    1
+}
+
+fn first_stage() -> u32 {
     1
 }
 

@@ -1,22 +1,45 @@
 //! The run report: one "Serving Benchmark Result" block per (engine
 //! configuration, profile), each variant against its engine's baseline (a
 //! variant below the matrix's acceptance is reported, never adopted), and
-//! every failure with its reason. Rendered from the store alone, so that
+//! every failure with its reason; for a greedy run, first the stages and
+//! the choice made at each. Rendered from the store alone, so that
 //! `benchfleet report` prints the same text long after the run.
 
 use std::fmt::Write as _;
 
 use benchfleet_loadgen::{Distribution, Summary, render_block};
 
+use crate::greedy::{self, Objective, Plan};
+use crate::matrix::Strategy;
 use crate::model::{Group, Job, JobState, Progress, RunId};
 use crate::store::{Store, StoreError};
 
 /// Renders the report of a stored run.
 pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
     let run = store.run(run_id)?.ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
-    let groups = store.groups(run_id)?;
-    let jobs = store.jobs(run_id)?;
-    let progress = Progress::of(&jobs);
+    let all_groups = store.groups(run_id)?;
+    // A greedy run measures some configurations again in its final stage,
+    // in groups of their own: the report shows each configuration once.
+    let mut groups: Vec<Group> = Vec::new();
+    for g in &all_groups {
+        if !groups.iter().any(|seen| seen.config.name == g.config.name) {
+            groups.push(g.clone());
+        }
+    }
+    let group_of: std::collections::HashMap<u64, u64> = all_groups
+        .iter()
+        .map(|g| (g.id, groups.iter().find(|seen| seen.config.name == g.config.name).map_or(g.id, |seen| seen.id)))
+        .collect();
+    let stored_jobs = store.jobs(run_id)?;
+    let progress = Progress::of(&stored_jobs);
+    let jobs: Vec<Job> = stored_jobs
+        .iter()
+        .cloned()
+        .map(|mut j| {
+            j.group = group_of.get(&j.group).copied().unwrap_or(j.group);
+            j
+        })
+        .collect();
     let state = if run.finished { "finished" } else { "running" };
     // The stored matrix was valid when it was submitted; its files are not
     // needed to read its acceptance.
@@ -89,11 +112,45 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
         }
     }
 
+    let mut winner = None;
+    if let Some(m) = matrix.as_ref().filter(|m| m.strategy == Strategy::Greedy) {
+        let planned = greedy::plan(m, &greedy::Results::of(&all_groups, &stored_jobs, &m.primary_profile));
+        let _ = writeln!(out, "## Greedy stages\n");
+        let mut stage = 0;
+        for d in &planned.decisions {
+            if d.stage != stage {
+                stage = d.stage;
+                let _ = writeln!(out, "Stage {stage}: {}", stage_title(stage));
+            }
+            let _ = writeln!(out, "  {:<40} {}", d.config, d.verdict);
+        }
+        match planned.plan {
+            Plan::Next(next) => {
+                let _ = writeln!(out, "Stage {} ({}) is running", next.number, stage_title(next.number));
+            }
+            Plan::Done(outcome) => {
+                let chosen = outcome.winner.as_deref().map_or(String::new(), |w| format!("{w}: "));
+                let _ = writeln!(out, "Chosen: {chosen}{}", outcome.reason);
+                winner = outcome.winner;
+            }
+        }
+        out.push('\n');
+    }
+
     comparison(&mut out, &groups, &jobs, &profiles, min_success_rate);
     if let Some(m) = &matrix {
-        recommendation(&mut out, &groups, &jobs, m);
+        recommendation(&mut out, &groups, &jobs, m, winner.as_deref());
     }
     Ok(out)
+}
+
+fn stage_title(stage: u32) -> &'static str {
+    match stage {
+        1 => "each engine at its defaults",
+        2 => "each variant alone",
+        3 => "the helping variants combined",
+        _ => "the winner and the baseline on every profile",
+    }
 }
 
 fn group_jobs<'a>(jobs: &'a [Job], group: &'a Group) -> impl Iterator<Item = &'a Job> {
@@ -154,21 +211,23 @@ fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str
 
 /// The configuration to serve: the best on the primary profile by the
 /// matrix's objective, among those whose runs were valid and met the
-/// acceptance.
-fn recommendation(out: &mut String, groups: &[Group], jobs: &[Job], matrix: &crate::matrix::Matrix) {
+/// acceptance; for a greedy run, the procedure's winner (which is that best,
+/// up to ties).
+fn recommendation(
+    out: &mut String,
+    groups: &[Group],
+    jobs: &[Job],
+    matrix: &crate::matrix::Matrix,
+    winner: Option<&str>,
+) {
     let profile = matrix.primary_profile.as_str();
-    let candidates = groups.iter().filter_map(|g| {
+    let candidates = groups.iter().filter(|g| winner.is_none_or(|w| g.config.name == w)).filter_map(|g| {
         let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == profile).collect();
         let s = mean(&succeeded(&js).collect::<Vec<_>>())?;
         (s.invalid.is_none() && s.success_rate() >= matrix.min_success_rate).then_some((g, s))
     });
-    // Higher is better, so latency is negated.
-    let score = |s: &Summary| match matrix.objective.as_str() {
-        "mean_latency" => -s.latency_s.mean,
-        "output_throughput" => s.output_throughput,
-        _ => s.total_token_throughput,
-    };
-    let Some((best, s)) = candidates.max_by(|a, b| score(&a.1).total_cmp(&score(&b.1))) else {
+    let objective = Objective::of(&matrix.objective);
+    let Some((best, s)) = candidates.max_by(|a, b| objective.score(&a.1).total_cmp(&objective.score(&b.1))) else {
         return;
     };
     let _ = writeln!(
@@ -182,11 +241,7 @@ fn recommendation(out: &mut String, groups: &[Group], jobs: &[Job], matrix: &cra
 ",
         best.config.serve_command()
     );
-    let value = match matrix.objective.as_str() {
-        "mean_latency" => format!("mean latency {:.2} s", s.latency_s.mean),
-        "output_throughput" => format!("output throughput {:.2} tok/s", s.output_throughput),
-        _ => format!("total token throughput {:.2} tok/s", s.total_token_throughput),
-    };
+    let value = objective.show(&s);
     let _ = writeln!(
         out,
         "({}: the best {value} on profile {profile} among the configurations that met the acceptance)",
@@ -310,6 +365,7 @@ profiles:
             gpu: None,
             gpus_per_job: 1,
             jobs: vec![id],
+            stage: 1,
         }
     }
 
@@ -342,6 +398,8 @@ profiles:
             matrix_yaml: MATRIX.into(),
             created_unix_ms: 0,
             finished: true,
+            files: Default::default(),
+            runtime_override: None,
         };
         let groups = [group(0, &[]), group(1, &["mtp"]), group(2, &["fp8"])];
         let jobs = [job(0, 9632.01, 1000), job(1, 15514.15, 516), job(2, 9942.93, 1000)];

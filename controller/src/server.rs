@@ -6,7 +6,7 @@
 //! attempt is identified by (run, job, attempt): messages of any attempt but
 //! the current one are ignored, so a job never counts twice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -22,8 +22,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::convert;
-use crate::matrix;
-use crate::model::{AttemptKey, Group, Job, JobState, Progress, Run, RunId, RuntimeKind};
+use crate::greedy::{self, Plan};
+use crate::matrix::{self, Matrix, Strategy};
+use crate::model::{AttemptKey, EngineConfig, Group, Job, JobState, Profile, Progress, Run, RunId, RuntimeKind};
 use crate::report;
 use crate::store::{Store, StoreError};
 
@@ -56,6 +57,10 @@ pub struct Controller {
     store: Arc<dyn Store>,
     config: ControllerConfig,
     state: Mutex<State>,
+    /// Held while deciding whether a run is over or its next greedy stage
+    /// begins: two agents may end a stage's last jobs at once, and only one
+    /// of them may add the next stage.
+    planning: Mutex<()>,
     /// Bumped on every change a watcher may want to see.
     changed: watch::Sender<u64>,
 }
@@ -106,8 +111,13 @@ impl Controller {
     /// it last stopped are taken up again: their unfinished jobs are queued
     /// as new attempts once agents connect.
     pub fn new(store: Arc<dyn Store>, config: ControllerConfig) -> Result<Arc<Controller>, StoreError> {
-        let controller =
-            Arc::new(Controller { store, config, state: Mutex::new(State::default()), changed: watch::channel(0).0 });
+        let controller = Arc::new(Controller {
+            store,
+            config,
+            state: Mutex::new(State::default()),
+            planning: Mutex::new(()),
+            changed: watch::channel(0).0,
+        });
         for run in controller.store.runs()?.into_iter().filter(|r| !r.finished) {
             let jobs = controller.store.jobs(run.id)?;
             for group in controller.store.groups(run.id)? {
@@ -116,6 +126,13 @@ impl Controller {
                     info!(run = %run.id, group = group.id, "taking up an unfinished group again");
                     controller.lock().queue.push_back((run.id, group.id));
                 }
+            }
+            // The controller may have stopped between a stage's last job and
+            // the next stage (or the run's end): decide now.
+            if jobs.iter().all(|j| j.state.is_terminal())
+                && let Err(e) = controller.finish_run_if_done(run.id)
+            {
+                warn!(run = %run.id, "cannot take up the run again: {}", e.message());
             }
         }
         Ok(controller)
@@ -160,30 +177,18 @@ impl Controller {
             matrix_yaml: req.matrix_yaml.clone(),
             created_unix_ms: unix_ms(),
             finished: false,
+            files: hashes.iter().map(|(path, sha)| ((*path).to_owned(), sha.clone())).collect::<BTreeMap<_, _>>(),
+            runtime_override: runtime,
         };
-        let (mut groups, mut jobs) = (Vec::new(), Vec::new());
-        for (group_id, config) in matrix.configs.iter().enumerate() {
-            let mut config = config.clone();
-            if let Some(r) = runtime {
-                config.runtime = r;
-            }
-            let mut group = Group {
-                run: run.id,
-                id: group_id as u64,
-                config,
-                gpu: matrix.gpu.clone(),
-                gpus_per_job: matrix.gpus_per_job,
-                jobs: Vec::new(),
-            };
-            for profile in &matrix.profiles {
-                for repeat in 1..=matrix.repeats {
-                    let id = jobs.len() as u64;
-                    group.jobs.push(id);
-                    jobs.push(Job::new(run.id, id, group.id, profile.clone(), repeat));
-                }
-            }
-            groups.push(group);
-        }
+        let (configs, profiles, stage) = match matrix.strategy {
+            Strategy::Grid => (matrix.configs.clone(), matrix.profiles.clone(), 1),
+            // Later stages are planned when this one ends.
+            Strategy::Greedy => match greedy::plan(&matrix, &greedy::Results::default()).plan {
+                Plan::Next(s) => (s.configs, s.profiles, s.number),
+                Plan::Done(o) => return Err(Status::invalid_argument(o.reason)),
+            },
+        };
+        let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
         self.store.create_run(&run, &groups, &jobs)?;
         info!(run = %run.id, name = %run.name, jobs = jobs.len(), "run submitted");
         self.lock().queue.extend(groups.iter().map(|g| (run.id, g.id)));
@@ -339,19 +344,51 @@ impl Controller {
         Ok(())
     }
 
-    fn finish_run_if_done(&self, run_id: RunId) -> Result<(), StoreError> {
+    /// Once every job of a run has ended: a greedy run goes on with its
+    /// next stage, if its planner has one; any other run is finished.
+    fn finish_run_if_done(&self, run_id: RunId) -> Result<(), Status> {
+        let _planning = self.planning.lock().unwrap_or_else(|e| e.into_inner());
         let jobs = self.store.jobs(run_id)?;
         if !jobs.iter().all(|j| j.state.is_terminal()) {
             return Ok(());
         }
-        if let Some(mut run) = self.store.run(run_id)?
-            && !run.finished
-        {
-            run.finished = true;
-            self.store.put_run(&run)?;
-            let p = Progress::of(&jobs);
-            info!(run = %run_id, succeeded = p.succeeded, failed = p.failed, "run finished");
+        let Some(mut run) = self.store.run(run_id)? else { return Ok(()) };
+        if run.finished {
+            return Ok(());
         }
+        // Greedy runs are planned again from the store alone, so that a
+        // restarted controller takes up where the last one stopped.
+        // Dataset hashes were recorded at submission; a run stored before
+        // they were had no greedy stages to plan.
+        let matrix = matrix::parse(&run.matrix_file, &run.matrix_yaml, &|path| {
+            Some(run.files.get(path).cloned().unwrap_or_default())
+        })
+        .map_err(|e| Status::internal(format!("the stored matrix of run {run_id} no longer parses: {e}")))?;
+        if matrix.strategy == Strategy::Greedy {
+            let groups = self.store.groups(run_id)?;
+            let results = greedy::Results::of(&groups, &jobs, &matrix.primary_profile);
+            match greedy::plan(&matrix, &results).plan {
+                Plan::Next(stage) => {
+                    // Ids continue after the run's existing ones.
+                    let first_group = groups.iter().map(|g| g.id + 1).max().unwrap_or(0);
+                    let first_job = jobs.iter().map(|j| j.id + 1).max().unwrap_or(0);
+                    let (groups, jobs) =
+                        expand(&run, &matrix, &stage.configs, &stage.profiles, stage.number, (first_group, first_job));
+                    self.store.add_groups(run_id, &groups, &jobs)?;
+                    info!(run = %run_id, stage = stage.number, groups = groups.len(), jobs = jobs.len(), "greedy stage scheduled");
+                    self.lock().queue.extend(groups.iter().map(|g| (run_id, g.id)));
+                    self.dispatch();
+                    return Ok(());
+                }
+                Plan::Done(outcome) => {
+                    info!(run = %run_id, winner = ?outcome.winner, "greedy procedure done: {}", outcome.reason);
+                }
+            }
+        }
+        run.finished = true;
+        self.store.put_run(&run)?;
+        let p = Progress::of(&jobs);
+        info!(run = %run_id, succeeded = p.succeeded, failed = p.failed, "run finished");
         Ok(())
     }
 
@@ -465,6 +502,44 @@ impl Controller {
         let run = self.store.run(run_id)?.ok_or_else(|| Status::not_found(format!("run {run_id} does not exist")))?;
         Ok(convert::run_info(&run, &self.store.jobs(run_id)?))
     }
+}
+
+/// The groups and jobs of configurations on profiles: one group per
+/// configuration, one job per profile and repeat; ids start at `first`
+/// (group, job).
+fn expand(
+    run: &Run,
+    matrix: &Matrix,
+    configs: &[EngineConfig],
+    profiles: &[Profile],
+    stage: u32,
+    first: (u64, u64),
+) -> (Vec<Group>, Vec<Job>) {
+    let (mut groups, mut jobs) = (Vec::new(), Vec::new());
+    for (n, config) in configs.iter().enumerate() {
+        let mut config = config.clone();
+        if let Some(r) = run.runtime_override {
+            config.runtime = r;
+        }
+        let mut group = Group {
+            run: run.id,
+            id: first.0 + n as u64,
+            config,
+            gpu: matrix.gpu.clone(),
+            gpus_per_job: matrix.gpus_per_job,
+            jobs: Vec::new(),
+            stage,
+        };
+        for profile in profiles {
+            for repeat in 1..=matrix.repeats {
+                let id = first.1 + jobs.len() as u64;
+                group.jobs.push(id);
+                jobs.push(Job::new(run.id, id, group.id, profile.clone(), repeat));
+            }
+        }
+        groups.push(group);
+    }
+    (groups, jobs)
 }
 
 fn hex(bytes: &[u8]) -> String {

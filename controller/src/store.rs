@@ -41,6 +41,8 @@ pub trait Store: Send + Sync + 'static {
     fn next_run_id(&self) -> Result<RunId, StoreError>;
     /// Stores a new run with its groups and jobs, all or nothing.
     fn create_run(&self, run: &Run, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError>;
+    /// Adds groups and their jobs to an existing run, all or nothing.
+    fn add_groups(&self, run: RunId, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError>;
     fn put_run(&self, run: &Run) -> Result<(), StoreError>;
     fn run(&self, id: RunId) -> Result<Option<Run>, StoreError>;
     fn runs(&self) -> Result<Vec<Run>, StoreError>;
@@ -112,6 +114,33 @@ impl SledStore {
     }
 }
 
+impl SledStore {
+    /// Writes a run (when given), groups and jobs in one transaction, and
+    /// flushes.
+    fn write_groups(&self, run: Option<&Run>, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError> {
+        (&self.runs, &self.groups, &self.jobs)
+            .transaction(|(runs, group_tree, job_tree)| {
+                if let Some(run) = run {
+                    runs.insert(key(&[run.id.0]), encode(run))?;
+                }
+                for g in groups {
+                    group_tree.insert(key(&[g.run.0, g.id]), encode(g))?;
+                }
+                for j in jobs {
+                    job_tree.insert(key(&[j.run.0, j.id]), encode(j))?;
+                }
+                Ok(())
+            })
+            .map_err(|e: sled::transaction::TransactionError<()>| match e {
+                sled::transaction::TransactionError::Storage(e) => StoreError::Sled(e),
+                sled::transaction::TransactionError::Abort(()) => {
+                    StoreError::Sled(sled::Error::Unsupported("transaction aborted".to_owned()))
+                }
+            })?;
+        self.flush()
+    }
+}
+
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Serializing our own plain data types to JSON cannot fail.
     serde_json::to_vec(value).expect("domain types serialize to JSON")
@@ -141,24 +170,14 @@ impl Store for SledStore {
     }
 
     fn create_run(&self, run: &Run, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError> {
-        (&self.runs, &self.groups, &self.jobs)
-            .transaction(|(runs, group_tree, job_tree)| {
-                runs.insert(key(&[run.id.0]), encode(run))?;
-                for g in groups {
-                    group_tree.insert(key(&[g.run.0, g.id]), encode(g))?;
-                }
-                for j in jobs {
-                    job_tree.insert(key(&[j.run.0, j.id]), encode(j))?;
-                }
-                Ok(())
-            })
-            .map_err(|e: sled::transaction::TransactionError<()>| match e {
-                sled::transaction::TransactionError::Storage(e) => StoreError::Sled(e),
-                sled::transaction::TransactionError::Abort(()) => {
-                    StoreError::Sled(sled::Error::Unsupported("transaction aborted".to_owned()))
-                }
-            })?;
-        self.flush()
+        self.write_groups(Some(run), groups, jobs)
+    }
+
+    fn add_groups(&self, run: RunId, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError> {
+        if self.run(run)?.is_none() {
+            return Err(StoreError::NotFound(format!("run {run}")));
+        }
+        self.write_groups(None, groups, jobs)
     }
 
     fn put_run(&self, run: &Run) -> Result<(), StoreError> {
@@ -271,6 +290,8 @@ mod tests {
                 matrix_yaml: String::new(),
                 created_unix_ms: 0,
                 finished: false,
+                files: Default::default(),
+                runtime_override: None,
             };
             let jobs: Vec<Job> = (0..300).map(|i| job(run.id, i)).collect();
             store.create_run(&run, &[], &jobs).expect("create");

@@ -1,7 +1,8 @@
 //! The controller's scheduling against a fake agent speaking the real gRPC
 //! protocol: placement by GPU model and count, several groups at once on one
-//! host, attempts that go stale when a session is lost, and a controller
-//! that crashes and restarts without losing its run.
+//! host, attempts that go stale when a session is lost, a controller that
+//! crashes and restarts without losing its run, and a greedy run whose
+//! stages follow from the summaries ingested.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -262,4 +263,184 @@ async fn a_gpu_that_fails_gets_no_work_until_it_recovers() {
     a.send(report(true)).await;
     let assigned = a.next().await;
     assert_eq!(assigned.gpu_uuids, ["GPU-0"]);
+}
+
+const GREEDY: &str = "\
+name: greedy
+model: m
+hardware: { gpu: H200, gpus_per_job: 1 }
+engines:
+  vllm: { runtime: process }
+  sglang: { runtime: process }
+variants:
+  a: { args: [--a] }
+  b: { args: [--b] }
+  c: { args: [--c] }
+profiles:
+  p: { dataset: { random: { input_tokens: 4, output_tokens: 2 } }, requests: 2 }
+  q: { dataset: { random: { input_tokens: 8, output_tokens: 2 } }, requests: 2 }
+strategy: greedy
+";
+
+/// What each configuration measures, whatever the machine: (total token
+/// throughput, successful requests of 2). b would be the fastest, but half
+/// its requests fail.
+fn measured(config: &str) -> (f64, u64) {
+    match config {
+        "vllm" => (100.0, 2),
+        "sglang" => (90.0, 2),
+        "vllm+a" => (110.0, 2),
+        "vllm+b" => (300.0, 1),
+        "vllm+c" => (105.0, 2),
+        "vllm+a+c" => (108.0, 2),
+        other => panic!("the greedy procedure should not try {other}"),
+    }
+}
+
+async fn submit_greedy(url: &str) -> String {
+    let mut op = pb::operator_service_client::OperatorServiceClient::new(channel(url).await);
+    op.submit_run(pb::SubmitRunRequest {
+        matrix_name: "greedy.yaml".into(),
+        matrix_yaml: GREEDY.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("submit")
+    .into_inner()
+    .run_id
+}
+
+/// Runs every job of a group as an agent with loadgen would: the summary
+/// through the ingest service, then the job's end, then the group's.
+async fn run_group(url: &str, agent: &FakeAgent, group: &pb::AssignGroup) {
+    let config = group.engine.as_ref().expect("engine").config_name.clone();
+    let (tps, successful) = measured(&config);
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel(url).await);
+    for job in &group.jobs {
+        let attempt = job.attempt.clone().expect("attempt");
+        let summary =
+            pb::Summary { successful, failed: 2 - successful, total_token_throughput: tps, ..Default::default() };
+        let batch =
+            pb::RecordBatch { attempt: Some(attempt.clone()), batch: 0, summary: Some(summary), ..Default::default() };
+        let mut acks = ingest.records(tokio_stream::iter([batch])).await.expect("stream").into_inner();
+        let ack = acks.next().await.expect("a reply").expect("ack");
+        assert!(ack.summary_stored);
+        agent
+            .send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
+                attempt: Some(attempt),
+                state: pb::JobState::Succeeded as i32,
+                ..Default::default()
+            }))
+            .await;
+    }
+    agent
+        .send(pb::agent_message::Msg::GroupDone(pb::GroupDone { run_id: group.run_id.clone(), group: group.group }))
+        .await;
+}
+
+/// The next stage's assignments, as "config on profile" sorted, and the groups.
+async fn next_stage(agent: &mut FakeAgent, groups: usize) -> (Vec<String>, Vec<pb::AssignGroup>) {
+    let mut assigned = Vec::new();
+    for _ in 0..groups {
+        assigned.push(agent.next().await);
+    }
+    agent.nothing_more().await;
+    let mut shown: Vec<String> = assigned
+        .iter()
+        .map(|g| {
+            let profiles: Vec<&str> = g.jobs.iter().map(|j| j.profile.as_str()).collect();
+            format!("{} on {}", g.engine.as_ref().expect("engine").config_name, profiles.join(","))
+        })
+        .collect();
+    shown.sort();
+    (shown, assigned)
+}
+
+#[tokio::test]
+async fn a_greedy_run_is_scheduled_stage_by_stage_from_its_results() {
+    let f = controller().await;
+    let gpus = (0..4).map(|i| gpu(i, "NVIDIA H200")).collect();
+    let mut a = agent(&f.url, gpus).await;
+    let run = submit_greedy(&f.url).await;
+    let run_id = run.parse().expect("run id");
+
+    // Each stage runs in parallel; the next appears only when it has ended.
+    let stages: [&[&str]; 4] = [
+        &["sglang on p", "vllm on p"],
+        &["vllm+a on p", "vllm+b on p", "vllm+c on p"],
+        // b failed the acceptance; a helped most, c less.
+        &["vllm+a+c on p"],
+        // a+c was below a alone: a is the winner.
+        &["vllm on q", "vllm+a on q"],
+    ];
+    for expected in stages {
+        let (shown, groups) = next_stage(&mut a, expected.len()).await;
+        assert_eq!(shown, expected);
+        let run_info = f.store.run(run_id).expect("read").expect("run");
+        assert!(!run_info.finished, "finished before the last stage");
+        for g in &groups {
+            run_group(&f.url, &a, g).await;
+        }
+    }
+
+    for _ in 0..50 {
+        if f.store.run(run_id).expect("read").expect("run").finished {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(f.store.run(run_id).expect("read").expect("run").finished, "the run never finished");
+    a.nothing_more().await;
+    let stages: Vec<(String, u32)> =
+        f.store.groups(run_id).expect("groups").into_iter().map(|g| (g.config.name, g.stage)).collect();
+    let expected = [("vllm", 1), ("sglang", 1), ("vllm+a", 2), ("vllm+b", 2), ("vllm+c", 2), ("vllm+a+c", 3)];
+    assert_eq!(stages[..6], expected.map(|(n, s)| (n.to_owned(), s)));
+
+    let report = benchfleet_controller::report::render(f.store.as_ref(), run_id).expect("report");
+    let section = report.split("## Greedy stages\n\n").nth(1).and_then(|r| r.split("\n\n").next()).expect("stages");
+    assert_eq!(
+        section,
+        "\
+Stage 1: each engine at its defaults
+  vllm                                     total token throughput 100.00 tok/s, chosen
+  sglang                                   total token throughput 90.00 tok/s, below vllm
+Stage 2: each variant alone
+  vllm+a                                   +10.00%, helps
+  vllm+b                                   success rate 50.0%, not adopted
+  vllm+c                                   +5.00%, helps
+Stage 3: the helping variants combined
+  vllm+a                                   +10.00%, the best single variant, kept
+  vllm+a+c                                 +8.00%, below the previous +10.00%, not kept
+Stage 4: the winner and the baseline on every profile
+  vllm+a                                   the winner, measured on every profile
+  vllm                                     the baseline, measured on every profile
+Chosen: vllm+a: +10.00% over vllm on profile p"
+    );
+    assert!(report.contains("## Recommended\n\nvllm serve m --a\n"), "{report}");
+}
+
+#[tokio::test]
+async fn a_restarted_controller_goes_on_with_the_next_greedy_stage() {
+    let f = controller().await;
+    let run = submit_greedy(&f.url).await;
+    let run_id = run.parse().expect("run id");
+    // Stage 1 ended while no controller was there to plan stage 2.
+    for mut job in f.store.jobs(run_id).expect("jobs") {
+        let config = f.store.groups(run_id).expect("groups")[job.group as usize].config.name.clone();
+        let (tps, successful) = measured(&config);
+        job.summary = Some(
+            pb::Summary { successful, failed: 2 - successful, total_token_throughput: tps, ..Default::default() }
+                .into(),
+        );
+        job.state = benchfleet_controller::model::JobState::Succeeded;
+        f.store.put_job(&job).expect("put");
+    }
+
+    Controller::new(f.store.clone(), ControllerConfig { advertise_url: f.url.clone() }).expect("restart");
+    let groups: Vec<(String, u32)> =
+        f.store.groups(run_id).expect("groups").into_iter().map(|g| (g.config.name, g.stage)).collect();
+    let expected = [("vllm", 1), ("sglang", 1), ("vllm+a", 2), ("vllm+b", 2), ("vllm+c", 2)];
+    assert_eq!(groups, expected.map(|(n, s)| (n.to_owned(), s)));
+    let jobs = f.store.jobs(run_id).expect("jobs");
+    assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), (0..5).collect::<Vec<_>>());
 }

@@ -1,0 +1,608 @@
+//! The greedy strategy's planner: from a matrix and the results so far, the
+//! next stage to run, or the end of the procedure with its winner.
+//!
+//! The stages are those of the reference reports: (1) each engine at its
+//! defaults on the primary profile, the best kept; (2) each variant alone on
+//! top of it; (3) the variants that helped, combined one at a time from the
+//! most helpful down, each kept only if it still helps; (4) the winner and
+//! the baseline on the other profiles. Planning is a pure function of the
+//! stored results: the controller calls it whenever a stage ends (and after a
+//! restart), and the report calls it to explain each choice.
+
+use std::collections::BTreeMap;
+
+use benchfleet_loadgen::Summary;
+
+use crate::matrix::{EngineDef, Matrix};
+use crate::model::{EngineConfig, Group, Job, JobState, Profile};
+
+/// The stage that measures the winner and the baseline on every profile.
+pub const FINAL_STAGE: u32 = 4;
+
+/// What the planner knows of a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Results {
+    /// Per configuration whose jobs on the primary profile have all ended:
+    /// the mean of its successful repeats there, `None` when none succeeded.
+    /// A configuration with a job still pending or running is absent.
+    pub primary: BTreeMap<String, Option<Summary>>,
+    /// Whether the final stage was scheduled.
+    pub final_scheduled: bool,
+}
+
+impl Results {
+    /// Collects the results of a run's stored groups and jobs.
+    pub fn of(groups: &[Group], jobs: &[Job], primary_profile: &str) -> Results {
+        let mut by_config: BTreeMap<&str, Vec<&Job>> = BTreeMap::new();
+        for g in groups {
+            let of_group = jobs.iter().filter(|j| j.group == g.id && j.profile.name == primary_profile);
+            by_config.entry(&g.config.name).or_default().extend(of_group);
+        }
+        let primary = by_config
+            .into_iter()
+            .filter(|(_, js)| !js.is_empty() && js.iter().all(|j| j.state.is_terminal()))
+            .map(|(name, js)| {
+                let summaries: Vec<&Summary> =
+                    js.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.as_ref()).collect();
+                (name.to_owned(), crate::report::mean(&summaries))
+            })
+            .collect();
+        Results { primary, final_scheduled: groups.iter().any(|g| g.stage >= FINAL_STAGE) }
+    }
+}
+
+/// Configurations to run next, each on the given profiles.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    pub number: u32,
+    pub configs: Vec<EngineConfig>,
+    pub profiles: Vec<Profile>,
+}
+
+/// How the procedure ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// The configuration to serve; `None` when the procedure stopped early.
+    pub winner: Option<String>,
+    /// The chosen engine at its defaults, which the winner is measured against.
+    pub baseline: Option<String>,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    Next(Stage),
+    Done(Outcome),
+}
+
+/// One configuration the procedure looked at, and what it made of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub stage: u32,
+    pub config: String,
+    /// As the report shows it, e.g. `+9.75%, kept`.
+    pub verdict: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    /// The decisions taken so far, in the order they were taken.
+    pub decisions: Vec<Decision>,
+    pub plan: Plan,
+}
+
+/// Plans the next stage of a greedy run from its results so far.
+pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
+    let mut decisions = Vec::new();
+    let primary: Vec<Profile> = matrix.profiles.iter().filter(|p| p.name == matrix.primary_profile).cloned().collect();
+    let next = |number: u32, configs: Vec<EngineConfig>, decisions: Vec<Decision>| Planned {
+        decisions,
+        plan: Plan::Next(Stage { number, configs, profiles: primary.clone() }),
+    };
+    let stop = |reason: String, decisions: Vec<Decision>| Planned {
+        decisions,
+        plan: Plan::Done(Outcome { winner: None, baseline: None, reason }),
+    };
+    let objective = Objective::of(&matrix.objective);
+    let acceptable = |name: &str| -> Result<&Summary, String> {
+        match results.primary.get(name) {
+            Some(Some(s)) => match &s.invalid {
+                Some(why) => Err(format!("run INVALID: {why}; not adopted")),
+                None if s.success_rate() < matrix.min_success_rate => {
+                    Err(format!("success rate {:.1}%, not adopted", s.success_rate() * 100.0))
+                }
+                None => Ok(s),
+            },
+            _ => Err("no successful repeat, not adopted".to_owned()),
+        }
+    };
+    let untried = |configs: &[EngineConfig]| -> Vec<EngineConfig> {
+        configs.iter().filter(|c| !results.primary.contains_key(&c.name)).cloned().collect()
+    };
+
+    // Stage 1: each engine at its defaults; the best is built on.
+    let baselines: Vec<(&EngineDef, EngineConfig)> =
+        matrix.engines.iter().map(|e| (e, matrix.config_with(e, &[]))).collect();
+    let configs: Vec<EngineConfig> = baselines.iter().map(|(_, c)| c.clone()).collect();
+    let missing = untried(&configs);
+    if !missing.is_empty() {
+        return next(1, missing, decisions);
+    }
+    let mut best: Option<(&EngineDef, &EngineConfig, &Summary)> = None;
+    for (engine, config) in &baselines {
+        if let Ok(s) = acceptable(&config.name)
+            && best.is_none_or(|(_, _, b)| objective.better(s, b))
+        {
+            best = Some((engine, config, s));
+        }
+    }
+    for (_, config) in &baselines {
+        let verdict = match (acceptable(&config.name), best) {
+            (Err(why), _) => why,
+            (Ok(s), Some((_, chosen, _))) if chosen.name == config.name => format!("{}, chosen", objective.show(s)),
+            (Ok(s), Some((_, chosen, _))) => format!("{}, below {}", objective.show(s), chosen.name),
+            (Ok(s), None) => objective.show(s),
+        };
+        decisions.push(Decision { stage: 1, config: config.name.clone(), verdict });
+    }
+    let Some((engine, baseline, base)) = best else {
+        return stop(
+            format!(
+                "stage 1: no engine met the acceptance at its defaults on profile {}; nothing to build on",
+                matrix.primary_profile
+            ),
+            decisions,
+        );
+    };
+
+    // Stage 2: each variant alone on top of the chosen engine.
+    let singles: Vec<EngineConfig> =
+        matrix.variants.iter().map(|v| matrix.config_with(engine, &[v.name.as_str()])).collect();
+    let missing = untried(&singles);
+    if !missing.is_empty() {
+        return next(2, missing, decisions);
+    }
+    let mut helping: Vec<(&str, &Summary)> = Vec::new();
+    for (v, config) in matrix.variants.iter().zip(&singles) {
+        let verdict = match acceptable(&config.name) {
+            Err(why) => why,
+            Ok(s) if objective.better(s, base) => {
+                helping.push((&v.name, s));
+                format!("{}, helps", objective.change(base, s))
+            }
+            Ok(s) => format!("{}, does not help", objective.change(base, s)),
+        };
+        decisions.push(Decision { stage: 2, config: config.name.clone(), verdict });
+    }
+    if !singles.is_empty() && singles.iter().all(|c| matches!(results.primary.get(&c.name), Some(None))) {
+        return stop(
+            format!(
+                "stage 2: every variant on top of {} failed without a result; check the engine's log lines",
+                baseline.name
+            ),
+            decisions,
+        );
+    }
+
+    // Stage 3: the helping variants combined cumulatively, the most helpful
+    // first (file order among equals: the sort is stable).
+    helping.sort_by(|a, b| objective.score(b.1).total_cmp(&objective.score(a.1)));
+    let mut chosen: Vec<&str> = Vec::new();
+    let mut current = base;
+    if let Some((first, s)) = helping.first() {
+        chosen.push(first);
+        current = s;
+        decisions.push(Decision {
+            stage: 3,
+            config: matrix.config_with(engine, &chosen).name,
+            verdict: format!("{}, the best single variant, kept", objective.change(base, s)),
+        });
+    }
+    for (variant, _) in helping.iter().skip(1) {
+        let mut candidate = chosen.clone();
+        candidate.push(variant);
+        let config = matrix.config_with(engine, &candidate);
+        if !results.primary.contains_key(&config.name) {
+            return next(3, vec![config], decisions);
+        }
+        let verdict = match acceptable(&config.name) {
+            Err(why) => why,
+            Ok(s) if objective.better(s, current) => {
+                chosen = candidate;
+                current = s;
+                format!("{}, kept", objective.change(base, s))
+            }
+            Ok(s) => format!(
+                "{}, below the previous {}, not kept",
+                objective.change(base, s),
+                objective.change(base, current)
+            ),
+        };
+        decisions.push(Decision { stage: 3, config: config.name, verdict });
+    }
+    let winner = matrix.config_with(engine, &chosen);
+    let reason = if chosen.is_empty() {
+        format!("no variant helped; {} at its defaults is the best", baseline.name)
+    } else {
+        format!("{} over {} on profile {}", objective.change(base, current), baseline.name, matrix.primary_profile)
+    };
+    let done = |decisions| Planned {
+        decisions,
+        plan: Plan::Done(Outcome {
+            winner: Some(winner.name.clone()),
+            baseline: Some(baseline.name.clone()),
+            reason: reason.clone(),
+        }),
+    };
+
+    // Stage 4: the winner and the baseline on the profiles they have not run.
+    let others: Vec<Profile> = matrix.profiles.iter().filter(|p| p.name != matrix.primary_profile).cloned().collect();
+    if others.is_empty() {
+        return done(decisions);
+    }
+    let mut finalists = vec![winner.clone()];
+    if winner.name != baseline.name {
+        finalists.push(baseline.clone());
+    }
+    if !results.final_scheduled {
+        return Planned {
+            decisions,
+            plan: Plan::Next(Stage { number: FINAL_STAGE, configs: finalists, profiles: others }),
+        };
+    }
+    for f in &finalists {
+        let role = if f.name == winner.name { "the winner" } else { "the baseline" };
+        decisions.push(Decision {
+            stage: FINAL_STAGE,
+            config: f.name.clone(),
+            verdict: format!("{role}, measured on every profile"),
+        });
+    }
+    done(decisions)
+}
+
+/// The matrix's objective: what is compared, and which way is better.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Objective {
+    TotalTokenThroughput,
+    OutputThroughput,
+    MeanLatency,
+}
+
+impl Objective {
+    /// The matrix's (validated) objective name; throughput by default.
+    pub fn of(name: &str) -> Objective {
+        match name {
+            "output_throughput" => Objective::OutputThroughput,
+            "mean_latency" => Objective::MeanLatency,
+            _ => Objective::TotalTokenThroughput,
+        }
+    }
+
+    pub fn value(self, s: &Summary) -> f64 {
+        match self {
+            Objective::TotalTokenThroughput => s.total_token_throughput,
+            Objective::OutputThroughput => s.output_throughput,
+            Objective::MeanLatency => s.latency_s.mean,
+        }
+    }
+
+    /// Higher is better, so latency is negated.
+    pub fn score(self, s: &Summary) -> f64 {
+        match self {
+            Objective::MeanLatency => -self.value(s),
+            _ => self.value(s),
+        }
+    }
+
+    /// Strictly better: a tie does not help.
+    pub fn better(self, s: &Summary, than: &Summary) -> bool {
+        self.score(s) > self.score(than)
+    }
+
+    /// The value with its name, e.g. `total token throughput 9632.01 tok/s`.
+    pub fn show(self, s: &Summary) -> String {
+        match self {
+            Objective::TotalTokenThroughput => format!("total token throughput {:.2} tok/s", self.value(s)),
+            Objective::OutputThroughput => format!("output throughput {:.2} tok/s", self.value(s)),
+            Objective::MeanLatency => format!("mean latency {:.2} s", self.value(s)),
+        }
+    }
+
+    /// The change of the objective's value from `base`, e.g. `+9.75%`.
+    pub fn change(self, base: &Summary, s: &Summary) -> String {
+        let (b, n) = (self.value(base), self.value(s));
+        let pct = if b == 0.0 { 0.0 } else { (n - b) / b * 100.0 };
+        format!("{pct:+.2}%")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MATRIX: &str = "\
+name: greedy
+model: m
+acceptance: { min_success_rate: 0.99 }
+engines:
+  vllm: { runtime: process }
+  sglang: { runtime: process }
+variants:
+  a: { args: [--a] }
+  b: { args: [--b] }
+  c: { args: [--c] }
+profiles:
+  p: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 100 }
+  q: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 100 }
+strategy: greedy
+";
+
+    /// A configuration's result: its throughput, its success rate in
+    /// percent, and whether loadgen marked it invalid; `None` for a
+    /// configuration whose every repeat failed.
+    type R = Option<(f64, u64, bool)>;
+
+    fn results(of: &[(&str, R)], final_scheduled: bool) -> Results {
+        let primary = of
+            .iter()
+            .map(|(name, r)| {
+                let summary = r.map(|(tps, ok, invalid)| Summary {
+                    successful: ok,
+                    failed: 100 - ok,
+                    total_token_throughput: tps,
+                    invalid: invalid.then(|| "dispatch lag".to_owned()),
+                    ..Summary::default()
+                });
+                ((*name).to_owned(), summary)
+            })
+            .collect();
+        Results { primary, final_scheduled }
+    }
+
+    /// The decisions one a line, then the plan.
+    fn check_with(yaml: &str, of: &[(&str, R)], final_scheduled: bool, expected: &str) {
+        let m = crate::matrix::parse("m.yaml", yaml, &|_| None).expect("valid matrix");
+        let planned = plan(&m, &results(of, final_scheduled));
+        let mut shown: Vec<String> =
+            planned.decisions.iter().map(|d| format!("{} {}: {}", d.stage, d.config, d.verdict)).collect();
+        shown.push(match planned.plan {
+            Plan::Next(s) => format!(
+                "next {} on {}: {}",
+                s.number,
+                s.profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+                s.configs.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+            Plan::Done(o) => format!("done: {:?} ({:?}): {}", o.winner, o.baseline, o.reason),
+        });
+        assert_eq!(shown.join("\n"), expected.trim());
+    }
+
+    fn check(of: &[(&str, R)], final_scheduled: bool, expected: &str) {
+        check_with(MATRIX, of, final_scheduled, expected);
+    }
+
+    const OK: u64 = 100;
+
+    /// Stage 1 and 2 results where a (+10%) and c (+5%) help and b hurts.
+    const STAGE_2: [(&str, R); 5] = [
+        ("vllm", Some((100.0, OK, false))),
+        ("sglang", Some((90.0, OK, false))),
+        ("vllm+a", Some((110.0, OK, false))),
+        ("vllm+b", Some((95.0, OK, false))),
+        ("vllm+c", Some((105.0, OK, false))),
+    ];
+
+    #[test]
+    fn starts_with_every_engine_at_its_defaults_on_the_primary_profile() {
+        check(&[], false, "next 1 on p: vllm, sglang");
+    }
+
+    #[test]
+    fn builds_on_the_best_engine() {
+        check(
+            &STAGE_2[..2],
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+next 2 on p: vllm+a, vllm+b, vllm+c",
+        );
+    }
+
+    #[test]
+    fn an_engine_below_the_acceptance_is_not_chosen() {
+        check(
+            &[("vllm", Some((200.0, 51, false))), ("sglang", Some((90.0, OK, false)))],
+            false,
+            "
+1 vllm: success rate 51.0%, not adopted
+1 sglang: total token throughput 90.00 tok/s, chosen
+next 2 on p: sglang+a, sglang+b, sglang+c",
+        );
+    }
+
+    #[test]
+    fn stops_when_no_engine_has_a_result() {
+        check(
+            &[("vllm", None), ("sglang", Some((90.0, OK, true)))],
+            false,
+            "
+1 vllm: no successful repeat, not adopted
+1 sglang: run INVALID: dispatch lag; not adopted
+done: None (None): stage 1: no engine met the acceptance at its defaults on profile p; nothing to build on",
+        );
+    }
+
+    #[test]
+    fn combines_the_helping_variants_most_helpful_first() {
+        check(
+            &STAGE_2,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, helps
+2 vllm+b: -5.00%, does not help
+2 vllm+c: +5.00%, helps
+3 vllm+a: +10.00%, the best single variant, kept
+next 3 on p: vllm+a+c",
+        );
+    }
+
+    #[test]
+    fn variants_below_the_acceptance_or_invalid_never_help() {
+        let mut of = STAGE_2.to_vec();
+        of[2] = ("vllm+a", Some((300.0, 51, false)));
+        of[4] = ("vllm+c", Some((300.0, OK, true)));
+        check(
+            &of,
+            true,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: success rate 51.0%, not adopted
+2 vllm+b: -5.00%, does not help
+2 vllm+c: run INVALID: dispatch lag; not adopted
+4 vllm: the winner, measured on every profile
+done: Some(\"vllm\") (Some(\"vllm\")): no variant helped; vllm at its defaults is the best",
+        );
+    }
+
+    #[test]
+    fn a_combination_that_still_helps_is_kept_then_the_final_stage_runs() {
+        let mut of = STAGE_2.to_vec();
+        of.push(("vllm+a+c", Some((112.0, OK, false))));
+        check(
+            &of,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, helps
+2 vllm+b: -5.00%, does not help
+2 vllm+c: +5.00%, helps
+3 vllm+a: +10.00%, the best single variant, kept
+3 vllm+a+c: +12.00%, kept
+next 4 on q: vllm+a+c, vllm",
+        );
+    }
+
+    #[test]
+    fn a_combination_below_the_previous_is_not_kept() {
+        let mut of = STAGE_2.to_vec();
+        of.push(("vllm+a+c", Some((108.0, OK, false))));
+        check(
+            &of,
+            true,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, helps
+2 vllm+b: -5.00%, does not help
+2 vllm+c: +5.00%, helps
+3 vllm+a: +10.00%, the best single variant, kept
+3 vllm+a+c: +8.00%, below the previous +10.00%, not kept
+4 vllm+a: the winner, measured on every profile
+4 vllm: the baseline, measured on every profile
+done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
+        );
+    }
+
+    #[test]
+    fn a_dropped_variant_is_left_out_of_the_next_combination() {
+        let yaml = MATRIX.replace("  c: { args: [--c] }", "  c: { args: [--c] }\n  d: { args: [--d] }");
+        let of = [
+            ("vllm", Some((100.0, OK, false))),
+            ("sglang", Some((90.0, OK, false))),
+            ("vllm+a", Some((110.0, OK, false))),
+            ("vllm+b", Some((104.0, OK, false))),
+            ("vllm+c", Some((105.0, OK, false))),
+            ("vllm+d", Some((90.0, OK, false))),
+            ("vllm+a+c", Some((100.0, 51, false))),
+        ];
+        check_with(
+            &yaml,
+            &of,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, helps
+2 vllm+b: +4.00%, helps
+2 vllm+c: +5.00%, helps
+2 vllm+d: -10.00%, does not help
+3 vllm+a: +10.00%, the best single variant, kept
+3 vllm+a+c: success rate 51.0%, not adopted
+next 3 on p: vllm+a+b",
+        );
+    }
+
+    #[test]
+    fn stops_when_every_variant_failed() {
+        let of = [
+            ("vllm", Some((100.0, OK, false))),
+            ("sglang", Some((90.0, OK, false))),
+            ("vllm+a", None),
+            ("vllm+b", None),
+            ("vllm+c", None),
+        ];
+        check(
+            &of,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: no successful repeat, not adopted
+2 vllm+b: no successful repeat, not adopted
+2 vllm+c: no successful repeat, not adopted
+done: None (None): stage 2: every variant on top of vllm failed without a result; check the engine's log lines",
+        );
+    }
+
+    #[test]
+    fn one_profile_needs_no_final_stage() {
+        let yaml =
+            MATRIX.replace("  q: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 100 }\n", "");
+        let of = [
+            ("vllm", Some((100.0, OK, false))),
+            ("sglang", Some((90.0, OK, false))),
+            ("vllm+a", Some((110.0, OK, false))),
+            ("vllm+b", Some((95.0, OK, false))),
+            ("vllm+c", Some((99.0, OK, false))),
+        ];
+        check_with(
+            &yaml,
+            &of,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, helps
+2 vllm+b: -5.00%, does not help
+2 vllm+c: -1.00%, does not help
+3 vllm+a: +10.00%, the best single variant, kept
+done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
+        );
+    }
+
+    #[test]
+    fn lower_latency_is_better() {
+        let yaml = format!("{MATRIX}objective: mean_latency\n");
+        let m = crate::matrix::parse("m.yaml", &yaml, &|_| None).expect("valid matrix");
+        let latency = |l: f64| {
+            let mut s = Summary { successful: OK, ..Summary::default() };
+            s.latency_s.mean = l;
+            Some(s)
+        };
+        let r = Results {
+            primary: [("vllm", latency(2.0)), ("sglang", latency(1.0))]
+                .into_iter()
+                .map(|(n, s)| (n.to_owned(), s))
+                .collect(),
+            final_scheduled: false,
+        };
+        let Plan::Next(stage) = plan(&m, &r).plan else { panic!("expected stage 2") };
+        assert_eq!(stage.configs[0].name, "sglang+a");
+    }
+}
