@@ -219,3 +219,88 @@ impl From<pb::Summary> for Summary {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{Failures, Percentile};
+    use crate::record::Phase;
+
+    /// A distribution whose every field differs, from `n`.
+    fn dist(n: f64) -> Distribution {
+        Distribution {
+            mean: n + 0.1,
+            median: n + 0.2,
+            p95: n + 0.3,
+            p99: n + 0.4,
+            count: n as u64 + 5,
+            percentiles: vec![Percentile { p: 90.0, value: n + 0.5 }],
+        }
+    }
+
+    /// Every field crosses the wire and comes back: a field added to one
+    /// side and forgotten in a conversion fails here, not in a report.
+    #[test]
+    fn summaries_survive_the_wire_whole() {
+        let s = Summary {
+            successful: 1,
+            failed: 2,
+            max_concurrency: Some(3),
+            duration_s: 4.5,
+            total_input_tokens: 6,
+            total_output_tokens: 7,
+            request_throughput: 8.5,
+            output_throughput: 9.5,
+            peak_output_throughput: 10.5,
+            peak_concurrent: 11,
+            total_token_throughput: 12.5,
+            latency_s: dist(13.0),
+            ttft_ms: dist(14.0),
+            tpot_ms: dist(15.0),
+            itl_ms: dist(16.0),
+            itl_per_token_ms: dist(17.0),
+            latency_from_scheduled_s: dist(18.0),
+            ttft_from_scheduled_ms: dist(19.0),
+            connect_ms: dist(20.0),
+            failures: Failures {
+                http_error: 21,
+                timeout: 22,
+                cancelled: 23,
+                incomplete: 24,
+                transport_error: 25,
+                disconnected: 26,
+                malformed: 27,
+            },
+            excluded: 28,
+            dispatch_lag_ms: dist(29.0),
+            offered_rate: Some(30.5),
+            achieved_rate: 31.5,
+            cap_waits: 32,
+            lag_limit_ms: 33.5,
+            client_cpu_s: Some(34.5),
+            invalid: Some("p99 dispatch lag 9.00 ms above 5.00 ms".into()),
+        };
+        assert_eq!(Summary::from(pb::Summary::from(&s)), s);
+    }
+
+    #[test]
+    fn records_survive_the_wire_whole() {
+        let r = RequestRecord {
+            seq: 1,
+            scheduled_ns: 2,
+            sent_ns: 3,
+            slot_ns: Some(4),
+            connect_ns: Some(5),
+            first_token_ns: Some(6),
+            completed_ns: 7,
+            chunks: vec![Chunk { at_ns: 6, tokens: 2 }, Chunk { at_ns: 7, tokens: 3 }].into(),
+            prompt_tokens: 8,
+            output_tokens: 5,
+            outcome: Outcome::Malformed,
+            http_status: Some(200),
+            error: Some("malformed stream".into()),
+            phase: Phase::Warmup,
+        };
+        assert_eq!(RequestRecord::try_from(pb::RequestRecord::from(&r)).expect("valid"), r);
+    }
+}

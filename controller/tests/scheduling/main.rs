@@ -106,17 +106,18 @@ impl FakeAgent {
     }
 }
 
+/// Submits the placement matrix.
 async fn submit(url: &str) -> String {
+    submit_matrix(url, "placement.yaml", MATRIX).await
+}
+
+async fn submit_matrix(url: &str, name: &str, yaml: &str) -> String {
     let mut op = pb::operator_service_client::OperatorServiceClient::new(channel(url).await);
-    op.submit_run(pb::SubmitRunRequest {
-        matrix_name: "placement.yaml".into(),
-        matrix_yaml: MATRIX.into(),
-        ..Default::default()
-    })
-    .await
-    .expect("submit")
-    .into_inner()
-    .run_id
+    op.submit_run(pb::SubmitRunRequest { matrix_name: name.into(), matrix_yaml: yaml.into(), ..Default::default() })
+        .await
+        .expect("submit")
+        .into_inner()
+        .run_id
 }
 
 #[tokio::test]
@@ -298,16 +299,7 @@ fn measured(config: &str) -> (f64, u64) {
 }
 
 async fn submit_greedy(url: &str) -> String {
-    let mut op = pb::operator_service_client::OperatorServiceClient::new(channel(url).await);
-    op.submit_run(pb::SubmitRunRequest {
-        matrix_name: "greedy.yaml".into(),
-        matrix_yaml: GREEDY.into(),
-        ..Default::default()
-    })
-    .await
-    .expect("submit")
-    .into_inner()
-    .run_id
+    submit_matrix(url, "greedy.yaml", GREEDY).await
 }
 
 /// Runs every job of a group as an agent with loadgen would: the summary
