@@ -2,30 +2,30 @@
 //! by chunk.
 //!
 //! This is the hot path. It takes no locks and does no blocking I/O: request
-//! bodies are serialized before the run, and each chunk's arrival time is
-//! taken as soon as hyper hands over its bytes, before they are parsed.
-//! Plain `http://` targets are spoken to with hyper's connection-level
-//! HTTP/1.1 client, one connection per request in flight, reused, and driven
-//! by the request's own task: no pool (whose lock and hidden connects a
-//! general-purpose client would add), no extra task per connection.
-//! `https://` targets go through reqwest; the parsing is shared.
+//! bodies are serialized before the run, and each read's arrival time is
+//! taken as soon as its bytes are in, before they are parsed. Plain
+//! `http://` targets are spoken to with HTTP/1.1 framing of our own
+//! (`http1`, over `httparse`), one connection per request in flight, reused,
+//! and driven by the request's own task: no pool, no extra task, no buffer
+//! per connection. `https://` targets go through reqwest; the SSE parsing is
+//! shared.
+
+mod http1;
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::future::{Future, poll_fn};
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::StreamExt;
-use http_body_util::Full;
-use hyper::body::{Body as _, Bytes};
-use hyper::client::conn::http1;
-use hyper::header::{self, HeaderValue};
-use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +33,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::dataset::{Prompt, TokenCounter};
 use crate::record::{Chunk, Chunks, Outcome, Phase, RequestRecord};
+pub(crate) use http1::RequestHead;
+use http1::{Decoder, Head, Step};
 
 /// Which OpenAI API the requests use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,13 +110,12 @@ pub(crate) fn request_body(options: &BodyOptions<'_>, prompt: &Prompt) -> String
 
 /// Where requests go and how.
 pub(crate) enum Transport {
-    /// Plain HTTP/1.1 over hyper, on our own connections.
+    /// Plain HTTP/1.1 on our own connections.
     Http {
         /// `host:port`, to connect to.
         addr: String,
-        /// The same, as the `Host` header.
-        host: HeaderValue,
-        path: hyper::Uri,
+        /// Every request's head, but for its length.
+        head: RequestHead,
     },
     /// TLS through reqwest (which pools connections itself).
     Reqwest { client: reqwest::Client, url: String },
@@ -123,8 +124,6 @@ pub(crate) enum Transport {
 /// What every request of a run shares.
 pub(crate) struct Target {
     pub transport: Transport,
-    /// The whole `Authorization` header value.
-    pub authorization: Option<HeaderValue>,
     pub api_key: Option<String>,
     pub stream: bool,
     pub timeouts: Timeouts,
@@ -135,21 +134,26 @@ pub(crate) struct Target {
     pub cancel: CancellationToken,
 }
 
-/// hyper's side of one connection: the HTTP/1.1 state machine that does the
-/// socket I/O. It is polled by whichever request task holds the connection.
-type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
-
-/// An open keep-alive connection of the HTTP transport.
+/// An open keep-alive connection of the HTTP transport: its socket and
+/// nothing else (a response is read to its end before the connection is
+/// given back, so no bytes are left over between requests).
 pub(crate) struct Conn {
-    sender: http1::SendRequest<Full<Bytes>>,
-    /// `None` once the connection has ended. Boxed: it is large, and the
-    /// connection moves through every request task that uses it.
-    driver: Option<Box<Driver>>,
+    tcp: TcpStream,
 }
 
-/// Bytes hyper reads at a time. Small, because ten thousand connections
-/// each hold one such buffer; a burst of chunks is read in several reads.
-const READ_BUF: usize = 2048;
+/// Bytes one read may take: a burst of chunks that arrived together is read
+/// at once, and parsed before the next read of any connection of the thread.
+const SCRATCH_LEN: usize = 64 * 1024;
+
+thread_local! {
+    /// Where reads land: one buffer per thread, shared by all its
+    /// connections, so that ten thousand idle streams hold no read buffers.
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0; SCRATCH_LEN].into_boxed_slice());
+}
+
+/// How long a connection may take, after `[DONE]`, to end its response
+/// (and so be used again) before it is closed instead.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// Opens a connection for the HTTP transport.
 pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
@@ -163,28 +167,7 @@ pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
     };
     // Without it, Nagle holds a small request back behind the previous ack.
     tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY on {addr}: {e}"))?;
-    let (sender, driver) = http1::Builder::new()
-        .read_buf_exact_size(Some(READ_BUF))
-        .handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| format!("cannot start http/1.1 on {addr}: {}", error_chain(&e)))?;
-    Ok(Conn { sender, driver: Some(Box::new(driver)) })
-}
-
-/// Polls `poll` after letting the connection do its I/O, in the calling
-/// task: the connection reads and decodes, `poll` takes what it decoded.
-fn poll_driven<T>(
-    driver: &mut Option<Box<Driver>>,
-    cx: &mut Context<'_>,
-    poll: impl FnOnce(&mut Context<'_>) -> Poll<T>,
-) -> Poll<T> {
-    if let Some(d) = driver
-        && Pin::new(&mut **d).poll(cx).is_ready()
-    {
-        // Closed (or broken): whatever waits on it now sees the end.
-        *driver = None;
-    }
-    poll(cx)
+    Ok(Conn { tcp })
 }
 
 /// One request ready to go.
@@ -201,207 +184,403 @@ pub(crate) struct Request {
 
 /// Sends one request and records it; failures are records too, never errors.
 /// Returns the connection when it can carry the next request.
-pub(crate) async fn send(target: &Target, request: Request, conn: Option<Conn>) -> (RequestRecord, Option<Conn>) {
-    let mut rec = Recorder::new(target, &request);
-    let cancel = target.cancel.clone();
-    let mut kept = None;
-    let outcome = tokio::select! {
-        biased;
-        () = cancel.cancelled() => Err(fail(Outcome::Cancelled, "cancelled: the run ended before the response did")),
-        result = exchange(target, &request, conn, &mut rec, &mut kept) => result,
-    };
-    let completed_ns = target.clock.now_ns();
-    (rec.finish(outcome, completed_ns), kept)
+///
+/// Ten thousand of these may be in flight at once, so what each holds while
+/// it waits is kept small: the record in the making, the response's state,
+/// the socket and one timer.
+pub(crate) fn send(
+    target: &Target,
+    request: Request,
+    mut conn: Option<Conn>,
+) -> impl Future<Output = (RequestRecord, Option<Conn>)> + '_ {
+    // Built here and moved into the future, which uses them where they lie:
+    // an `async fn` would keep a second copy of its arguments.
+    let (mut rec, body) = Recorder::new(target, request);
+    async move {
+        let outcome = tokio::select! {
+            biased;
+            () = target.cancel.cancelled() => Err(fail(Outcome::Cancelled, "cancelled: the run ended before the response did")),
+            result = exchange(target, &body, &mut conn, &mut rec) => result,
+        };
+        // A response that was whole before the cancel is not cancelled: only
+        // the reading of its connection's last bytes was cut short (and the
+        // connection is not kept).
+        let outcome = match outcome {
+            Err((Outcome::Cancelled, _)) if rec.completed_ns.is_some() => Ok(()),
+            other => other,
+        };
+        let completed_ns = rec.completed_ns.unwrap_or_else(|| target.clock.now_ns());
+        (rec.finish(outcome, completed_ns), conn)
+    }
 }
 
+/// Sends `body` on the connection in `conn` (or a new one), leaving there
+/// the connection if it may carry the next request.
 async fn exchange(
     target: &Target,
-    request: &Request,
-    conn: Option<Conn>,
-    rec: &mut Recorder<'_>,
-    kept: &mut Option<Conn>,
-) -> Result<(), Failure> {
-    match &target.transport {
-        Transport::Http { host, path, .. } => {
-            let reused = conn.is_some();
-            let (result, conn) = http_exchange(target, host, path, &request.body, conn, rec).await;
-            // A kept-alive connection the server closed while idle fails
-            // before any response: once more on a new one.
-            if reused && matches!(result, Err((Outcome::TransportError, _))) && rec.http_status.is_none() {
-                // Boxed, as is reqwest's below: rare paths should not grow
-                // every request task's state (ten thousand of them at once).
-                let (result, conn) = Box::pin(http_exchange(target, host, path, &request.body, None, rec)).await;
-                *kept = conn;
-                return result;
-            }
-            *kept = conn;
-            result
-        }
-        Transport::Reqwest { client, url } => Box::pin(reqwest_exchange(target, client, url, &request.body, rec)).await,
-    }
-}
-
-fn http_request(
-    target: &Target,
-    host: &HeaderValue,
-    path: &hyper::Uri,
     body: &Bytes,
-) -> Result<hyper::Request<Full<Bytes>>, Failure> {
-    let mut builder = hyper::Request::post(path.clone())
-        .header(header::HOST, host.clone())
-        .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
-        .header(header::ACCEPT, HeaderValue::from_static("text/event-stream"));
-    if let Some(auth) = &target.authorization {
-        builder = builder.header(header::AUTHORIZATION, auth.clone());
+    conn: &mut Option<Conn>,
+    rec: &mut Recorder<'_>,
+) -> Result<(), Failure> {
+    let head = match &target.transport {
+        Transport::Http { head, .. } => head,
+        // Boxed, as are the rare paths below: they should not grow every
+        // request task's state (ten thousand of them at once).
+        Transport::Reqwest { client, url } => return Box::pin(reqwest_exchange(target, client, url, body, rec)).await,
+    };
+    let reused = conn.is_some();
+    if !reused {
+        *conn = Some(Box::pin(open(target, rec)).await?);
     }
-    builder
-        .body(Full::new(body.clone()))
-        .map_err(|e| fail(Outcome::TransportError, format!("cannot build the request: {e}")))
+    let result = match conn {
+        Some(c) => http_exchange(target, head, body, c, rec).await,
+        None => Ok(false),
+    };
+    match result {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            *conn = None;
+            Ok(())
+        }
+        // A kept-alive connection the server closed while idle fails before
+        // any response: once more on a new one.
+        Err((Outcome::TransportError, _)) if reused && rec.record.http_status.is_none() => {
+            *conn = None;
+            Box::pin(async {
+                let mut fresh = open(target, rec).await?;
+                let reusable = http_exchange(target, head, body, &mut fresh, rec).await?;
+                *conn = reusable.then_some(fresh);
+                Ok(())
+            })
+            .await
+        }
+        Err(failure) => {
+            *conn = None;
+            Err(failure)
+        }
+    }
 }
 
-/// One request and response on a connection (opened here if `conn` is
-/// `None`); returns the connection if it may be reused.
+/// Opens a connection for a request, recording how long it took.
+async fn open(target: &Target, rec: &mut Recorder<'_>) -> Result<Conn, Failure> {
+    let started = target.clock.now_ns();
+    match connect(target).await {
+        Ok(conn) => {
+            rec.record.connect_ns = Some(target.clock.now_ns() - started);
+            Ok(conn)
+        }
+        Err(e) => {
+            let outcome = if e.starts_with("connect timeout") { Outcome::Timeout } else { Outcome::TransportError };
+            rec.record.sent_ns = target.clock.now_ns();
+            Err((outcome, Some(e)))
+        }
+    }
+}
+
+/// One request and response on a connection; `Ok(true)` when the
+/// connection may be used again.
 async fn http_exchange(
     target: &Target,
-    host: &HeaderValue,
-    path: &hyper::Uri,
+    head: &RequestHead,
     body: &Bytes,
-    conn: Option<Conn>,
-    rec: &mut Recorder<'_>,
-) -> (Result<(), Failure>, Option<Conn>) {
-    let mut conn = match conn {
-        Some(conn) => conn,
-        None => {
-            let started = target.clock.now_ns();
-            // Boxed: connecting (address parsing, the handshake) needs a
-            // large state that a reused connection should not carry.
-            match Box::pin(connect(target)).await {
-                Ok(conn) => {
-                    rec.connect_ns = Some(target.clock.now_ns() - started);
-                    conn
-                }
-                Err(e) => {
-                    let outcome =
-                        if e.starts_with("connect timeout") { Outcome::Timeout } else { Outcome::TransportError };
-                    rec.sent_ns = target.clock.now_ns();
-                    return (Err((outcome, Some(e))), None);
-                }
-            }
-        }
-    };
-    let request = match http_request(target, host, path, body) {
-        Ok(request) => request,
-        Err(failure) => return (Err(failure), None),
-    };
-    rec.sent_ns = target.clock.now_ns();
-    rec.deadline = Instant::now() + target.timeouts.total;
-    let result = http_response(&mut conn, request, rec).await;
-    let reusable = result.as_ref().is_ok_and(|keep| *keep) && conn.driver.is_some() && !conn.sender.is_closed();
-    (result.map(|_| ()), reusable.then_some(conn))
-}
-
-/// Sends the request and reads its response; `Ok(true)` when the
-/// connection may be reused.
-async fn http_response(
     conn: &mut Conn,
-    request: hyper::Request<Full<Bytes>>,
     rec: &mut Recorder<'_>,
 ) -> Result<bool, Failure> {
-    let Conn { sender, driver } = conn;
+    rec.record.sent_ns = target.clock.now_ns();
+    rec.deadline = Instant::now() + target.timeouts.total;
     // One timer for the whole exchange, moved only when a deadline comes
-    // nearer, not once per chunk: see `Recorder::wait`.
+    // nearer or it fires early, never once per chunk: see `wait`.
     rec.timer_due = rec.read_deadline();
     let mut timer = std::pin::pin!(tokio::time::sleep_until(rec.timer_due));
-    let unsent =
-        |e: hyper::Error| fail(Outcome::TransportError, format!("cannot send the request: {}", error_chain(&e)));
-    rec.wait(driver, timer.as_mut(), |cx| sender.poll_ready(cx)).await?.0.map_err(unsent)?;
-    let mut response = std::pin::pin!(sender.send_request(request));
-    let (response, _) = rec.wait(driver, timer.as_mut(), |cx| response.as_mut().poll(cx)).await?;
-    let response = response.map_err(|e| {
-        fail(
-            Outcome::TransportError,
-            format!("no response: the connection failed before one came: {}", error_chain(&e)),
-        )
-    })?;
-    let mut at_ns = rec.target.clock.now_ns();
-    rec.arrived(at_ns);
-    let status = response.status();
-    rec.http_status = Some(status.as_u16());
-    let mut body = response.into_body();
-    if !status.is_success() {
-        // Read what the body has to say, but not forever.
-        let mut excerpt = Vec::new();
-        let read = async {
-            while excerpt.len() < 200 {
-                match poll_fn(|cx| poll_driven(driver, cx, |cx| Pin::new(&mut body).poll_frame(cx))).await {
-                    Some(Ok(frame)) => excerpt.extend_from_slice(frame.data_ref().map_or(&[][..], |d| &d[..])),
-                    _ => break,
-                }
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
-        let text = String::from_utf8_lossy(&excerpt);
-        return Err(fail(Outcome::HttpError, format!("http {}: {}", status.as_u16(), head_of(text.trim()))));
+    {
+        let wire = head.with_body(body);
+        let mut written = 0;
+        wait(rec, timer.as_mut(), |_, cx| poll_write_all(&mut conn.tcp, &wire, &mut written, cx)).await?;
     }
-    loop {
-        let (frame, waited) = rec.wait(driver, timer.as_mut(), |cx| Pin::new(&mut body).poll_frame(cx)).await?;
-        // Frames decoded without waiting came in the same read: they share
-        // its arrival time, as the read's bytes did.
-        if waited {
-            at_ns = rec.target.clock.now_ns();
+    let mut response = Response::new();
+    wait(rec, timer.as_mut(), |rec, cx| poll_response(&mut conn.tcp, &mut response, rec, cx)).await?;
+    if !response.keep_alive() {
+        return Ok(false);
+    }
+    if !response.ended() {
+        // `[DONE]` came before the body's end (its last chunk, usually
+        // written right after): read up to it, briefly, to use the
+        // connection again.
+        response.draining = true;
+        let drained = wait(rec, timer, |rec, cx| poll_response(&mut conn.tcp, &mut response, rec, cx)).await;
+        return Ok(drained.is_ok() && response.ended());
+    }
+    Ok(true)
+}
+
+fn poll_write_all(
+    tcp: &mut TcpStream,
+    wire: &[u8],
+    written: &mut usize,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), Failure>> {
+    while *written < wire.len() {
+        match Pin::new(&mut *tcp).poll_write(cx, &wire[*written..]) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(0)) => {
+                return Poll::Ready(Err(fail(
+                    Outcome::TransportError,
+                    "cannot send the request: the connection is closed",
+                )));
+            }
+            Poll::Ready(Ok(n)) => *written += n,
+            Poll::Ready(Err(e)) => {
+                return Poll::Ready(Err(fail(Outcome::TransportError, format!("cannot send the request: {e}"))));
+            }
+        }
+    }
+    Poll::Ready(Ok(()))
+}
+
+/// Reads until the response is complete (or, draining, until its body's
+/// end), parsing each read where it landed.
+fn poll_response(
+    tcp: &mut TcpStream,
+    response: &mut Response,
+    rec: &mut Recorder<'_>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), Failure>> {
+    SCRATCH.with_borrow_mut(|scratch| {
+        loop {
+            let mut buf = ReadBuf::new(scratch);
+            // A read shorter than the buffer clears the socket's readiness:
+            // the next poll waits for new bytes without another system call.
+            match Pin::new(&mut *tcp).poll_read(cx, &mut buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(response.broken(&e))),
+                Poll::Ready(Ok(())) => {}
+            }
+            let at_ns = rec.target.clock.now_ns();
+            let bytes = buf.filled();
+            if bytes.is_empty() {
+                return Poll::Ready(response.closed(at_ns, rec));
+            }
             rec.arrived(at_ns);
-        }
-        match frame {
-            None => {
-                if rec.end(at_ns)? {
-                    return Ok(true);
-                }
-                return Err(fail(Outcome::Disconnected, "disconnected: the response ended before [DONE]"));
+            match response.input(bytes, at_ns, rec) {
+                Ok(false) => {}
+                Ok(true) => return Poll::Ready(Ok(())),
+                Err(failure) => return Poll::Ready(Err(failure)),
             }
-            Some(Err(e)) => return Err(body_failed(&e)),
-            Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else { continue };
-                if rec.feed(&data, at_ns)? {
-                    break;
+        }
+    })
+}
+
+/// A response being read.
+struct Response {
+    head: Option<Head>,
+    body: Decoder,
+    /// The unparsed end of the previous read: part of the head or of the
+    /// chunk framing, rarely more than a few bytes.
+    carry: Vec<u8>,
+    /// Some bytes of it came.
+    began: bool,
+    /// The reply is whole (`[DONE]`, or a non-streamed body's end): body
+    /// bytes after it are only read to find the end.
+    whole: bool,
+    /// Reading only to find the body's end.
+    draining: bool,
+    /// A failed response's body, to say what went wrong.
+    excerpt: Vec<u8>,
+}
+
+/// As much of a failed response's body as is kept.
+const EXCERPT_LEN: usize = 200;
+
+impl Response {
+    fn new() -> Response {
+        Response {
+            head: None,
+            body: Decoder::Ended,
+            carry: Vec::new(),
+            began: false,
+            whole: false,
+            draining: false,
+            excerpt: Vec::new(),
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.head.is_some() && self.body == Decoder::Ended
+    }
+
+    fn keep_alive(&self) -> bool {
+        self.head.is_some_and(|h| h.keep_alive)
+    }
+
+    fn failed(&self) -> bool {
+        self.head.is_some_and(|h| !(200..300).contains(&h.status))
+    }
+
+    /// Takes the bytes of one read, arrived at `at_ns`; `Ok(true)` once the
+    /// response is complete (draining: once its body ended).
+    fn input(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder<'_>) -> Result<bool, Failure> {
+        self.began = true;
+        if self.carry.is_empty() {
+            // The usual case: framing is whole within the read, parsed where
+            // it lies; only an unfinished end is kept.
+            let used = self.parse(bytes, at_ns, rec)?;
+            if used < bytes.len() && !self.ended() {
+                self.carry.extend_from_slice(&bytes[used..]);
+            }
+        } else {
+            let mut carry = std::mem::take(&mut self.carry);
+            carry.extend_from_slice(bytes);
+            let used = self.parse(&carry, at_ns, rec)?;
+            carry.drain(..used);
+            if !carry.is_empty() && !self.ended() {
+                self.carry = carry;
+            }
+        }
+        self.complete(at_ns, rec)
+    }
+
+    /// Parses what `bytes` holds whole; returns how many bytes it used.
+    fn parse(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder<'_>) -> Result<usize, Failure> {
+        let mut used = 0;
+        while self.head.is_none() {
+            let malformed = |e: String| fail(Outcome::Malformed, format!("malformed response: {e}"));
+            let Some(head) = http1::parse_head(&bytes[used..]).map_err(malformed)? else {
+                return Ok(used);
+            };
+            used += head.len;
+            // An interim response (100 Continue): the real one follows.
+            if !(100..200).contains(&head.status) {
+                rec.record.http_status = Some(head.status);
+                self.head = Some(head);
+                self.body = Decoder::new(head.body);
+            }
+        }
+        let failed = self.failed();
+        loop {
+            let step = self
+                .body
+                .step(&bytes[used..])
+                .map_err(|e| fail(Outcome::Malformed, format!("malformed stream: bad chunked framing: {e}")))?;
+            match step {
+                Step::Data { data, used: n } => {
+                    used += n;
+                    if failed {
+                        let room = EXCERPT_LEN.saturating_sub(self.excerpt.len());
+                        self.excerpt.extend_from_slice(&data[..data.len().min(room)]);
+                    } else if !self.whole {
+                        self.whole = rec.feed(data, at_ns)?;
+                        if self.whole {
+                            rec.completed_ns = Some(at_ns);
+                        }
+                    }
                 }
-                // The first token moves the deadline from the first-token
-                // one to the idle one, which may be nearer.
-                let due = rec.read_deadline();
-                if due < rec.timer_due {
-                    rec.timer_due = due;
-                    timer.as_mut().reset(due);
-                }
+                Step::More { used: n } | Step::End { used: n } => return Ok(used + n),
             }
         }
     }
-    // [DONE]: the connection can carry the next request once the body's end
-    // is in too, which it normally is (it came in the same read).
-    loop {
-        let next = poll_fn(|cx| Poll::Ready(poll_driven(driver, cx, |cx| Pin::new(&mut body).poll_frame(cx)))).await;
-        match next {
-            Poll::Ready(Some(Ok(_))) => {}
-            Poll::Ready(None) => return Ok(true),
-            Poll::Ready(Some(Err(_))) | Poll::Pending => return Ok(false),
+
+    /// Whether the response is complete after the last read.
+    fn complete(&mut self, at_ns: i64, rec: &mut Recorder<'_>) -> Result<bool, Failure> {
+        if self.failed() {
+            if self.ended() || self.excerpt.len() >= EXCERPT_LEN {
+                return Err(self.http_error());
+            }
+            return Ok(false);
         }
+        if self.draining {
+            return Ok(self.ended());
+        }
+        if self.whole {
+            return Ok(true);
+        }
+        if !self.ended() {
+            return Ok(false);
+        }
+        if rec.end(at_ns)? {
+            rec.completed_ns = Some(at_ns);
+            self.whole = true;
+            return Ok(true);
+        }
+        Err(fail(Outcome::Disconnected, "disconnected: the response ended before [DONE]"))
+    }
+
+    /// The server closed the connection at `at_ns`.
+    fn closed(&mut self, at_ns: i64, rec: &mut Recorder<'_>) -> Result<(), Failure> {
+        if !self.began {
+            return Err(fail(Outcome::TransportError, "the connection closed before a response came"));
+        }
+        if self.head.is_none() {
+            return Err(fail(Outcome::Disconnected, "disconnected: the connection closed within the response head"));
+        }
+        if self.body.ends_at_close() {
+            self.body = Decoder::Ended;
+            if self.complete(at_ns, rec)? {
+                return Ok(());
+            }
+        }
+        if self.failed() {
+            return Err(self.http_error());
+        }
+        if self.whole {
+            // Complete, but the connection cannot be used again.
+            self.draining = false;
+            return Ok(());
+        }
+        Err(fail(Outcome::Disconnected, "disconnected mid-stream: the connection closed before [DONE]"))
+    }
+
+    /// The connection broke with `e`.
+    fn broken(&self, e: &std::io::Error) -> Failure {
+        if !self.began {
+            return fail(Outcome::TransportError, format!("no response: the connection failed before one came: {e}"));
+        }
+        if self.failed() {
+            return self.http_error();
+        }
+        fail(Outcome::Disconnected, format!("disconnected mid-stream: the connection broke before [DONE]: {e}"))
+    }
+
+    fn http_error(&self) -> Failure {
+        let status = self.head.map_or(0, |h| h.status);
+        let text = String::from_utf8_lossy(&self.excerpt);
+        fail(Outcome::HttpError, format!("http {status}: {}", head_of(text.trim())))
     }
 }
 
-/// The failure for a body that broke off: malformed framing, or a
-/// connection that ended.
-fn body_failed(e: &hyper::Error) -> Failure {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && matches!(io.kind(), std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput)
-        {
-            return fail(Outcome::Malformed, format!("malformed stream: bad chunked framing: {}", error_chain(e)));
+/// Polls `poll` until it is ready or the read deadline passes.
+///
+/// The timer is set once and moved only when it fires early or a nearer
+/// deadline appears: re-arming it per chunk would cost more than the
+/// chunk's parsing.
+async fn wait<'t, T>(
+    rec: &mut Recorder<'t>,
+    mut timer: Pin<&mut Sleep>,
+    mut poll: impl FnMut(&mut Recorder<'t>, &mut Context<'_>) -> Poll<Result<T, Failure>>,
+) -> Result<T, Failure> {
+    poll_fn(|cx| {
+        if let Poll::Ready(v) = poll(rec, cx) {
+            return Poll::Ready(v);
         }
-        source = s.source();
-    }
-    fail(
-        Outcome::Disconnected,
-        format!("disconnected mid-stream: the connection broke before [DONE]: {}", error_chain(e)),
-    )
+        // The first token moves the deadline from the first-token one to
+        // the idle one, which may be nearer.
+        let due = rec.read_deadline();
+        if due < rec.timer_due {
+            rec.timer_due = due;
+            timer.as_mut().reset(due);
+        }
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let due = rec.read_deadline();
+            if Instant::now() >= due {
+                return Poll::Ready(Err(rec.timeout()));
+            }
+            rec.timer_due = due;
+            timer.as_mut().reset(due);
+        }
+    })
+    .await
 }
 
 async fn reqwest_exchange(
@@ -415,7 +594,7 @@ async fn reqwest_exchange(
     if let Some(key) = &target.api_key {
         request = request.bearer_auth(key);
     }
-    rec.sent_ns = target.clock.now_ns();
+    rec.record.sent_ns = target.clock.now_ns();
     rec.deadline = Instant::now() + target.timeouts.total;
     let response = match tokio::time::timeout_at(rec.read_deadline(), request.send()).await {
         Err(_) => return Err(rec.timeout()),
@@ -423,7 +602,7 @@ async fn reqwest_exchange(
         Ok(Ok(response)) => response,
     };
     let status = response.status();
-    rec.http_status = Some(status.as_u16());
+    rec.record.http_status = Some(status.as_u16());
     if !status.is_success() {
         let body = tokio::time::timeout(Duration::from_secs(5), response.bytes()).await;
         let body = body.ok().and_then(Result::ok).unwrap_or_default();
@@ -467,13 +646,12 @@ fn fail(outcome: Outcome, error: impl Into<String>) -> Failure {
 struct Recorder<'t> {
     target: &'t Target,
     record: RequestRecord,
-    connect_ns: Option<i64>,
-    sent_ns: i64,
-    http_status: Option<u16>,
     /// The total deadline, from the send.
     deadline: Instant,
     /// When the last bytes arrived: the idle timeout counts from here.
-    last_read: Instant,
+    last_read_ns: i64,
+    /// When the reply was whole: `[DONE]`, or a non-streamed body's end.
+    completed_ns: Option<i64>,
     /// Where the exchange's timer is set; never later than the real deadline.
     timer_due: Instant,
     /// Body bytes of a line not yet complete.
@@ -486,12 +664,13 @@ struct Recorder<'t> {
 }
 
 impl<'t> Recorder<'t> {
-    fn new(target: &'t Target, request: &Request) -> Recorder<'t> {
+    /// The recorder of `request`, and the body to send.
+    fn new(target: &'t Target, request: Request) -> (Recorder<'t>, Bytes) {
         let now = Instant::now();
         // Sized for the reply asked for: no regrowth, no slack (a chunk per
         // token at most, and usually exactly that).
         let chunks = if target.stream { request.max_tokens.min(1 << 16) as usize } else { 1 };
-        Recorder {
+        let rec = Recorder {
             target,
             record: RequestRecord {
                 seq: request.seq,
@@ -509,71 +688,41 @@ impl<'t> Recorder<'t> {
                 error: None,
                 phase: request.phase,
             },
-            connect_ns: None,
-            sent_ns: 0,
-            http_status: None,
             deadline: now + target.timeouts.total,
-            last_read: now,
+            last_read_ns: 0,
+            completed_ns: None,
             timer_due: now,
             pending: Vec::new(),
             data: Vec::new(),
             usage: None,
             text: target.counter.needs_text().then(String::new),
-        }
+        };
+        (rec, request.body)
     }
 
     /// Bytes arrived at `at_ns`: the idle timeout restarts.
     fn arrived(&mut self, at_ns: i64) {
-        self.last_read = self.target.clock.at(Duration::from_nanos(u64::try_from(at_ns).unwrap_or(0)));
+        self.last_read_ns = at_ns;
+    }
+
+    /// The instant of a clock reading.
+    fn instant(&self, ns: i64) -> Instant {
+        self.target.clock.at(Duration::from_nanos(u64::try_from(ns).unwrap_or(0)))
     }
 
     /// When the next bytes must have come: the first-token deadline until a
     /// token arrived, then the idle one, never past the total one.
+    /// Once the reply is whole, the connection has a moment to end it.
     fn read_deadline(&self) -> Instant {
-        let stage = if self.record.first_token_ns.is_none() {
-            let sent = self.target.clock.at(Duration::from_nanos(u64::try_from(self.sent_ns).unwrap_or(0)));
-            sent + self.target.timeouts.first_token
+        let t = &self.target.timeouts;
+        let stage = if let Some(completed) = self.completed_ns {
+            self.instant(completed) + t.idle.min(DRAIN_LIMIT)
+        } else if self.record.first_token_ns.is_none() {
+            self.instant(self.record.sent_ns) + t.first_token
         } else {
-            self.last_read + self.target.timeouts.idle
+            self.instant(self.last_read_ns) + t.idle
         };
         stage.min(self.deadline)
-    }
-
-    /// Waits for `poll` while driving the connection, until the read
-    /// deadline; also says whether it had to wait (new bytes came since).
-    ///
-    /// The timer is set once and moved only when it fires early or a nearer
-    /// deadline appears: re-arming it per chunk would cost more than the
-    /// chunk's parsing.
-    async fn wait<T>(
-        &mut self,
-        driver: &mut Option<Box<Driver>>,
-        mut timer: Pin<&mut Sleep>,
-        mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
-    ) -> Result<(T, bool), Failure> {
-        let mut waited = false;
-        let out = poll_fn(|cx| {
-            if let Poll::Ready(v) = poll_driven(driver, cx, &mut poll) {
-                return Poll::Ready(Some(v));
-            }
-            waited = true;
-            loop {
-                if timer.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                let due = self.read_deadline();
-                if Instant::now() >= due {
-                    return Poll::Ready(None);
-                }
-                self.timer_due = due;
-                timer.as_mut().reset(due);
-            }
-        })
-        .await;
-        match out {
-            Some(v) => Ok((v, waited)),
-            None => Err(self.timeout()),
-        }
     }
 
     /// The failure for the deadline that expired.
@@ -646,10 +795,26 @@ impl<'t> Recorder<'t> {
                     }
                 }
             } else if let Some(value) = line.strip_prefix(b"data:") {
+                let value = value.strip_prefix(b" ").unwrap_or(value);
+                // The usual event, one data line and its blank line, both
+                // here: parsed where it lies, not copied.
+                let rest = &body[consumed..];
+                let blank = match rest {
+                    [b'\n', ..] => 1,
+                    [b'\r', b'\n', ..] => 2,
+                    _ => 0,
+                };
+                if blank > 0 && self.data.is_empty() {
+                    consumed += blank;
+                    if !value.is_empty() && self.event(value, at_ns)? {
+                        return Ok((consumed, true));
+                    }
+                    continue;
+                }
                 if !self.data.is_empty() {
                     self.data.push(b'\n');
                 }
-                self.data.extend_from_slice(value.strip_prefix(b" ").unwrap_or(value));
+                self.data.extend_from_slice(value);
             }
             // Other fields (event, id, retry) and comments carry nothing we use.
         }
@@ -711,9 +876,9 @@ impl<'t> Recorder<'t> {
 
     fn finish(mut self, outcome: Result<(), Failure>, completed_ns: i64) -> RequestRecord {
         let r = &mut self.record;
-        r.sent_ns = if self.sent_ns == 0 { completed_ns } else { self.sent_ns };
-        r.connect_ns = self.connect_ns;
-        r.http_status = self.http_status;
+        if r.sent_ns == 0 {
+            r.sent_ns = completed_ns;
+        }
         r.completed_ns = completed_ns;
         (r.outcome, r.error) = match outcome {
             Ok(()) => (Outcome::Ok, None),
@@ -807,7 +972,7 @@ fn first_choice<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Choice
 
 #[derive(Deserialize)]
 struct Choice<'a> {
-    #[serde(borrow)]
+    #[serde(default, borrow, deserialize_with = "text")]
     text: Option<Cow<'a, str>>,
     #[serde(borrow)]
     delta: Option<Delta<'a>>,
@@ -818,13 +983,51 @@ struct Choice<'a> {
 
 #[derive(Deserialize)]
 struct Delta<'a> {
-    #[serde(borrow)]
+    #[serde(default, borrow, deserialize_with = "text")]
     content: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(default, borrow, deserialize_with = "text")]
     reasoning_content: Option<Cow<'a, str>>,
     /// vLLM's newer name for `reasoning_content`.
-    #[serde(borrow)]
+    #[serde(default, borrow, deserialize_with = "text")]
     reasoning: Option<Cow<'a, str>>,
+}
+
+/// A string or null, borrowed from the chunk's bytes unless it has escapes
+/// (serde's own `Option<Cow<str>>` always copies: an allocation per token).
+fn text<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    struct Text;
+    impl<'de> Visitor<'de> for Text {
+        type Value = Option<Cow<'de, str>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string or null")
+        }
+
+        fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Borrowed(v)))
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(v.to_owned())))
+        }
+
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Some(Cow::Owned(v)))
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(Text)
+        }
+    }
+    d.deserialize_option(Text)
 }
 
 impl Choice<'_> {
@@ -867,6 +1070,7 @@ mod tests {
         check(r#"{"choices":[{"delta":{"role":"assistant"}}]}"#, None);
         check(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#, None);
         check(r#"{"choices":[{"delta":{"content":"x \"y\""}}]}"#, Some("x \"y\""));
+        check(r#"{"choices":[{"delta":{"content":"caf\u00e9"}}]}"#, Some("café"));
         check(r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#, Some("hmm"));
         check(r#"{"choices":[{"delta":{"reasoning":"hmm","content":null}}]}"#, Some("hmm"));
         check(r#"{"choices":[{"message":{"content":"a b c"}}]}"#, Some("a b c"));

@@ -2,9 +2,12 @@
 //! they are computed: loadgen, the controller and the reports all call
 //! [`summarize`]. See `docs/metrics.md` for the definitions in prose.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use serde::{Deserialize, Serialize};
 
-use crate::record::{Outcome, Phase, RequestRecord};
+use crate::record::{ChunkIter, Outcome, Phase, RequestRecord};
 
 const NS_PER_S: f64 = 1e9;
 const NS_PER_MS: f64 = 1e6;
@@ -255,19 +258,6 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
     let total_input_tokens: u64 = ok.iter().map(|r| u64::from(r.prompt_tokens)).sum();
     let total_output_tokens: u64 = ok.iter().map(|r| u64::from(r.output_tokens)).sum();
 
-    let itl = ok.iter().flat_map(|r| r.chunks.pairs().map(|(a, b)| (b.at_ns - a.at_ns) as f64 / NS_PER_MS));
-    let mut itl_per_token = Vec::new();
-    for r in &ok {
-        let scale = token_scale(r);
-        for (a, b) in r.chunks.pairs() {
-            let tokens = f64::from(b.tokens) * scale;
-            if tokens > 0.0 {
-                let gap = (b.at_ns - a.at_ns) as f64 / NS_PER_MS / tokens;
-                // Token-weighted: a chunk of k tokens gives k samples.
-                itl_per_token.extend(std::iter::repeat_n(gap, (tokens.round() as usize).max(1)));
-            }
-        }
-    }
     let ms = |ns: i64| ns as f64 / NS_PER_MS;
     let dist = |samples: Vec<f64>| Distribution::with_percentiles(samples, &options.percentiles);
 
@@ -300,8 +290,10 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
         latency_s: dist(ok.iter().map(|r| r.latency_ns() as f64 / NS_PER_S).collect()),
         ttft_ms: dist(ok.iter().filter_map(|r| r.ttft_ns()).map(ms).collect()),
         tpot_ms: dist(ok.iter().filter_map(|r| r.tpot_ns()).map(|t| t / NS_PER_MS).collect()),
-        itl_ms: dist(itl.collect()),
-        itl_per_token_ms: dist(itl_per_token),
+        // One after the other, each sized exactly: with a long run these
+        // are the largest allocations of the summary.
+        itl_ms: dist(chunk_itls_ms(&ok)),
+        itl_per_token_ms: dist(token_itls_ms(&ok)),
         latency_from_scheduled_s: dist(ok.iter().map(|r| r.latency_from_scheduled_ns() as f64 / NS_PER_S).collect()),
         ttft_from_scheduled_ms: dist(ok.iter().filter_map(|r| r.ttft_from_scheduled_ns()).map(ms).collect()),
         connect_ms: dist(records.iter().filter_map(|r| r.connect_ns).map(ms).collect()),
@@ -366,30 +358,92 @@ fn token_scale(r: &RequestRecord) -> f64 {
     if counted == 0 || r.output_tokens == 0 { 1.0 } else { f64::from(r.output_tokens) / counted as f64 }
 }
 
+/// Every gap between two chunks of a request, ms (the vLLM-compatible ITL).
+fn chunk_itls_ms(ok: &[&RequestRecord]) -> Vec<f64> {
+    let mut itls = Vec::with_capacity(ok.iter().map(|r| r.chunks.len().saturating_sub(1)).sum());
+    for r in ok {
+        itls.extend(r.chunks.pairs().map(|(a, b)| (b.at_ns - a.at_ns) as f64 / NS_PER_MS));
+    }
+    itls
+}
+
+/// Every gap between two tokens, ms: a chunk of k tokens after a gap g
+/// gives k samples of g / k.
+fn token_itls_ms(ok: &[&RequestRecord]) -> Vec<f64> {
+    let mut itls = Vec::with_capacity(ok.iter().flat_map(|r| token_gaps(r)).map(|(_, n)| n).sum());
+    for (gap, n) in ok.iter().flat_map(|r| token_gaps(r)) {
+        itls.extend(std::iter::repeat_n(gap, n));
+    }
+    itls
+}
+
+/// Each gap between two chunks of `r` as (per-token gap ms, tokens).
+fn token_gaps(r: &RequestRecord) -> impl Iterator<Item = (f64, usize)> + '_ {
+    let scale = token_scale(r);
+    r.chunks.pairs().filter_map(move |(a, b)| {
+        let tokens = f64::from(b.tokens) * scale;
+        (tokens > 0.0).then(|| ((b.at_ns - a.at_ns) as f64 / NS_PER_MS / tokens, (tokens.round() as usize).max(1)))
+    })
+}
+
 /// The most output tokens that arrived in any window of one second, found by
 /// sliding a window over every chunk arrival (tokens, not chunks, so a chunk
 /// of k tokens counts k).
 fn peak_tokens_per_second(ok: &[&RequestRecord]) -> f64 {
-    let mut arrivals: Vec<(i64, f64)> = ok
-        .iter()
-        .flat_map(|r| {
-            let scale = token_scale(r);
-            r.chunks.iter().map(move |c| (c.at_ns, f64::from(c.tokens) * scale))
-        })
-        .collect();
-    arrivals.sort_unstable_by_key(|a| a.0);
     let window_ns = 1_000_000_000;
-    let (mut best, mut in_window, mut start) = (0f64, 0f64, 0usize);
-    for end in 0..arrivals.len() {
-        in_window += arrivals[end].1;
-        while arrivals[end].0 - arrivals[start].0 >= window_ns {
-            in_window -= arrivals[start].1;
-            start += 1;
+    // The window's two ends walk the same arrivals, the start behind.
+    let mut starts = Arrivals::new(ok);
+    let mut start = starts.next();
+    let (mut best, mut in_window) = (0f64, 0f64);
+    for (at_ns, tokens) in Arrivals::new(ok) {
+        in_window += tokens;
+        while let Some((from_ns, leaving)) = start
+            && at_ns - from_ns >= window_ns
+        {
+            in_window -= leaving;
+            start = starts.next();
         }
         best = best.max(in_window);
     }
     // Sums of fractional token shares: round away the float noise.
     (best * 1e6).round() / 1e6
+}
+
+/// Every chunk of the records in arrival order, with its tokens scaled by
+/// its record's [`token_scale`]: a merge of the records' own lists (each in
+/// arrival order), holding a cursor per record rather than a copy of every
+/// arrival, which for a long run would be the largest thing in memory.
+struct Arrivals<'a> {
+    cursors: Vec<(ChunkIter<'a>, f64)>,
+    /// The next chunk of each record that has one: (arrival, record, tokens).
+    next: BinaryHeap<Reverse<(i64, usize, u32)>>,
+}
+
+impl<'a> Arrivals<'a> {
+    fn new(records: &[&'a RequestRecord]) -> Arrivals<'a> {
+        let mut cursors: Vec<(ChunkIter<'a>, f64)> =
+            records.iter().map(|r| (r.chunks.iter(), token_scale(r))).collect();
+        let next = cursors
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, (chunks, _))| chunks.next().map(|c| Reverse((c.at_ns, i, c.tokens))))
+            .collect();
+        Arrivals { cursors, next }
+    }
+}
+
+impl Iterator for Arrivals<'_> {
+    type Item = (i64, f64);
+
+    fn next(&mut self) -> Option<(i64, f64)> {
+        let Reverse((at_ns, i, tokens)) = self.next.pop()?;
+        let (chunks, scale) = &mut self.cursors[i];
+        let scale = *scale;
+        if let Some(c) = chunks.next() {
+            self.next.push(Reverse((c.at_ns, i, c.tokens)));
+        }
+        Some((at_ns, f64::from(tokens) * scale))
+    }
 }
 
 /// The most requests in flight at once, from send to completion.

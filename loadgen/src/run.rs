@@ -10,13 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hyper::body::Bytes;
-use hyper::header::HeaderValue;
+use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{self, BodyOptions, Conn, Endpoint, Request, Target, Timeouts, Transport};
+use crate::client::{self, BodyOptions, Conn, Endpoint, Request, RequestHead, Target, Timeouts, Transport};
 use crate::clock::{self, Clock};
 use crate::dataset::{self, Dataset, TokenCounter};
 use crate::metrics::{DEFAULT_LAG_LIMIT_MS, DEFAULT_PERCENTILES, Summary, SummaryOptions, summarize_with};
@@ -217,16 +216,8 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     check_model(&reqwest, &config).await?;
     let transport = transport(&config, reqwest)?;
     let cancel = config.stop.child_token();
-    let authorization = match &config.api_key {
-        Some(key) => Some(
-            HeaderValue::from_str(&format!("Bearer {key}"))
-                .map_err(|_| LoadError::Config("the api key holds characters a header cannot carry".to_owned()))?,
-        ),
-        None => None,
-    };
     let mut target = Target {
         transport,
-        authorization,
         api_key: config.api_key.clone(),
         stream: config.stream,
         timeouts: Timeouts {
@@ -285,6 +276,10 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     }
     if config.percentiles.is_empty() {
         return bad("at least one percentile must be asked for");
+    }
+    // Visible ASCII and spaces only: a line break would end the header.
+    if config.api_key.as_ref().is_some_and(|key| key.bytes().any(|b| !(b.is_ascii_graphic() || b == b' '))) {
+        return bad("the api key holds characters a header cannot carry");
     }
     let unbounded = config.request_rate.is_none_or(f64::is_infinite) && config.max_duration.is_none();
     if matches!(config.cooldown, Window::Time(_)) && unbounded {
@@ -467,7 +462,7 @@ async fn dispatch(
     records
 }
 
-/// The transport for the base URL: hyper on our own connections for http,
+/// The transport for the base URL: our own HTTP/1.1 connections for http,
 /// reqwest for https.
 fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport, LoadError> {
     let base = config.base_url.trim_end_matches('/');
@@ -481,9 +476,9 @@ fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport,
             // An IPv6 host comes bracketed, as both the address and the Host
             // header want it.
             let authority = format!("{host}:{port}");
-            let host = HeaderValue::from_str(&authority).map_err(|_| bad("its host is not a valid header value"))?;
-            let path = path.parse().map_err(|e: hyper::http::uri::InvalidUri| bad(&format!("bad path {path}: {e}")))?;
-            Ok(Transport::Http { addr: authority, host, path })
+            let authorization = config.api_key.as_ref().map(|key| format!("Bearer {key}"));
+            let head = RequestHead::post(&path, &authority, authorization.as_deref()).map_err(|e| bad(&e))?;
+            Ok(Transport::Http { addr: authority, head })
         }
         "https" => Ok(Transport::Reqwest { client: reqwest, url: format!("{base}{}", config.endpoint.path()) }),
         other => Err(bad(&format!("scheme {other} is not http or https"))),

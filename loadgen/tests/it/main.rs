@@ -1,6 +1,7 @@
 //! Integration tests of benchfleet-loadgen, against fake servers that run in
 //! the test: an OpenAI-compatible one with known timings and an
-//! IngestService that stands in for the controller.
+//! IngestService that stands in for the controller, and a scripted raw-socket
+//! server for the HTTP transport.
 
 mod accuracy;
 mod cli;
@@ -8,6 +9,7 @@ mod fake_ingest;
 mod fake_openai;
 mod load;
 mod report;
+mod transport;
 
 use std::time::Duration;
 

@@ -1,0 +1,219 @@
+//! The HTTP/1.1 transport against a scripted server on a raw socket: replies
+//! that arrive a byte at a time, bodies framed by length, chunks or close,
+//! connections kept alive, closed while idle, or closed by the server's word.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use benchfleet_loadgen::{LoadConfig, Outcome, run};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::random_load;
+
+/// How the scripted server answers a completion request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    /// A chunked SSE stream of three tokens, kept alive.
+    Chunked,
+    /// The same stream without framing: its end is the connection's close.
+    UntilClose,
+    /// A non-streamed JSON reply with a Content-Length, kept alive.
+    Whole,
+    /// The chunked stream with `Connection: close`.
+    ChunkedThenClose,
+    /// The chunked stream, then the connection closes without a word.
+    ChunkedThenSilentClose,
+    /// 503 with a body.
+    Overloaded,
+}
+
+/// How the server writes.
+#[derive(Clone, Copy)]
+enum Pace {
+    /// Every reply in one write.
+    AtOnce,
+    /// A byte per write, so the client's reads end anywhere.
+    ByteByByte,
+}
+
+struct Scripted {
+    url: String,
+    connections: Arc<AtomicUsize>,
+}
+
+const EVENTS: [&str; 5] = [
+    r#"{"choices":[{"text":"one"}]}"#,
+    r#"{"choices":[{"text":" two"}]}"#,
+    r#"{"choices":[{"text":" three"}]}"#,
+    r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#,
+    "[DONE]",
+];
+
+fn sse() -> String {
+    EVENTS.iter().map(|e| format!("data: {e}\n\n")).collect()
+}
+
+fn chunked(body: &str) -> String {
+    // One HTTP chunk per SSE event, as servers write them.
+    let mut out: String = body.split_inclusive("\n\n").map(|e| format!("{:x}\r\n{e}\r\n", e.len())).collect();
+    out.push_str("0\r\n\r\n");
+    out
+}
+
+fn response(reply: Reply) -> (String, bool) {
+    let stream = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n";
+    match reply {
+        Reply::Chunked => (format!("{stream}\r\n{}", chunked(&sse())), true),
+        Reply::ChunkedThenClose => (format!("{stream}connection: close\r\n\r\n{}", chunked(&sse())), false),
+        Reply::ChunkedThenSilentClose => (format!("{stream}\r\n{}", chunked(&sse())), false),
+        Reply::UntilClose => (format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n{}", sse()), false),
+        Reply::Whole => {
+            let body = r#"{"choices":[{"text":"one two three"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#;
+            (format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()), true)
+        }
+        Reply::Overloaded => {
+            let body = "overloaded: try again later";
+            (format!("HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\n\r\n{body}", body.len()), true)
+        }
+    }
+}
+
+async fn start(reply: Reply, pace: Pace) -> Scripted {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&connections);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(serve(tcp, reply, pace));
+        }
+    });
+    Scripted { url, connections }
+}
+
+/// Answers the requests of one connection until either side closes it.
+async fn serve(mut tcp: TcpStream, reply: Reply, pace: Pace) {
+    let _ = tcp.set_nodelay(true);
+    let mut buf = Vec::new();
+    loop {
+        // A request: its head, then as many body bytes as it says.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut more = [0u8; 4096];
+            match tcp.read(&mut more).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&more[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            let mut more = [0u8; 4096];
+            match tcp.read(&mut more).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&more[..n]),
+            }
+        }
+        buf.drain(..head_end + length);
+        let (text, keep) = if head.starts_with("get /v1/models") {
+            let body = r#"{"object":"list","data":[{"id":"m"}]}"#;
+            (format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()), true)
+        } else {
+            response(reply)
+        };
+        let written = match pace {
+            Pace::AtOnce => tcp.write_all(text.as_bytes()).await,
+            Pace::ByteByByte => {
+                let mut result = Ok(());
+                for b in text.as_bytes() {
+                    result = tcp.write_all(std::slice::from_ref(b)).await;
+                    if result.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                result
+            }
+        };
+        if written.is_err() || !keep {
+            return;
+        }
+    }
+}
+
+/// `n` requests, one at a time, on the scripted server.
+fn one_at_a_time(server: &Scripted, n: usize, stream: bool) -> LoadConfig {
+    let mut config = random_load(&server.url, "m", n, 5, 3);
+    config.stream = stream;
+    config.max_concurrency = Some(1);
+    config.idle_timeout = Duration::from_secs(5);
+    config
+}
+
+fn assert_all_ok(result: &benchfleet_loadgen::LoadResult, chunks: usize) {
+    assert_eq!(result.summary.failed, 0, "{:?}", result.records.iter().map(|r| &r.error).collect::<Vec<_>>());
+    for r in &result.records {
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        assert_eq!((r.output_tokens, r.prompt_tokens), (3, 5), "usage is the truth about tokens");
+        assert_eq!(r.chunks.len(), chunks, "{r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_that_arrive_a_byte_at_a_time_read_the_same_and_keep_the_connection() {
+    for pace in [Pace::AtOnce, Pace::ByteByByte] {
+        let server = start(Reply::Chunked, pace).await;
+        let result = run(one_at_a_time(&server, 3, true), None).await.expect("run");
+        assert_all_ok(&result, 3);
+        // The models check's connection, and one for all three requests:
+        // each reply was read to its very end, after `[DONE]`, before the
+        // next request went on the same connection.
+        assert_eq!(server.connections.load(Ordering::Relaxed), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_framed_by_length_or_by_close_are_read_whole() {
+    let server = start(Reply::Whole, Pace::ByteByByte).await;
+    let result = run(one_at_a_time(&server, 2, false), None).await.expect("run");
+    assert_all_ok(&result, 1);
+    assert_eq!(server.connections.load(Ordering::Relaxed), 2, "kept alive");
+
+    let server = start(Reply::UntilClose, Pace::AtOnce).await;
+    let result = run(one_at_a_time(&server, 2, true), None).await.expect("run");
+    assert_all_ok(&result, 3);
+    assert_eq!(server.connections.load(Ordering::Relaxed), 1 + 2, "a body ended by its close ends the connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_closes_are_not_used_again() {
+    // Said in the reply, or not said at all: the next request goes on a new
+    // connection either way (when unsaid, after its send on the old one
+    // found it closed), and no request fails for it.
+    for reply in [Reply::ChunkedThenClose, Reply::ChunkedThenSilentClose] {
+        let server = start(reply, Pace::AtOnce).await;
+        let result = run(one_at_a_time(&server, 3, true), None).await.expect("run");
+        assert_all_ok(&result, 3);
+        assert_eq!(server.connections.load(Ordering::Relaxed), 1 + 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_status_keeps_the_start_of_its_body() {
+    let server = start(Reply::Overloaded, Pace::ByteByByte).await;
+    let result = run(one_at_a_time(&server, 2, true), None).await.expect("run");
+    assert_eq!(result.summary.failed, 2);
+    for r in &result.records {
+        assert_eq!((r.outcome, r.http_status), (Outcome::HttpError, Some(503)), "{r:?}");
+        assert_eq!(r.error.as_deref(), Some("http 503: overloaded: try again later"));
+    }
+}
