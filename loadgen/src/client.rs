@@ -17,6 +17,7 @@ use std::cell::RefCell;
 use std::future::{Future, poll_fn};
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -189,18 +190,19 @@ pub(crate) struct Request {
 /// it waits is kept small: the record in the making, the response's state,
 /// the socket and one timer.
 pub(crate) fn send(
-    target: &Target,
+    target: Arc<Target>,
     request: Request,
     mut conn: Option<Conn>,
-) -> impl Future<Output = (RequestRecord, Option<Conn>)> + '_ {
+) -> impl Future<Output = (RequestRecord, Option<Conn>)> + Send + 'static {
     // Built here and moved into the future, which uses them where they lie:
     // an `async fn` would keep a second copy of its arguments.
     let (mut rec, body) = Recorder::new(target, request);
     async move {
+        let target = Arc::clone(&rec.target);
         let outcome = tokio::select! {
             biased;
             () = target.cancel.cancelled() => Err(fail(Outcome::Cancelled, "cancelled: the run ended before the response did")),
-            result = exchange(target, &body, &mut conn, &mut rec) => result,
+            result = exchange(&target, &body, &mut conn, &mut rec) => result,
         };
         // A response that was whole before the cancel is not cancelled: only
         // the reading of its connection's last bytes was cut short (and the
@@ -216,12 +218,7 @@ pub(crate) fn send(
 
 /// Sends `body` on the connection in `conn` (or a new one), leaving there
 /// the connection if it may carry the next request.
-async fn exchange(
-    target: &Target,
-    body: &Bytes,
-    conn: &mut Option<Conn>,
-    rec: &mut Recorder<'_>,
-) -> Result<(), Failure> {
+async fn exchange(target: &Target, body: &Bytes, conn: &mut Option<Conn>, rec: &mut Recorder) -> Result<(), Failure> {
     let head = match &target.transport {
         Transport::Http { head, .. } => head,
         // Boxed, as are the rare paths below: they should not grow every
@@ -262,7 +259,7 @@ async fn exchange(
 }
 
 /// Opens a connection for a request, recording how long it took.
-async fn open(target: &Target, rec: &mut Recorder<'_>) -> Result<Conn, Failure> {
+async fn open(target: &Target, rec: &mut Recorder) -> Result<Conn, Failure> {
     let started = target.clock.now_ns();
     match connect(target).await {
         Ok(conn) => {
@@ -284,7 +281,7 @@ async fn http_exchange(
     head: &RequestHead,
     body: &Bytes,
     conn: &mut Conn,
-    rec: &mut Recorder<'_>,
+    rec: &mut Recorder,
 ) -> Result<bool, Failure> {
     rec.record.sent_ns = target.clock.now_ns();
     rec.deadline = Instant::now() + target.timeouts.total;
@@ -342,7 +339,7 @@ fn poll_write_all(
 fn poll_response(
     tcp: &mut TcpStream,
     response: &mut Response,
-    rec: &mut Recorder<'_>,
+    rec: &mut Recorder,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(), Failure>> {
     SCRATCH.with_borrow_mut(|scratch| {
@@ -418,7 +415,7 @@ impl Response {
 
     /// Takes the bytes of one read, arrived at `at_ns`; `Ok(true)` once the
     /// response is complete (draining: once its body ended).
-    fn input(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder<'_>) -> Result<bool, Failure> {
+    fn input(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder) -> Result<bool, Failure> {
         self.began = true;
         if self.carry.is_empty() {
             // The usual case: framing is whole within the read, parsed where
@@ -440,7 +437,7 @@ impl Response {
     }
 
     /// Parses what `bytes` holds whole; returns how many bytes it used.
-    fn parse(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder<'_>) -> Result<usize, Failure> {
+    fn parse(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder) -> Result<usize, Failure> {
         let mut used = 0;
         while self.head.is_none() {
             let malformed = |e: String| fail(Outcome::Malformed, format!("malformed response: {e}"));
@@ -480,7 +477,7 @@ impl Response {
     }
 
     /// Whether the response is complete after the last read.
-    fn complete(&mut self, at_ns: i64, rec: &mut Recorder<'_>) -> Result<bool, Failure> {
+    fn complete(&mut self, at_ns: i64, rec: &mut Recorder) -> Result<bool, Failure> {
         if self.failed() {
             if self.ended() || self.excerpt.len() >= EXCERPT_LEN {
                 return Err(self.http_error());
@@ -505,7 +502,7 @@ impl Response {
     }
 
     /// The server closed the connection at `at_ns`.
-    fn closed(&mut self, at_ns: i64, rec: &mut Recorder<'_>) -> Result<(), Failure> {
+    fn closed(&mut self, at_ns: i64, rec: &mut Recorder) -> Result<(), Failure> {
         if !self.began {
             return Err(fail(Outcome::TransportError, "the connection closed before a response came"));
         }
@@ -552,10 +549,10 @@ impl Response {
 /// The timer is set once and moved only when it fires early or a nearer
 /// deadline appears: re-arming it per chunk would cost more than the
 /// chunk's parsing.
-async fn wait<'t, T>(
-    rec: &mut Recorder<'t>,
+async fn wait<T>(
+    rec: &mut Recorder,
     mut timer: Pin<&mut Sleep>,
-    mut poll: impl FnMut(&mut Recorder<'t>, &mut Context<'_>) -> Poll<Result<T, Failure>>,
+    mut poll: impl FnMut(&mut Recorder, &mut Context<'_>) -> Poll<Result<T, Failure>>,
 ) -> Result<T, Failure> {
     poll_fn(|cx| {
         if let Poll::Ready(v) = poll(rec, cx) {
@@ -588,7 +585,7 @@ async fn reqwest_exchange(
     client: &reqwest::Client,
     url: &str,
     body: &Bytes,
-    rec: &mut Recorder<'_>,
+    rec: &mut Recorder,
 ) -> Result<(), Failure> {
     let mut request = client.post(url).header("content-type", "application/json").body(body.clone());
     if let Some(key) = &target.api_key {
@@ -643,8 +640,8 @@ fn fail(outcome: Outcome, error: impl Into<String>) -> Failure {
 }
 
 /// A request's record in the making, and the parsing of its response.
-struct Recorder<'t> {
-    target: &'t Target,
+struct Recorder {
+    target: Arc<Target>,
     record: RequestRecord,
     /// The total deadline, from the send.
     deadline: Instant,
@@ -663,15 +660,14 @@ struct Recorder<'t> {
     text: Option<String>,
 }
 
-impl<'t> Recorder<'t> {
+impl Recorder {
     /// The recorder of `request`, and the body to send.
-    fn new(target: &'t Target, request: Request) -> (Recorder<'t>, Bytes) {
+    fn new(target: Arc<Target>, request: Request) -> (Recorder, Bytes) {
         let now = Instant::now();
         // Sized for the reply asked for: no regrowth, no slack (a chunk per
         // token at most, and usually exactly that).
         let chunks = if target.stream { request.max_tokens.min(1 << 16) as usize } else { 1 };
         let rec = Recorder {
-            target,
             record: RequestRecord {
                 seq: request.seq,
                 scheduled_ns: request.scheduled_ns,
@@ -696,6 +692,7 @@ impl<'t> Recorder<'t> {
             data: Vec::new(),
             usage: None,
             text: target.counter.needs_text().then(String::new),
+            target,
         };
         (rec, request.body)
     }

@@ -55,15 +55,53 @@ impl Distribution {
             let percentiles = asked.iter().map(|&p| Percentile { p, value: 0.0 }).collect();
             return Distribution { percentiles, ..Distribution::default() };
         }
-        samples.sort_by(f64::total_cmp);
+        // Summed in the order given, as `of_many` does: both give the same
+        // numbers for the same samples.
         let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        samples.sort_by(f64::total_cmp);
+        let n = samples.len();
+        Distribution::from_ranks(n, mean, asked, |rank| samples[rank])
+    }
+
+    /// Summarizes samples too many to copy (a gap per chunk of every
+    /// request of a long run, say): `samples` gives them again for each of a
+    /// few passes, and only the samples near each percentile are ever held
+    /// at once. The numbers are exactly those of [`Distribution::with_percentiles`].
+    pub fn of_many<I: Iterator<Item = f64>>(samples: impl Fn() -> I, asked: &[f64]) -> Distribution {
+        let (n, sum) = samples().fold((0usize, 0f64), |(n, sum), x| (n + 1, sum + x));
+        if n <= SORT_LIMIT {
+            return Distribution::with_percentiles(samples().collect(), asked);
+        }
+        let mut ranks: Vec<usize> = [50.0, 95.0, 99.0]
+            .iter()
+            .chain(asked)
+            .flat_map(|&p| {
+                let rank = rank_of(n, p);
+                [rank.floor() as usize, rank.ceil() as usize]
+            })
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let values = select_ranks(&samples, n, &ranks);
+        let at = |rank: usize| ranks.binary_search(&rank).map_or(f64::NAN, |i| values[i]);
+        Distribution::from_ranks(n, sum / n as f64, asked, at)
+    }
+
+    /// The summary of `n` samples whose mean is `mean`, given the sample of
+    /// each rank in sorted order.
+    fn from_ranks(n: usize, mean: f64, asked: &[f64], at: impl Fn(usize) -> f64) -> Distribution {
+        let percentile = |p: f64| {
+            let rank = rank_of(n, p);
+            let (lo, hi) = (at(rank.floor() as usize), at(rank.ceil() as usize));
+            lo + (hi - lo) * (rank - rank.floor())
+        };
         Distribution {
             mean,
-            median: percentile(&samples, 50.0),
-            p95: percentile(&samples, 95.0),
-            p99: percentile(&samples, 99.0),
-            count: samples.len() as u64,
-            percentiles: asked.iter().map(|&p| Percentile { p, value: percentile(&samples, p) }).collect(),
+            median: percentile(50.0),
+            p95: percentile(95.0),
+            p99: percentile(99.0),
+            count: n as u64,
+            percentiles: asked.iter().map(|&p| Percentile { p, value: percentile(p) }).collect(),
         }
     }
 
@@ -80,12 +118,102 @@ impl Distribution {
     }
 }
 
-/// The `p`th percentile of sorted, non-empty samples.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = (p / 100.0).clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let lo = rank.floor() as usize;
-    let hi = rank.ceil() as usize;
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
+/// Where the `p`th percentile falls among `n` sorted samples: percentiles
+/// interpolate linearly between the two nearest ranks (numpy's default).
+fn rank_of(n: usize, p: f64) -> f64 {
+    (p / 100.0).clamp(0.0, 1.0) * n.saturating_sub(1) as f64
+}
+
+/// Up to this many samples are simply sorted.
+const SORT_LIMIT: usize = 1 << 16;
+
+/// The samples of the given `ranks` (sorted, each below `n`) in the sorted
+/// order of `samples`, without sorting them all: a radix selection that
+/// narrows each rank down to the samples sharing 16 more bits of its sort
+/// key per pass, and sorts them once there are few enough.
+fn select_ranks<I: Iterator<Item = f64>>(samples: &impl Fn() -> I, n: usize, ranks: &[usize]) -> Vec<f64> {
+    // The key sorts as `f64::total_cmp` does.
+    let key = |x: f64| {
+        let bits = x.to_bits();
+        if bits >> 63 == 1 { !bits } else { bits | 1 << 63 }
+    };
+    let value = |key: u64| f64::from_bits(if key >> 63 == 1 { key & !(1 << 63) } else { !key });
+    /// Where a rank's search stands: its sample is the `rank`th of the
+    /// `count` samples whose key starts with the `known` bits of `prefix`.
+    #[derive(Clone, Copy)]
+    struct Search {
+        rank: usize,
+        prefix: u64,
+        known: u32,
+        count: usize,
+    }
+    let mut searches: Vec<Search> = ranks.iter().map(|&rank| Search { rank, prefix: 0, known: 0, count: n }).collect();
+    let mut found: Vec<Option<f64>> = vec![None; ranks.len()];
+    loop {
+        for (s, f) in searches.iter().zip(found.iter_mut()) {
+            if f.is_none() && s.known == 64 {
+                *f = Some(value(s.prefix));
+            }
+        }
+        // The groups of samples still to look into; ranks may share one.
+        let mut groups: Vec<(u64, u32, usize)> = searches
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(s, _)| (s.prefix, s.known, s.count))
+            .collect();
+        groups.dedup();
+        if groups.is_empty() {
+            break;
+        }
+        let collect: Vec<bool> = groups.iter().map(|&(_, _, count)| count <= SORT_LIMIT).collect();
+        let mut kept: Vec<Vec<f64>> =
+            groups.iter().zip(&collect).map(|(g, &c)| Vec::with_capacity(if c { g.2 } else { 0 })).collect();
+        let mut counts: Vec<Vec<u32>> =
+            collect.iter().map(|&c| if c { Vec::new() } else { vec![0; 1 << 16] }).collect();
+        for x in samples() {
+            let k = key(x);
+            for (g, &(prefix, known, _)) in groups.iter().enumerate() {
+                if known == 0 || k >> (64 - known) == prefix {
+                    if collect[g] {
+                        kept[g].push(x);
+                    } else {
+                        counts[g][((k >> (48 - known)) & 0xffff) as usize] += 1;
+                    }
+                }
+            }
+        }
+        for (s, f) in searches.iter_mut().zip(found.iter_mut()).filter(|(_, f)| f.is_none()) {
+            let Some(g) = groups.iter().position(|&(prefix, known, _)| (prefix, known) == (s.prefix, s.known)) else {
+                continue;
+            };
+            if collect[g] {
+                kept[g].sort_unstable_by(f64::total_cmp);
+                // Always found; NaN only if `samples` gave different samples
+                // on another pass, which must not loop forever.
+                *f = Some(kept[g].get(s.rank).copied().unwrap_or(f64::NAN));
+                continue;
+            }
+            // As above: a rank past the counts (samples that changed) ends
+            // the search with NaN.
+            *f = Some(f64::NAN);
+            let mut before = 0usize;
+            for (bucket, &count) in counts[g].iter().enumerate() {
+                if before + count as usize > s.rank {
+                    *s = Search {
+                        rank: s.rank - before,
+                        prefix: (s.prefix << 16) | bucket as u64,
+                        known: s.known + 16,
+                        count: count as usize,
+                    };
+                    *f = None;
+                    break;
+                }
+                before += count as usize;
+            }
+        }
+    }
+    found.into_iter().map(|f| f.unwrap_or(f64::NAN)).collect()
 }
 
 /// Failed requests by outcome; their sum is `Summary::failed`.
@@ -290,10 +418,9 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
         latency_s: dist(ok.iter().map(|r| r.latency_ns() as f64 / NS_PER_S).collect()),
         ttft_ms: dist(ok.iter().filter_map(|r| r.ttft_ns()).map(ms).collect()),
         tpot_ms: dist(ok.iter().filter_map(|r| r.tpot_ns()).map(|t| t / NS_PER_MS).collect()),
-        // One after the other, each sized exactly: with a long run these
-        // are the largest allocations of the summary.
-        itl_ms: dist(chunk_itls_ms(&ok)),
-        itl_per_token_ms: dist(token_itls_ms(&ok)),
+        // A sample per chunk (or token) of every request: too many to copy.
+        itl_ms: Distribution::of_many(|| chunk_itls_ms(&ok), &options.percentiles),
+        itl_per_token_ms: Distribution::of_many(|| token_itls_ms(&ok), &options.percentiles),
         latency_from_scheduled_s: dist(ok.iter().map(|r| r.latency_from_scheduled_ns() as f64 / NS_PER_S).collect()),
         ttft_from_scheduled_ms: dist(ok.iter().filter_map(|r| r.ttft_from_scheduled_ns()).map(ms).collect()),
         connect_ms: dist(records.iter().filter_map(|r| r.connect_ns).map(ms).collect()),
@@ -359,22 +486,14 @@ fn token_scale(r: &RequestRecord) -> f64 {
 }
 
 /// Every gap between two chunks of a request, ms (the vLLM-compatible ITL).
-fn chunk_itls_ms(ok: &[&RequestRecord]) -> Vec<f64> {
-    let mut itls = Vec::with_capacity(ok.iter().map(|r| r.chunks.len().saturating_sub(1)).sum());
-    for r in ok {
-        itls.extend(r.chunks.pairs().map(|(a, b)| (b.at_ns - a.at_ns) as f64 / NS_PER_MS));
-    }
-    itls
+fn chunk_itls_ms<'a>(ok: &'a [&'a RequestRecord]) -> impl Iterator<Item = f64> + 'a {
+    ok.iter().flat_map(|r| r.chunks.pairs().map(|(a, b)| (b.at_ns - a.at_ns) as f64 / NS_PER_MS))
 }
 
 /// Every gap between two tokens, ms: a chunk of k tokens after a gap g
 /// gives k samples of g / k.
-fn token_itls_ms(ok: &[&RequestRecord]) -> Vec<f64> {
-    let mut itls = Vec::with_capacity(ok.iter().flat_map(|r| token_gaps(r)).map(|(_, n)| n).sum());
-    for (gap, n) in ok.iter().flat_map(|r| token_gaps(r)) {
-        itls.extend(std::iter::repeat_n(gap, n));
-    }
-    itls
+fn token_itls_ms<'a>(ok: &'a [&'a RequestRecord]) -> impl Iterator<Item = f64> + 'a {
+    ok.iter().flat_map(|r| token_gaps(r)).flat_map(|(gap, n)| std::iter::repeat_n(gap, n))
 }
 
 /// Each gap between two chunks of `r` as (per-token gap ms, tokens).
@@ -503,6 +622,26 @@ mod tests {
         assert_eq!(d.count, 4);
         let empty = Distribution::of(vec![]);
         assert_eq!((empty.count, empty.mean, empty.percentile(95.0)), (0, 0.0, Some(0.0)));
+    }
+
+    #[test]
+    fn many_samples_summarize_exactly_as_sorted_ones() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let n = 3 * SORT_LIMIT + 17;
+        let sets: Vec<(&str, Vec<f64>)> = vec![
+            ("uniform", (0..n).map(|_| rng.random_range(0.0..100.0)).collect()),
+            ("all equal", vec![10.0; n]),
+            ("few values", (0..n).map(|_| f64::from(rng.random_range(0..5u8)) * 2.5).collect()),
+            ("signed", (0..n).map(|_| rng.random_range(-1e6..1e6)).collect()),
+            ("clustered", (0..n).map(|_| 10.0 + rng.random_range(0.0..1e-9)).collect()),
+            ("just over", (0..SORT_LIMIT + 1).map(|i| i as f64).collect()),
+        ];
+        let asked = [0.0, 1.0, 50.0, 99.9, 100.0];
+        for (name, samples) in sets {
+            let many = Distribution::of_many(|| samples.iter().copied(), &asked);
+            assert_eq!(many, Distribution::with_percentiles(samples.clone(), &asked), "{name}");
+        }
     }
 
     #[test]

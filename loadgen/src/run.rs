@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -419,15 +420,16 @@ async fn dispatch(
         let ready_ns = slot_ns.map_or(scheduled_ns, |s| s.max(scheduled_ns));
         let phase = phases.of(seq, ready_ns);
         let request = Request { seq: seq as u64, scheduled_ns, slot_ns, phase, body, prompt_tokens, max_tokens };
-        let conn = idle.pop();
-        let (target, progress, sink_tx, done_tx) =
-            (Arc::clone(&target), config.progress.clone(), sink_tx.clone(), done_tx.clone());
+        let sending = client::send(Arc::clone(&target), request, idle.pop());
+        let (progress, sink_tx, done_tx) = (config.progress.clone(), sink_tx.clone(), done_tx.clone());
         if let Some(progress) = &progress {
             progress.sent.fetch_add(1, Ordering::Relaxed);
         }
         in_flight += 1;
-        tokio::spawn(async move {
-            let (record, conn) = client::send(&target, request, conn).await;
+        // Boxed: the task then holds a pointer, not the whole request state
+        // padded to the task's alignment (ten thousand of them at once); and
+        // `map`, not an async block, which would hold the future twice.
+        tokio::spawn(Box::pin(sending.map(move |(record, conn)| {
             if let Some(progress) = progress {
                 progress.done.fetch_add(1, Ordering::Relaxed);
                 if !record.outcome.is_ok() {
@@ -438,7 +440,7 @@ async fn dispatch(
                 tx.record(record.clone());
             }
             let _ = done_tx.send(Done { record, conn });
-        });
+        })));
     }
     drop(done_tx);
 
