@@ -201,7 +201,11 @@ pub(crate) fn send(
         let target = Arc::clone(&rec.target);
         let outcome = tokio::select! {
             biased;
-            () = target.cancel.cancelled() => Err(fail(Outcome::Cancelled, "cancelled: the run ended before the response did")),
+            () = target.cancel.cancelled() => {
+                // Its connection stopped mid-exchange: not to be used again.
+                conn = None;
+                Err(fail(Outcome::Cancelled, "cancelled: the run ended before the response did"))
+            }
             result = exchange(&target, &body, &mut conn, &mut rec) => result,
         };
         // A response that was whole before the cancel is not cancelled: only
@@ -381,6 +385,8 @@ struct Response {
     whole: bool,
     /// Reading only to find the body's end.
     draining: bool,
+    /// Bytes came after the response's end.
+    trailing: bool,
     /// A failed response's body, to say what went wrong.
     excerpt: Vec<u8>,
 }
@@ -397,6 +403,7 @@ impl Response {
             began: false,
             whole: false,
             draining: false,
+            trailing: false,
             excerpt: Vec::new(),
         }
     }
@@ -406,7 +413,7 @@ impl Response {
     }
 
     fn keep_alive(&self) -> bool {
-        self.head.is_some_and(|h| h.keep_alive)
+        self.head.is_some_and(|h| h.keep_alive) && !self.trailing
     }
 
     fn failed(&self) -> bool {
@@ -417,22 +424,29 @@ impl Response {
     /// response is complete (draining: once its body ended).
     fn input(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder) -> Result<bool, Failure> {
         self.began = true;
-        if self.carry.is_empty() {
+        let left = if self.carry.is_empty() {
             // The usual case: framing is whole within the read, parsed where
             // it lies; only an unfinished end is kept.
             let used = self.parse(bytes, at_ns, rec)?;
-            if used < bytes.len() && !self.ended() {
-                self.carry.extend_from_slice(&bytes[used..]);
+            let left = &bytes[used..];
+            if !left.is_empty() && !self.ended() {
+                self.carry.extend_from_slice(left);
             }
+            left.len()
         } else {
             let mut carry = std::mem::take(&mut self.carry);
             carry.extend_from_slice(bytes);
             let used = self.parse(&carry, at_ns, rec)?;
             carry.drain(..used);
-            if !carry.is_empty() && !self.ended() {
+            let left = carry.len();
+            if left > 0 && !self.ended() {
                 self.carry = carry;
             }
-        }
+            left
+        };
+        // Bytes past the response's end answer nothing we asked: the
+        // connection is out of step and is not used again.
+        self.trailing |= left > 0 && self.ended();
         self.complete(at_ns, rec)
     }
 

@@ -79,6 +79,10 @@ fn main() -> anyhow::Result<()> {
 static STREAMS: AtomicU64 = AtomicU64::new(0);
 static TTFT_NS: AtomicU64 = AtomicU64::new(0);
 static LATENCY_NS: AtomicU64 = AtomicU64::new(0);
+/// How late the server's own timer woke it for its chunks, in all: when it
+/// is late, the server's core is full and it, not the client, is the limit.
+static LATE_NS: AtomicU64 = AtomicU64::new(0);
+static CHUNKS: AtomicU64 = AtomicU64::new(0);
 
 async fn serve(ttft_ms: u64, itl_ms: u64, tokens: u64) -> anyhow::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await.context("cannot bind the server")?;
@@ -137,10 +141,12 @@ async fn connection(tcp: TcpStream, (ttft, itl, tokens): (Duration, Duration, u6
         read.read_exact(&mut body).await?;
         if get {
             let stats = format!(
-                r#"{{"object":"list","data":[{{"id":"bench"}}],"streams":{},"ttft_ns":{},"latency_ns":{}}}"#,
+                r#"{{"object":"list","data":[{{"id":"bench"}}],"streams":{},"ttft_ns":{},"latency_ns":{},"late_ns":{},"chunks":{}}}"#,
                 STREAMS.load(Ordering::Relaxed),
                 TTFT_NS.load(Ordering::Relaxed),
-                LATENCY_NS.load(Ordering::Relaxed)
+                LATENCY_NS.load(Ordering::Relaxed),
+                LATE_NS.load(Ordering::Relaxed),
+                CHUNKS.load(Ordering::Relaxed),
             );
             let json = stats.as_str();
             let response = format!(
@@ -168,7 +174,10 @@ async fn connection(tcp: TcpStream, (ttft, itl, tokens): (Duration, Duration, u6
         }
         for i in 0..tokens {
             // Absolute deadlines: timer overshoot does not add up.
-            tokio::time::sleep_until(arrived + ttft + itl * i as u32).await;
+            let due = arrived + ttft + itl * i as u32;
+            tokio::time::sleep_until(due).await;
+            LATE_NS.fetch_add(due.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            CHUNKS.fetch_add(1, Ordering::Relaxed);
             if i == 0 {
                 TTFT_NS.fetch_add(arrived.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
@@ -276,8 +285,17 @@ fn run_client(core: u32, url: &str, rate: Option<f64>, concurrency: Option<usize
 
 type Value = serde_json::Value;
 
-/// The server's true mean TTFT and latency, ms, from its counters.
-fn server_truth(url: &str) -> anyhow::Result<(f64, f64)> {
+/// The server's own account, from its counters.
+struct Truth {
+    /// Mean TTFT, ms.
+    ttft: f64,
+    /// Mean latency, ms.
+    latency: f64,
+    /// How late its timer woke it for a chunk, on average, ms.
+    late: f64,
+}
+
+fn server_truth(url: &str) -> anyhow::Result<Truth> {
     let addr = url.trim_start_matches("http://");
     let mut tcp = std::net::TcpStream::connect(addr).context("cannot reach the server for its stats")?;
     tcp.write_all(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")?;
@@ -288,7 +306,11 @@ fn server_truth(url: &str) -> anyhow::Result<(f64, f64)> {
     let body = text.split("\r\n\r\n").nth(1).context("no stats body")?;
     let v: Value = serde_json::from_str(body)?;
     let streams = num(&v, "streams").max(1.0);
-    Ok((num(&v, "ttft_ns") / streams / 1e6, num(&v, "latency_ns") / streams / 1e6))
+    Ok(Truth {
+        ttft: num(&v, "ttft_ns") / streams / 1e6,
+        latency: num(&v, "latency_ns") / streams / 1e6,
+        late: num(&v, "late_ns") / num(&v, "chunks").max(1.0) / 1e6,
+    })
 }
 
 fn num(v: &Value, key: &str) -> f64 {
@@ -305,8 +327,18 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
     };
     println!("(a) open loop, Poisson, 128-token streams, TTFT 50 ms, 10 ms between tokens");
     println!(
-        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>6}",
-        "rate", "achieved", "offered*", "true ttft", "ttft ms", "sched ms", "lag p99", "cpu s", "s/M chunk", "ok?"
+        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>8} {:>6}",
+        "rate",
+        "achieved",
+        "offered*",
+        "true ttft",
+        "ttft ms",
+        "sched ms",
+        "lag p99",
+        "cpu s",
+        "s/M chunk",
+        "srv late",
+        "ok?"
     );
     let mut best_rate = 0.0;
     // CPU per million chunks at the highest rate kept: each chunk came in a
@@ -318,16 +350,18 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         let v = run_client(client_core, &server.url, Some(rate), None, n)?;
         // The schedule's own rate: a finite Poisson sample is not exactly `rate`.
         let offered = num(&v, "offered_rate");
-        let (true_ttft, _) = server_truth(&server.url)?;
+        let truth = server_truth(&server.url)?;
+        let true_ttft = truth.ttft;
         let ok = accurate(&v, num(&v, "achieved_rate"), offered, true_ttft);
         let per_m = num(&v, "cpu_s") / num(&v, "chunks") * 1e6;
         println!(
-            "{rate:>8.0} {:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.2} {:>9.3} {:>7.2} {per_m:>9.2} {:>6}",
+            "{rate:>8.0} {:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.2} {:>9.3} {:>7.2} {per_m:>9.2} {:>8.3} {:>6}",
             num(&v, "achieved_rate"),
             num(&v, "ttft_mean_ms"),
             num(&v, "ttft_from_scheduled_mean_ms"),
             num(&v, "lag_p99_ms"),
             num(&v, "cpu_s"),
+            truth.late,
             if ok { "yes" } else { "NO" }
         );
         if !ok {
@@ -338,8 +372,8 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
     }
     println!("\n(a) closed loop, same server; offered = concurrency / {LATENCY_S:.2} s");
     println!(
-        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}",
-        "streams", "achieved", "offered", "ttft ms", "lag p99", "cpu s", "ok?"
+        "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6}",
+        "streams", "achieved", "offered", "true ttft", "ttft ms", "lag p99", "cpu s", "srv late", "ok?"
     );
     let mut best_streams = 0;
     for c in [16usize, 64, 256, 512, 1024, 2048, 4096] {
@@ -349,15 +383,17 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         let v = run_client(client_core, &server.url, None, Some(c), waves * c)?;
         // Each of the c users sends its next request as soon as one ends:
         // c / latency requests per second is what a perfect client achieves.
-        let (true_ttft, true_latency) = server_truth(&server.url)?;
-        let offered = c as f64 / (true_latency / 1e3);
+        let truth = server_truth(&server.url)?;
+        let true_ttft = truth.ttft;
+        let offered = c as f64 / (truth.latency / 1e3);
         let achieved = num(&v, "request_throughput");
         let ok = accurate(&v, achieved, offered, true_ttft);
         println!(
-            "{c:>8} {achieved:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.3} {:>7.2} {:>6}",
+            "{c:>8} {achieved:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.3} {:>7.2} {:>8.3} {:>6}",
             num(&v, "ttft_mean_ms"),
             num(&v, "lag_p99_ms"),
             num(&v, "cpu_s"),
+            truth.late,
             if ok { "yes" } else { "NO" }
         );
         if !ok {

@@ -25,6 +25,8 @@ enum Reply {
     ChunkedThenClose,
     /// The chunked stream, then the connection closes without a word.
     ChunkedThenSilentClose,
+    /// The chunked stream and bytes after its end, on a kept connection.
+    ChunkedThenJunk,
     /// 503 with a body.
     Overloaded,
 }
@@ -68,6 +70,7 @@ fn response(reply: Reply) -> (String, bool) {
         Reply::Chunked => (format!("{stream}\r\n{}", chunked(&sse())), true),
         Reply::ChunkedThenClose => (format!("{stream}connection: close\r\n\r\n{}", chunked(&sse())), false),
         Reply::ChunkedThenSilentClose => (format!("{stream}\r\n{}", chunked(&sse())), false),
+        Reply::ChunkedThenJunk => (format!("{stream}\r\n{}HTTP/1.1 200 OK\r\n", chunked(&sse())), true),
         Reply::UntilClose => (format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n{}", sse()), false),
         Reply::Whole => {
             let body = r#"{"choices":[{"text":"one two three"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#;
@@ -195,11 +198,12 @@ async fn bodies_framed_by_length_or_by_close_are_read_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_the_server_closes_are_not_used_again() {
+async fn connections_the_server_closes_or_garbles_are_not_used_again() {
     // Said in the reply, or not said at all: the next request goes on a new
     // connection either way (when unsaid, after its send on the old one
-    // found it closed), and no request fails for it.
-    for reply in [Reply::ChunkedThenClose, Reply::ChunkedThenSilentClose] {
+    // found it closed), and no request fails for it. Bytes after a reply's
+    // end leave a connection out of step: it is not used again either.
+    for reply in [Reply::ChunkedThenClose, Reply::ChunkedThenSilentClose, Reply::ChunkedThenJunk] {
         let server = start(reply, Pace::AtOnce).await;
         let result = run(one_at_a_time(&server, 3, true), None).await.expect("run");
         assert_all_ok(&result, 3);
