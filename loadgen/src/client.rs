@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
 use std::marker::PhantomData;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -113,8 +114,10 @@ pub(crate) fn request_body(options: &BodyOptions<'_>, prompt: &Prompt) -> String
 pub(crate) enum Transport {
     /// Plain HTTP/1.1 on our own connections.
     Http {
-        /// `host:port`, to connect to.
+        /// `host:port`, as the user gave it.
         addr: String,
+        /// Its addresses, resolved before the run; tried in order.
+        addrs: Vec<SocketAddr>,
         /// Every request's head, but for its length.
         head: RequestHead,
     },
@@ -158,10 +161,10 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// Opens a connection for the HTTP transport.
 pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
-    let Transport::Http { addr, .. } = &target.transport else {
+    let Transport::Http { addr, addrs, .. } = &target.transport else {
         return Err("not an http transport".to_owned());
     };
-    let tcp = match tokio::time::timeout(target.timeouts.connect, TcpStream::connect(addr.as_str())).await {
+    let tcp = match tokio::time::timeout(target.timeouts.connect, TcpStream::connect(&addrs[..])).await {
         Err(_) => return Err(format!("connect timeout: no connection to {addr} within {:?}", target.timeouts.connect)),
         Ok(Err(e)) => return Err(format!("cannot connect to {addr}: {e}")),
         Ok(Ok(tcp)) => tcp,

@@ -215,7 +215,7 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(requests.len());
     let reqwest = build_client(first_wave)?;
     check_model(&reqwest, &config).await?;
-    let transport = transport(&config, reqwest)?;
+    let transport = transport(&config, reqwest).await?;
     let cancel = config.stop.child_token();
     let mut target = Target {
         transport,
@@ -466,7 +466,7 @@ async fn dispatch(
 
 /// The transport for the base URL: our own HTTP/1.1 connections for http,
 /// reqwest for https.
-fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport, LoadError> {
+async fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport, LoadError> {
     let base = config.base_url.trim_end_matches('/');
     let bad = |reason: &str| LoadError::BaseUrl { url: config.base_url.clone(), reason: reason.to_owned() };
     let url = reqwest::Url::parse(base).map_err(|e| bad(&e.to_string()))?;
@@ -480,7 +480,16 @@ fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport,
             let authority = format!("{host}:{port}");
             let authorization = config.api_key.as_ref().map(|key| format!("Bearer {key}"));
             let head = RequestHead::post(&path, &authority, authorization.as_deref()).map_err(|e| bad(&e))?;
-            Ok(Transport::Http { addr: authority, head })
+            // Resolved once: a connection opened during the run must not
+            // wait for a name lookup.
+            let addrs: Vec<_> = tokio::net::lookup_host(authority.as_str())
+                .await
+                .map_err(|e| bad(&format!("cannot resolve {authority}: {e}")))?
+                .collect();
+            if addrs.is_empty() {
+                return Err(bad(&format!("{authority} resolves to no address")));
+            }
+            Ok(Transport::Http { addr: authority, addrs, head })
         }
         "https" => Ok(Transport::Reqwest { client: reqwest, url: format!("{base}{}", config.endpoint.path()) }),
         other => Err(bad(&format!("scheme {other} is not http or https"))),

@@ -221,3 +221,15 @@ async fn an_error_status_keeps_the_start_of_its_body() {
         assert_eq!(r.error.as_deref(), Some("http 503: overloaded: try again later"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_name_works_whichever_of_its_addresses_listens() {
+    let server = start(Reply::Chunked, Pace::AtOnce).await;
+    // `localhost` may resolve to ::1 first, where nothing listens: the
+    // connection goes to the next address.
+    let by_name = server.url.replace("127.0.0.1", "localhost");
+    let mut config = random_load(&by_name, "m", 4, 5, 3);
+    config.max_concurrency = Some(2);
+    let result = run(config, None).await.expect("run");
+    assert_all_ok(&result, 3);
+}
