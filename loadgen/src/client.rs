@@ -394,6 +394,10 @@ struct Response {
     excerpt: Vec<u8>,
 }
 
+/// The most bytes of unfinished framing kept between reads: a head or a
+/// chunk size line longer than this is not HTTP a server means.
+const CARRY_LIMIT: usize = 64 * 1024;
+
 /// As much of a failed response's body as is kept.
 const EXCERPT_LEN: usize = 200;
 
@@ -450,6 +454,13 @@ impl Response {
         // Bytes past the response's end answer nothing we asked: the
         // connection is out of step and is not used again.
         self.trailing |= left > 0 && self.ended();
+        if self.carry.len() > CARRY_LIMIT {
+            let what = if self.head.is_none() { "a response head" } else { "a chunk size line" };
+            return Err(fail(
+                Outcome::Malformed,
+                format!("malformed response: {what} longer than {CARRY_LIMIT} bytes"),
+            ));
+        }
         self.complete(at_ns, rec)
     }
 

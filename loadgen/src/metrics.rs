@@ -155,7 +155,9 @@ fn select_ranks<I: Iterator<Item = f64>>(samples: &impl Fn() -> I, n: usize, ran
                 *f = Some(value(s.prefix));
             }
         }
-        // The groups of samples still to look into; ranks may share one.
+        // The groups of samples still to look into; ranks may share one
+        // (and those that do are next to each other: the ranks are sorted,
+        // and so are the key prefixes they narrowed down to).
         let mut groups: Vec<(u64, u32, usize)> = searches
             .iter()
             .zip(&found)
@@ -692,6 +694,41 @@ mod tests {
         r.output_tokens = 120;
         // 30 chunks 100 ms apart: 10 fit in a 1-second window, 40 tokens.
         assert!(close(summarize(&[r], None).peak_output_throughput, 40.0));
+    }
+
+    #[test]
+    fn the_peak_window_over_overlapping_requests_is_that_of_every_arrival_sorted() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..20 {
+            // Requests that overlap in time, with gaps of their own: the
+            // merge of their chunk lists must slide the window as a sorted
+            // list of every arrival does.
+            let records: Vec<RequestRecord> = (0..40)
+                .map(|i| {
+                    let mut r = streamed(
+                        i,
+                        rng.random_range(0..3000),
+                        rng.random_range(10..200),
+                        rng.random_range(5..120),
+                        rng.random_range(1..40),
+                    );
+                    r.chunks = r.chunks.iter().map(|c| Chunk { tokens: rng.random_range(1..4), ..c }).collect();
+                    r.output_tokens = r.chunks.iter().map(|c| c.tokens).sum();
+                    r
+                })
+                .collect();
+            let all: Vec<Chunk> = records.iter().flat_map(|r| r.chunks.iter()).collect();
+            let brute = all
+                .iter()
+                .map(|end| {
+                    let from = end.at_ns - 1_000_000_000;
+                    all.iter().filter(|c| c.at_ns > from && c.at_ns <= end.at_ns).map(|c| f64::from(c.tokens)).sum()
+                })
+                .fold(0f64, f64::max);
+            let ok: Vec<&RequestRecord> = records.iter().collect();
+            assert_eq!(peak_tokens_per_second(&ok), brute);
+        }
     }
 
     /// Requests due every 10 ms, sent `lag_ms` late.

@@ -29,6 +29,8 @@ enum Reply {
     ChunkedThenJunk,
     /// 503 with a body.
     Overloaded,
+    /// A head that never ends.
+    EndlessHead,
 }
 
 /// How the server writes.
@@ -76,6 +78,7 @@ fn response(reply: Reply) -> (String, bool) {
             let body = r#"{"choices":[{"text":"one two three"}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#;
             (format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()), true)
         }
+        Reply::EndlessHead => (format!("HTTP/1.1 200 OK\r\nx-pad: {}", "a".repeat(100_000)), true),
         Reply::Overloaded => {
             let body = "overloaded: try again later";
             (format!("HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\n\r\n{body}", body.len()), true)
@@ -232,4 +235,13 @@ async fn a_host_name_works_whichever_of_its_addresses_listens() {
     config.max_concurrency = Some(2);
     let result = run(config, None).await.expect("run");
     assert_all_ok(&result, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_never_ends_is_malformed_not_kept_in_memory() {
+    let server = start(Reply::EndlessHead, Pace::AtOnce).await;
+    let result = run(one_at_a_time(&server, 1, true), None).await.expect("run");
+    let r = &result.records[0];
+    assert_eq!(r.outcome, Outcome::Malformed, "{r:?}");
+    assert_eq!(r.error.as_deref(), Some("malformed response: a response head longer than 65536 bytes"));
 }
