@@ -27,7 +27,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::json;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
@@ -171,6 +171,11 @@ pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
     };
     // Without it, Nagle holds a small request back behind the previous ack.
     tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY on {addr}: {e}"))?;
+    // Chunks are timed by their arrival, not their read (see `rx`); without
+    // stamps they are timed by their read, so this is not worth failing for.
+    if let Err(e) = crate::rx::enable(&tcp) {
+        tracing::debug!("no receive timestamps on {addr}: {e}");
+    }
     Ok(Conn { tcp })
 }
 
@@ -302,7 +307,7 @@ async fn http_exchange(
         wait(rec, timer.as_mut(), |_, cx| poll_write_all(&mut conn.tcp, &wire, &mut written, cx)).await?;
     }
     let mut response = Response::new();
-    wait(rec, timer.as_mut(), |rec, cx| poll_response(&mut conn.tcp, &mut response, rec, cx)).await?;
+    wait(rec, timer.as_mut(), |rec, cx| poll_response(&conn.tcp, &mut response, rec, cx)).await?;
     if !response.keep_alive() {
         return Ok(false);
     }
@@ -311,7 +316,7 @@ async fn http_exchange(
         // written right after): read up to it, briefly, to use the
         // connection again.
         response.draining = true;
-        let drained = wait(rec, timer, |rec, cx| poll_response(&mut conn.tcp, &mut response, rec, cx)).await;
+        let drained = wait(rec, timer, |rec, cx| poll_response(&conn.tcp, &mut response, rec, cx)).await;
         return Ok(drained.is_ok() && response.ended());
     }
     Ok(true)
@@ -344,26 +349,26 @@ fn poll_write_all(
 /// Reads until the response is complete (or, draining, until its body's
 /// end), parsing each read where it landed.
 fn poll_response(
-    tcp: &mut TcpStream,
+    tcp: &TcpStream,
     response: &mut Response,
     rec: &mut Recorder,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(), Failure>> {
     SCRATCH.with_borrow_mut(|scratch| {
         loop {
-            let mut buf = ReadBuf::new(scratch);
-            // A read shorter than the buffer clears the socket's readiness:
-            // the next poll waits for new bytes without another system call.
-            match Pin::new(&mut *tcp).poll_read(cx, &mut buf) {
+            let received = match crate::rx::poll_recv(tcp, scratch, cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(response.broken(&e))),
-                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Ok(received)) => received,
+            };
+            let now_ns = rec.target.clock.now_ns();
+            if received.len == 0 {
+                return Poll::Ready(response.closed(now_ns, rec));
             }
-            let at_ns = rec.target.clock.now_ns();
-            let bytes = buf.filled();
-            if bytes.is_empty() {
-                return Poll::Ready(response.closed(at_ns, rec));
-            }
+            let bytes = &scratch[..received.len];
+            // When the bytes arrived, never before what came earlier.
+            let waited = i64::try_from(received.waited.as_nanos()).unwrap_or(i64::MAX);
+            let at_ns = now_ns.saturating_sub(waited).max(rec.last_read_ns).max(rec.record.sent_ns);
             rec.arrived(at_ns);
             match response.input(bytes, at_ns, rec) {
                 Ok(false) => {}

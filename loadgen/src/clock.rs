@@ -31,7 +31,7 @@ impl Clock {
 /// CPU time (user + system, all threads) this process has used so far, from
 /// `/proc/self/stat`; `None` where that file does not exist. Read twice per
 /// run, never on the hot path.
-pub(crate) fn cpu_time() -> Option<Duration> {
+pub fn cpu_time() -> Option<Duration> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // The command name (field 2) may hold spaces: count fields after its ')'.
     let rest = &stat[stat.rfind(')')? + 1..];

@@ -7,7 +7,8 @@
 //! that sees the gRPC types besides `sink`, which streams records to the
 //! controller. A run (`run`) takes its prompts from `dataset`, its send
 //! deadlines from `schedule`, sends through `client` (the hot path) and
-//! reads every time from `clock`.
+//! reads every time from `clock`; `rx` dates each read by when the kernel
+//! received its bytes.
 
 pub mod block;
 mod client;
@@ -18,11 +19,13 @@ pub mod metrics;
 pub mod output;
 pub mod record;
 mod run;
+pub mod rx;
 pub mod schedule;
 pub mod sink;
 
 pub use block::render_block;
 pub use client::{Endpoint, Timeouts};
+pub use clock::cpu_time;
 pub use dataset::{
     Dataset, DatasetError, Lengths, ShareGpt, ShareGptEntry, TokenCounter, load_sharegpt, read_sharegpt,
 };

@@ -9,12 +9,13 @@
 use std::io::{Read as _, Write as _};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use benchfleet_loadgen::{Arrival, Dataset, LoadConfig, LoadResult, run};
+use benchfleet_loadgen::{Arrival, Dataset, LoadConfig, LoadResult, run, send_times};
 use clap::{Parser, Subcommand};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
@@ -59,6 +60,17 @@ enum Cmd {
         #[arg(long)]
         requests: usize,
     },
+    /// The floor under (c): the same open loop, sent by a client that only
+    /// reads (a task per request, a read per wake-up, kept-alive
+    /// connections; no parsing, no timing, no records); prints a JSON line.
+    Bare {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        rate: f64,
+        #[arg(long)]
+        requests: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,6 +80,7 @@ fn main() -> anyhow::Result<()> {
     match Args::parse().command {
         Cmd::Serve { ttft_ms, itl_ms, tokens } => rt.block_on(serve(ttft_ms, itl_ms, tokens)),
         Cmd::Client { url, rate, concurrency, requests } => rt.block_on(client(url, rate, concurrency, requests)),
+        Cmd::Bare { url, rate, requests } => rt.block_on(bare(url, rate, requests)),
         Cmd::All { server_core, client_core, seconds } => all(server_core, client_core, seconds),
     }
 }
@@ -112,33 +125,41 @@ async fn connection(tcp: TcpStream, (ttft, itl, tokens): (Duration, Duration, u6
         r#"{{"id":"cmpl-0123456789abcdef","object":"text_completion","choices":[],"usage":{{"prompt_tokens":16,"completion_tokens":{tokens},"total_tokens":{}}}}}"#,
         tokens + 16
     ));
+    benchfleet_loadgen::rx::enable(&tcp)?;
     let (read, mut write) = tcp.into_split();
-    let mut read = BufReader::new(read);
-    let mut line = String::new();
+    let mut buf = Vec::with_capacity(8192);
+    let mut scratch = vec![0u8; 8192];
+    // When the oldest bytes in `buf` reached the socket: a request arrived
+    // when its first bytes did, however busy this one thread was then.
+    let mut oldest: Option<Instant> = None;
     loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if !recv(read.as_ref(), &mut scratch, &mut buf, &mut oldest).await? {
+                return Ok(());
+            }
+        };
+        let arrived = oldest.unwrap_or_else(Instant::now);
         // The head: only the request line and the body's length matter.
-        let mut length = 0usize;
-        line.clear();
-        if read.read_line(&mut line).await? == 0 {
-            return Ok(());
-        }
-        let arrived = Instant::now();
-        let get = line.starts_with("GET");
-        loop {
-            line.clear();
-            read.read_line(&mut line).await?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = l.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().unwrap_or(0);
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let get = head.starts_with("GET");
+        let length: usize = head
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, value)| value.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            if !recv(read.as_ref(), &mut scratch, &mut buf, &mut oldest).await? {
+                return Ok(());
             }
         }
-        let mut body = vec![0; length];
-        read.read_exact(&mut body).await?;
+        buf.drain(..head_end + length);
+        if buf.is_empty() {
+            oldest = None;
+        }
         if get {
             let stats = format!(
                 r#"{{"object":"list","data":[{{"id":"bench"}}],"streams":{},"ttft_ns":{},"latency_ns":{},"late_ns":{},"chunks":{}}}"#,
@@ -192,6 +213,25 @@ async fn connection(tcp: TcpStream, (ttft, itl, tokens): (Duration, Duration, u6
     }
 }
 
+/// Appends what the socket has to `buf`, noting when it arrived if `buf`
+/// was empty; `false` once the peer closed.
+async fn recv(
+    tcp: &TcpStream,
+    scratch: &mut [u8],
+    buf: &mut Vec<u8>,
+    oldest: &mut Option<Instant>,
+) -> std::io::Result<bool> {
+    let got = std::future::poll_fn(|cx| benchfleet_loadgen::rx::poll_recv(tcp, scratch, cx)).await?;
+    if got.len == 0 {
+        return Ok(false);
+    }
+    if buf.is_empty() {
+        *oldest = Some(Instant::now() - got.waited);
+    }
+    buf.extend_from_slice(&scratch[..got.len]);
+    Ok(true)
+}
+
 // ---------------------------------------------------------------- client --
 
 async fn client(url: String, rate: Option<f64>, concurrency: Option<usize>, requests: usize) -> anyhow::Result<()> {
@@ -221,6 +261,77 @@ async fn client(url: String, rate: Option<f64>, concurrency: Option<usize>, requ
         "peak_rss_mb": peak_rss_mb,
         "peak_concurrent": s.peak_concurrent,
         "invalid": s.invalid,
+    });
+    println!("{line}");
+    Ok(())
+}
+
+async fn bare(url: String, rate: f64, requests: usize) -> anyhow::Result<()> {
+    let addr = url.trim_start_matches("http://").to_owned();
+    let body = r#"{"model":"bench","max_tokens":128,"stream":true,"stream_options":{"include_usage":true},"prompt":"a b c d e f g h i j k l m n o p","ignore_eos":true}"#;
+    let wire: Arc<[u8]> = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+    .into();
+    let idle: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    let reads = Arc::new(AtomicU64::new(0));
+    let cpu_before = benchfleet_loadgen::cpu_time();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for at in send_times(requests, Some(rate), Arrival::Poisson { seed: 1 }) {
+        tokio::time::sleep_until(start + at).await;
+        let (wire, idle, reads, addr) = (Arc::clone(&wire), Arc::clone(&idle), Arc::clone(&reads), addr.clone());
+        tasks.spawn(async move {
+            let kept = idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
+            let mut tcp = match kept {
+                Some(tcp) => tcp,
+                None => {
+                    let tcp = TcpStream::connect(&addr).await?;
+                    tcp.set_nodelay(true)?;
+                    tcp
+                }
+            };
+            tcp.write_all(&wire).await?;
+            let mut buf = vec![0u8; 4096];
+            // The stream's end is the last chunk's empty frame, at the end of
+            // a read: the server writes it with the usage and [DONE].
+            loop {
+                let n = tcp.read(&mut buf).await?;
+                reads.fetch_add(1, Ordering::Relaxed);
+                if n == 0 {
+                    anyhow::bail!("the server closed mid-stream");
+                }
+                if buf[..n].ends_with(b"0\r\n\r\n") {
+                    break;
+                }
+            }
+            if let Ok(mut idle) = idle.lock() {
+                idle.push(tcp);
+            }
+            anyhow::Ok(())
+        });
+    }
+    let mut ok = 0usize;
+    while let Some(done) = tasks.join_next().await {
+        if matches!(done, Ok(Ok(()))) {
+            ok += 1;
+        }
+    }
+    let duration_s = start.elapsed().as_secs_f64();
+    let cpu_s = match (cpu_before, benchfleet_loadgen::cpu_time()) {
+        (Some(before), Some(after)) => (after - before).as_secs_f64(),
+        _ => f64::NAN,
+    };
+    let chunks = ok as u64 * 128;
+    let line = serde_json::json!({
+        "requests": requests,
+        "ok": ok,
+        "chunks": chunks,
+        "reads": reads.load(Ordering::Relaxed),
+        "duration_s": duration_s,
+        "cpu_s": cpu_s,
     });
     println!("{line}");
     Ok(())
@@ -317,13 +428,58 @@ fn num(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(f64::NAN)
 }
 
+/// Above this mean lateness of its chunks (ms) the server's core is full.
+/// About 1 ms is its timer's granularity.
+const SERVER_LATE_MS: f64 = 5.0;
+
+/// How a step of the (a) searches went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Rate and TTFT within bounds, every request ok.
+    Kept,
+    /// The client missed: rate, TTFT or failures.
+    Missed,
+    /// The server could not keep its own timing: the step says nothing of
+    /// the client, and the search ends there.
+    ServerFull,
+}
+
+impl Verdict {
+    fn label(self) -> &'static str {
+        match self {
+            Verdict::Kept => "yes",
+            Verdict::Missed => "NO",
+            Verdict::ServerFull => "server",
+        }
+    }
+
+    /// Why the search stopped, for the summary.
+    fn why(self) -> &'static str {
+        match self {
+            Verdict::Kept => " (the last step)",
+            Verdict::Missed => " (the next step missed)",
+            Verdict::ServerFull => " (the next step: the server's core was full)",
+        }
+    }
+}
+
 fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
     // 50 ms to the first token, 127 gaps of 10 ms: the nominal latency.
     const LATENCY_S: f64 = (50.0 + 127.0 * 10.0) / 1000.0;
-    let accurate = |v: &Value, achieved: f64, offered: f64, true_ttft: f64| {
+    // A step judges the client only while the server keeps its own timing:
+    // once its core is full, its chunks leave late and bunched, and what is
+    // measured is no longer "TTFT 50 ms, a token every 10 ms".
+    let verdict = |v: &Value, achieved: f64, offered: f64, truth: &Truth| {
         let rate_ok = (achieved - offered).abs() <= 0.01 * offered;
-        let ttft_ok = (num(v, "ttft_mean_ms") - true_ttft).abs() <= 0.02 * true_ttft;
-        rate_ok && ttft_ok && num(v, "ok") as usize == v["requests"].as_u64().unwrap_or(0) as usize
+        let ttft_ok = (num(v, "ttft_mean_ms") - truth.ttft).abs() <= 0.02 * truth.ttft;
+        let all_ok = num(v, "ok") as usize == v["requests"].as_u64().unwrap_or(0) as usize;
+        if truth.late > SERVER_LATE_MS {
+            Verdict::ServerFull
+        } else if rate_ok && ttft_ok && all_ok {
+            Verdict::Kept
+        } else {
+            Verdict::Missed
+        }
     };
     println!("(a) open loop, Poisson, 128-token streams, TTFT 50 ms, 10 ms between tokens");
     println!(
@@ -341,6 +497,7 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         "ok?"
     );
     let mut best_rate = 0.0;
+    let mut rate_stop = Verdict::Kept;
     // CPU per million chunks at the highest rate kept: each chunk came in a
     // read of its own.
     let mut streamed_per_m = f64::NAN;
@@ -352,7 +509,7 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         let offered = num(&v, "offered_rate");
         let truth = server_truth(&server.url)?;
         let true_ttft = truth.ttft;
-        let ok = accurate(&v, num(&v, "achieved_rate"), offered, true_ttft);
+        let verdict = verdict(&v, num(&v, "achieved_rate"), offered, &truth);
         let per_m = num(&v, "cpu_s") / num(&v, "chunks") * 1e6;
         println!(
             "{rate:>8.0} {:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.2} {:>9.3} {:>7.2} {per_m:>9.2} {:>8.3} {:>6}",
@@ -362,9 +519,10 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
             num(&v, "lag_p99_ms"),
             num(&v, "cpu_s"),
             truth.late,
-            if ok { "yes" } else { "NO" }
+            verdict.label()
         );
-        if !ok {
+        if verdict != Verdict::Kept {
+            rate_stop = verdict;
             break;
         }
         best_rate = rate;
@@ -376,6 +534,7 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         "streams", "achieved", "offered", "true ttft", "ttft ms", "lag p99", "cpu s", "srv late", "ok?"
     );
     let mut best_streams = 0;
+    let mut streams_stop = Verdict::Kept;
     for c in [16usize, 64, 256, 512, 1024, 2048, 4096] {
         let server = start_server(server_core, 50, 10)?;
         // Whole waves: a partial last one would take a full latency for less.
@@ -387,16 +546,17 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         let true_ttft = truth.ttft;
         let offered = c as f64 / (truth.latency / 1e3);
         let achieved = num(&v, "request_throughput");
-        let ok = accurate(&v, achieved, offered, true_ttft);
+        let verdict = verdict(&v, achieved, offered, &truth);
         println!(
             "{c:>8} {achieved:>10.1} {offered:>10.1} {true_ttft:>9.2} {:>9.2} {:>9.3} {:>7.2} {:>8.3} {:>6}",
             num(&v, "ttft_mean_ms"),
             num(&v, "lag_p99_ms"),
             num(&v, "cpu_s"),
             truth.late,
-            if ok { "yes" } else { "NO" }
+            verdict.label()
         );
-        if !ok {
+        if verdict != Verdict::Kept {
+            streams_stop = verdict;
             break;
         }
         best_streams = c;
@@ -424,11 +584,13 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
     println!("\n| measure | target | measured | ratio |");
     println!("|---|---|---|---|");
     println!(
-        "| (a) open-loop Poisson rate kept within 1% / TTFT within 2% | 1,000 req/s | {best_rate:.0} req/s | {:.2}x |",
+        "| (a) open-loop Poisson rate kept within 1% / TTFT within 2% | 1,000 req/s | {best_rate:.0} req/s{} | {:.2}x |",
+        rate_stop.why(),
         best_rate / 1000.0
     );
     println!(
-        "| (a) closed-loop streams kept within 1% / TTFT within 2% | 1,024 | {best_streams} | {:.2}x |",
+        "| (a) closed-loop streams kept within 1% / TTFT within 2% | 1,024 | {best_streams}{} | {:.2}x |",
+        streams_stop.why(),
         best_streams as f64 / 1024.0
     );
     println!("| (b) requests per second, instant server | 4,000 | {req_s:.0} | {:.2}x |", req_s / 4000.0);

@@ -245,3 +245,91 @@ async fn a_head_that_never_ends_is_malformed_not_kept_in_memory() {
     assert_eq!(r.outcome, Outcome::Malformed, "{r:?}");
     assert_eq!(r.error.as_deref(), Some("malformed response: a response head longer than 65536 bytes"));
 }
+
+/// A server on a thread of its own: the first token 50 ms after the
+/// request, the second 250 ms after that, the third 100 ms later. It says
+/// when a completion request came in.
+fn paced_server(requested: Arc<std::sync::atomic::AtomicBool>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { return };
+            let requested = Arc::clone(&requested);
+            std::thread::spawn(move || {
+                let _ = tcp.set_nodelay(true);
+                let mut buf = Vec::new();
+                let mut more = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match tcp.read(&mut more) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&more[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + length {
+                        match tcp.read(&mut more) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&more[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + length);
+                    if head.starts_with("get /v1/models") {
+                        let body = r#"{"object":"list","data":[{"id":"m"}]}"#;
+                        let reply = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                        let _ = tcp.write_all(reply.as_bytes());
+                        continue;
+                    }
+                    requested.store(true, Ordering::SeqCst);
+                    let events = sse();
+                    let mut parts = events.split_inclusive("\n\n").map(|e| format!("{:x}\r\n{e}\r\n", e.len()));
+                    let head =
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                    let _ = tcp.write_all(head.as_bytes());
+                    for pause in [50, 250, 100] {
+                        std::thread::sleep(Duration::from_millis(pause));
+                        let _ = tcp.write_all(parts.next().unwrap_or_default().as_bytes());
+                    }
+                    let rest: String = parts.chain(["0\r\n\r\n".to_owned()]).collect();
+                    let _ = tcp.write_all(rest.as_bytes());
+                }
+            });
+        }
+    });
+    url
+}
+
+/// One thread for the client, and it is kept busy while the first token
+/// arrives: the token is timed by its arrival, not by the late read.
+#[tokio::test(flavor = "current_thread")]
+async fn a_chunk_is_timed_by_its_arrival_not_by_a_late_read() {
+    let requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let url = paced_server(Arc::clone(&requested));
+    tokio::spawn(async move {
+        while !requested.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The whole runtime stops here, from about the request until long
+        // after the first token came (at 50 ms).
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let mut config = random_load(&url, "m", 1, 5, 3);
+    config.max_concurrency = Some(1);
+    let result = run(config, None).await.expect("run");
+    let r = &result.records[0];
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let ms = |ns: i64| ns as f64 / 1e6;
+    let times: Vec<f64> = r.chunks.iter().map(|c| ms(c.at_ns - r.sent_ns)).collect();
+    // Read at 200 ms or later, it arrived at 50 ms; the next ones were read
+    // as they came, at 300 and 400 ms.
+    assert!((45.0..150.0).contains(&times[0]), "first token at {times:?} ms");
+    assert!((295.0..400.0).contains(&times[1]) && times[2] - times[1] >= 95.0, "{times:?}");
+}
