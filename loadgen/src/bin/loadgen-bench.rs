@@ -376,22 +376,39 @@ fn start_server(core: u32, ttft_ms: u64, itl_ms: u64) -> anyhow::Result<Server> 
 }
 
 fn run_client(core: u32, url: &str, rate: Option<f64>, concurrency: Option<usize>, n: usize) -> anyhow::Result<Value> {
-    let me = std::env::current_exe().context("cannot find this binary")?;
-    let mut command = Command::new("taskset");
-    command.args(["-c", &core.to_string()]).arg(&me).args(["client", "--url", url, "--requests", &n.to_string()]);
+    let mut args =
+        vec!["client".to_owned(), "--url".to_owned(), url.to_owned(), "--requests".to_owned(), n.to_string()];
     if let Some(rate) = rate {
-        command.args(["--rate", &rate.to_string()]);
+        args.extend(["--rate".to_owned(), rate.to_string()]);
     }
     if let Some(c) = concurrency {
-        command.args(["--concurrency", &c.to_string()]);
+        args.extend(["--concurrency".to_owned(), c.to_string()]);
     }
-    let output = command.env("RUST_LOG", "warn").output().context("cannot run the client")?;
+    run_pinned(core, &args)
+}
+
+fn run_bare(core: u32, url: &str, rate: f64, n: usize) -> anyhow::Result<Value> {
+    let args = ["bare", "--url", url, "--rate", &rate.to_string(), "--requests", &n.to_string()].map(str::to_owned);
+    run_pinned(core, &args)
+}
+
+/// Runs this binary with `args` pinned to `core`; its last line of output,
+/// as JSON.
+fn run_pinned(core: u32, args: &[String]) -> anyhow::Result<Value> {
+    let me = std::env::current_exe().context("cannot find this binary")?;
+    let output = Command::new("taskset")
+        .args(["-c", &core.to_string()])
+        .arg(&me)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .with_context(|| format!("cannot run {}", args[0]))?;
     if !output.status.success() {
-        bail!("client failed: {}", String::from_utf8_lossy(&output.stderr));
+        bail!("{} failed: {}", args[0], String::from_utf8_lossy(&output.stderr));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).with_context(|| format!("client printed {last:?}"))
+    serde_json::from_str(last).with_context(|| format!("{} printed {last:?}", args[0]))
 }
 
 type Value = serde_json::Value;
@@ -528,6 +545,21 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
         best_rate = rate;
         streamed_per_m = per_m;
     }
+    // The same load read by a client that does nothing else: what reading
+    // each chunk as it comes costs on this machine, whoever reads it.
+    let mut floor_per_m = f64::NAN;
+    if best_rate > 0.0 {
+        let server = start_server(server_core, 50, 10)?;
+        let n = (best_rate * seconds) as usize;
+        let v = run_bare(client_core, &server.url, best_rate, n)?;
+        floor_per_m = num(&v, "cpu_s") / num(&v, "chunks") * 1e6;
+        println!(
+            "bare reader at {best_rate:.0} req/s: {} reads for {} chunks, cpu {:.2} s, {floor_per_m:.2} s per million chunks",
+            v["reads"],
+            v["chunks"],
+            num(&v, "cpu_s")
+        );
+    }
     println!("\n(a) closed loop, same server; offered = concurrency / {LATENCY_S:.2} s");
     println!(
         "{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6}",
@@ -602,6 +634,10 @@ fn all(server_core: u32, client_core: u32, seconds: f64) -> anyhow::Result<()> {
     println!(
         "| (c) client CPU s per million chunks, one per read ({best_rate:.0} req/s) | < 2.5 | {streamed_per_m:.2} | {:.2}x better |",
         2.5 / streamed_per_m
+    );
+    println!(
+        "| (c) the same, a bare reader (the floor) | - | {floor_per_m:.2} | loadgen {:.2}x the floor |",
+        streamed_per_m / floor_per_m
     );
     println!("| (d) peak RSS, 10,000 in flight | < 50 MB | {rss:.1} MB | {:.2}x better |", 50.0 / rss);
     Ok(())
