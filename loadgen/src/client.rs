@@ -3,18 +3,18 @@
 //!
 //! This is the hot path. It takes no locks and does no blocking I/O: request
 //! bodies are serialized before the run, and each read's arrival time is
-//! taken as soon as its bytes are in, before they are parsed. Plain
-//! `http://` targets are spoken to with HTTP/1.1 framing of our own
-//! (`http1`, over `httparse`), one connection per request in flight, reused,
-//! and driven by the request's own task: no pool, no extra task, no buffer
-//! per connection. `https://` targets go through reqwest; the SSE parsing is
-//! shared.
+//! taken as soon as its bytes are in, before they are parsed. Targets are
+//! spoken to with HTTP/1.1 framing of our own (`http1`, over `httparse`),
+//! over TLS (rustls) for `https://`, one connection per request in flight,
+//! reused, and driven by the request's own task: no pool, no extra task, no
+//! buffer per connection.
 
 mod http1;
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
+use std::io::{BufRead as _, Write as _};
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -23,7 +23,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use rustls::ClientConnection;
+use rustls::pki_types::ServerName;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::json;
@@ -110,25 +111,29 @@ pub(crate) fn request_body(options: &BodyOptions<'_>, prompt: &Prompt) -> String
     body.to_string()
 }
 
-/// Where requests go and how.
-pub(crate) enum Transport {
-    /// Plain HTTP/1.1 on our own connections.
-    Http {
-        /// `host:port`, as the user gave it.
-        addr: String,
-        /// Its addresses, resolved before the run; tried in order.
-        addrs: Vec<SocketAddr>,
-        /// Every request's head, but for its length.
-        head: RequestHead,
-    },
-    /// TLS through reqwest (which pools connections itself).
-    Reqwest { client: reqwest::Client, url: String },
+/// Where requests go and how: HTTP/1.1 on our own connections, over TLS
+/// for https.
+pub(crate) struct Transport {
+    /// `host:port`, as the user gave it.
+    pub addr: String,
+    /// Its addresses, resolved before the run; tried in order.
+    pub addrs: Vec<SocketAddr>,
+    /// Every request's head, but for its length.
+    pub head: RequestHead,
+    /// For https: how to begin TLS on each connection.
+    pub tls: Option<Tls>,
+}
+
+/// TLS for an https target.
+pub(crate) struct Tls {
+    pub connector: tokio_rustls::TlsConnector,
+    /// The name the server's certificate must carry.
+    pub name: ServerName<'static>,
 }
 
 /// What every request of a run shares.
 pub(crate) struct Target {
     pub transport: Transport,
-    pub api_key: Option<String>,
     pub stream: bool,
     pub timeouts: Timeouts,
     pub clock: Clock,
@@ -138,11 +143,13 @@ pub(crate) struct Target {
     pub cancel: CancellationToken,
 }
 
-/// An open keep-alive connection of the HTTP transport: its socket and
-/// nothing else (a response is read to its end before the connection is
-/// given back, so no bytes are left over between requests).
+/// An open keep-alive connection: its socket and, for https, its TLS state
+/// (a response is read to its end before the connection is given back, so
+/// no bytes are left over between requests).
 pub(crate) struct Conn {
     tcp: TcpStream,
+    /// Boxed: only https connections pay for it.
+    tls: Option<Box<ClientConnection>>,
 }
 
 /// Bytes one read may take: a burst of chunks that arrived together is read
@@ -159,24 +166,38 @@ thread_local! {
 /// (and so be used again) before it is closed instead.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
-/// Opens a connection for the HTTP transport.
+/// Opens a connection, with its TLS handshake for https: both within the
+/// connect timeout.
 pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
-    let Transport::Http { addr, addrs, .. } = &target.transport else {
-        return Err("not an http transport".to_owned());
+    let Transport { addr, addrs, tls, .. } = &target.transport;
+    let timeout = target.timeouts.connect;
+    let opening = async {
+        let tcp = TcpStream::connect(&addrs[..]).await.map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        // Without it, Nagle holds a small request back behind the previous ack.
+        tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY on {addr}: {e}"))?;
+        // Chunks are timed by their arrival, not their read (see `rx`);
+        // without stamps they are timed by their read, so this is not worth
+        // failing for.
+        if let Err(e) = crate::rx::enable(&tcp) {
+            tracing::debug!("no receive timestamps on {addr}: {e}");
+        }
+        let Some(tls) = tls else {
+            return Ok(Conn { tcp, tls: None });
+        };
+        // Boxed: the handshake's state (a kilobyte) should not weigh on
+        // every plain connection being opened.
+        let stream = Box::pin(tls.connector.connect(tls.name.clone(), tcp))
+            .await
+            .map_err(|e| format!("TLS handshake with {addr} failed: {}", error_chain(&e)))?;
+        // From here on the reads are ours (timed by arrival), the TLS state
+        // rustls's.
+        let (tcp, session) = stream.into_inner();
+        Ok(Conn { tcp, tls: Some(Box::new(session)) })
     };
-    let tcp = match tokio::time::timeout(target.timeouts.connect, TcpStream::connect(&addrs[..])).await {
-        Err(_) => return Err(format!("connect timeout: no connection to {addr} within {:?}", target.timeouts.connect)),
-        Ok(Err(e)) => return Err(format!("cannot connect to {addr}: {e}")),
-        Ok(Ok(tcp)) => tcp,
-    };
-    // Without it, Nagle holds a small request back behind the previous ack.
-    tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY on {addr}: {e}"))?;
-    // Chunks are timed by their arrival, not their read (see `rx`); without
-    // stamps they are timed by their read, so this is not worth failing for.
-    if let Err(e) = crate::rx::enable(&tcp) {
-        tracing::debug!("no receive timestamps on {addr}: {e}");
+    match tokio::time::timeout(timeout, opening).await {
+        Err(_) => Err(format!("connect timeout: no connection to {addr} within {timeout:?}")),
+        Ok(result) => result,
     }
-    Ok(Conn { tcp })
 }
 
 /// One request ready to go.
@@ -231,14 +252,11 @@ pub(crate) fn send(
 /// Sends `body` on the connection in `conn` (or a new one), leaving there
 /// the connection if it may carry the next request.
 async fn exchange(target: &Target, body: &Bytes, conn: &mut Option<Conn>, rec: &mut Recorder) -> Result<(), Failure> {
-    let head = match &target.transport {
-        Transport::Http { head, .. } => head,
-        // Boxed, as are the rare paths below: they should not grow every
-        // request task's state (ten thousand of them at once).
-        Transport::Reqwest { client, url } => return Box::pin(reqwest_exchange(target, client, url, body, rec)).await,
-    };
+    let head = &target.transport.head;
     let reused = conn.is_some();
     if !reused {
+        // Boxed, as is the rare path below: it should not grow every
+        // request task's state (ten thousand of them at once).
         *conn = Some(Box::pin(open(target, rec)).await?);
     }
     let result = match conn {
@@ -302,12 +320,15 @@ async fn http_exchange(
     rec.timer_due = rec.read_deadline();
     let mut timer = std::pin::pin!(tokio::time::sleep_until(rec.timer_due));
     {
-        let wire = head.with_body(body);
+        let mut wire = head.with_body(body);
+        if let Some(tls) = &mut conn.tls {
+            wire = seal(tls, &wire)?;
+        }
         let mut written = 0;
         wait(rec, timer.as_mut(), |_, cx| poll_write_all(&mut conn.tcp, &wire, &mut written, cx)).await?;
     }
     let mut response = Response::new();
-    wait(rec, timer.as_mut(), |rec, cx| poll_response(&conn.tcp, &mut response, rec, cx)).await?;
+    wait(rec, timer.as_mut(), |rec, cx| poll_response(conn, &mut response, rec, cx)).await?;
     if !response.keep_alive() {
         return Ok(false);
     }
@@ -316,10 +337,21 @@ async fn http_exchange(
         // written right after): read up to it, briefly, to use the
         // connection again.
         response.draining = true;
-        let drained = wait(rec, timer, |rec, cx| poll_response(&conn.tcp, &mut response, rec, cx)).await;
+        let drained = wait(rec, timer, |rec, cx| poll_response(conn, &mut response, rec, cx)).await;
         return Ok(drained.is_ok() && response.ended());
     }
     Ok(true)
+}
+
+/// The TLS records that carry `plain`.
+fn seal(tls: &mut ClientConnection, plain: &[u8]) -> Result<Vec<u8>, Failure> {
+    let broken = |e: std::io::Error| fail(Outcome::TransportError, format!("cannot send the request over TLS: {e}"));
+    tls.writer().write_all(plain).map_err(broken)?;
+    let mut wire = Vec::with_capacity(plain.len() + 64);
+    while tls.wants_write() {
+        tls.write_tls(&mut wire).map_err(broken)?;
+    }
+    Ok(wire)
 }
 
 fn poll_write_all(
@@ -349,14 +381,14 @@ fn poll_write_all(
 /// Reads until the response is complete (or, draining, until its body's
 /// end), parsing each read where it landed.
 fn poll_response(
-    tcp: &TcpStream,
+    conn: &mut Conn,
     response: &mut Response,
     rec: &mut Recorder,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(), Failure>> {
     SCRATCH.with_borrow_mut(|scratch| {
         loop {
-            let received = match crate::rx::poll_recv(tcp, scratch, cx) {
+            let received = match crate::rx::poll_recv(&conn.tcp, scratch, cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(response.broken(&e))),
                 Poll::Ready(Ok(received)) => received,
@@ -370,13 +402,54 @@ fn poll_response(
             let waited = i64::try_from(received.waited.as_nanos()).unwrap_or(i64::MAX);
             let at_ns = now_ns.saturating_sub(waited).max(rec.last_read_ns).max(rec.record.sent_ns);
             rec.arrived(at_ns);
-            match response.input(bytes, at_ns, rec) {
-                Ok(false) => {}
-                Ok(true) => return Poll::Ready(Ok(())),
+            let outcome = match &mut conn.tls {
+                None => response.input(bytes, at_ns, rec).map(|done| done.then_some(Ok(()))),
+                Some(tls) => open_records(tls, bytes, response, at_ns, rec),
+            };
+            match outcome {
+                Ok(None) => {}
+                Ok(Some(result)) => return Poll::Ready(result),
                 Err(failure) => return Poll::Ready(Err(failure)),
             }
         }
     })
+}
+
+/// Decrypts the TLS records in `cipher` and reads their plaintext as one
+/// read of plain HTTP would be (all of it, even past the response's end);
+/// `Some` once the response is complete, or the server closed the TLS
+/// session.
+fn open_records(
+    tls: &mut ClientConnection,
+    mut cipher: &[u8],
+    response: &mut Response,
+    at_ns: i64,
+    rec: &mut Recorder,
+) -> Result<Option<Result<(), Failure>>, Failure> {
+    let broken = |e: String| fail(Outcome::TransportError, format!("TLS error: {e}"));
+    let mut complete = false;
+    while !cipher.is_empty() {
+        // rustls takes what it has room for; its plaintext is read out
+        // before it takes more.
+        tls.read_tls(&mut cipher).map_err(|e| broken(e.to_string()))?;
+        let state = tls.process_new_packets().map_err(|e| broken(e.to_string()))?;
+        let mut left = state.plaintext_bytes_to_read();
+        let closed = state.peer_has_closed();
+        while left > 0 {
+            let plain = tls.reader().into_first_chunk().map_err(|e| broken(e.to_string()))?;
+            let n = plain.len();
+            if n == 0 {
+                break;
+            }
+            complete = response.input(plain, at_ns, rec)?;
+            tls.reader().consume(n);
+            left = left.saturating_sub(n);
+        }
+        if closed {
+            return Ok(Some(response.closed(at_ns, rec)));
+        }
+    }
+    Ok(complete.then_some(Ok(())))
 }
 
 /// A response being read.
@@ -611,59 +684,6 @@ async fn wait<T>(
         }
     })
     .await
-}
-
-async fn reqwest_exchange(
-    target: &Target,
-    client: &reqwest::Client,
-    url: &str,
-    body: &Bytes,
-    rec: &mut Recorder,
-) -> Result<(), Failure> {
-    let mut request = client.post(url).header("content-type", "application/json").body(body.clone());
-    if let Some(key) = &target.api_key {
-        request = request.bearer_auth(key);
-    }
-    rec.record.sent_ns = target.clock.now_ns();
-    rec.deadline = Instant::now() + target.timeouts.total;
-    let response = match tokio::time::timeout_at(rec.read_deadline(), request.send()).await {
-        Err(_) => return Err(rec.timeout()),
-        Ok(Err(e)) => return Err(fail(Outcome::TransportError, error_chain(&e))),
-        Ok(Ok(response)) => response,
-    };
-    let status = response.status();
-    rec.record.http_status = Some(status.as_u16());
-    if !status.is_success() {
-        let body = tokio::time::timeout(Duration::from_secs(5), response.bytes()).await;
-        let body = body.ok().and_then(Result::ok).unwrap_or_default();
-        let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-        return Err(fail(Outcome::HttpError, format!("http {status}: {}", head_of(text.trim()))));
-    }
-    let mut stream = response.bytes_stream();
-    loop {
-        let next = tokio::time::timeout_at(rec.read_deadline(), stream.next()).await;
-        let at_ns = target.clock.now_ns();
-        match next {
-            Err(_) => return Err(rec.timeout()),
-            Ok(None) => {
-                if rec.end(at_ns)? {
-                    return Ok(());
-                }
-                return Err(fail(Outcome::Disconnected, "disconnected: the stream ended before [DONE]"));
-            }
-            Ok(Some(Err(e))) => {
-                let message =
-                    format!("disconnected mid-stream: the connection broke before [DONE]: {}", error_chain(&e));
-                return Err(fail(Outcome::Disconnected, message));
-            }
-            Ok(Some(Ok(bytes))) => {
-                rec.arrived(at_ns);
-                if rec.feed(&bytes, at_ns)? {
-                    return Ok(());
-                }
-            }
-        }
-    }
 }
 
 type Failure = (Outcome, Option<String>);

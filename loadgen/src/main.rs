@@ -137,6 +137,10 @@ struct Args {
     /// Sent as `Authorization: Bearer`.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// A PEM file of CA certificates to trust for an https server, besides
+    /// the system's (a lab's own CA, a self-signed server).
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
     /// Seconds to open a connection before the request times out.
     #[arg(long, default_value_t = 10.0)]
     connect_timeout: f64,
@@ -359,6 +363,7 @@ fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
         Some(ProfileName::Sweep) | None => {}
     }
     config.api_key = args.api_key.clone();
+    config.ca_cert = args.ca_cert.clone();
     config.connect_timeout = seconds("--connect-timeout", args.connect_timeout)?;
     config.first_token_timeout = seconds("--first-token-timeout", args.first_token_timeout)?;
     config.idle_timeout = seconds("--idle-timeout", args.idle_timeout)?;

@@ -6,17 +6,20 @@
 //! channel. So the cap needs no shared semaphore, connection reuse no shared
 //! pool, and nothing on the hot path takes a lock.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{self, BodyOptions, Conn, Endpoint, Request, RequestHead, Target, Timeouts, Transport};
+use crate::client::{self, BodyOptions, Conn, Endpoint, Request, RequestHead, Target, Timeouts, Tls, Transport};
 use crate::clock::{self, Clock};
 use crate::dataset::{self, Dataset, TokenCounter};
 use crate::metrics::{DEFAULT_LAG_LIMIT_MS, DEFAULT_PERCENTILES, Summary, SummaryOptions, summarize_with};
@@ -42,6 +45,9 @@ pub struct LoadConfig {
     pub max_concurrency: Option<usize>,
     /// Sent as `Authorization: Bearer`.
     pub api_key: Option<String>,
+    /// A PEM file of CA certificates trusted for an https target, besides
+    /// the system's.
+    pub ca_cert: Option<PathBuf>,
     /// Longest wait for the next bytes of a stream once the first token came.
     pub idle_timeout: Duration,
     /// Longest time one request may take from its send.
@@ -105,6 +111,7 @@ impl LoadConfig {
             arrival: Arrival::Constant,
             max_concurrency: None,
             api_key: None,
+            ca_cert: None,
             idle_timeout: Duration::from_secs(600),
             total_timeout: Duration::from_secs(6 * 3600),
             connect_timeout: Duration::from_secs(10),
@@ -185,6 +192,8 @@ pub enum LoadError {
     BaseUrl { url: String, reason: String },
     #[error("cannot open connection {n} to {addr} before the run: {reason}")]
     Connect { n: usize, addr: String, reason: String },
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// Runs the load: checks the server serves the model, opens connections,
@@ -213,13 +222,15 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     drop(prompts);
     let deadlines = send_times(requests.len(), config.request_rate, config.arrival);
     let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(requests.len());
-    let reqwest = build_client(first_wave)?;
-    check_model(&reqwest, &config).await?;
-    let transport = transport(&config, reqwest).await?;
+    let roots = match &config.ca_cert {
+        Some(path) => read_roots(path)?,
+        None => Vec::new(),
+    };
+    check_model(&build_client(&roots)?, &config).await?;
+    let transport = transport(&config, &roots).await?;
     let cancel = config.stop.child_token();
     let mut target = Target {
         transport,
-        api_key: config.api_key.clone(),
         stream: config.stream,
         timeouts: Timeouts {
             connect: config.connect_timeout,
@@ -464,43 +475,77 @@ async fn dispatch(
     records
 }
 
-/// The transport for the base URL: our own HTTP/1.1 connections for http,
-/// reqwest for https.
-async fn transport(config: &LoadConfig, reqwest: reqwest::Client) -> Result<Transport, LoadError> {
+/// The transport for the base URL: our own HTTP/1.1 connections, over TLS
+/// for https.
+async fn transport(config: &LoadConfig, roots: &[CertificateDer<'static>]) -> Result<Transport, LoadError> {
     let base = config.base_url.trim_end_matches('/');
     let bad = |reason: &str| LoadError::BaseUrl { url: config.base_url.clone(), reason: reason.to_owned() };
     let url = reqwest::Url::parse(base).map_err(|e| bad(&e.to_string()))?;
     let path = format!("{}{}", url.path().trim_end_matches('/'), config.endpoint.path());
-    match url.scheme() {
-        "http" => {
-            let host = url.host_str().ok_or_else(|| bad("it has no host"))?;
-            let port = url.port_or_known_default().unwrap_or(80);
-            // An IPv6 host comes bracketed, as both the address and the Host
-            // header want it.
-            let authority = format!("{host}:{port}");
-            let authorization = config.api_key.as_ref().map(|key| format!("Bearer {key}"));
-            let head = RequestHead::post(&path, &authority, authorization.as_deref()).map_err(|e| bad(&e))?;
-            // Resolved once: a connection opened during the run must not
-            // wait for a name lookup.
-            let addrs: Vec<_> = tokio::net::lookup_host(authority.as_str())
-                .await
-                .map_err(|e| bad(&format!("cannot resolve {authority}: {e}")))?
-                .collect();
-            if addrs.is_empty() {
-                return Err(bad(&format!("{authority} resolves to no address")));
-            }
-            Ok(Transport::Http { addr: authority, addrs, head })
-        }
-        "https" => Ok(Transport::Reqwest { client: reqwest, url: format!("{base}{}", config.endpoint.path()) }),
-        other => Err(bad(&format!("scheme {other} is not http or https"))),
+    let secure = match url.scheme() {
+        "http" => false,
+        "https" => true,
+        other => return Err(bad(&format!("scheme {other} is not http or https"))),
+    };
+    let host = url.host_str().ok_or_else(|| bad("it has no host"))?;
+    let port = url.port_or_known_default().unwrap_or(if secure { 443 } else { 80 });
+    // An IPv6 host comes bracketed, as both the address and the Host
+    // header want it.
+    let authority = format!("{host}:{port}");
+    let authorization = config.api_key.as_ref().map(|key| format!("Bearer {key}"));
+    let head = RequestHead::post(&path, &authority, authorization.as_deref()).map_err(|e| bad(&e))?;
+    let tls = if secure {
+        let name = host.trim_start_matches('[').trim_end_matches(']');
+        let name =
+            ServerName::try_from(name.to_owned()).map_err(|e| bad(&format!("{host} is not a TLS server name: {e}")))?;
+        Some(Tls { connector: tls_connector(roots).map_err(LoadError::Tls)?, name })
+    } else {
+        None
+    };
+    // Resolved once: a connection opened during the run must not wait for a
+    // name lookup.
+    let addrs: Vec<_> = tokio::net::lookup_host(authority.as_str())
+        .await
+        .map_err(|e| bad(&format!("cannot resolve {authority}: {e}")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(bad(&format!("{authority} resolves to no address")));
     }
+    Ok(Transport { addr: authority, addrs, head, tls })
 }
 
-/// Opens `n` connections of the http transport before the measured window.
+/// TLS as a browser would: the system's roots and any given ones, HTTP/1.1
+/// said in ALPN.
+fn tls_connector(roots: &[CertificateDer<'static>]) -> Result<tokio_rustls::TlsConnector, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls_platform_verifier::Verifier::new_with_extra_roots(roots.iter().cloned(), provider.clone())
+        .map_err(|e| format!("cannot set up certificate verification: {e}"))?;
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// The certificates of a PEM file of CA certificates.
+fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, LoadError> {
+    let bad = |reason: String| LoadError::Tls(format!("cannot read CA certificates from {}: {reason}", path.display()));
+    let roots = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    if roots.is_empty() {
+        return Err(bad("it holds no certificate".to_owned()));
+    }
+    Ok(roots)
+}
+
+/// Opens `n` connections before the measured window.
 async fn open_connections(target: &Target, n: usize) -> Result<Vec<Conn>, LoadError> {
-    let Transport::Http { addr, .. } = &target.transport else {
-        return Ok(Vec::new());
-    };
+    let addr = &target.transport.addr;
     let opened = futures_util::future::join_all((0..n).map(|_| client::connect(target))).await;
     opened
         .into_iter()
@@ -513,19 +558,18 @@ async fn open_connections(target: &Target, n: usize) -> Result<Vec<Conn>, LoadEr
 /// wave needs: more are opened as needed, their connect time recorded apart.
 const WARM_CONNECTIONS: usize = 256;
 
-fn build_client(in_flight: usize) -> Result<reqwest::Client, LoadError> {
+fn build_client(roots: &[CertificateDer<'static>]) -> Result<reqwest::Client, LoadError> {
     // reqwest panics without a rustls provider, even for plain http; the
     // binary installs ring, and an in-process caller may not have.
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-    reqwest::Client::builder()
-        .http1_only()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(in_flight.max(1))
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .map_err(LoadError::Client)
+    let mut builder =
+        reqwest::Client::builder().http1_only().tcp_nodelay(true).connect_timeout(Duration::from_secs(10));
+    for root in roots {
+        builder = builder.add_root_certificate(reqwest::Certificate::from_der(root).map_err(LoadError::Client)?);
+    }
+    builder.build().map_err(LoadError::Client)
 }
 
 #[derive(Deserialize)]
@@ -564,12 +608,6 @@ async fn check_model(http: &reqwest::Client, config: &LoadConfig) -> Result<(), 
             url: url.clone(),
             served: if served.is_empty() { "nothing".into() } else { served.join(", ") },
         });
-    }
-    // Over https, warm reqwest's pool for the first wave.
-    if config.base_url.starts_with("https") {
-        let connections = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(config.num_requests);
-        let rest = futures_util::future::join_all((1..connections).map(|_| get())).await;
-        rest.into_iter().collect::<Result<Vec<_>, _>>()?;
     }
     Ok(())
 }

@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use benchfleet_loadgen::{LoadConfig, Outcome, run};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::PrivateKeyDer;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 
 use crate::random_load;
 
@@ -40,6 +43,37 @@ enum Pace {
     AtOnce,
     /// A byte per write, so the client's reads end anywhere.
     ByteByByte,
+    /// Every line its own TLS record, all in one write: one read brings
+    /// the reply's end in records after the one with `[DONE]`.
+    RecordPerLine,
+}
+
+/// A server's side of a connection, plain or TLS.
+trait Wire: AsyncRead + AsyncWrite + Unpin {
+    /// Writes `parts` with one write to the socket, each part its own TLS
+    /// record when there is TLS.
+    async fn write_parts(&mut self, parts: &[&[u8]]) -> std::io::Result<()>;
+}
+
+impl Wire for TcpStream {
+    async fn write_parts(&mut self, parts: &[&[u8]]) -> std::io::Result<()> {
+        self.write_all(&parts.concat()).await
+    }
+}
+
+impl Wire for TlsStream<TcpStream> {
+    async fn write_parts(&mut self, parts: &[&[u8]]) -> std::io::Result<()> {
+        use std::io::Write;
+        let (tcp, session) = self.get_mut();
+        for part in parts {
+            session.writer().write_all(part)?;
+        }
+        let mut records = Vec::new();
+        while session.wants_write() {
+            session.write_tls(&mut records)?;
+        }
+        tcp.write_all(&records).await
+    }
 }
 
 struct Scripted {
@@ -87,22 +121,54 @@ fn response(reply: Reply) -> (String, bool) {
 }
 
 async fn start(reply: Reply, pace: Pace) -> Scripted {
+    start_with(reply, pace, None).await
+}
+
+/// The scripted server behind TLS, with a self-signed certificate for
+/// 127.0.0.1, written as PEM into `dir` (the file is the second value).
+async fn start_tls(reply: Reply, pace: Pace, dir: &std::path::Path) -> (Scripted, std::path::PathBuf) {
+    let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("certificate");
+    let pem = dir.join("ca.pem");
+    std::fs::write(&pem, key.cert.pem()).expect("write the certificate");
+    let private = PrivateKeyDer::Pkcs8(key.signing_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![key.cert.der().clone()], private)
+        .expect("server config");
+    let server = start_with(reply, pace, Some(TlsAcceptor::from(Arc::new(config)))).await;
+    (server, pem)
+}
+
+async fn start_with(reply: Reply, pace: Pace, tls: Option<TlsAcceptor>) -> Scripted {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}", listener.local_addr().expect("addr"));
     let connections = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&connections);
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             counted.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(serve(tcp, reply, pace));
+            let _ = tcp.set_nodelay(true);
+            match &tls {
+                None => drop(tokio::spawn(serve(tcp, reply, pace))),
+                Some(acceptor) => {
+                    let acceptor = acceptor.clone();
+                    tokio::spawn(async move {
+                        if let Ok(stream) = acceptor.accept(tcp).await {
+                            serve(stream, reply, pace).await;
+                        }
+                    });
+                }
+            }
         }
     });
     Scripted { url, connections }
 }
 
 /// Answers the requests of one connection until either side closes it.
-async fn serve(mut tcp: TcpStream, reply: Reply, pace: Pace) {
-    let _ = tcp.set_nodelay(true);
+async fn serve(mut tcp: impl Wire, reply: Reply, pace: Pace) {
     let mut buf = Vec::new();
     loop {
         // A request: its head, then as many body bytes as it says.
@@ -138,6 +204,10 @@ async fn serve(mut tcp: TcpStream, reply: Reply, pace: Pace) {
         };
         let written = match pace {
             Pace::AtOnce => tcp.write_all(text.as_bytes()).await,
+            Pace::RecordPerLine => {
+                let lines: Vec<&[u8]> = text.split_inclusive('\n').map(str::as_bytes).collect();
+                tcp.write_parts(&lines).await
+            }
             Pace::ByteByByte => {
                 let mut result = Ok(());
                 for b in text.as_bytes() {
@@ -151,6 +221,11 @@ async fn serve(mut tcp: TcpStream, reply: Reply, pace: Pace) {
             }
         };
         if written.is_err() || !keep {
+            // Said in the reply: the server ends its side properly (over TLS,
+            // a close_notify). Unsaid: the connection just goes.
+            if reply == Reply::ChunkedThenClose {
+                let _ = tcp.shutdown().await;
+            }
             return;
         }
     }
@@ -332,4 +407,67 @@ async fn a_chunk_is_timed_by_its_arrival_not_by_a_late_read() {
     // as they came, at 300 and 400 ms.
     assert!((45.0..150.0).contains(&times[0]), "first token at {times:?} ms");
     assert!((295.0..400.0).contains(&times[1]) && times[2] - times[1] >= 95.0, "{times:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_streams_read_the_same_and_keep_their_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A byte per write is a TLS record per byte; a record per line in one
+    // write brings records past the reply's `[DONE]` in the same read.
+    for pace in [Pace::AtOnce, Pace::ByteByByte, Pace::RecordPerLine] {
+        let (server, ca) = start_tls(Reply::Chunked, pace, dir.path()).await;
+        let mut config = one_at_a_time(&server, 3, true);
+        config.ca_cert = Some(ca);
+        let result = run(config, None).await.expect("run");
+        assert_all_ok(&result, 3);
+        // The models check's connection, and one for all three requests.
+        assert_eq!(server.connections.load(Ordering::Relaxed), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_connections_closed_with_or_without_a_word_are_not_used_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // With a close_notify after `Connection: close`, or a bare TCP close.
+    for reply in [Reply::ChunkedThenClose, Reply::ChunkedThenSilentClose] {
+        let (server, ca) = start_tls(reply, Pace::AtOnce, dir.path()).await;
+        let mut config = one_at_a_time(&server, 3, true);
+        config.ca_cert = Some(ca);
+        let result = run(config, None).await.expect("run");
+        assert_all_ok(&result, 3);
+        assert_eq!(server.connections.load(Ordering::Relaxed), 1 + 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server, _) = start_tls(Reply::Chunked, Pace::AtOnce, dir.path()).await;
+    let error = run(one_at_a_time(&server, 1, true), None).await.expect_err("an unknown issuer");
+    let chain = benchfleet_tests_chain(&error);
+    assert!(chain.contains("certificate"), "{chain}");
+
+    let mut config = one_at_a_time(&server, 1, true);
+    config.ca_cert = Some(dir.path().join("missing.pem"));
+    let error = run(config, None).await.expect_err("no such file").to_string();
+    assert!(error.starts_with("cannot read CA certificates from ") && error.contains("missing.pem"), "{error}");
+
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").expect("write");
+    let mut config = one_at_a_time(&server, 1, true);
+    config.ca_cert = Some(empty);
+    let error = run(config, None).await.expect_err("no certificate in it").to_string();
+    assert!(error.ends_with("it holds no certificate"), "{error}");
+}
+
+/// An error and its sources, as the CLI prints them.
+fn benchfleet_tests_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
