@@ -169,9 +169,11 @@ pub enum LoadError {
     Config(String),
     #[error("cannot build the http client")]
     Client(#[source] reqwest::Error),
-    #[error("cannot reach the server at {url}; is it running?")]
+    #[error("cannot reach the server at {url}; {hint}")]
     Unreachable {
         url: String,
+        /// What to check first.
+        hint: &'static str,
         #[source]
         source: reqwest::Error,
     },
@@ -590,9 +592,17 @@ async fn check_model(http: &reqwest::Client, config: &LoadConfig) -> Result<(), 
         if let Some(key) = &config.api_key {
             request = request.bearer_auth(key);
         }
-        let response = request.send().await.map_err(|source| LoadError::Unreachable { url: url.clone(), source })?;
+        let unreachable = |source: reqwest::Error| {
+            let hint = if client::error_chain(&source).contains("certificate") {
+                "is its certificate trusted (--ca-cert)?"
+            } else {
+                "is it running?"
+            };
+            LoadError::Unreachable { url: url.clone(), hint, source }
+        };
+        let response = request.send().await.map_err(unreachable)?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|source| LoadError::Unreachable { url: url.clone(), source })?;
+        let body = response.bytes().await.map_err(unreachable)?;
         if !status.is_success() {
             let body = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
             return Err(LoadError::Models { url: url.clone(), status: status.as_u16(), body });

@@ -444,8 +444,8 @@ async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_say
     let dir = tempfile::tempdir().expect("tempdir");
     let (server, _) = start_tls(Reply::Chunked, Pace::AtOnce, dir.path()).await;
     let error = run(one_at_a_time(&server, 1, true), None).await.expect_err("an unknown issuer");
-    let chain = benchfleet_tests_chain(&error);
-    assert!(chain.contains("certificate"), "{chain}");
+    let chain = error_chain(&error);
+    assert!(chain.contains("is its certificate trusted (--ca-cert)?") && chain.contains("UnknownIssuer"), "{chain}");
 
     let mut config = one_at_a_time(&server, 1, true);
     config.ca_cert = Some(dir.path().join("missing.pem"));
@@ -461,7 +461,7 @@ async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_say
 }
 
 /// An error and its sources, as the CLI prints them.
-fn benchfleet_tests_chain(error: &dyn std::error::Error) -> String {
+fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
