@@ -211,7 +211,12 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        // The certificate verifier logs a failure it also returns: the run's
+        // error says it once, with what to do.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rustls_platform_verifier=off".into()),
+        )
         .init();
     let result = tokio::runtime::Runtime::new()
         .context("cannot start the async runtime")
