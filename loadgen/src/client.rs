@@ -431,7 +431,10 @@ fn open_records(
     while !cipher.is_empty() {
         // rustls takes what it has room for; its plaintext is read out
         // before it takes more.
-        tls.read_tls(&mut cipher).map_err(|e| broken(e.to_string()))?;
+        if tls.read_tls(&mut cipher).map_err(|e| broken(e.to_string()))? == 0 {
+            // Nothing taken: the session had already ended (close_notify).
+            return Ok(Some(response.closed(at_ns, rec)));
+        }
         let state = tls.process_new_packets().map_err(|e| broken(e.to_string()))?;
         let mut left = state.plaintext_bytes_to_read();
         let closed = state.peer_has_closed();

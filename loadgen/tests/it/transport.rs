@@ -444,7 +444,8 @@ async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_say
     let dir = tempfile::tempdir().expect("tempdir");
     let (server, _) = start_tls(Reply::Chunked, Pace::AtOnce, dir.path()).await;
     let error = run(one_at_a_time(&server, 1, true), None).await.expect_err("an unknown issuer");
-    let chain = error_chain(&error);
+    // As the command line prints it.
+    let chain = format!("{:#}", anyhow::Error::from(error));
     assert!(chain.contains("is its certificate trusted (--ca-cert)?") && chain.contains("UnknownIssuer"), "{chain}");
 
     let mut config = one_at_a_time(&server, 1, true);
@@ -458,16 +459,4 @@ async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_say
     config.ca_cert = Some(empty);
     let error = run(config, None).await.expect_err("no certificate in it").to_string();
     assert!(error.ends_with("it holds no certificate"), "{error}");
-}
-
-/// An error and its sources, as the CLI prints them.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
