@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::{GpuInfo, THROTTLE_REASONS, UNKNOWN_XID, XidEvent};
+use benchfleet_core::gpu::model_matches;
 
 /// The thresholds a GPU must meet; the `[gpu]` table of the agent's config
 /// file (see `agent.example.toml`). The defaults suit a benchmark host: a
@@ -229,17 +230,6 @@ fn below(value: u32, max: u32, min_fraction: f64) -> bool {
     f64::from(value) < f64::from(max) * min_fraction
 }
 
-/// Whether a product name is of `model`: the model's words appear in the
-/// name, in order, as whole words, so "H200" matches "NVIDIA H200" but not
-/// "NVIDIA GH200 480GB", and "H20" does not match "NVIDIA H200".
-pub fn model_matches(product_name: &str, model: &str) -> bool {
-    let words = |s: &str| -> Vec<String> {
-        s.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_ascii_lowercase).collect()
-    };
-    let (name, want) = (words(product_name), words(model));
-    !want.is_empty() && name.windows(want.len()).any(|w| w == want.as_slice())
-}
-
 /// GPU errors that appeared between two probes of the same GPUs, as the
 /// reason an attempt is invalid: results measured on a failing GPU are not
 /// results. Only the GPUs named by `uuids` (the attempt's) are compared.
@@ -386,23 +376,6 @@ mod tests {
         check_with(&h200, |_| {}, &[]);
         check_with(&h200, |g| g.name = "NVIDIA A100-SXM4-80GB".into(), &["not an H200: NVIDIA A100-SXM4-80GB"]);
         check_with(&h200, |g| g.name = "NVIDIA GH200 480GB".into(), &["not an H200: NVIDIA GH200 480GB"]);
-    }
-
-    #[test]
-    fn model_names_match_whole_words() {
-        for (name, model, expected) in [
-            ("NVIDIA H200", "H200", true),
-            ("NVIDIA H200", "h200", true),
-            ("NVIDIA H100 80GB HBM3", "H100", true),
-            ("NVIDIA H100 NVL", "H100 NVL", true),
-            ("NVIDIA H100 PCIe", "H100 NVL", false),
-            ("NVIDIA H200", "H20", false),
-            ("NVIDIA GH200 480GB", "H200", false),
-            ("NVIDIA A100-SXM4-80GB", "A100", true),
-            ("NVIDIA H200", "", false),
-        ] {
-            assert_eq!(model_matches(name, model), expected, "{name} is {model}?");
-        }
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use benchfleet_loadgen::Summary;
+use benchfleet_core::Summary;
 
 use crate::matrix::{EngineDef, Matrix};
 use crate::model::{EngineConfig, Group, Job, JobState, Profile};

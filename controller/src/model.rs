@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use benchfleet_loadgen::Summary;
+use benchfleet_core::Summary;
 use serde::{Deserialize, Serialize};
 
 /// A run's number, unique within one store.

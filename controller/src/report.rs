@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use benchfleet_loadgen::{Distribution, Summary, render_block};
+use benchfleet_core::{Distribution, Summary, render_block};
 
 use crate::greedy::{self, Objective, Plan};
 use crate::matrix::Strategy;
@@ -271,7 +271,7 @@ pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
         };
         let percentiles = if summaries.iter().all(same) {
             (0..first.len())
-                .map(|i| benchfleet_loadgen::Percentile { p: first[i].p, value: avg(&|s| f(s).percentiles[i].value) })
+                .map(|i| benchfleet_core::Percentile { p: first[i].p, value: avg(&|s| f(s).percentiles[i].value) })
                 .collect()
         } else {
             Vec::new()
@@ -305,7 +305,7 @@ pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
         latency_from_scheduled_s: dist(&|s| &s.latency_from_scheduled_s),
         ttft_from_scheduled_ms: dist(&|s| &s.ttft_from_scheduled_ms),
         connect_ms: dist(&|s| &s.connect_ms),
-        failures: benchfleet_loadgen::Failures {
+        failures: benchfleet_core::Failures {
             http_error: avg_u(&|s| s.failures.http_error),
             timeout: avg_u(&|s| s.failures.timeout),
             cancelled: avg_u(&|s| s.failures.cancelled),

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use benchfleet_loadgen::RequestRecord;
+use benchfleet_core::RequestRecord;
 use benchfleet_proto as pb;
 use futures_util::Stream;
 use sha2::Digest;
@@ -78,7 +78,7 @@ impl AgentEntry {
         self.gpus
             .iter()
             .filter(|g| g.usable)
-            .filter(|g| model.is_none_or(|m| benchfleet_agent::verdict::model_matches(&g.name, m)))
+            .filter(|g| model.is_none_or(|m| benchfleet_core::gpu::model_matches(&g.name, m)))
             .filter(|g| !self.running.iter().any(|p| p.gpus.contains(&g.uuid)))
             .map(|g| g.uuid.clone())
             .collect()

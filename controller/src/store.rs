@@ -7,12 +7,29 @@
 
 use std::path::Path;
 
-use benchfleet_loadgen::RequestRecord;
+use benchfleet_core::RequestRecord;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sled::Transactional;
 
 use crate::model::{AttemptKey, Group, Job, Run, RunId};
+
+use std::path::PathBuf;
+
+/// The store's directory: `--data-dir`, else `$XDG_DATA_HOME/benchfleet`,
+/// else `~/.local/share/benchfleet`, else `./.benchfleet`.
+pub fn data_dir(given: Option<&Path>) -> PathBuf {
+    if let Some(d) = given {
+        return d.to_path_buf();
+    }
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("benchfleet");
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(home).join(".local/share/benchfleet");
+    }
+    PathBuf::from(".benchfleet")
+}
 
 /// Bumped when the layout of stored values changes incompatibly.
 const SCHEMA_VERSION: u32 = 1;
@@ -252,7 +269,7 @@ impl Store for SledStore {
 mod tests {
     use super::*;
     use crate::model::{Arrival, Dataset, Endpoint, Profile};
-    use benchfleet_loadgen::Outcome;
+    use benchfleet_core::Outcome;
 
     fn job(run: RunId, id: u64) -> Job {
         let profile = Profile {

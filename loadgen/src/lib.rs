@@ -1,27 +1,24 @@
 //! benchfleet-loadgen: an OpenAI-compatible streaming load generator.
 //!
-//! Layout: `record` (one record per request) and `metrics` (the metric
-//! definitions) are the shared core that the controller also uses; `block`
-//! renders the "Serving Benchmark Result" block and the self-check, `output`
-//! writes records and summaries as JSONL, JSON and CSV; `convert` is the only module
-//! that sees the gRPC types besides `sink`, which streams records to the
-//! controller. A run (`run`) takes its prompts from `dataset`, its send
+//! Layout: the request record, the metric definitions, the block and their
+//! gRPC conversion live in `benchfleet-core` (shared with the controller)
+//! and are re-exported here as `record`, `metrics`, `block` and `convert`;
+//! `output` writes records and summaries as JSONL, JSON and CSV; `sink`
+//! streams records to the controller. A run (`run`) takes its prompts from `dataset`, its send
 //! deadlines from `schedule`, sends through `client` (the hot path) and
 //! reads every time from `clock`; `rx` dates each read by when the kernel
 //! received its bytes.
 
-pub mod block;
 mod client;
 mod clock;
-pub mod convert;
 pub mod dataset;
-pub mod metrics;
 pub mod output;
-pub mod record;
 mod run;
 pub mod rx;
 pub mod schedule;
 pub mod sink;
+
+pub use benchfleet_core::{block, convert, metrics, record};
 
 pub use block::render_block;
 pub use client::{Endpoint, Timeouts};

@@ -29,7 +29,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let dir = benchfleet_controller::cli::data_dir(args.data_dir.as_deref()).join("store");
+    let dir = benchfleet_controller::store::data_dir(args.data_dir.as_deref()).join("store");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let store = Arc::new(SledStore::open(&dir)?);
     let listener = tokio::net::TcpListener::bind(&args.listen)

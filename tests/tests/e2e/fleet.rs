@@ -12,7 +12,7 @@ use benchfleet_agent::engine::{Engine, EngineError, EngineRuntime, engine_comman
 use benchfleet_agent::gpu::SimGpuProbe;
 use benchfleet_agent::job::{EngineLaunch, LoadDataset, LoadRun};
 use benchfleet_agent::load::LoadRunner;
-use benchfleet_controller::local::LocalFleet;
+use benchfleet_cli::local::LocalFleet;
 use benchfleet_controller::{SledStore, Store};
 use benchfleet_loadgen::{Arrival, Dataset, Endpoint, LoadConfig, SinkConfig};
 use tokio_util::sync::CancellationToken;

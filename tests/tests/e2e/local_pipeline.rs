@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use benchfleet_controller::client;
+use benchfleet_cli::client;
 use benchfleet_controller::model::{AttemptKey, JobState, RunId};
 use benchfleet_loadgen::{Summary, summarize};
 

@@ -7,8 +7,8 @@ use anyhow::Context as _;
 use benchfleet_proto as pb;
 use tokio_stream::StreamExt;
 
-use crate::matrix;
-use crate::server::MAX_MESSAGE_BYTES;
+use benchfleet_controller::matrix;
+use benchfleet_controller::server::MAX_MESSAGE_BYTES;
 
 pub type OperatorClient = pb::operator_service_client::OperatorServiceClient<tonic::transport::Channel>;
 

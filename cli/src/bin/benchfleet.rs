@@ -9,8 +9,8 @@ async fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    let cli = benchfleet_controller::cli::Cli::parse();
-    match benchfleet_controller::cli::main(cli).await {
+    let cli = benchfleet_cli::cli::Cli::parse();
+    match benchfleet_cli::cli::main(cli).await {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -13,8 +13,8 @@ use benchfleet_agent::load::ProcessLoadRunner;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::{Controller, ControllerConfig, serve};
-use crate::store::Store;
+use benchfleet_controller::server::{Controller, ControllerConfig, serve};
+use benchfleet_controller::store::Store;
 
 /// A running local controller and agent.
 pub struct LocalFleet {

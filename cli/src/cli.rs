@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand};
 
 use crate::client;
 use crate::local::{LocalFleet, simulated_agent};
-use crate::model::RunId;
-use crate::store::{SledStore, Store};
+use benchfleet_controller::model::RunId;
+use benchfleet_controller::store::{SledStore, Store};
 
 #[derive(Parser, Debug)]
 #[command(name = "benchfleet", version, about = "Benchmark LLM inference engines across a fleet of GPU hosts")]
@@ -48,7 +48,9 @@ pub enum Command {
 /// succeeded (every job of a run).
 pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Run { ref matrix, local: true } => run_local(matrix, &data_dir(cli.data_dir.as_deref())).await,
+        Command::Run { ref matrix, local: true } => {
+            run_local(matrix, &benchfleet_controller::store::data_dir(cli.data_dir.as_deref())).await
+        }
         Command::Run { ref matrix, local: false } => {
             let url = cli.controller.as_deref().context("give --controller URL, or --local to run here")?;
             let mut c = client::connect(url).await?;
@@ -58,11 +60,11 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             let runs = match &cli.controller {
                 Some(url) => client::connect(url).await?.list_runs(pb::ListRunsRequest {}).await?.into_inner().runs,
                 None => {
-                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+                    let store = open_store(&benchfleet_controller::store::data_dir(cli.data_dir.as_deref()))?;
                     store
                         .runs()?
                         .iter()
-                        .map(|r| Ok(crate::convert::run_info(r, &store.jobs(r.id)?)))
+                        .map(|r| Ok(benchfleet_controller::convert::run_info(r, &store.jobs(r.id)?)))
                         .collect::<anyhow::Result<_>>()?
                 }
             };
@@ -82,8 +84,8 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
                 }
                 None => {
                     let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
-                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-                    crate::report::render(&store, id)?
+                    let store = open_store(&benchfleet_controller::store::data_dir(cli.data_dir.as_deref()))?;
+                    benchfleet_controller::report::render(&store, id)?
                 }
             };
             print!("{text}");
@@ -105,21 +107,6 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-/// The store's directory: `--data-dir`, else `$XDG_DATA_HOME/benchfleet`,
-/// else `~/.local/share/benchfleet`, else `./.benchfleet`.
-pub fn data_dir(given: Option<&Path>) -> PathBuf {
-    if let Some(d) = given {
-        return d.to_path_buf();
-    }
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
-        return PathBuf::from(x).join("benchfleet");
-    }
-    if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(home).join(".local/share/benchfleet");
-    }
-    PathBuf::from(".benchfleet")
-}
-
 fn open_store(dir: &Path) -> anyhow::Result<SledStore> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create the data directory {}", dir.display()))?;
     Ok(SledStore::open(&dir.join("store"))?)
@@ -128,9 +115,11 @@ fn open_store(dir: &Path) -> anyhow::Result<SledStore> {
 async fn run_local(matrix: &Path, dir: &Path) -> anyhow::Result<i32> {
     // Fail on a bad matrix before starting anything.
     let submission = client::submission(matrix, Some("process"))?;
-    let gpu = crate::matrix::parse(&submission.matrix_name, &submission.matrix_yaml, &|_| Some(String::new()))?
-        .gpu
-        .unwrap_or_else(|| "H200".to_owned());
+    let gpu = benchfleet_controller::matrix::parse(&submission.matrix_name, &submission.matrix_yaml, &|_| {
+        Some(String::new())
+    })?
+    .gpu
+    .unwrap_or_else(|| "H200".to_owned());
     let store: Arc<dyn Store> = Arc::new(open_store(dir)?);
     eprintln!("data directory: {}", dir.display());
     let work_dir = dir.join("agent");

@@ -1,0 +1,20 @@
+//! benchfleet-core: what the controller, the agent and loadgen share.
+//!
+//! Layout: `record` is one request's raw facts; `metrics` the metric
+//! definitions, the only implementation of them (`summarize`, the
+//! self-check), producing a `Summary`; `block` renders a summary as the
+//! "Serving Benchmark Result" block; `gpu` matches GPU models to product
+//! names; `convert` is the one place records and summaries cross to and
+//! from their gRPC form.
+
+pub mod block;
+pub mod convert;
+pub mod gpu;
+pub mod metrics;
+pub mod record;
+
+pub use block::render_block;
+pub use metrics::{
+    DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryOptions, summarize, summarize_with,
+};
+pub use record::{Chunk, ChunkIter, Chunks, Outcome, Phase, RequestRecord};
