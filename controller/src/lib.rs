@@ -3,19 +3,27 @@
 //! reports. The operator CLI (`benchfleet`) and local mode are the
 //! `benchfleet-cli` crate's.
 //!
-//! Layout: `matrix` parses and expands matrix files; `greedy` plans the
-//! stages of a greedy run from its results so far; `model` holds the domain
-//! types; `store` persists them (sled); `server` holds the scheduling state and
-//! the gRPC services; `convert` is the only module that sees prost types
-//! besides `server`'s service glue; `report` renders reports.
+//! Layout: `matrix` parses and validates matrix files; `plan` turns a
+//! submission into a run's groups and jobs and plans a greedy run's next
+//! stage (with `greedy`, the planner itself); `model` holds the domain and
+//! stored types; `sched` is the scheduler, a pure state machine; `driver`
+//! runs it on its own thread, with the store writes it asks for; `ingest`
+//! stores record batches (group commit, fenced by attempt); `store`
+//! persists everything (sled); `service` is the gRPC face, and `convert` the
+//! one place wire types become domain types; `report` renders reports.
 
 pub mod convert;
+pub mod driver;
 pub mod greedy;
+pub mod ingest;
 pub mod matrix;
 pub mod model;
+pub mod plan;
 pub mod report;
-pub mod server;
+pub mod sched;
+pub mod service;
 pub mod store;
 
-pub use server::{Controller, ControllerConfig, serve};
+pub use driver::{Controller, ControllerConfig};
+pub use service::serve;
 pub use store::{SledStore, Store};

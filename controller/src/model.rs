@@ -11,6 +11,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RunId(pub u64);
 
+impl fmt::Display for AttemptKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attempt {} of job {}/{}", self.attempt, self.run, self.job)
+    }
+}
+
 impl fmt::Display for RunId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
@@ -36,7 +42,13 @@ pub struct Run {
     pub matrix_file: String,
     pub matrix_yaml: String,
     pub created_unix_ms: i64,
-    pub finished: bool,
+    pub state: RunState,
+    /// When the run finished or was cancelled.
+    #[serde(default)]
+    pub ended_unix_ms: Option<i64>,
+    /// Who cancelled the run, and why.
+    #[serde(default)]
+    pub note: Option<Note>,
     /// The SHA-256 of each dataset file the matrix names, by its path in the
     /// matrix: a greedy run parses its matrix again for every stage.
     #[serde(default)]
@@ -47,8 +59,121 @@ pub struct Run {
     pub runtime_override: Option<RuntimeKind>,
 }
 
-/// How an engine is run by the agent.
+impl Run {
+    pub fn is_over(&self) -> bool {
+        self.state != RunState::Running
+    }
+}
+
+/// Where a run stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Running,
+    /// Every job reached a final state (some may have failed).
+    Finished,
+    /// An operator cancelled it.
+    Cancelled,
+}
+
+/// Who did something to a run or an agent, why, and when. Until operators
+/// authenticate, `by` is what the operator's client says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Note {
+    pub by: String,
+    pub reason: String,
+    pub at_unix_ms: i64,
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.by.is_empty(), self.reason.is_empty()) {
+            (true, true) => write!(f, "no reason given"),
+            (true, false) => write!(f, "{}", self.reason),
+            (false, true) => write!(f, "by {}", self.by),
+            (false, false) => write!(f, "by {}: {}", self.by, self.reason),
+        }
+    }
+}
+
+/// An agent's stable id, given by the controller the first time an agent
+/// of that name registers and kept across restarts of either side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AgentId(pub u64);
+
+impl fmt::Display for AgentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "agent-{}", self.0)
+    }
+}
+
+impl std::str::FromStr for AgentId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.strip_prefix("agent-")
+            .and_then(|n| n.parse().ok())
+            .map(AgentId)
+            .ok_or_else(|| format!("'{s}' is not an agent id (agent-N, as `benchfleet agents` lists them)"))
+    }
+}
+
+/// A GPU as an agent last reported it: what placement and the operator's
+/// listing need.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuState {
+    pub index: u32,
+    pub uuid: String,
+    /// The product name, e.g. "NVIDIA H200".
+    pub name: String,
+    pub memory_total_bytes: u64,
+    pub usable: bool,
+    /// Why it is not usable.
+    pub reasons: Vec<String>,
+    pub driver_version: String,
+    pub cuda_driver_version: String,
+    /// Name, UUID, driver, CUDA and clocks, as one line.
+    pub fingerprint: String,
+}
+
+/// One agent as the controller keeps it between restarts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub id: AgentId,
+    /// Its identity in the fleet: two live agents never share it.
+    pub name: String,
+    pub hostname: String,
+    pub version: String,
+    pub gpus: Vec<GpuState>,
+    pub runtimes: Vec<String>,
+    /// Set while the agent is drained: no new work.
+    pub drain: Option<Note>,
+    pub registered_unix_ms: i64,
+    /// When its last session began.
+    pub connected_unix_ms: i64,
+    /// The epoch of its last session.
+    pub epoch: u64,
+}
+
+/// Counters that must survive a restart so ids and epochs never repeat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub next_agent: u64,
+    pub next_epoch: u64,
+}
+
+/// A store write the scheduler asks for (`Store::apply` makes them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    Agent(AgentRecord),
+    Run(Run),
+    Group(Group),
+    Job(Job),
+    Counters(Counters),
+}
+
+/// How an engine is run by the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeKind {
     Process,
@@ -176,6 +301,23 @@ pub struct Group {
     /// The greedy stage that scheduled the group; 1 for a grid run.
     #[serde(default = "first_stage")]
     pub stage: u32,
+    /// Where the group runs now, if it was handed to an agent.
+    #[serde(default)]
+    pub placement: Option<Placement>,
+    /// Agents on which an attempt of the group's jobs failed: a rerun goes
+    /// elsewhere when it can.
+    #[serde(default)]
+    pub failed_on: Vec<AgentId>,
+}
+
+/// A group handed to an agent, with the GPUs it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub agent: AgentId,
+    pub gpus: Vec<String>,
+    /// The lease epoch it was assigned under.
+    pub epoch: u64,
+    pub since_unix_ms: i64,
 }
 
 fn one_gpu() -> u32 {
@@ -186,7 +328,7 @@ fn first_stage() -> u32 {
     1
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Pending,
@@ -195,12 +337,107 @@ pub enum JobState {
     Running,
     Succeeded,
     Failed,
+    Cancelled,
 }
 
 impl JobState {
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed)
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
     }
+
+    /// Handed to an agent and not yet ended.
+    pub fn is_active(self) -> bool {
+        matches!(self, JobState::Assigned | JobState::StartingEngine | JobState::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Assigned => "assigned",
+            JobState::StartingEngine => "starting_engine",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub const ALL: [JobState; 7] = [
+        JobState::Pending,
+        JobState::Assigned,
+        JobState::StartingEngine,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+}
+
+/// Whose fault a failed attempt is; decides whether the job runs again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The attempt's own failure: run again elsewhere, up to the cap.
+    Attempt,
+    /// The configuration cannot work anywhere: not run again.
+    Config,
+    /// Not the job's doing (the host's or the lease's): run again without
+    /// counting against the cap.
+    Host,
+}
+
+/// How one attempt ended, or that it has not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Running,
+    Succeeded,
+    Failed,
+    /// Given up by the controller (lost lease, deadline, agent restart); its
+    /// messages and records are refused from then on.
+    Abandoned,
+    Cancelled,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Running => "running",
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::Abandoned => "abandoned",
+            AttemptOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One attempt of a job, kept in the job's history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptInfo {
+    /// From 1.
+    pub number: u32,
+    pub epoch: u64,
+    pub agent: AgentId,
+    pub agent_name: String,
+    pub started_unix_ms: i64,
+    pub ended_unix_ms: Option<i64>,
+    pub outcome: AttemptOutcome,
+    pub reason: Option<String>,
+    /// Whether it counts against the attempt cap: it began (the engine was
+    /// starting or the load running) and failed or was lost on its own
+    /// account.
+    pub charged: bool,
+}
+
+/// What the controller stored of one attempt's records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptStats {
+    /// Records stored (each batch counted once, however often it was sent).
+    pub records: u64,
+    /// Requests loadgen said it had sent, in its latest batch.
+    pub sent: u64,
+    /// The records were removed when a later attempt started.
+    pub removed: bool,
 }
 
 /// One (engine configuration, profile, repeat).
@@ -216,11 +453,17 @@ pub struct Job {
     /// The current attempt, from 1; 0 before the first assignment. Messages
     /// of any other attempt are stale and ignored.
     pub attempt: u32,
-    pub agent: Option<String>,
+    /// The lease epoch the current attempt was granted under.
+    #[serde(default)]
+    pub epoch: u64,
+    pub agent: Option<AgentId>,
     pub error: Option<String>,
     pub log_tail: Option<String>,
     pub engine_startup_s: Option<f64>,
-    /// loadgen's summary of the current attempt, once it arrived.
+    /// loadgen's summary of the current attempt, once stored. Kept apart in
+    /// the store (not serialized with the job): the store fills it in when
+    /// it reads a run's jobs; the scheduler never holds it.
+    #[serde(skip)]
     pub summary: Option<Summary>,
     /// The GPUs the current attempt ran on, one fingerprint line each
     /// (name, UUID, driver, CUDA, clocks), as probed before it started.
@@ -229,6 +472,12 @@ pub struct Job {
     /// The last image pull progress the agent reported, while starting.
     #[serde(default)]
     pub pull_progress: Option<String>,
+    /// Every attempt so far, oldest first.
+    #[serde(default)]
+    pub attempts: Vec<AttemptInfo>,
+    /// Attempts made before the latest `retry`: the cap counts from there.
+    #[serde(default)]
+    pub retry_base: u32,
 }
 
 impl Job {
@@ -242,6 +491,7 @@ impl Job {
             repeat,
             state: JobState::Pending,
             attempt: 0,
+            epoch: 0,
             agent: None,
             error: None,
             log_tail: None,
@@ -249,12 +499,28 @@ impl Job {
             summary: None,
             gpu_fingerprint: Vec::new(),
             pull_progress: None,
+            attempts: Vec::new(),
+            retry_base: 0,
         }
+    }
+
+    /// The current attempt's entry in the history.
+    pub fn current(&self) -> Option<&AttemptInfo> {
+        self.attempts.last().filter(|a| a.number == self.attempt)
+    }
+
+    pub fn current_mut(&mut self) -> Option<&mut AttemptInfo> {
+        let n = self.attempt;
+        self.attempts.last_mut().filter(|a| a.number == n)
+    }
+
+    pub fn key(&self) -> AttemptKey {
+        AttemptKey { run: self.run, job: self.id, attempt: self.attempt }
     }
 }
 
 /// Names one attempt of one job.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AttemptKey {
     pub run: RunId,
     pub job: u64,
@@ -267,18 +533,25 @@ pub struct Progress {
     pub total: u64,
     pub succeeded: u64,
     pub failed: u64,
+    pub cancelled: u64,
 }
 
 impl Progress {
-    pub fn of(jobs: &[Job]) -> Progress {
-        Progress {
-            total: jobs.len() as u64,
-            succeeded: jobs.iter().filter(|j| j.state == JobState::Succeeded).count() as u64,
-            failed: jobs.iter().filter(|j| j.state == JobState::Failed).count() as u64,
+    pub fn of<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Progress {
+        let mut p = Progress::default();
+        for j in jobs {
+            p.total += 1;
+            match j.state {
+                JobState::Succeeded => p.succeeded += 1,
+                JobState::Failed => p.failed += 1,
+                JobState::Cancelled => p.cancelled += 1,
+                _ => {}
+            }
         }
+        p
     }
 
     pub fn done(&self) -> u64 {
-        self.succeeded + self.failed
+        self.succeeded + self.failed + self.cancelled
     }
 }

@@ -40,7 +40,11 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
             j
         })
         .collect();
-    let state = if run.finished { "finished" } else { "running" };
+    let state = match run.state {
+        crate::model::RunState::Running => "running",
+        crate::model::RunState::Finished => "finished",
+        crate::model::RunState::Cancelled => "cancelled",
+    };
     // The stored matrix was valid when it was submitted; its files are not
     // needed to read its acceptance.
     let matrix = crate::matrix::parse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new())).ok();
@@ -165,6 +169,7 @@ fn state_word(s: JobState) -> &'static str {
     match s {
         JobState::Failed => "failed",
         JobState::Succeeded => "succeeded",
+        JobState::Cancelled => "cancelled",
         _ => "did not finish",
     }
 }
@@ -366,6 +371,8 @@ profiles:
             gpus_per_job: 1,
             jobs: vec![id],
             stage: 1,
+            placement: None,
+            failed_on: Vec::new(),
         }
     }
 
@@ -397,13 +404,17 @@ profiles:
             matrix_file: "m.yaml".into(),
             matrix_yaml: MATRIX.into(),
             created_unix_ms: 0,
-            finished: true,
+            state: crate::model::RunState::Finished,
+            ended_unix_ms: None,
+            note: None,
             files: Default::default(),
             runtime_override: None,
         };
         let groups = [group(0, &[]), group(1, &["mtp"]), group(2, &["fp8"])];
         let jobs = [job(0, 9632.01, 1000), job(1, 15514.15, 516), job(2, 9942.93, 1000)];
         store.create_run(&run, &groups, &jobs).expect("create");
+        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
+        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
         let report = render(&store, RunId(1)).expect("render");
         // mtp has the highest throughput but failed half its requests.
         assert!(

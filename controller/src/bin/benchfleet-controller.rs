@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use benchfleet_controller::{Controller, ControllerConfig, SledStore};
@@ -19,6 +20,31 @@ struct Args {
     /// Where the sled store lives.
     #[arg(long, env = "BENCHFLEET_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    leases: LeaseArgs,
+}
+
+/// Leases and attempts (see ARCHITECTURE.md, "Leases and attempts").
+#[derive(clap::Args, Debug)]
+struct LeaseArgs {
+    /// How often agents send heartbeats.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    heartbeat_interval_ms: u64,
+    /// An agent without a heartbeat this long gets no new work.
+    #[arg(long, default_value_t = 3000, value_name = "MS")]
+    suspect_after_ms: u64,
+    /// An agent without a heartbeat this long loses its lease: its attempts are abandoned and run again elsewhere.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    lease_ttl_ms: u64,
+    /// After this controller starts, no agent is declared lost before this much time has passed.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    restart_grace_ms: u64,
+    /// Attempts a job may fail on its own account before it fails for good.
+    #[arg(long, default_value_t = 3)]
+    attempt_cap: u32,
+    /// How long one attempt may run from its engine's start.
+    #[arg(long, default_value_t = 4 * 3600, value_name = "S")]
+    attempt_deadline_s: u64,
 }
 
 #[tokio::main]
@@ -36,12 +62,38 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let advertise_url = args.advertise_url.unwrap_or_else(|| format!("http://{addr}"));
+    let mut config = ControllerConfig::new(args.advertise_url.unwrap_or_else(|| format!("http://{addr}")));
+    let l = &args.leases;
+    let ms = Duration::from_millis;
+    config.sched.heartbeat_interval = ms(l.heartbeat_interval_ms.max(50));
+    config.sched.suspect_after = ms(l.suspect_after_ms);
+    config.sched.lease_ttl = ms(l.lease_ttl_ms);
+    config.sched.restart_grace = ms(l.restart_grace_ms);
+    config.sched.attempt_cap = l.attempt_cap.max(1);
+    config.sched.attempt_deadline = Duration::from_secs(l.attempt_deadline_s);
+    anyhow::ensure!(
+        config.sched.lease_ttl > config.sched.heartbeat_interval * 2,
+        "--lease-ttl-ms must be more than twice --heartbeat-interval-ms, or agents lose leases between heartbeats"
+    );
     tracing::info!(%addr, store = %dir.display(), "controller serving");
-    let controller = Controller::new(store, ControllerConfig { advertise_url })?;
-    benchfleet_controller::serve(controller, listener, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
+    let controller = Controller::start(store, config)?;
+    benchfleet_controller::serve(controller, listener, stop_signal()).await?;
+    tracing::info!("controller stopped");
     Ok(())
+}
+
+/// SIGTERM or SIGINT (Ctrl-C).
+async fn stop_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
 }

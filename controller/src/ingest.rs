@@ -1,0 +1,266 @@
+//! The ingest committer: one thread that stores record batches from every
+//! loadgen stream, many batches per flush (group commit), and acknowledges
+//! each only after the flush that made it durable.
+//!
+//! It also keeps the fence table: which attempt of each job may send records
+//! now. The scheduler's driver opens a fence before the attempt's assignment
+//! is sent and closes it when the attempt ends or is abandoned; both go
+//! through the same queue as the batches, so a batch is checked against the
+//! fences as they stood when it is committed, and a purge of superseded
+//! attempts always comes after every batch of theirs that was accepted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use benchfleet_core::Summary;
+use tokio::sync::oneshot;
+
+use crate::model::{AttemptKey, AttemptStats, RunId};
+use crate::sched::Fence;
+use crate::store::{RecordCommit, Store, StoreError};
+
+/// Most queued items taken into one commit.
+const MAX_COMMIT: usize = 512;
+
+/// Why a batch was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The attempt may not send records (any more): permanent.
+    #[error("{0}")]
+    Stale(String),
+    #[error("storing the records failed: {0}")]
+    Store(#[from] StoreError),
+    #[error("the controller is shutting down")]
+    ShuttingDown,
+}
+
+/// One batch of one attempt, encoded.
+pub struct Batch {
+    pub fence: Fence,
+    pub number: u64,
+    /// The records, in the store's encoding (`store::codec`).
+    pub encoded: Vec<u8>,
+    pub records: u64,
+    /// Requests loadgen had sent when it made the batch.
+    pub sent: u64,
+    pub summary: Option<Summary>,
+}
+
+enum Item {
+    Batch(Box<Batch>, oneshot::Sender<Result<bool, IngestError>>),
+    Open(Fence),
+    Close(AttemptKey),
+    Purge(AttemptKey),
+    Stop,
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    pub records: AtomicU64,
+    pub batches: AtomicU64,
+    pub refused: AtomicU64,
+    pub commits: AtomicU64,
+    /// Sum of commit (write and flush) times, in microseconds.
+    pub commit_us: AtomicU64,
+}
+
+/// The committer's handle.
+#[derive(Clone)]
+pub struct Ingest {
+    tx: mpsc::Sender<Item>,
+    pub stats: Arc<IngestStats>,
+}
+
+impl Ingest {
+    /// Starts the committer thread; `on_summary` is called (on that thread)
+    /// for every stored summary, before its batch is acknowledged.
+    pub fn start(
+        store: Arc<dyn Store>,
+        on_summary: impl Fn(AttemptKey) + Send + 'static,
+    ) -> (Ingest, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(IngestStats::default());
+        let committer = Committer { store, fences: HashMap::new(), counts: HashMap::new(), stats: stats.clone() };
+        let thread = std::thread::Builder::new()
+            .name("ingest".to_owned())
+            .spawn(move || committer.run(&rx, &on_summary))
+            .expect("a thread can be spawned");
+        (Ingest { tx, stats }, thread)
+    }
+
+    /// Queues a batch; the answer comes once it is durable (`Ok(true)` when
+    /// it carried the summary), or refused.
+    pub fn submit(&self, batch: Batch) -> oneshot::Receiver<Result<bool, IngestError>> {
+        let (reply, rx) = oneshot::channel();
+        if let Err(mpsc::SendError(Item::Batch(_, reply))) = self.tx.send(Item::Batch(Box::new(batch), reply)) {
+            let _ = reply.send(Err(IngestError::ShuttingDown));
+        }
+        rx
+    }
+
+    pub fn open(&self, fence: Fence) {
+        let _ = self.tx.send(Item::Open(fence));
+    }
+
+    pub fn close(&self, key: AttemptKey) {
+        let _ = self.tx.send(Item::Close(key));
+    }
+
+    pub fn purge(&self, key: AttemptKey) {
+        let _ = self.tx.send(Item::Purge(key));
+    }
+
+    /// Commits what is queued, then ends the thread.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Item::Stop);
+    }
+}
+
+struct Committer {
+    store: Arc<dyn Store>,
+    /// The attempt of each job that may send records now.
+    fences: HashMap<(RunId, u64), Fence>,
+    /// Counts of attempts with open fences, as last stored.
+    counts: HashMap<AttemptKey, AttemptStats>,
+    stats: Arc<IngestStats>,
+}
+
+/// What one commit holds besides the store writes: who to answer.
+#[derive(Default)]
+struct Pending {
+    commit: RecordCommit,
+    replies: Vec<(oneshot::Sender<Result<bool, IngestError>>, bool)>,
+    /// Batches in this commit, so a batch sent twice within one counts once.
+    seen: HashSet<(AttemptKey, u64)>,
+    summaries: Vec<AttemptKey>,
+    records: u64,
+}
+
+impl Committer {
+    fn run(mut self, rx: &mpsc::Receiver<Item>, on_summary: &dyn Fn(AttemptKey)) {
+        loop {
+            let Ok(first) = rx.recv() else { return };
+            let mut pending = Pending::default();
+            let mut stop = false;
+            let mut next = Some(first);
+            let mut taken = 0;
+            while let Some(item) = next.take() {
+                taken += 1;
+                match item {
+                    Item::Stop => stop = true,
+                    Item::Open(fence) => {
+                        self.fences.insert((fence.key.run, fence.key.job), fence);
+                    }
+                    Item::Close(key) => {
+                        if self.fences.get(&(key.run, key.job)).is_some_and(|f| f.key == key) {
+                            self.fences.remove(&(key.run, key.job));
+                        }
+                        self.counts.remove(&key);
+                    }
+                    Item::Purge(key) => {
+                        // Earlier batches of this commit must be written
+                        // before the purge looks for what to remove.
+                        if !pending.commit.batches.is_empty() {
+                            self.commit(std::mem::take(&mut pending), on_summary);
+                        }
+                        pending.commit.purges.push(key);
+                    }
+                    Item::Batch(batch, reply) => match self.accept(&batch, &mut pending) {
+                        Ok(()) => pending.replies.push((reply, batch.summary.is_some())),
+                        Err(e) => {
+                            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                            let _ = reply.send(Err(e));
+                        }
+                    },
+                }
+                if taken < MAX_COMMIT && !stop {
+                    next = rx.try_recv().ok();
+                }
+            }
+            self.commit(pending, on_summary);
+            if stop {
+                return;
+            }
+        }
+    }
+
+    /// Adds a batch to the commit if its attempt's fence is open.
+    fn accept(&mut self, batch: &Batch, pending: &mut Pending) -> Result<(), IngestError> {
+        let key = batch.fence.key;
+        match self.fences.get(&(key.run, key.job)) {
+            Some(f) if *f == batch.fence => {}
+            current => {
+                let now = match current {
+                    Some(f) => format!("the job's current attempt is {} (epoch {})", f.key.attempt, f.epoch),
+                    None => "no attempt of the job is running".to_owned(),
+                };
+                return Err(IngestError::Stale(format!(
+                    "{key} (epoch {}) may not send records: it ended or was abandoned, and {now}",
+                    batch.fence.epoch
+                )));
+            }
+        }
+        let stats = match self.counts.get(&key) {
+            Some(s) => *s,
+            None => self.store.stats(&key)?.unwrap_or_default(),
+        };
+        let mut stats = stats;
+        let new =
+            !pending.seen.contains(&(key, batch.number)) && self.store.stored_batch(&key, batch.number)?.is_none();
+        if new {
+            stats.records += batch.records;
+            pending.records += batch.records;
+        }
+        pending.seen.insert((key, batch.number));
+        stats.sent = stats.sent.max(batch.sent);
+        self.counts.insert(key, stats);
+        pending.commit.batches.push((key, batch.number, batch.encoded.clone()));
+        pending.commit.stats.retain(|(k, _)| *k != key);
+        pending.commit.stats.push((key, stats));
+        if let Some(summary) = &batch.summary {
+            pending.commit.summaries.push((key, summary.clone()));
+            pending.summaries.push(key);
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, pending: Pending, on_summary: &dyn Fn(AttemptKey)) {
+        let Pending { commit, replies, summaries, records, .. } = pending;
+        if commit.is_empty() && replies.is_empty() {
+            return;
+        }
+        let began = Instant::now();
+        let result = self.store.commit_records(&commit);
+        let took = began.elapsed();
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.stats.commit_us.fetch_add(took.as_micros().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+        if took > Duration::from_secs(1) {
+            tracing::warn!(batches = commit.batches.len(), "a record commit took {took:?}");
+        }
+        match result {
+            Ok(()) => {
+                self.stats.records.fetch_add(records, Ordering::Relaxed);
+                self.stats.batches.fetch_add(commit.batches.len() as u64, Ordering::Relaxed);
+                for key in summaries {
+                    on_summary(key);
+                }
+                for (reply, summary) in replies {
+                    let _ = reply.send(Ok(summary));
+                }
+            }
+            Err(e) => {
+                tracing::error!("storing records failed: {e}");
+                // What this commit counted was not stored: read it again.
+                self.counts.clear();
+                let text = e.to_string();
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(IngestError::Store(StoreError::Invalid(text.clone()))));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! From a submitted matrix to stored groups and jobs, and from a run whose
+//! jobs all ended to its next greedy stage: the parts of scheduling that
+//! read the matrix. Both run on the driver's side, outside the scheduler.
+
+use std::collections::BTreeMap;
+
+use crate::greedy::{self, Plan};
+use crate::matrix::{self, Matrix, Strategy};
+use crate::model::{EngineConfig, Group, Job, Profile, Run, RunId, RunState, RuntimeKind};
+use crate::store::{Store, StoreError, is_sha256};
+
+/// A submission as the operator sends it: the matrix, and the SHA-256 of
+/// every file it names (uploaded before).
+#[derive(Clone, Debug, Default)]
+pub struct Submission {
+    pub matrix_name: String,
+    pub matrix_yaml: String,
+    pub files: BTreeMap<String, String>,
+    pub runtime_override: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// What the operator must fix.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A validated run, with the groups and jobs of its first stage.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub run: Run,
+    pub groups: Vec<Group>,
+    pub jobs: Vec<Job>,
+}
+
+/// Largest matrix file accepted.
+pub const MAX_MATRIX_BYTES: usize = 1 << 20;
+
+/// Validates a submission and builds its run; nothing is stored. Every file
+/// the matrix names must have been uploaded.
+pub fn prepare(
+    store: &dyn Store,
+    sub: &Submission,
+    id: impl FnOnce() -> Result<RunId, StoreError>,
+) -> Result<Prepared, SubmitError> {
+    if sub.matrix_yaml.len() > MAX_MATRIX_BYTES {
+        return Err(SubmitError::Invalid(format!(
+            "{}: the matrix is {} bytes; at most {MAX_MATRIX_BYTES} are accepted",
+            sub.matrix_name,
+            sub.matrix_yaml.len()
+        )));
+    }
+    for (path, sha) in &sub.files {
+        if !is_sha256(sha) {
+            return Err(SubmitError::Invalid(format!("file {path}: '{sha}' is not a SHA-256")));
+        }
+        if !store.has_file(sha)? {
+            return Err(SubmitError::Invalid(format!(
+                "file {path} (SHA-256 {sha}) was not uploaded; upload it first (the CLI does)"
+            )));
+        }
+    }
+    let matrix = matrix::parse(&sub.matrix_name, &sub.matrix_yaml, &|path| sub.files.get(path).cloned())
+        .map_err(|e| SubmitError::Invalid(e.to_string()))?;
+    let runtime_override = match sub.runtime_override.as_str() {
+        "" => None,
+        "process" => Some(RuntimeKind::Process),
+        "docker" => Some(RuntimeKind::Docker),
+        other => {
+            return Err(SubmitError::Invalid(format!("unknown runtime override '{other}'; expected process or docker")));
+        }
+    };
+    let (configs, profiles, stage) = match matrix.strategy {
+        Strategy::Grid => (matrix.configs.clone(), matrix.profiles.clone(), 1),
+        // Later stages are planned when this one ends.
+        Strategy::Greedy => match greedy::plan(&matrix, &greedy::Results::default()).plan {
+            Plan::Next(s) => (s.configs, s.profiles, s.number),
+            Plan::Done(o) => return Err(SubmitError::Invalid(o.reason)),
+        },
+    };
+    let run = Run {
+        id: id()?,
+        name: matrix.name.clone(),
+        matrix_file: sub.matrix_name.clone(),
+        matrix_yaml: sub.matrix_yaml.clone(),
+        created_unix_ms: unix_ms(),
+        state: RunState::Running,
+        ended_unix_ms: None,
+        note: None,
+        files: sub.files.clone(),
+        runtime_override,
+    };
+    let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
+    Ok(Prepared { run, groups, jobs })
+}
+
+/// What follows a run whose jobs all ended.
+#[derive(Debug)]
+pub enum Next {
+    /// The greedy planner's next stage, stored.
+    Stage { groups: Vec<Group>, jobs: Vec<Job> },
+    /// Nothing: the run is finished.
+    Finished,
+}
+
+/// Plans what follows a run whose jobs all ended, from the store alone (so
+/// a restarted controller goes on where the last one stopped), and stores
+/// the next stage if there is one.
+pub fn next(store: &dyn Store, run_id: RunId) -> Result<Next, StoreError> {
+    let Some(run) = store.run(run_id)? else { return Ok(Next::Finished) };
+    let matrix = matrix::parse(&run.matrix_file, &run.matrix_yaml, &|path| {
+        Some(run.files.get(path).cloned().unwrap_or_default())
+    })
+    .map_err(|e| StoreError::Invalid(format!("the stored matrix of run {run_id} no longer parses: {e}")))?;
+    if matrix.strategy != Strategy::Greedy {
+        return Ok(Next::Finished);
+    }
+    let groups = store.groups(run_id)?;
+    let jobs = store.jobs(run_id)?;
+    let results = greedy::Results::of(&groups, &jobs, &matrix.primary_profile);
+    match greedy::plan(&matrix, &results).plan {
+        Plan::Next(stage) => {
+            // Ids continue after the run's existing ones.
+            let first_group = groups.iter().map(|g| g.id + 1).max().unwrap_or(0);
+            let first_job = jobs.iter().map(|j| j.id + 1).max().unwrap_or(0);
+            let (groups, jobs) =
+                expand(&run, &matrix, &stage.configs, &stage.profiles, stage.number, (first_group, first_job));
+            store.add_groups(run_id, &groups, &jobs)?;
+            tracing::info!(run = %run_id, stage = stage.number, groups = groups.len(), jobs = jobs.len(), "greedy stage scheduled");
+            Ok(Next::Stage { groups, jobs })
+        }
+        Plan::Done(outcome) => {
+            tracing::info!(run = %run_id, winner = ?outcome.winner, "greedy procedure done: {}", outcome.reason);
+            Ok(Next::Finished)
+        }
+    }
+}
+
+/// The groups and jobs of configurations on profiles: one group per
+/// configuration, one job per profile and repeat; ids start at `first`
+/// (group, job).
+pub fn expand(
+    run: &Run,
+    matrix: &Matrix,
+    configs: &[EngineConfig],
+    profiles: &[Profile],
+    stage: u32,
+    first: (u64, u64),
+) -> (Vec<Group>, Vec<Job>) {
+    let (mut groups, mut jobs) = (Vec::new(), Vec::new());
+    for (n, config) in configs.iter().enumerate() {
+        let mut config = config.clone();
+        if let Some(r) = run.runtime_override {
+            config.runtime = r;
+        }
+        let mut group = Group {
+            run: run.id,
+            id: first.0 + n as u64,
+            config,
+            gpu: matrix.gpu.clone(),
+            gpus_per_job: matrix.gpus_per_job,
+            jobs: Vec::new(),
+            stage,
+            placement: None,
+            failed_on: Vec::new(),
+        };
+        for profile in profiles {
+            for repeat in 1..=matrix.repeats {
+                let id = first.1 + jobs.len() as u64;
+                group.jobs.push(id);
+                jobs.push(Job::new(run.id, id, group.id, profile.clone(), repeat));
+            }
+        }
+        groups.push(group);
+    }
+    (groups, jobs)
+}
+
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,568 @@
+//! The controller's gRPC face: the agent, ingest and operator services over
+//! the driver, plus gRPC health and reflection, and `serve`, which runs them
+//! until the shutdown signal and then stops in bounded time. Wire types are
+//! converted in `convert`; nothing here decides anything about scheduling.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use benchfleet_core::RequestRecord;
+use benchfleet_proto as pb;
+use futures_util::Stream;
+use tokio::io::AsyncReadExt as _;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use crate::convert;
+use crate::driver::{self, Controller, Event, Outbound, SessionHandle, Stopped};
+use crate::ingest::{Batch, IngestError};
+use crate::model::{AgentId, Note, RunId};
+use crate::plan::{self, SubmitError};
+use crate::report;
+use crate::store::{StoreError, codec};
+
+/// Most bytes of one message: matrices are at most 1 MiB, files travel in
+/// 1 MiB chunks, record batches are cut at 1 MiB by loadgen.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Record batches: 256 records of a few thousand chunks each can pass the
+/// above before loadgen's size cut.
+pub const MAX_BATCH_BYTES: usize = 16 << 20;
+/// The size of a file chunk.
+pub const FILE_CHUNK_BYTES: usize = 1 << 20;
+/// Largest file accepted.
+pub const MAX_FILE_BYTES: u64 = 64 << 30;
+
+type ServerStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+impl From<StoreError> for Status {
+    fn from(e: StoreError) -> Status {
+        match e {
+            StoreError::NotFound(what) => Status::not_found(format!("{what} not found")),
+            StoreError::Invalid(what) => Status::invalid_argument(what),
+            other => Status::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<Stopped> for Status {
+    fn from(_: Stopped) -> Status {
+        Status::unavailable("the controller is shutting down")
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Status> + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("task failed: {e}")))?
+}
+
+/// The gRPC face of a controller.
+#[derive(Clone, Debug)]
+pub struct Services(pub Arc<Controller>);
+
+#[tonic::async_trait]
+impl pb::agent_service_server::AgentService for Services {
+    type SessionStream = ServerStream<pb::ControllerMessage>;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let peer = req.remote_addr().map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
+        let mut inbound = req.into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(10), inbound.next()).await;
+        let hello = match first {
+            Ok(Some(Ok(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(h)) }))) => h,
+            Err(_) => return Err(Status::deadline_exceeded("no hello within 10 s")),
+            _ => return Err(Status::invalid_argument("a session starts with hello")),
+        };
+        let name = hello.name.clone();
+        let hello = convert::hello(hello, peer.clone())?;
+        let (tx, rx) = mpsc::channel(256);
+        let closed = self.0.shutdown.child_token();
+        let handle = SessionHandle { tx, closed: closed.clone() };
+        let welcome = self.0.hello(hello, handle).await?.map_err(|refused| {
+            warn!(%name, %peer, "session refused: {refused}");
+            Status::already_exists(refused.0)
+        })?;
+        let (agent, session) = (welcome.agent, welcome.epoch);
+        info!(%agent, %name, %peer, epoch = session, kept = welcome.keep.len(), "agent session started");
+        let controller = self.0.clone();
+        let ended = closed.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    () = ended.cancelled() => break,
+                    next = inbound.next() => next,
+                };
+                let msg = match next {
+                    None => break,
+                    Some(Err(e)) => {
+                        debug!(%agent, "session stream error: {e}");
+                        break;
+                    }
+                    Some(Ok(m)) => m,
+                };
+                if let Err(e) = on_agent_message(&controller, agent, session, msg) {
+                    warn!(%agent, "bad message from the agent: {}", e.message());
+                }
+            }
+            info!(%agent, epoch = session, "agent session ended");
+            controller.event(Event::SessionClosed { agent, session });
+        });
+        let url = self.0.config.advertise_url.clone();
+        // The stream ends when the driver drops its sender or ends the
+        // session (a lost lease, a newer session, shutdown).
+        let out = ReceiverStream::new(rx).map(move |o: Outbound| Ok(convert::outbound(&o, &url)));
+        let out = futures_util::StreamExt::take_until(out, async move { closed.cancelled().await });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    type FetchFileStream = ServerStream<pb::FileChunk>;
+
+    async fn fetch_file(&self, req: Request<pb::FetchFileRequest>) -> Result<Response<Self::FetchFileStream>, Status> {
+        let sha = req.into_inner().sha256;
+        let store = self.0.store().clone();
+        let wanted = sha.clone();
+        let (file, size) = blocking(move || Ok(store.open_file(&wanted)?))
+            .await?
+            .ok_or_else(|| Status::not_found(format!("no file with SHA-256 {sha} is stored")))?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut file = tokio::fs::File::from_std(file);
+            let mut first = true;
+            loop {
+                let mut data = vec![0; FILE_CHUNK_BYTES];
+                let n = match file.read(&mut data).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(format!("reading the file failed: {e}")))).await;
+                        return;
+                    }
+                };
+                if n == 0 && !first {
+                    return;
+                }
+                data.truncate(n);
+                let chunk = pb::FileChunk {
+                    sha256: if first { sha.clone() } else { String::new() },
+                    size: if first { size } else { 0 },
+                    name: String::new(),
+                    data,
+                };
+                first = false;
+                if tx.send(Ok(chunk)).await.is_err() || n == 0 {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Turns one session message into a driver event. Identity comes from the
+/// session, never from the message.
+fn on_agent_message(c: &Controller, agent: AgentId, session: u64, msg: pb::AgentMessage) -> Result<(), Status> {
+    use pb::agent_message::Msg;
+    let event = match msg.msg {
+        Some(Msg::Heartbeat(h)) => Event::Heartbeat { agent, session, seq: h.seq },
+        Some(Msg::JobUpdate(u)) => Event::JobUpdate { agent, session, update: Box::new(convert::update(u)?) },
+        Some(Msg::GroupDone(d)) => {
+            Event::GroupDone { agent, session, run: convert::run_id(&d.run_id)?, group: d.group, epoch: d.epoch }
+        }
+        Some(Msg::GpuReport(r)) => {
+            Event::GpuReport { agent, session, gpus: r.gpus.iter().map(convert::gpu_state).collect() }
+        }
+        Some(Msg::Leaving(_)) => Event::Leaving { agent, session },
+        Some(Msg::Hello(_)) => return Err(Status::invalid_argument("hello in the middle of a session")),
+        None => return Ok(()),
+    };
+    c.event(event);
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl pb::ingest_service_server::IngestService for Services {
+    type RecordsStream = ServerStream<pb::RecordAck>;
+
+    async fn records(&self, req: Request<Streaming<pb::RecordBatch>>) -> Result<Response<Self::RecordsStream>, Status> {
+        let mut inbound = req.into_inner();
+        let controller = self.0.clone();
+        let (tx, rx) = mpsc::channel(16);
+        // Batches go to the committer as they come; acks go back in order
+        // as their commits land.
+        let (pending_tx, mut pending_rx) =
+            mpsc::channel::<(u64, tokio::sync::oneshot::Receiver<Result<bool, IngestError>>)>(32);
+        let acks = tx.clone();
+        tokio::spawn(async move {
+            while let Some((batch, reply)) = pending_rx.recv().await {
+                let ack = match reply.await {
+                    Ok(Ok(summary_stored)) => Ok(pb::RecordAck { batch, summary_stored }),
+                    Ok(Err(IngestError::Stale(why))) => Err(Status::failed_precondition(why)),
+                    Ok(Err(IngestError::ShuttingDown)) | Err(_) => {
+                        Err(Status::unavailable("the controller is shutting down"))
+                    }
+                    Ok(Err(e)) => Err(Status::internal(e.to_string())),
+                };
+                let failed = ack.is_err();
+                if acks.send(ack).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let stop = self.0.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    () = stop.cancelled() => return,
+                    next = inbound.next() => next,
+                };
+                let batch = match next {
+                    None => return,
+                    Some(Err(e)) => {
+                        debug!("record stream error: {e}");
+                        return;
+                    }
+                    Some(Ok(b)) => b,
+                };
+                let number = batch.batch;
+                let reply = match to_batch(batch) {
+                    Ok(b) => controller.ingest.submit(b),
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                if pending_tx.send((number, reply)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn to_batch(b: pb::RecordBatch) -> Result<Batch, Status> {
+    let fence =
+        convert::fence(b.attempt.as_ref().ok_or_else(|| Status::invalid_argument("record batch without an attempt"))?)?;
+    let records = b
+        .records
+        .into_iter()
+        .map(RequestRecord::try_from)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(Batch {
+        fence,
+        number: b.batch,
+        encoded: codec::encode_batch(&records),
+        records: records.len() as u64,
+        sent: b.sent,
+        summary: b.summary.map(Into::into),
+    })
+}
+
+fn note(by: String, reason: String) -> Note {
+    Note { by, reason, at_unix_ms: plan::unix_ms() }
+}
+
+#[tonic::async_trait]
+impl pb::operator_service_server::OperatorService for Services {
+    async fn missing_files(
+        &self,
+        req: Request<pb::MissingFilesRequest>,
+    ) -> Result<Response<pb::MissingFilesResponse>, Status> {
+        let store = self.0.store().clone();
+        let wanted = req.into_inner().sha256;
+        let missing = blocking(move || {
+            let mut missing = Vec::new();
+            for sha in wanted {
+                if !store.has_file(&sha)? {
+                    missing.push(sha);
+                }
+            }
+            Ok(missing)
+        })
+        .await?;
+        Ok(Response::new(pb::MissingFilesResponse { sha256: missing }))
+    }
+
+    async fn upload_file(
+        &self,
+        req: Request<Streaming<pb::FileChunk>>,
+    ) -> Result<Response<pb::UploadFileResponse>, Status> {
+        let mut inbound = req.into_inner();
+        let first = inbound.next().await.ok_or_else(|| Status::invalid_argument("an upload without chunks"))??;
+        let (sha, size, name) = (first.sha256.to_ascii_lowercase(), first.size, first.name.clone());
+        if !crate::store::is_sha256(&sha) {
+            return Err(Status::invalid_argument(format!("{name}: '{sha}' is not a SHA-256")));
+        }
+        if size > MAX_FILE_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "{name} is {size} bytes; at most {MAX_FILE_BYTES} are accepted"
+            )));
+        }
+        let store = self.0.store().clone();
+        let mut writer = blocking(move || Ok(store.new_file()?)).await?;
+        let mut data = first.data;
+        loop {
+            if writer.size() + data.len() as u64 > size {
+                return Err(Status::invalid_argument(format!("{name} is longer than the {size} bytes it was sent as")));
+            }
+            let chunk = std::mem::take(&mut data);
+            writer = blocking(move || {
+                writer.write(&chunk)?;
+                Ok(writer)
+            })
+            .await?;
+            match inbound.next().await {
+                None => break,
+                Some(chunk) => data = chunk?.data,
+            }
+        }
+        let shown = sha.clone();
+        blocking(move || Ok(writer.finish(&sha, size)?))
+            .await
+            .map_err(|e| Status::new(e.code(), format!("{name}: {}", e.message())))?;
+        info!(file = %name, sha256 = %shown, size, "file stored");
+        Ok(Response::new(pb::UploadFileResponse { sha256: shown, size }))
+    }
+
+    async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::SubmitRunResponse>, Status> {
+        let submission = convert::submission(req.into_inner());
+        let store = self.0.store().clone();
+        let prepared = blocking(move || {
+            let prepared = plan::prepare(store.as_ref(), &submission, || store.next_run_id()).map_err(|e| match e {
+                SubmitError::Invalid(why) => Status::invalid_argument(why),
+                SubmitError::Store(e) => e.into(),
+            })?;
+            store.create_run(&prepared.run, &prepared.groups, &prepared.jobs)?;
+            Ok(prepared)
+        })
+        .await?;
+        let (run, jobs) = (prepared.run.id, prepared.jobs.len() as u64);
+        info!(%run, name = %prepared.run.name, jobs, "run submitted");
+        let warnings = self.0.submit(prepared).await?;
+        for w in &warnings {
+            warn!(%run, "{w}");
+        }
+        Ok(Response::new(pb::SubmitRunResponse { run_id: run.to_string(), jobs, warnings }))
+    }
+
+    async fn list_runs(&self, _: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
+        let store = self.0.store().clone();
+        let runs = blocking(move || {
+            let mut out = Vec::new();
+            for r in store.runs()? {
+                let groups = store.groups(r.id)?;
+                let stage = groups.iter().map(|g| g.stage).max().unwrap_or(1);
+                out.push(convert::run_info(&r, &store.jobs(r.id)?, stage));
+            }
+            Ok(out)
+        })
+        .await?;
+        Ok(Response::new(pb::ListRunsResponse { runs }))
+    }
+
+    async fn get_report(&self, req: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
+        let run = convert::run_id(&req.into_inner().run_id)?;
+        let store = self.0.store().clone();
+        let text = blocking(move || Ok(report::render(store.as_ref(), run)?)).await?;
+        Ok(Response::new(pb::GetReportResponse { text }))
+    }
+
+    type WatchRunStream = ServerStream<pb::RunProgress>;
+
+    async fn watch_run(&self, req: Request<pb::WatchRunRequest>) -> Result<Response<Self::WatchRunStream>, Status> {
+        let run = convert::run_id(&req.into_inner().run_id)?;
+        let controller = self.0.clone();
+        let first = progress(&controller, run).await?;
+        let mut changed = controller.subscribe();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut next = Some(first);
+            loop {
+                let Some(p) = next.take() else { return };
+                let done = p.finished;
+                if tx.send(Ok(p)).await.is_err() || done {
+                    return;
+                }
+                // At most a few updates a second, however busy the fleet.
+                tokio::select! {
+                    () = controller.shutdown.cancelled() => return,
+                    r = changed.changed() => if r.is_err() { return },
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                changed.borrow_and_update();
+                next = match progress(&controller, run).await {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn list_jobs(&self, req: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let run = convert::run_id(&req.into_inner().run_id)?;
+        let store = self.0.store().clone();
+        let jobs = blocking(move || {
+            store.run(run)?.ok_or_else(|| Status::not_found(format!("run {run} does not exist")))?;
+            let groups = store.groups(run)?;
+            let stats = store.attempt_stats(run)?;
+            Ok(store
+                .jobs(run)?
+                .iter()
+                .map(|j| convert::job_info(j, groups.iter().find(|g| g.id == j.group), &stats))
+                .collect())
+        })
+        .await?;
+        Ok(Response::new(pb::ListJobsResponse { jobs }))
+    }
+
+    async fn list_agents(&self, _: Request<pb::ListAgentsRequest>) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let mut agents: Vec<pb::AgentInfo> = self.0.agents().await?.iter().map(convert::agent_info).collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Response::new(pb::ListAgentsResponse { agents }))
+    }
+
+    async fn cancel_run(&self, req: Request<pb::CancelRunRequest>) -> Result<Response<pb::RunInfo>, Status> {
+        let req = req.into_inner();
+        let run = convert::run_id(&req.run_id)?;
+        self.0.cancel(run, note(req.by, req.reason)).await?.map_err(Status::failed_precondition)?;
+        info!(%run, "run cancelled");
+        Ok(Response::new(run_info(&self.0, run).await?))
+    }
+
+    async fn retry_run(&self, req: Request<pb::RetryRunRequest>) -> Result<Response<pb::RetryRunResponse>, Status> {
+        let run = convert::run_id(&req.into_inner().run_id)?;
+        let jobs = self.0.retry(run).await?.map_err(Status::failed_precondition)?;
+        info!(%run, jobs, "run retried");
+        Ok(Response::new(pb::RetryRunResponse { run: Some(run_info(&self.0, run).await?), jobs }))
+    }
+
+    async fn drain_agent(&self, req: Request<pb::DrainAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
+        let req = req.into_inner();
+        let id = self.0.drain(req.agent, Some(note(req.by, req.reason))).await?.map_err(Status::not_found)?;
+        info!(agent = %id, "agent drained");
+        Ok(Response::new(agent_info(&self.0, id).await?))
+    }
+
+    async fn undrain_agent(&self, req: Request<pb::UndrainAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
+        let id = self.0.drain(req.into_inner().agent, None).await?.map_err(Status::not_found)?;
+        info!(agent = %id, "agent undrained");
+        Ok(Response::new(agent_info(&self.0, id).await?))
+    }
+}
+
+async fn agent_info(c: &Controller, id: AgentId) -> Result<pb::AgentInfo, Status> {
+    c.query(move |s, now| s.agent_view(id, now))
+        .await?
+        .map(|v| convert::agent_info(&v))
+        .ok_or_else(|| Status::not_found(format!("{id} not found")))
+}
+
+async fn run_info(c: &Controller, run: RunId) -> Result<pb::RunInfo, Status> {
+    Ok(progress(c, run).await?.run.unwrap_or_default())
+}
+
+/// A run's progress: from the scheduler while it holds the run, else from
+/// the store.
+async fn progress(c: &Controller, run: RunId) -> Result<pb::RunProgress, Status> {
+    let live = c
+        .query(move |s, now| {
+            let p = driver::progress(s, run, now)?;
+            let (r, jobs, _) = s.run_jobs(run)?;
+            Some(convert::progress(convert::run_info(&r, jobs, p.stage), &p))
+        })
+        .await?;
+    if let Some(p) = live {
+        return Ok(p);
+    }
+    let store = c.store().clone();
+    blocking(move || {
+        let r = store.run(run)?.ok_or_else(|| Status::not_found(format!("run {run} does not exist")))?;
+        let jobs = store.jobs(run)?;
+        let stage = store.groups(run)?.iter().map(|g| g.stage).max().unwrap_or(1);
+        let mut p = driver::Progress { stage, ..Default::default() };
+        for state in crate::model::JobState::ALL {
+            let n = jobs.iter().filter(|j| j.state == state).count() as u64;
+            if n > 0 {
+                p.by_state.push((state, n));
+            }
+        }
+        Ok(convert::progress(convert::run_info(&r, &jobs, stage), &p))
+    })
+    .await
+}
+
+/// Serves the controller's gRPC services on `listener` until `shutdown`,
+/// then stops them in bounded time: every session, watch and record stream
+/// is ended (agents and loadgen reconnect to the next controller), and what
+/// is queued is written.
+pub async fn serve(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let services = Services(controller.clone());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<pb::agent_service_server::AgentServiceServer<Services>>().await;
+    health.set_serving::<pb::ingest_service_server::IngestServiceServer<Services>>().await;
+    health.set_serving::<pb::operator_service_server::OperatorServiceServer<Services>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1();
+    let stopping = controller.shutdown.clone();
+    let signalled = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = stopping.cancelled() => {}
+        }
+    };
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let stopper = controller.clone();
+    let graceful = async move {
+        signalled.await;
+        info!("controller stopping");
+        stopper.stop().await;
+        let _ = done_tx.send(());
+    };
+    let mut router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(health_service)
+        .add_service(
+            pb::agent_service_server::AgentServiceServer::new(services.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            pb::ingest_service_server::IngestServiceServer::new(services.clone())
+                .max_decoding_message_size(MAX_BATCH_BYTES),
+        )
+        .add_service(
+            pb::operator_service_server::OperatorServiceServer::new(services)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        );
+    if let Ok(reflection) = reflection {
+        router = router.add_service(reflection);
+    }
+    let serving =
+        router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), graceful);
+    tokio::pin!(serving);
+    tokio::select! {
+        r = &mut serving => r,
+        // Streams that outlive the stop (a client that never reads) get a
+        // few seconds after the controller itself has stopped.
+        () = async { let _ = done_rx.await; tokio::time::sleep(Duration::from_secs(5)).await } => {
+            warn!("some connections did not close within 5 s of stopping; closing them");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The sled store against a real sled on disk: order, reopening, record
+//! batches stored once, purges, files, and the migration from schema 1.
+
+use super::*;
+use crate::model::{Arrival, Dataset, Endpoint, Profile, RunState};
+use benchfleet_core::{Chunk, Outcome};
+
+fn job(run: RunId, id: u64) -> Job {
+    let profile = Profile {
+        name: "p".to_owned(),
+        dataset: Dataset::Random { input_tokens: 8, output_tokens: 4, seed: 1 },
+        rate: Some(1.0),
+        arrival: Arrival::Constant,
+        requests: 1,
+        max_concurrency: None,
+        endpoint: Endpoint::Completions,
+        seed: 0,
+    };
+    Job::new(run, id, 0, profile, 1)
+}
+
+fn run(id: RunId) -> Run {
+    Run {
+        id,
+        name: "n".to_owned(),
+        matrix_file: "m.yaml".to_owned(),
+        matrix_yaml: String::new(),
+        created_unix_ms: 0,
+        state: RunState::Running,
+        ended_unix_ms: None,
+        note: None,
+        files: Default::default(),
+        runtime_override: None,
+    }
+}
+
+fn record(seq: u64) -> RequestRecord {
+    RequestRecord {
+        seq,
+        scheduled_ns: 0,
+        sent_ns: 1,
+        slot_ns: None,
+        connect_ns: None,
+        first_token_ns: Some(2),
+        completed_ns: 3,
+        chunks: [Chunk { at_ns: 2, tokens: 1 }, Chunk { at_ns: 3, tokens: 3 }].into_iter().collect(),
+        prompt_tokens: 8,
+        output_tokens: 4,
+        outcome: Outcome::Ok,
+        http_status: Some(200),
+        error: None,
+        phase: Default::default(),
+    }
+}
+
+fn batch(attempt: AttemptKey, n: u64, seqs: &[u64]) -> (AttemptKey, u64, Vec<u8>) {
+    let records: Vec<RequestRecord> = seqs.iter().map(|s| record(*s)).collect();
+    (attempt, n, codec::encode_batch(&records))
+}
+
+fn seqs(store: &SledStore, attempt: &AttemptKey) -> Vec<u64> {
+    store.records(attempt).map(|r| r.expect("decodes").seq).collect()
+}
+
+#[test]
+fn survives_reopen_and_keeps_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let attempt = AttemptKey { run: RunId(1), job: 2, attempt: 1 };
+    {
+        let store = SledStore::open(dir.path()).expect("open");
+        let run = run(store.next_run_id().expect("id"));
+        let jobs: Vec<Job> = (0..300).map(|i| job(run.id, i)).collect();
+        store.create_run(&run, &[], &jobs).expect("create");
+        let commit =
+            RecordCommit { batches: vec![batch(attempt, 0, &[256, 1]), batch(attempt, 1, &[2])], ..Default::default() };
+        store.commit_records(&commit).expect("records");
+        // A resent batch overwrites instead of doubling.
+        store
+            .commit_records(&RecordCommit { batches: vec![batch(attempt, 0, &[256, 1])], ..Default::default() })
+            .expect("records");
+        store.apply(&[Write::Counters(Counters { next_agent: 4, next_epoch: 9 })]).expect("counters");
+    }
+    let store = SledStore::open(dir.path()).expect("reopen");
+    let runs = store.runs().expect("runs");
+    assert_eq!(runs.len(), 1);
+    let ids: Vec<u64> = store.jobs(runs[0].id).expect("jobs").iter().map(|j| j.id).collect();
+    assert_eq!(ids, (0..300).collect::<Vec<_>>());
+    assert_eq!(seqs(&store, &attempt), [256, 1, 2], "in batch order");
+    assert_eq!(store.stored_batch(&attempt, 0).expect("read"), Some(2));
+    assert_eq!(store.stored_batch(&attempt, 7).expect("read"), None);
+    assert_eq!(store.counters().expect("counters"), Counters { next_agent: 4, next_epoch: 9 });
+    // Run ids count up by one, across reopening too.
+    assert_eq!(runs[0].id, RunId(1));
+    assert_eq!(store.next_run_id().expect("id"), RunId(2));
+}
+
+#[test]
+fn a_purge_removes_earlier_attempts_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let a = |job, attempt| AttemptKey { run: RunId(1), job, attempt };
+    let stats = AttemptStats { records: 1, sent: 1, removed: false };
+    store
+        .commit_records(&RecordCommit {
+            batches: vec![batch(a(0, 1), 0, &[0]), batch(a(0, 2), 0, &[0]), batch(a(1, 1), 0, &[0])],
+            summaries: vec![(a(0, 1), Summary::default())],
+            stats: vec![(a(0, 1), stats), (a(0, 2), stats)],
+            purges: Vec::new(),
+        })
+        .expect("commit");
+    store.commit_records(&RecordCommit { purges: vec![a(0, 3)], ..Default::default() }).expect("purge");
+    assert!(seqs(&store, &a(0, 1)).is_empty());
+    assert!(seqs(&store, &a(0, 2)).is_empty());
+    assert_eq!(seqs(&store, &a(1, 1)), [0], "another job's records stay");
+    assert_eq!(store.summary(&a(0, 1)).expect("read"), None);
+    let kept = store.attempt_stats(RunId(1)).expect("stats");
+    assert_eq!(kept[&a(0, 1)], AttemptStats { removed: true, ..stats }, "the counts stay, marked removed");
+}
+
+#[test]
+fn files_are_stored_under_their_hash_once_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let content = b"[{\"id\": 1}]";
+    let sha = hex(&sha2::Sha256::digest(content));
+    let mut w = store.new_file().expect("new");
+    w.write(&content[..4]).expect("write");
+    w.write(&content[4..]).expect("write");
+    let wrong = w.finish(&"0".repeat(64), content.len() as u64).expect_err("a wrong hash is refused");
+    assert!(wrong.to_string().contains(&sha), "{wrong}");
+    assert!(!store.has_file(&sha).expect("has"), "nothing stored from a refused upload");
+    let mut w = store.new_file().expect("new");
+    w.write(content).expect("write");
+    w.finish(&sha, content.len() as u64).expect("stored");
+    assert!(store.has_file(&sha).expect("has"));
+    let (mut f, size) = store.open_file(&sha).expect("open").expect("present");
+    let mut back = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut back).expect("read");
+    assert_eq!((back.as_slice(), size), (&content[..], content.len() as u64));
+    assert!(store.open_file("../../etc/passwd").expect("no error").is_none(), "only hashes name files");
+    let leftovers = std::fs::read_dir(dir.path().join("files")).expect("dir").count();
+    assert_eq!(leftovers, 1, "no temporary files left");
+}
+
+#[test]
+fn a_second_open_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _first = SledStore::open(dir.path()).expect("open");
+    let err = SledStore::open(dir.path()).err().expect("second open must fail");
+    assert!(err.to_string().contains("in use by another process"), "{err}");
+}
+
+#[test]
+fn a_schema_1_store_is_migrated_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let content = b"[]".to_vec();
+    let sha = hex(&sha2::Sha256::digest(&content));
+    {
+        let db = sled::open(dir.path()).expect("sled");
+        db.insert("schema_version", &1u32.to_be_bytes()).expect("version");
+        let runs = db.open_tree("runs").expect("tree");
+        let mut r = serde_json::to_value(run(RunId(1))).expect("json");
+        let obj = r.as_object_mut().expect("object");
+        obj.remove("state");
+        obj.insert("finished".into(), true.into());
+        runs.insert(key(&[1]), serde_json::to_vec(&r).expect("json")).expect("run");
+        let jobs = db.open_tree("jobs").expect("tree");
+        let mut j = serde_json::to_value(job(RunId(1), 0)).expect("json");
+        let obj = j.as_object_mut().expect("object");
+        obj.insert("attempt".into(), 2.into());
+        obj.insert("agent".into(), "agent-3".into());
+        obj.insert("state".into(), "succeeded".into());
+        obj.insert(
+            "summary".into(),
+            serde_json::to_value(Summary { successful: 7, ..Summary::default() }).expect("json"),
+        );
+        jobs.insert(key(&[1, 0]), serde_json::to_vec(&j).expect("json")).expect("job");
+        let records = db.open_tree("records").expect("tree");
+        for seq in [0u64, 1, 300] {
+            records.insert(key(&[1, 0, 2, seq]), serde_json::to_vec(&record(seq)).expect("json")).expect("record");
+        }
+        db.open_tree("files").expect("tree").insert(sha.as_bytes(), content.clone()).expect("file");
+        db.flush().expect("flush");
+    }
+    let store = SledStore::open(dir.path()).expect("migrated");
+    assert_eq!(store.run(RunId(1)).expect("read").expect("run").state, RunState::Finished);
+    let job = store.job(RunId(1), 0).expect("read").expect("job");
+    assert_eq!(job.agent, Some(crate::model::AgentId(3)));
+    assert_eq!(job.summary.map(|s| s.successful), Some(7));
+    let attempt = AttemptKey { run: RunId(1), job: 0, attempt: 2 };
+    assert_eq!(seqs(&store, &attempt), [0, 1, 300]);
+    assert_eq!(store.records(&attempt).next().expect("one").expect("decodes"), record(0));
+    assert_eq!(store.stats(&attempt).expect("read").map(|s| s.records), Some(3));
+    assert!(store.has_file(&sha).expect("has"));
+    drop(store);
+    // Opening again finds nothing left to migrate.
+    let store = SledStore::open(dir.path()).expect("reopen");
+    assert_eq!(seqs(&store, &attempt), [0, 1, 300]);
+}
