@@ -70,7 +70,9 @@ pub fn prepare(
         "process" => Some(RuntimeKind::Process),
         "docker" => Some(RuntimeKind::Docker),
         other => {
-            return Err(SubmitError::Invalid(format!("unknown runtime override '{other}'; expected process or docker")));
+            return Err(SubmitError::Invalid(format!(
+                "unknown runtime override '{other}'; expected process or docker"
+            )));
         }
     };
     let (configs, profiles, stage) = match matrix.strategy {

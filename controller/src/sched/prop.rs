@@ -28,6 +28,9 @@ enum Action {
     Cancel(u64),
     Drain(usize, bool),
     RestartController,
+    /// The agent sends news of an attempt it held once (a message delayed
+    /// in the network, or an agent that missed being told to stop).
+    Stale(usize, prop::sample::Index),
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -42,6 +45,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (1u64..5).prop_map(Action::Cancel),
         1 => (0..AGENTS, any::<bool>()).prop_map(|(a, d)| Action::Drain(a, d)),
         1 => Just(Action::RestartController),
+        2 => (0..AGENTS, any::<prop::sample::Index>()).prop_map(|(a, i)| Action::Stale(a, i)),
     ]
 }
 
@@ -54,6 +58,8 @@ struct SimAgent {
     welcome: Option<Welcome>,
     /// Groups it runs, with the index of the next job to run.
     held: Vec<(Assignment, usize)>,
+    /// Every attempt it was ever given.
+    history: Vec<Fence>,
 }
 
 struct Sim {
@@ -64,6 +70,8 @@ struct Sim {
     next_run: u64,
     /// Final states seen in the store, which must never change.
     terminal: BTreeMap<(RunId, u64), JobState>,
+    /// How each ended attempt ended, which must never change either.
+    ended: BTreeMap<AttemptKey, AttemptOutcome>,
     last_epoch: u64,
 }
 
@@ -75,6 +83,7 @@ impl Sim {
             delivered: 0,
             next_run: 1,
             terminal: BTreeMap::new(),
+            ended: BTreeMap::new(),
             last_epoch: 0,
         }
     }
@@ -96,7 +105,10 @@ impl Sim {
                 continue;
             };
             match msg {
-                ToAgent::Assign(a) => self.agents[i].held.push((*a, 0)),
+                ToAgent::Assign(a) => {
+                    self.agents[i].history.extend(a.jobs.iter().map(|j| j.fence));
+                    self.agents[i].held.push((*a, 0));
+                }
                 ToAgent::Cancel { run, group, .. } => {
                     if let Some(pos) = self.agents[i].held.iter().position(|(a, _)| (a.run, a.group) == (run, group)) {
                         let (a, _) = self.agents[i].held.remove(pos);
@@ -229,6 +241,28 @@ impl Sim {
                 };
                 self.w.settle();
             }
+            Action::Stale(i, pick) => {
+                let Some(w) = self.agents[i].welcome.clone() else { return };
+                let history = &self.agents[i].history;
+                if history.is_empty() {
+                    return;
+                }
+                let fence = history[pick.index(history.len())];
+                // Its records are refused by the ingest fence, so no
+                // summary is stored for it.
+                self.w.update(&w, fence, Reported::Running);
+                self.w.update(&w, fence, Reported::Succeeded);
+                self.w.update(&w, fence, Reported::Failed(FailureKind::Config));
+                if let Some(a) = self.agents[i]
+                    .held
+                    .iter()
+                    .find(|(a, _)| a.jobs.iter().any(|j| j.fence == fence))
+                    .map(|(a, _)| a.clone())
+                {
+                    self.w.done(&w, &a);
+                    self.agents[i].held.retain(|(h, _)| (h.run, h.group) != (a.run, a.group));
+                }
+            }
             Action::RestartController => {
                 self.w.restart();
                 self.delivered = 0;
@@ -264,6 +298,17 @@ impl Sim {
             if job.state.is_terminal() {
                 let was = *self.terminal.entry(*key).or_insert(job.state);
                 assert_eq!(was, job.state, "{key:?} left its final state");
+            }
+            for a in &job.attempts {
+                let key = AttemptKey { run: job.run, job: job.id, attempt: a.number };
+                if a.outcome != AttemptOutcome::Running {
+                    let was = *self.ended.entry(key).or_insert(a.outcome);
+                    assert_eq!(was, a.outcome, "{key} changed how it ended");
+                } else {
+                    assert!(self.ended.get(&key).is_none(), "{key} ended, then ran again");
+                    assert_eq!(a.number, job.attempt, "{key} runs but is not the current attempt");
+                    assert!(job.state.is_active(), "{key} runs but its job is {:?}", job.state);
+                }
             }
             if job.state.is_active() {
                 let g = &store.groups[&(job.run, job.group)];
