@@ -166,6 +166,9 @@ struct Args {
     /// The attempt of the job, for --report-to.
     #[arg(long)]
     attempt: Option<u32>,
+    /// The lease epoch the attempt was granted under, for --report-to.
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
     /// MiB of records not yet acknowledged by the controller kept in memory,
     /// for --report-to; past it they wait in a temporary file.
     #[arg(long, default_value_t = 16)]
@@ -235,6 +238,7 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
     let sink = match (&args.report_to, &args.run_id, args.job, args.attempt) {
         (Some(url), Some(run_id), Some(job), Some(attempt)) => {
             let mut sink = SinkConfig::new(url.clone(), run_id.clone(), job, attempt);
+            sink.epoch = args.epoch;
             sink.memory_bytes = args.report_buffer_mib.saturating_mul(1 << 20);
             Some(sink)
         }

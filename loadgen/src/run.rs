@@ -246,7 +246,7 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     };
     let idle = open_connections(&target, first_wave).await?;
     let sink = match sink {
-        Some(sink) => Some(Sink::start(sink).await.map_err(LoadError::Sink)?),
+        Some(sink) => Some(Sink::start(sink, config.stop.clone()).await.map_err(LoadError::Sink)?),
         None => None,
     };
 
@@ -262,10 +262,14 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     let mut summary = summarize_with(&records, options);
     summary.client_cpu_s = cpu;
     if let Some(sink) = sink {
-        sink.finish(summary.clone()).await.map_err(|source| LoadError::Unacknowledged {
-            unacked: (records.len() as u64).saturating_sub(source.acked()),
-            total: records.len() as u64,
-            source,
+        sink.finish(summary.clone()).await.map_err(|source| match source {
+            // Not a matter of acknowledgements: the attempt is over.
+            SinkError::Refused { .. } => LoadError::Sink(source),
+            source => LoadError::Unacknowledged {
+                unacked: (records.len() as u64).saturating_sub(source.acked()),
+                total: records.len() as u64,
+                source,
+            },
         })?;
     }
     Ok(LoadResult { records, summary })
@@ -437,6 +441,9 @@ async fn dispatch(
         let (progress, sink_tx, done_tx) = (config.progress.clone(), sink_tx.clone(), done_tx.clone());
         if let Some(progress) = &progress {
             progress.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(sink) = sink {
+            sink.count_sent();
         }
         in_flight += 1;
         // Boxed: the task then holds a pointer, not the whole request state

@@ -10,6 +10,8 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use benchfleet_proto as pb;
@@ -20,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Summary;
 use crate::record::RequestRecord;
@@ -34,6 +37,8 @@ pub struct SinkConfig {
     pub run_id: String,
     pub job: u64,
     pub attempt: u32,
+    /// The lease epoch the attempt was granted under.
+    pub epoch: u64,
     /// How long the sink keeps trying to reach the controller (at the start,
     /// after a broken stream, or while acknowledgements stall) before the run
     /// fails.
@@ -56,6 +61,7 @@ impl SinkConfig {
             run_id: run_id.into(),
             job,
             attempt,
+            epoch: 0,
             retry_for: Duration::from_secs(30),
             memory_bytes: DEFAULT_MEMORY_BYTES,
             spill_dir: std::env::temp_dir(),
@@ -71,6 +77,10 @@ pub enum SinkError {
     /// `spilled` names the spill file, kept, when batches were waiting in one.
     #[error("the controller at {url} stopped acknowledging records: {reason}{}", kept(spilled.as_ref()))]
     Broken { url: String, reason: String, acked: u64, spilled: Option<PathBuf> },
+    /// The controller refused the records for good: the attempt is not (or
+    /// no longer) one it takes records for. Nothing is resent.
+    #[error("the controller at {url} refused the records: {reason}")]
+    Refused { url: String, reason: String, acked: u64 },
     /// The spill file could not be written or read back.
     #[error("cannot use the spill file {}: {reason}", path.display())]
     Spill { path: PathBuf, reason: String, acked: u64 },
@@ -85,13 +95,18 @@ impl SinkError {
     pub fn acked(&self) -> u64 {
         match self {
             SinkError::Unreachable { .. } => 0,
-            SinkError::Broken { acked, .. } | SinkError::Spill { acked, .. } => *acked,
+            SinkError::Broken { acked, .. } | SinkError::Spill { acked, .. } | SinkError::Refused { acked, .. } => {
+                *acked
+            }
         }
     }
 }
 
-/// Most records in one batch.
+/// Most records in one batch...
 const BATCH_RECORDS: usize = 256;
+/// ...and most bytes (encoded), so a batch of long replies stays well below
+/// the controller's message limit.
+const BATCH_BYTES: usize = 1 << 20;
 /// Longest a completed record waits before it is sent.
 const BATCH_EVERY: Duration = Duration::from_millis(200);
 
@@ -105,14 +120,26 @@ pub(crate) struct Sink {
     url: String,
     tx: mpsc::UnboundedSender<Message>,
     task: JoinHandle<Result<(), SinkError>>,
+    /// Requests sent so far, which each batch reports.
+    sent: Arc<AtomicU64>,
 }
 
 impl Sink {
     /// Opens the stream to the controller before the measured window, so that
     /// a wrong URL fails the run before any load is sent.
-    pub(crate) async fn start(config: SinkConfig) -> Result<Sink, SinkError> {
+    /// A refusal for good cancels `stop`: the run ends at once.
+    pub(crate) async fn start(config: SinkConfig, stop: CancellationToken) -> Result<Sink, SinkError> {
+        let sent = Arc::new(AtomicU64::new(0));
         let mut state = State {
-            attempt: pb::AttemptRef { run_id: config.run_id.clone(), job: config.job, attempt: config.attempt },
+            attempt: pb::AttemptRef {
+                run_id: config.run_id.clone(),
+                job: config.job,
+                attempt: config.attempt,
+                epoch: config.epoch,
+            },
+            sent: sent.clone(),
+            stop,
+            buffer_bytes: 0,
             config,
             memory: VecDeque::new(),
             memory_bytes: 0,
@@ -140,12 +167,17 @@ impl Sink {
             state.backoff = (state.backoff * 2).min(Duration::from_secs(5));
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        Ok(Sink { url: state.config.url.clone(), tx, task: tokio::spawn(state.run(rx)) })
+        Ok(Sink { url: state.config.url.clone(), tx, task: tokio::spawn(state.run(rx)), sent })
     }
 
     /// A handle for the request tasks.
     pub(crate) fn sender(&self) -> RecordSender {
         RecordSender(self.tx.clone())
+    }
+
+    /// Counts one request sent.
+    pub(crate) fn count_sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sends the summary and waits until the controller has stored it and
@@ -185,6 +217,11 @@ struct Conn {
 struct State {
     config: SinkConfig,
     attempt: pb::AttemptRef,
+    sent: Arc<AtomicU64>,
+    /// Cancelled when the controller refuses the records for good.
+    stop: CancellationToken,
+    /// The encoded size of `buffer`.
+    buffer_bytes: usize,
     /// Unacknowledged batches in memory, in batch order, with their encoded
     /// sizes; every one was sent on the open stream, if there is one. They
     /// all come before those in the spill file.
@@ -219,8 +256,10 @@ impl State {
             tokio::select! {
                 message = rx.recv(), if !finishing => match message {
                     Some(Message::Record(record)) => {
-                        self.buffer.push(pb::RequestRecord::from(&*record));
-                        if self.buffer.len() >= BATCH_RECORDS {
+                        let record = pb::RequestRecord::from(&*record);
+                        self.buffer_bytes += record.encoded_len();
+                        self.buffer.push(record);
+                        if self.buffer.len() >= BATCH_RECORDS || self.buffer_bytes >= BATCH_BYTES {
                             self.flush(None).await?;
                         }
                     }
@@ -235,6 +274,14 @@ impl State {
                     Some(Ok(ack)) => {
                         self.on_ack(&ack);
                         self.refill().await?;
+                    }
+                    Some(Err(status)) if refused_for_good(&status) => {
+                        self.stop.cancel();
+                        return Err(SinkError::Refused {
+                            url: self.config.url.clone(),
+                            reason: status.message().to_owned(),
+                            acked: self.acked,
+                        });
                     }
                     Some(Err(status)) => self.broke(format!("stream failed: {}", status.message())),
                     None => self.broke("stream closed by the controller".to_owned()),
@@ -267,7 +314,9 @@ impl State {
             batch: self.next_batch,
             records: std::mem::take(&mut self.buffer),
             summary,
+            sent: self.sent.load(Ordering::Relaxed),
         };
+        self.buffer_bytes = 0;
         self.next_batch += 1;
         let size = batch.encoded_len();
         // Once anything is spilled, later batches follow it into the file:
@@ -419,6 +468,21 @@ impl State {
         self.last_progress = Instant::now();
         Ok(())
     }
+}
+
+/// Whether the controller's answer means the records will never be taken:
+/// the attempt is stale or unknown, or the batch itself is bad. Anything
+/// else (unavailable, a broken connection) is worth another try.
+fn refused_for_good(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::FailedPrecondition
+            | Code::NotFound
+            | Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+    )
 }
 
 /// The next ack of the open stream; never resolves while there is none.

@@ -134,7 +134,8 @@ mod tests {
 
     fn batch(n: u64, records: u64) -> pb::RecordBatch {
         pb::RecordBatch {
-            attempt: Some(pb::AttemptRef { run_id: "run/1".into(), job: 3, attempt: 1 }),
+            attempt: Some(pb::AttemptRef { run_id: "run/1".into(), job: 3, attempt: 1, epoch: 0 }),
+            sent: 0,
             batch: n,
             records: (0..records)
                 .map(|seq| pb::RequestRecord {
@@ -151,7 +152,7 @@ mod tests {
     #[tokio::test]
     async fn batches_read_back_in_order_and_the_file_goes_with_the_spill() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let attempt = pb::AttemptRef { run_id: "run/1".into(), job: 3, attempt: 1 };
+        let attempt = pb::AttemptRef { run_id: "run/1".into(), job: 3, attempt: 1, epoch: 0 };
         let mut spill = Spill::create(dir.path(), &attempt).await.expect("create");
         let path = spill.path().to_owned();
         assert!(path.starts_with(dir.path()) && !path.to_string_lossy().contains("run/1"), "{}", path.display());
@@ -184,7 +185,7 @@ mod tests {
     #[tokio::test]
     async fn a_kept_spill_stays_and_a_truncated_file_is_an_error() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let attempt = pb::AttemptRef { run_id: "r".into(), job: 0, attempt: 0 };
+        let attempt = pb::AttemptRef { run_id: "r".into(), job: 0, attempt: 0, epoch: 0 };
         let mut spill = Spill::create(dir.path(), &attempt).await.expect("create");
         spill.append(&batch(0, 3)).await.expect("append");
         let path = spill.path().to_owned();

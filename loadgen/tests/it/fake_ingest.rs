@@ -23,6 +23,9 @@ pub struct Behaviour {
     pub never_ack: bool,
     /// Refuse every stream opened this long after the first one broke.
     pub refuse_for: Duration,
+    /// Answer the second batch of every stream as a controller answers an
+    /// abandoned attempt's (for good).
+    pub abandon_after_one: bool,
 }
 
 /// What the fake controller stored.
@@ -95,6 +98,10 @@ impl IngestService for Fake {
                 };
                 if fake.behaviour.never_ack {
                     continue;
+                }
+                if fake.behaviour.abandon_after_one && batch.batch >= 1 {
+                    tx.send(Err(Status::failed_precondition("attempt 2 of job run-1/7 was abandoned"))).await.ok();
+                    return;
                 }
                 tx.send(Ok(pb::RecordAck { batch: batch.batch, summary_stored })).await.ok();
                 if fake.behaviour.break_first_stream && stream_no == 1 {

@@ -49,6 +49,20 @@ async fn every_record_and_the_summary_reach_the_controller() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_attempt_stops_at_once_and_is_not_resent() {
+    let (result, received) = report_run_with(Behaviour { abandon_after_one: true, ..Behaviour::default() }, |sink| {
+        sink.retry_for = Duration::from_secs(10)
+    })
+    .await;
+    let err = result.expect_err("the run fails");
+    assert!(err.to_string().contains("refused the records: attempt 2 of job run-1/7 was abandoned"), "{err}");
+    assert_eq!(received.streams, 1, "a refusal for good is not retried");
+    // The run stopped at once instead of sending all 30 requests (1.2 s).
+    assert!(received.stored.len() < 30, "{} records", received.stored.len());
+    assert!(received.attempts.iter().all(|a| a.epoch == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stream_is_reopened_and_nothing_is_lost_or_doubled() {
     let (result, received) = report_run(Behaviour { break_first_stream: true, ..Behaviour::default() }).await;
     let result = result.expect("run");
