@@ -13,6 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::job::EngineLaunch;
+use crate::procs::{PidDir, PidFile};
 
 /// Engine log lines kept for a failure report.
 pub const LOG_TAIL_LINES: usize = 200;
@@ -94,11 +95,14 @@ pub struct ProcessRuntime {
     /// How long a stopped engine has to exit after SIGTERM before it is
     /// killed.
     pub stop_grace: Duration,
+    /// Where each engine's pid file goes, so that an agent restarted after
+    /// a kill stops the engines it left (`PidDir::sweep`).
+    pub pids: Option<PidDir>,
 }
 
 impl Default for ProcessRuntime {
     fn default() -> Self {
-        ProcessRuntime { launcher: Vec::new(), env: Vec::new(), stop_grace: Duration::from_secs(30) }
+        ProcessRuntime { launcher: Vec::new(), env: Vec::new(), stop_grace: Duration::from_secs(30), pids: None }
     }
 }
 
@@ -126,6 +130,20 @@ impl EngineRuntime for ProcessRuntime {
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| EngineError::Spawn { command: command.clone(), source })?;
+        let pid_file = match (&self.pids, child.id()) {
+            (Some(pids), Some(pid)) => {
+                let name = if launch.instance_name.is_empty() {
+                    format!("engine-{pid}")
+                } else {
+                    launch.instance_name.clone()
+                };
+                Some(
+                    pids.record(&name, pid)
+                        .map_err(|source| EngineError::Spawn { command: command.clone(), source })?,
+                )
+            }
+            _ => None,
+        };
         let log = LogTail::default();
         if let Some(out) = child.stdout.take() {
             tokio::spawn(collect_lines(out, log.clone()));
@@ -133,7 +151,7 @@ impl EngineRuntime for ProcessRuntime {
         if let Some(err) = child.stderr.take() {
             tokio::spawn(collect_lines(err, log.clone()));
         }
-        Ok(Box::new(ProcessEngine { child, port, log, stop_grace: self.stop_grace }))
+        Ok(Box::new(ProcessEngine { child, port, log, stop_grace: self.stop_grace, pid_file }))
     }
 }
 
@@ -193,6 +211,7 @@ struct ProcessEngine {
     port: u16,
     log: LogTail,
     stop_grace: Duration,
+    pid_file: Option<PidFile>,
 }
 
 #[tonic::async_trait]
@@ -214,18 +233,18 @@ impl Engine for ProcessEngine {
         // frees GPU memory cleanly; SIGKILL to the whole group after the
         // grace period, or at once if the signal cannot be sent.
         let group = self.child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32));
-        if let Some(group) = group
-            && rustix::process::kill_process_group(group, rustix::process::Signal::TERM).is_ok()
-            && tokio::time::timeout(self.stop_grace, self.child.wait()).await.is_ok()
-        {
-            // The leader is gone; workers that outlived it go too.
-            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
-            return;
+        let asked =
+            group.is_some_and(|g| rustix::process::kill_process_group(g, rustix::process::Signal::TERM).is_ok());
+        if !(asked && tokio::time::timeout(self.stop_grace, self.child.wait()).await.is_ok()) {
+            let _ = self.child.kill().await;
         }
+        // The leader is gone; workers that outlived it go too.
         if let Some(group) = group {
             let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
         }
-        let _ = self.child.kill().await;
+        if let Some(f) = self.pid_file.take() {
+            f.remove();
+        }
     }
 }
 
@@ -386,6 +405,7 @@ mod tests {
             launcher: vec!["sh".into(), "-c".into(), script, "sh".into()],
             env: Vec::new(),
             stop_grace: grace,
+            pids: None,
         };
         let launch = EngineLaunch { kind: "vllm".into(), model: "m".into(), ..EngineLaunch::default() };
         let engine = runtime.start(&launch).await.expect("the shell starts");

@@ -1,16 +1,21 @@
-//! What the controller asks an agent to do, as domain types, and the one
-//! place they are converted from their gRPC form.
+//! What the controller asks an agent to do and what the agent tells it back,
+//! as domain types, and the one place they cross to and from their gRPC
+//! form.
 
 use std::path::PathBuf;
 
 use benchfleet_proto as pb;
 
-/// Identifies one attempt of one job.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+use crate::gpu::GpuInfo;
+
+/// Identifies one attempt of one job, and the lease epoch it was granted
+/// under.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Attempt {
     pub run_id: String,
     pub job: u64,
     pub attempt: u32,
+    pub epoch: u64,
 }
 
 /// How to start one engine configuration.
@@ -42,11 +47,10 @@ pub enum LoadDataset {
         output_tokens: u32,
         seed: u64,
     },
-    /// The file as the controller sent it; written to disk before loadgen runs.
+    /// A file the controller stores; the agent fetches it by its hash.
     ShareGpt {
         name: String,
         sha256: String,
-        content: Vec<u8>,
         output_tokens: Option<u32>,
     },
 }
@@ -74,6 +78,8 @@ pub struct LoadJob {
 pub struct GroupAssignment {
     pub run_id: String,
     pub group: u64,
+    /// The lease epoch of the assignment.
+    pub epoch: u64,
     pub engine: EngineLaunch,
     pub jobs: Vec<LoadJob>,
     /// Where loadgen streams its records.
@@ -82,6 +88,15 @@ pub struct GroupAssignment {
     pub gpu_uuids: Vec<String>,
 }
 
+impl GroupAssignment {
+    pub fn key(&self) -> GroupKey {
+        (self.run_id.clone(), self.group)
+    }
+}
+
+/// A group, as (run, group).
+pub type GroupKey = (String, u64);
+
 /// Everything loadgen needs to run one job against a serving engine.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadRun {
@@ -89,19 +104,131 @@ pub struct LoadRun {
     pub base_url: String,
     pub model: String,
     pub ingest_url: String,
-    /// The ShareGPT file on disk, for ShareGPT jobs.
+    /// The dataset file on disk, for ShareGPT jobs.
     pub dataset_path: Option<PathBuf>,
+}
+
+/// A job's state as the agent reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reported {
+    StartingEngine,
+    Running,
+    Succeeded,
+    Failed(Failure),
+}
+
+/// Whose fault a failed attempt is (see the proto's `FailureKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The attempt's own: run again elsewhere, up to the cap.
+    Attempt,
+    /// The configuration's: never run again.
+    Config,
+    /// The host's or the agent's: run again, not counted.
+    Host,
+}
+
+/// One report on one attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobReport {
+    pub attempt: Attempt,
+    pub state: Reported,
+    pub error: String,
+    pub log_tail: String,
+    pub engine_startup_s: Option<f64>,
+    pub pull_progress: String,
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl JobReport {
+    pub fn new(attempt: &Attempt, state: Reported) -> JobReport {
+        JobReport {
+            attempt: attempt.clone(),
+            state,
+            error: String::new(),
+            log_tail: String::new(),
+            engine_startup_s: None,
+            pull_progress: String::new(),
+            gpus: Vec::new(),
+        }
+    }
+
+    pub fn failed(attempt: &Attempt, failure: Failure, error: impl Into<String>) -> JobReport {
+        JobReport { error: error.into(), ..JobReport::new(attempt, Reported::Failed(failure)) }
+    }
 }
 
 impl From<&pb::AttemptRef> for Attempt {
     fn from(a: &pb::AttemptRef) -> Self {
-        Attempt { run_id: a.run_id.clone(), job: a.job, attempt: a.attempt }
+        Attempt { run_id: a.run_id.clone(), job: a.job, attempt: a.attempt, epoch: a.epoch }
     }
 }
 
 impl From<&Attempt> for pb::AttemptRef {
     fn from(a: &Attempt) -> Self {
-        pb::AttemptRef { run_id: a.run_id.clone(), job: a.job, attempt: a.attempt }
+        pb::AttemptRef { run_id: a.run_id.clone(), job: a.job, attempt: a.attempt, epoch: a.epoch }
+    }
+}
+
+/// A GPU as the controller stores it: inventory, verdict and fingerprint.
+pub fn gpu_message(g: &GpuInfo) -> pb::Gpu {
+    pb::Gpu {
+        index: g.index,
+        uuid: g.uuid.clone(),
+        name: g.name.clone(),
+        memory_total_bytes: g.memory_total_bytes,
+        usable: g.usable(),
+        reasons: g.reasons.clone(),
+        serial: g.serial.clone().unwrap_or_default(),
+        driver_version: g.driver_version.clone(),
+        cuda_driver_version: g.cuda_driver_version.clone(),
+        memory_used_bytes: g.memory_used_bytes.unwrap_or_default(),
+        sm_clock_max_mhz: g.sm_clock_max_mhz.unwrap_or_default(),
+        memory_clock_max_mhz: g.memory_clock_max_mhz.unwrap_or_default(),
+        power_limit_w: g.power_limit_w.unwrap_or_default(),
+        pcie_gen_max: g.pcie_gen_max.unwrap_or_default(),
+        pcie_width_max: g.pcie_width_max.unwrap_or_default(),
+        pcie_width: g.pcie_width.unwrap_or_default(),
+        mig_enabled: g.mig_enabled.unwrap_or_default(),
+        ecc_enabled: g.ecc_enabled.unwrap_or_default(),
+        ecc_uncorrectable_volatile: g.ecc_uncorrectable_volatile.unwrap_or_default(),
+        ecc_uncorrectable_aggregate: g.ecc_uncorrectable_aggregate.unwrap_or_default(),
+        temperature_c: g.temperature_c.unwrap_or_default(),
+        fingerprint: g.fingerprint(),
+    }
+}
+
+impl From<&JobReport> for pb::JobUpdate {
+    fn from(r: &JobReport) -> Self {
+        let (state, failure) = match r.state {
+            Reported::StartingEngine => (pb::JobState::StartingEngine, pb::FailureKind::Attempt),
+            Reported::Running => (pb::JobState::Running, pb::FailureKind::Attempt),
+            Reported::Succeeded => (pb::JobState::Succeeded, pb::FailureKind::Attempt),
+            Reported::Failed(f) => (
+                pb::JobState::Failed,
+                match f {
+                    Failure::Attempt => pb::FailureKind::Attempt,
+                    Failure::Config => pb::FailureKind::Config,
+                    Failure::Host => pb::FailureKind::Host,
+                },
+            ),
+        };
+        pb::JobUpdate {
+            attempt: Some((&r.attempt).into()),
+            state: state as i32,
+            error: r.error.clone(),
+            log_tail: r.log_tail.clone(),
+            engine_startup_s: r.engine_startup_s.unwrap_or(0.0),
+            pull_progress: r.pull_progress.clone(),
+            // The verdicts were given before the engine started; judged
+            // now, the engine's own memory would read as a foreign process.
+            gpu_fingerprint: r
+                .gpus
+                .iter()
+                .map(|g| pb::Gpu { usable: true, reasons: Vec::new(), ..gpu_message(g) })
+                .collect(),
+            failure: failure as i32,
+        }
     }
 }
 
@@ -125,7 +252,6 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                     pb::load_profile::Dataset::Sharegpt(s) => LoadDataset::ShareGpt {
                         name: s.name,
                         sha256: s.sha256,
-                        content: s.content,
                         output_tokens: (s.output_tokens != 0).then_some(s.output_tokens),
                     },
                 };
@@ -146,6 +272,7 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
         Ok(GroupAssignment {
             run_id: g.run_id,
             group: g.group,
+            epoch: g.epoch,
             engine: EngineLaunch {
                 kind: engine.kind,
                 model: engine.model,
@@ -162,5 +289,15 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
             ingest_url: g.ingest_url,
             gpu_uuids: g.gpu_uuids,
         })
+    }
+}
+
+impl From<&GroupAssignment> for pb::GroupClaim {
+    fn from(g: &GroupAssignment) -> Self {
+        pb::GroupClaim {
+            run_id: g.run_id.clone(),
+            group: g.group,
+            attempts: g.jobs.iter().map(|j| (&j.attempt).into()).collect(),
+        }
     }
 }

@@ -2,22 +2,29 @@
 //! holds a session with the controller, starts the engine of each group it
 //! is given, runs loadgen against it for every job, and stops the engine.
 //!
-//! Layout: `agent` is the session and group loop; `job` holds the domain
-//! types of an assignment (and their conversion from gRPC); `engine` the
-//! engine runtimes, `docker` the one that runs containers; `load` runs loadgen; `gpu` the GPU inventory, `nvml` reads
-//! it on real hosts, `verdict` judges it and `verify` shows it.
+//! Layout: `agent` is the agent's life (reconnects, the lease watchdog,
+//! leaving and stopping); `session` one session with the controller and the
+//! groups held across sessions; `group` runs one engine group; `job` holds
+//! the domain types of an assignment and their conversion from and to gRPC;
+//! `engine` the engine runtimes, `docker` the one that runs containers;
+//! `load` runs loadgen; `procs` keeps the pid files of what the agent
+//! starts; `gpu` the GPU inventory, `nvml` reads it on real hosts, `verdict`
+//! judges it and `verify` shows it.
 
 pub mod agent;
 pub mod docker;
 pub mod engine;
 pub mod gpu;
+pub mod group;
 pub mod job;
 pub mod load;
 pub mod nvml;
+pub mod procs;
+pub mod session;
 pub mod verdict;
 pub mod verify;
 
-pub use agent::{AgentConfig, run};
+pub use agent::{AgentConfig, Shutdown, run};
 
 /// Finds a sibling binary of the running executable (they are built into
 /// the same directory), else on `PATH`.

@@ -11,11 +11,11 @@ use benchfleet_agent::engine::{EngineRuntime, ExternalRuntime, ProcessRuntime};
 use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe};
 use benchfleet_agent::load::ProcessLoadRunner;
 use benchfleet_agent::nvml::NvmlProbe;
+use benchfleet_agent::procs::PidDir;
 use benchfleet_agent::verdict::Policy;
 use benchfleet_agent::verify::{VerifyReport, all_usable, table, watch_xids};
-use benchfleet_agent::{AgentConfig, find_binary};
+use benchfleet_agent::{AgentConfig, Shutdown, find_binary};
 use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,6 +63,10 @@ struct RunArgs {
     /// How long an engine may take to serve.
     #[arg(long, default_value_t = 1800)]
     startup_timeout_s: u64,
+    /// On SIGTERM, how long running groups may go on before they are given
+    /// up (a second SIGTERM or SIGINT stops them at once).
+    #[arg(long, default_value_t = 600)]
+    leave_grace_s: u64,
     #[command(flatten)]
     gpu: GpuArgs,
     #[command(flatten)]
@@ -192,8 +196,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let loadgen =
         find_binary("benchfleet-loadgen").context("benchfleet-loadgen not found beside this binary or on PATH")?;
+    let pids = PidDir(args.work_dir.join("pids"));
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
-    runtimes.insert("process".into(), Arc::new(ProcessRuntime { launcher, env: sim_env, ..ProcessRuntime::default() }));
+    runtimes.insert(
+        "process".into(),
+        Arc::new(ProcessRuntime { launcher, env: sim_env, pids: Some(pids.clone()), ..ProcessRuntime::default() }),
+    );
     runtimes.insert("external".into(), Arc::new(ExternalRuntime));
     if let Some(docker) = benchfleet_agent::docker::runtime_from_args(&args.docker, &name).await? {
         runtimes.insert("docker".into(), Arc::new(docker));
@@ -204,16 +212,36 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         gpus,
         name,
         runtimes,
-        loadgen: Arc::new(ProcessLoadRunner { binary: loadgen }),
+        loadgen: Arc::new(ProcessLoadRunner { binary: loadgen, pids: Some(pids) }),
         work_dir: args.work_dir,
         startup_timeout: Duration::from_secs(args.startup_timeout_s),
         gpu_check_interval: Duration::from_secs(60),
+        leave_grace: Duration::from_secs(args.leave_grace_s),
     };
-    let shutdown = CancellationToken::new();
+    let shutdown = Shutdown::new();
     let on_signal = shutdown.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        on_signal.cancel();
+        // The first SIGTERM or SIGINT: leave (no new work, finish, exit);
+        // the second: stop at once.
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+            let _ = tokio::signal::ctrl_c().await;
+            on_signal.now.cancel();
+            return;
+        };
+        for n in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            if n == 0 {
+                tracing::info!("signalled: leaving (signal again to stop at once)");
+                on_signal.leave.cancel();
+            } else {
+                tracing::info!("signalled again: stopping now");
+                on_signal.now.cancel();
+                return;
+            }
+        }
     });
     benchfleet_agent::run(config, shutdown).await
 }

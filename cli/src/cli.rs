@@ -1,17 +1,29 @@
 //! The `benchfleet` operator command line.
+//!
+//! Exit codes (also in the README): 0 everything asked for succeeded (every
+//! job of a run); 1 a run ended with failed or cancelled jobs; 2 bad input
+//! (a matrix with an error, an unknown run or agent, bad flags); 3 the
+//! controller could not be reached; 130 interrupted.
 
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
+use benchfleet_controller::model::RunId;
+use benchfleet_controller::store::{SledStore, Store, data_dir};
 use benchfleet_proto as pb;
 use clap::{Parser, Subcommand};
+use serde_json::json;
 
-use crate::client;
+use crate::client::{self, Unreachable};
 use crate::local::{LocalFleet, simulated_agent};
-use benchfleet_controller::model::RunId;
-use benchfleet_controller::store::{SledStore, Store};
+
+pub const EXIT_FAILED_JOBS: i32 = 1;
+pub const EXIT_BAD_INPUT: i32 = 2;
+pub const EXIT_UNREACHABLE: i32 = 3;
+pub const EXIT_INTERRUPTED: i32 = 130;
 
 #[derive(Parser, Debug)]
 #[command(name = "benchfleet", version, about = "Benchmark LLM inference engines across a fleet of GPU hosts")]
@@ -19,72 +31,206 @@ pub struct Cli {
     /// Where the local store lives (runs, jobs, request records).
     #[arg(long, global = true, env = "BENCHFLEET_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// A running controller's gRPC URL; without it, commands read the local store.
+    /// A running controller's gRPC URL; without it, the listing commands read the local store.
     #[arg(long, global = true, env = "BENCHFLEET_CONTROLLER")]
     pub controller: Option<String>,
+    /// Print listings as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run a matrix: on this machine with simulated engines (--local), or on
-    /// the fleet of the controller given with --controller.
+    /// Run a matrix and print its report: on this machine with simulated engines (--local), or on the fleet of
+    /// the controller given with --controller (submit, then watch).
     Run {
         matrix: PathBuf,
         /// Start a controller, an agent and simulated engines here.
         #[arg(long)]
         local: bool,
     },
+    /// Check a matrix file without running it.
+    Validate { matrix: PathBuf },
+    /// Submit a matrix; prints the run id at once.
+    Submit { matrix: PathBuf },
+    /// Follow a run until it ends (re-attaching if the controller restarts).
+    Watch {
+        run_id: String,
+        /// How long to wait for a controller that went away.
+        #[arg(long, default_value_t = 300)]
+        reconnect_for_s: u64,
+    },
     /// List runs.
     Runs,
+    /// A run's jobs: state, agent, error, and every attempt with the records it stored.
+    Jobs { run_id: String },
     /// Print a run's report.
     Report { run_id: String },
-    /// List the agents a controller knows, and their GPUs.
+    /// List the agents, their leases and their GPUs.
     Agents,
+    /// Cancel a run: queued jobs never start, running ones are stopped.
+    Cancel {
+        run_id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Run a finished run's failed and cancelled jobs again.
+    Retry { run_id: String },
+    /// Drain an agent (by name or id): its current work finishes, it gets no new work.
+    Drain {
+        agent: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Undo a drain.
+    Undrain { agent: String },
 }
 
-/// Runs the command; the exit code is 0 only when everything asked for
-/// succeeded (every job of a run).
-pub async fn main(cli: Cli) -> anyhow::Result<i32> {
-    match cli.command {
-        Command::Run { ref matrix, local: true } => {
-            run_local(matrix, &benchfleet_controller::store::data_dir(cli.data_dir.as_deref())).await
+/// Who the operator is, until operators authenticate.
+fn whoami() -> String {
+    std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_default()
+}
+
+/// Runs the command and returns the exit code; errors print as `error: ...`
+/// and exit with the code their kind has.
+pub async fn main(cli: Cli) -> i32 {
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<Unreachable>().is_some() { EXIT_UNREACHABLE } else { EXIT_BAD_INPUT }
         }
-        Command::Run { ref matrix, local: false } => {
-            let url = cli.controller.as_deref().context("give --controller URL, or --local to run here")?;
+    }
+}
+
+fn need_controller(cli: &Cli) -> anyhow::Result<&str> {
+    cli.controller.as_deref().context("give the controller's URL with --controller (or BENCHFLEET_CONTROLLER)")
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let json = cli.json;
+    match &cli.command {
+        Command::Run { matrix, local: true } => run_local(matrix, &data_dir(cli.data_dir.as_deref()), json).await,
+        Command::Run { matrix, local: false } => {
+            let url = need_controller(&cli)?;
+            let sub = client::submission(matrix, None)?;
             let mut c = client::connect(url).await?;
-            run_and_report(&mut c, matrix, None).await
+            let submitted = client::submit(&mut c, sub).await?;
+            announce(&submitted);
+            follow(url, &submitted.run_id, Duration::from_secs(300), json, true).await
+        }
+        Command::Validate { matrix } => {
+            let sub = client::submission(matrix, None)?;
+            let parsed =
+                benchfleet_controller::matrix::parse(&sub.request.matrix_name, &sub.request.matrix_yaml, &|p| {
+                    sub.files.iter().find(|f| f.path == p).map(|f| f.sha256.clone())
+                })?;
+            println!(
+                "{}: valid ({} strategy, {} profiles)",
+                matrix.display(),
+                format!("{:?}", parsed.strategy).to_lowercase(),
+                parsed.profiles.len()
+            );
+            Ok(0)
+        }
+        Command::Submit { matrix } => {
+            let url = need_controller(&cli)?;
+            let sub = client::submission(matrix, None)?;
+            let submitted = client::submit(&mut client::connect(url).await?, sub).await?;
+            if json {
+                println!(
+                    "{}",
+                    json!({ "run_id": submitted.run_id, "jobs": submitted.jobs, "warnings": submitted.warnings })
+                );
+            } else {
+                for w in &submitted.warnings {
+                    eprintln!("warning: {w}");
+                }
+                println!("{}", submitted.run_id);
+            }
+            Ok(0)
+        }
+        Command::Watch { run_id, reconnect_for_s } => {
+            let url = need_controller(&cli)?;
+            follow(url, run_id, Duration::from_secs(*reconnect_for_s), json, false).await
         }
         Command::Runs => {
             let runs = match &cli.controller {
-                Some(url) => client::connect(url).await?.list_runs(pb::ListRunsRequest {}).await?.into_inner().runs,
+                Some(url) => {
+                    client::connect(url)
+                        .await?
+                        .list_runs(pb::ListRunsRequest {})
+                        .await
+                        .map_err(client::status)?
+                        .into_inner()
+                        .runs
+                }
                 None => {
-                    let store = open_store(&benchfleet_controller::store::data_dir(cli.data_dir.as_deref()))?;
-                    store
-                        .runs()?
-                        .iter()
-                        .map(|r| Ok(benchfleet_controller::convert::run_info(r, &store.jobs(r.id)?)))
-                        .collect::<anyhow::Result<_>>()?
+                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+                    let mut out = Vec::new();
+                    for r in store.runs()? {
+                        let stage = store.groups(r.id)?.iter().map(|g| g.stage).max().unwrap_or(1);
+                        out.push(benchfleet_controller::convert::run_info(&r, &store.jobs(r.id)?, stage));
+                    }
+                    out
                 }
             };
-            print_runs(&runs);
+            if json {
+                println!("{}", serde_json::Value::Array(runs.iter().map(run_json).collect()));
+            } else {
+                print_runs(&runs);
+            }
             Ok(0)
         }
-        Command::Report { ref run_id } => {
+        Command::Jobs { run_id } => {
+            let jobs = match &cli.controller {
+                Some(url) => {
+                    client::connect(url)
+                        .await?
+                        .list_jobs(pb::ListJobsRequest { run_id: run_id.clone() })
+                        .await
+                        .map_err(client::status)?
+                        .into_inner()
+                        .jobs
+                }
+                None => {
+                    let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
+                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+                    store.run(id)?.with_context(|| format!("run {id} does not exist"))?;
+                    let groups = store.groups(id)?;
+                    let stats = store.attempt_stats(id)?;
+                    store
+                        .jobs(id)?
+                        .iter()
+                        .map(|j| {
+                            benchfleet_controller::convert::job_info(j, groups.iter().find(|g| g.id == j.group), &stats)
+                        })
+                        .collect()
+                }
+            };
+            if json {
+                println!("{}", serde_json::Value::Array(jobs.iter().map(job_json).collect()));
+            } else {
+                print_jobs(&jobs);
+            }
+            Ok(0)
+        }
+        Command::Report { run_id } => {
             let text = match &cli.controller {
                 Some(url) => {
                     client::connect(url)
                         .await?
                         .get_report(pb::GetReportRequest { run_id: run_id.clone() })
                         .await
-                        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                        .map_err(client::status)?
                         .into_inner()
                         .text
                 }
                 None => {
                     let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
-                    let store = open_store(&benchfleet_controller::store::data_dir(cli.data_dir.as_deref()))?;
+                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
                     benchfleet_controller::report::render(&store, id)?
                 }
             };
@@ -92,15 +238,83 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Agents => {
-            let url = cli.controller.as_deref().context("give --controller URL")?;
-            let agents = client::connect(url).await?.list_agents(pb::ListAgentsRequest {}).await?.into_inner().agents;
-            for a in agents {
-                println!("{} ({}) {}", a.name, a.hostname, if a.connected { "connected" } else { "disconnected" });
-                for g in a.gpus {
-                    let verdict =
-                        if g.usable { "usable".to_owned() } else { format!("not used: {}", g.reasons.join("; ")) };
-                    println!("  GPU {} {} {}: {verdict}", g.index, g.name, g.uuid);
-                }
+            let url = need_controller(&cli)?;
+            let agents = client::connect(url)
+                .await?
+                .list_agents(pb::ListAgentsRequest {})
+                .await
+                .map_err(client::status)?
+                .into_inner()
+                .agents;
+            if json {
+                println!("{}", serde_json::Value::Array(agents.iter().map(agent_json).collect()));
+            } else {
+                print_agents(&agents);
+            }
+            Ok(0)
+        }
+        Command::Cancel { run_id, reason } => {
+            let url = need_controller(&cli)?;
+            let run = client::connect(url)
+                .await?
+                .cancel_run(pb::CancelRunRequest { run_id: run_id.clone(), reason: reason.clone(), by: whoami() })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            if json {
+                println!("{}", run_json(&run));
+            } else {
+                println!(
+                    "run {} cancelled: {} of {} jobs had ended",
+                    run.run_id,
+                    run.jobs_done - run.jobs_cancelled,
+                    run.jobs_total
+                );
+            }
+            Ok(0)
+        }
+        Command::Retry { run_id } => {
+            let url = need_controller(&cli)?;
+            let r = client::connect(url)
+                .await?
+                .retry_run(pb::RetryRunRequest { run_id: run_id.clone() })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            if json {
+                println!("{}", json!({ "run_id": run_id, "jobs": r.jobs }));
+            } else {
+                println!("run {run_id}: {} jobs queued again", r.jobs);
+            }
+            Ok(0)
+        }
+        Command::Drain { agent, reason } => {
+            let url = need_controller(&cli)?;
+            let a = client::connect(url)
+                .await?
+                .drain_agent(pb::DrainAgentRequest { agent: agent.clone(), reason: reason.clone(), by: whoami() })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            if json {
+                println!("{}", agent_json(&a));
+            } else {
+                println!("{} ({}) drained: {} groups running finish, no new work", a.name, a.agent_id, a.running.len());
+            }
+            Ok(0)
+        }
+        Command::Undrain { agent } => {
+            let url = need_controller(&cli)?;
+            let a = client::connect(url)
+                .await?
+                .undrain_agent(pb::UndrainAgentRequest { agent: agent.clone() })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            if json {
+                println!("{}", agent_json(&a));
+            } else {
+                println!("{} ({}) takes work again", a.name, a.agent_id);
             }
             Ok(0)
         }
@@ -112,10 +326,32 @@ fn open_store(dir: &Path) -> anyhow::Result<SledStore> {
     Ok(SledStore::open(&dir.join("store"))?)
 }
 
-async fn run_local(matrix: &Path, dir: &Path) -> anyhow::Result<i32> {
+fn announce(submitted: &pb::SubmitRunResponse) {
+    eprintln!("run {} submitted: {} jobs", submitted.run_id, submitted.jobs);
+    for w in &submitted.warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn interrupted() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32> {
     // Fail on a bad matrix before starting anything.
-    let submission = client::submission(matrix, Some("process"))?;
-    let gpu = benchfleet_controller::matrix::parse(&submission.matrix_name, &submission.matrix_yaml, &|_| {
+    let sub = client::submission(matrix, Some("process"))?;
+    let gpu = benchfleet_controller::matrix::parse(&sub.request.matrix_name, &sub.request.matrix_yaml, &|_| {
         Some(String::new())
     })?
     .gpu
@@ -124,67 +360,234 @@ async fn run_local(matrix: &Path, dir: &Path) -> anyhow::Result<i32> {
     eprintln!("data directory: {}", dir.display());
     let work_dir = dir.join("agent");
     let fleet = LocalFleet::start(store, |url| simulated_agent(url, &gpu, work_dir)).await?;
-    let result = async {
-        let mut c = client::connect(&fleet.url).await?;
-        submit_and_report(&mut c, submission).await
-    }
-    .await;
+    let url = fleet.url.clone();
+    let mut submitted_id = None;
+    let work = async {
+        let mut c = client::connect(&url).await?;
+        let submitted = client::submit(&mut c, sub).await?;
+        announce(&submitted);
+        submitted_id = Some(submitted.run_id.clone());
+        follow(&url, &submitted.run_id, Duration::from_secs(10), json, true).await
+    };
+    let result = tokio::select! {
+        r = work => r,
+        () = interrupted() => {
+            // Interrupting local mode ends its run: nothing resumes it later.
+            eprintln!("interrupted: stopping the engines and loadgen");
+            if let Some(run) = &submitted_id {
+                let note = pb::CancelRunRequest { run_id: run.clone(), reason: "interrupted".into(), by: whoami() };
+                if let Ok(mut c) = client::connect(&url).await {
+                    let _ = c.cancel_run(note).await;
+                }
+            }
+            fleet.stop().await;
+            return Ok(EXIT_INTERRUPTED);
+        }
+    };
     fleet.stop().await;
     let code = result?;
     eprintln!("data directory: {}", dir.display());
     Ok(code)
 }
 
-async fn run_and_report(c: &mut client::OperatorClient, matrix: &Path, runtime: Option<&str>) -> anyhow::Result<i32> {
-    let submission = client::submission(matrix, runtime)?;
-    submit_and_report(c, submission).await
-}
-
-async fn submit_and_report(c: &mut client::OperatorClient, submission: pb::SubmitRunRequest) -> anyhow::Result<i32> {
-    let submitted = c.submit_run(submission).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?.into_inner();
-    eprintln!("run {} submitted: {} jobs", submitted.run_id, submitted.jobs);
-    let bar = progress_bar(submitted.jobs);
-    let mut last_done = u64::MAX;
-    let run = client::watch(c, &submitted.run_id, |run| {
+/// Watches a run to its end, then (with `report`) prints its report; the
+/// exit code says how it ended.
+async fn follow(url: &str, run_id: &str, reconnect_for: Duration, json: bool, report: bool) -> anyhow::Result<i32> {
+    let bar = (!json).then(progress_bar).flatten();
+    let mut last_line = String::new();
+    let watching = client::watch(url, run_id, reconnect_for, |p| {
+        let line = progress_line(p);
         if let Some(bar) = &bar {
-            bar.set_position(run.jobs_done);
-            bar.set_message(format!("{} failed", run.jobs_failed));
-        } else if run.jobs_done != last_done {
-            last_done = run.jobs_done;
-            eprintln!("jobs {}/{} done, {} failed", run.jobs_done, run.jobs_total, run.jobs_failed);
+            if let Some(r) = &p.run {
+                bar.set_length(r.jobs_total);
+                bar.set_position(r.jobs_done);
+            }
+            bar.set_message(line);
+        } else if json {
+            println!("{}", progress_json(p));
+        } else if line != last_line {
+            eprintln!("{line}");
+            last_line = line;
         }
-    })
-    .await?;
+    });
+    let last = tokio::select! {
+        r = watching => r?,
+        () = interrupted(), if !report => return Ok(EXIT_INTERRUPTED),
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let report = c
-        .get_report(pb::GetReportRequest { run_id: submitted.run_id.clone() })
-        .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
-        .into_inner()
-        .text;
-    print!("{report}");
-    println!("run id: {}", submitted.run_id);
-    Ok(if run.jobs_failed == 0 && run.jobs_done == run.jobs_total { 0 } else { 1 })
+    let run = last.run.unwrap_or_default();
+    if report {
+        let text = client::connect(url)
+            .await?
+            .get_report(pb::GetReportRequest { run_id: run_id.to_owned() })
+            .await
+            .map_err(client::status)?
+            .into_inner()
+            .text;
+        print!("{text}");
+        println!("run id: {run_id}");
+    } else if !json {
+        eprintln!("run {run_id} {}: {}/{} jobs succeeded", run.state, run.jobs_succeeded, run.jobs_total);
+    }
+    Ok(if run.jobs_succeeded == run.jobs_total && run.state == "finished" { 0 } else { EXIT_FAILED_JOBS })
 }
 
 /// A bar on a terminal; `None` elsewhere, where plain lines are printed.
-fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
+fn progress_bar() -> Option<indicatif::ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
     }
-    let bar = indicatif::ProgressBar::new(total);
-    let style = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} jobs, {msg}")
+    let bar = indicatif::ProgressBar::new(0);
+    let style = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} jobs, {msg}")
         .map(|s| s.progress_chars("=> "))
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
     bar.set_style(style);
     Some(bar)
 }
 
+/// One line of a run's progress: done of total, by state, stage, ETA, and
+/// why it waits.
+pub fn progress_line(p: &pb::RunProgress) -> String {
+    let run = p.run.clone().unwrap_or_default();
+    let mut line = format!("jobs {}/{} done, {} failed", run.jobs_done, run.jobs_total, run.jobs_failed);
+    if run.stage > 1 {
+        line = format!("stage {}: {line}", run.stage);
+    }
+    let active: Vec<String> = ["running", "starting_engine", "assigned", "pending"]
+        .iter()
+        .filter_map(|s| p.jobs_by_state.get(*s).filter(|n| **n > 0).map(|n| format!("{n} {}", s.replace('_', " "))))
+        .collect();
+    if !active.is_empty() {
+        line.push_str(&format!(" ({})", active.join(", ")));
+    }
+    if let Some(eta) = p.eta_s {
+        line.push_str(&format!(
+            ", stage ETA {}",
+            benchfleet_controller::sched::human(Duration::from_secs_f64(eta.max(0.0)))
+        ));
+    }
+    for w in &p.waiting {
+        line.push_str(&format!("; waiting: {w}"));
+    }
+    line
+}
+
+fn progress_json(p: &pb::RunProgress) -> serde_json::Value {
+    json!({
+        "run": p.run.as_ref().map(run_json),
+        "finished": p.finished,
+        "jobs_by_state": p.jobs_by_state,
+        "agents": p.agents.iter().map(|a| json!({ "agent_id": a.agent_id, "name": a.name, "running": a.running, "done": a.done })).collect::<Vec<_>>(),
+        "waiting": p.waiting,
+        "eta_s": p.eta_s,
+    })
+}
+
+fn run_json(r: &pb::RunInfo) -> serde_json::Value {
+    json!({
+        "run_id": r.run_id, "name": r.name, "state": r.state, "jobs_total": r.jobs_total, "jobs_done": r.jobs_done,
+        "jobs_succeeded": r.jobs_succeeded, "jobs_failed": r.jobs_failed, "jobs_cancelled": r.jobs_cancelled,
+        "created_unix_ms": r.created_unix_ms, "ended_unix_ms": (r.ended_unix_ms != 0).then_some(r.ended_unix_ms),
+        "stage": r.stage, "note": (!r.note.is_empty()).then_some(&r.note),
+    })
+}
+
+fn job_json(j: &pb::JobInfo) -> serde_json::Value {
+    json!({
+        "job": j.job, "group": j.group, "config": j.config, "profile": j.profile, "repeat": j.repeat, "stage": j.stage,
+        "state": j.state, "agent_id": (!j.agent_id.is_empty()).then_some(&j.agent_id), "error": (!j.error.is_empty()).then_some(&j.error),
+        "attempts": j.attempts.iter().map(|a| json!({
+            "attempt": a.attempt, "epoch": a.epoch, "agent_id": a.agent_id, "agent_name": a.agent_name, "outcome": a.outcome,
+            "reason": (!a.reason.is_empty()).then_some(&a.reason), "started_unix_ms": a.started_unix_ms,
+            "ended_unix_ms": (a.ended_unix_ms != 0).then_some(a.ended_unix_ms), "records_stored": a.records_stored,
+            "requests_sent": a.requests_sent, "records_removed": a.records_removed,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn agent_json(a: &pb::AgentInfo) -> serde_json::Value {
+    json!({
+        "agent_id": a.agent_id, "name": a.name, "hostname": a.hostname, "state": a.state, "connected": a.connected,
+        "lease_age_ms": a.lease_age_ms, "drained": a.drained, "drain_note": (!a.drain_note.is_empty()).then_some(&a.drain_note),
+        "leaving": a.leaving, "version": a.version, "epoch": a.epoch,
+        "running": a.running.iter().map(|g| json!({ "run_id": g.run_id, "group": g.group })).collect::<Vec<_>>(),
+        "gpus": a.gpus.iter().map(|g| json!({
+            "index": g.index, "uuid": g.uuid, "name": g.name, "usable": g.usable, "reasons": g.reasons,
+            "memory_total_bytes": g.memory_total_bytes, "driver_version": g.driver_version, "cuda_driver_version": g.cuda_driver_version,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 fn print_runs(runs: &[pb::RunInfo]) {
-    println!("{:<8} {:<32} {:<24} {:>10}", "RUN", "NAME", "STATE", "JOBS");
+    println!("{:<8} {:<32} {:<24} {:>11} {:>7}", "RUN", "NAME", "STATE", "JOBS", "FAILED");
     for r in runs {
-        println!("{:<8} {:<32} {:<24} {:>4}/{:<5}", r.run_id, r.name, r.state, r.jobs_done, r.jobs_total);
+        println!(
+            "{:<8} {:<32} {:<24} {:>5}/{:<5} {:>7}",
+            r.run_id, r.name, r.state, r.jobs_done, r.jobs_total, r.jobs_failed
+        );
+    }
+}
+
+fn print_jobs(jobs: &[pb::JobInfo]) {
+    println!(
+        "{:<5} {:<28} {:<12} {:>3} {:<16} {:<10} {:>8} {:>15}  ERROR",
+        "JOB", "CONFIG", "PROFILE", "REP", "STATE", "AGENT", "ATTEMPTS", "RECORDS/SENT"
+    );
+    for j in jobs {
+        let last = j.attempts.last();
+        let records = last.map_or_else(String::new, |a| format!("{}/{}", a.records_stored, a.requests_sent));
+        println!(
+            "{:<5} {:<28} {:<12} {:>3} {:<16} {:<10} {:>8} {:>15}  {}",
+            j.job,
+            j.config,
+            j.profile,
+            j.repeat,
+            j.state,
+            j.agent_id,
+            j.attempts.len(),
+            records,
+            j.error
+        );
+        if j.attempts.len() > 1 {
+            for a in &j.attempts {
+                let reason = if a.reason.is_empty() { String::new() } else { format!(": {}", a.reason) };
+                let records = if a.records_removed {
+                    format!("records removed, {} sent", a.requests_sent)
+                } else {
+                    format!("{} records of {} sent", a.records_stored, a.requests_sent)
+                };
+                println!(
+                    "      attempt {} on {} (epoch {}): {}{reason}; {records}",
+                    a.attempt, a.agent_name, a.epoch, a.outcome
+                );
+            }
+        }
+    }
+}
+
+fn print_agents(agents: &[pb::AgentInfo]) {
+    println!("{:<20} {:<10} {:<13} {:>9} {:<8} {:>6}  HOST", "NAME", "ID", "STATE", "LEASE", "DRAINED", "GROUPS");
+    for a in agents {
+        let lease = a.lease_age_ms.map_or_else(|| "-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1e3));
+        let state = if a.leaving { format!("{} leaving", a.state) } else { a.state.clone() };
+        println!(
+            "{:<20} {:<10} {:<13} {:>9} {:<8} {:>6}  {}",
+            a.name,
+            a.agent_id,
+            state,
+            lease,
+            if a.drained { "yes" } else { "no" },
+            a.running.len(),
+            a.hostname
+        );
+        if a.drained && !a.drain_note.is_empty() {
+            println!("  drained {}", a.drain_note);
+        }
+        for g in &a.gpus {
+            let verdict = if g.usable { "usable".to_owned() } else { format!("not used: {}", g.reasons.join("; ")) };
+            println!("  GPU {} {} {}: {verdict}", g.index, g.name, g.uuid);
+        }
     }
 }

@@ -1,74 +1,210 @@
-//! The operator's side of the gRPC API: submit a matrix with the files it
-//! names, watch a run, fetch reports and listings.
+//! The operator's side of the gRPC API: connect, upload a matrix's files and
+//! submit it, follow a run (re-attaching after a controller restart), and
+//! the listings and commands.
 
+use std::io::Read as _;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context as _;
-use benchfleet_proto as pb;
-use tokio_stream::StreamExt;
-
 use benchfleet_controller::matrix;
-use benchfleet_controller::server::MAX_MESSAGE_BYTES;
+use benchfleet_proto as pb;
+use sha2::Digest as _;
+use tokio_stream::StreamExt;
 
 pub type OperatorClient = pb::operator_service_client::OperatorServiceClient<tonic::transport::Channel>;
 
+/// Largest message: matrices are at most 1 MiB, files go in 1 MiB chunks.
+const MAX_MESSAGE_BYTES: usize = 4 << 20;
+const CHUNK: usize = 1 << 20;
+
+/// The controller could not be reached (exit code 3).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach the controller at {url}: {reason}")]
+pub struct Unreachable {
+    pub url: String,
+    pub reason: String,
+}
+
 pub async fn connect(url: &str) -> anyhow::Result<OperatorClient> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .with_context(|| format!("'{url}' is not a controller URL"))?
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach the controller at {url}"))?;
+        .connect_timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(|e| Unreachable { url: url.to_owned(), reason: error_chain(&e) })?;
     Ok(OperatorClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
-/// Reads a matrix file and the dataset files it names (relative to it), and
-/// builds the submission. A matrix with an error is reported here, before
-/// anything is sent.
-pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result<pb::SubmitRunRequest> {
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// A gRPC error as the operator reads it.
+pub fn status(s: tonic::Status) -> anyhow::Error {
+    match s.code() {
+        tonic::Code::Unavailable => anyhow::anyhow!("the controller is unavailable: {}", s.message()),
+        _ => anyhow::anyhow!("{}", s.message()),
+    }
+}
+
+/// A file the matrix names, read from disk.
+pub struct MatrixFile {
+    pub path: String,
+    pub on_disk: std::path::PathBuf,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// A matrix read from disk and checked, with the files it names (hashed,
+/// not loaded).
+pub struct Submission {
+    pub request: pb::SubmitRunRequest,
+    pub files: Vec<MatrixFile>,
+}
+
+fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0; CHUNK];
+    let mut size = 0;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(), size))
+}
+
+/// Reads a matrix file and hashes the files it names (relative to it). A
+/// matrix with an error is reported here, before any connection.
+pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result<Submission> {
     let yaml =
         std::fs::read_to_string(path).with_context(|| format!("cannot read the matrix file {}", path.display()))?;
     let name = path.display().to_string();
     let base = path.parent().unwrap_or(Path::new("."));
-    let mut files = std::collections::HashMap::new();
+    let mut files = Vec::new();
     for f in matrix::referenced_files(&name, &yaml)? {
+        let on_disk = base.join(&f.path);
         // A file that cannot be read is left out; validation names it.
-        if let Ok(content) = std::fs::read(base.join(&f.path)) {
-            files.insert(f.path, content);
+        if let Ok((sha256, size)) = hash_file(&on_disk) {
+            files.push(MatrixFile { path: f.path, on_disk, sha256, size });
         }
     }
-    // Validate here too, so that errors appear before any connection.
-    matrix::parse(&name, &yaml, &|p| files.contains_key(p).then(String::new))?;
-    Ok(pb::SubmitRunRequest {
+    matrix::parse(&name, &yaml, &|p| files.iter().find(|f| f.path == p).map(|f| f.sha256.clone()))?;
+    let request = pb::SubmitRunRequest {
         matrix_name: name,
         matrix_yaml: yaml,
-        files,
         runtime_override: runtime_override.unwrap_or_default().to_owned(),
-    })
+        files: files.iter().map(|f| (f.path.clone(), f.sha256.clone())).collect(),
+    };
+    Ok(Submission { request, files })
 }
 
-/// Follows a run until it finishes, calling `on_progress` on every change.
-pub async fn watch(
-    client: &mut OperatorClient,
-    run_id: &str,
-    mut on_progress: impl FnMut(&pb::RunInfo),
-) -> anyhow::Result<pb::RunInfo> {
-    let mut stream = client
-        .watch_run(pb::WatchRunRequest { run_id: run_id.to_owned() })
-        .await
-        .context("cannot watch the run")?
-        .into_inner();
-    let mut last = None;
-    while let Some(progress) = stream.next().await {
-        let progress = progress.context("lost the run's progress stream")?;
-        if let Some(run) = &progress.run {
-            on_progress(run);
+/// Uploads what the controller lacks, then submits.
+pub async fn submit(client: &mut OperatorClient, sub: Submission) -> anyhow::Result<pb::SubmitRunResponse> {
+    let wanted: Vec<String> = sub.files.iter().map(|f| f.sha256.clone()).collect();
+    let missing =
+        client.missing_files(pb::MissingFilesRequest { sha256: wanted }).await.map_err(status)?.into_inner().sha256;
+    for f in sub.files.iter().filter(|f| missing.contains(&f.sha256)) {
+        upload(client, f).await.with_context(|| format!("cannot upload {}", f.on_disk.display()))?;
+    }
+    Ok(client.submit_run(sub.request).await.map_err(status)?.into_inner())
+}
+
+/// Streams a file in chunks: memory stays at a few chunks whatever its size.
+async fn upload(client: &mut OperatorClient, f: &MatrixFile) -> anyhow::Result<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::FileChunk>(4);
+    let (path, name, sha256, size) = (f.on_disk.clone(), f.path.clone(), f.sha256.clone(), f.size);
+    let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut file = std::fs::File::open(&path)?;
+        let mut first = true;
+        loop {
+            let mut data = vec![0; CHUNK];
+            let n = file.read(&mut data)?;
+            if n == 0 && !first {
+                return Ok(());
+            }
+            data.truncate(n);
+            let chunk = pb::FileChunk {
+                sha256: if first { sha256.clone() } else { String::new() },
+                size: if first { size } else { 0 },
+                name: if first { name.clone() } else { String::new() },
+                data,
+            };
+            first = false;
+            if tx.blocking_send(chunk).is_err() || n == 0 {
+                return Ok(());
+            }
         }
-        last = progress.run;
-        if progress.finished {
-            break;
+    });
+    let sent = client.upload_file(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
+    reader.await??;
+    sent.map_err(status)?;
+    Ok(())
+}
+
+/// Follows a run until it ends, calling `on_progress` on every change. A
+/// controller that goes away (a restart) is waited for, up to `reconnect_for`,
+/// and the run re-attached.
+pub async fn watch(
+    url: &str,
+    run_id: &str,
+    reconnect_for: Duration,
+    mut on_progress: impl FnMut(&pb::RunProgress),
+) -> anyhow::Result<pb::RunProgress> {
+    let mut lost_since: Option<tokio::time::Instant> = None;
+    loop {
+        let attempt = async {
+            let mut client = connect(url).await?;
+            let mut stream = client
+                .watch_run(pb::WatchRunRequest { run_id: run_id.to_owned() })
+                .await
+                .map_err(|s| {
+                    if s.code() == tonic::Code::Unavailable {
+                        anyhow::Error::from(Unreachable { url: url.to_owned(), reason: s.message().to_owned() })
+                    } else {
+                        status(s)
+                    }
+                })?
+                .into_inner();
+            lost_since = None;
+            while let Some(progress) = stream.next().await {
+                let progress = progress.map_err(|s| {
+                    anyhow::Error::from(Unreachable { url: url.to_owned(), reason: s.message().to_owned() })
+                })?;
+                on_progress(&progress);
+                if progress.finished {
+                    return Ok(progress);
+                }
+            }
+            Err(anyhow::Error::from(Unreachable {
+                url: url.to_owned(),
+                reason: "the progress stream ended".to_owned(),
+            }))
+        }
+        .await;
+        match attempt {
+            Ok(p) => return Ok(p),
+            Err(e) if e.downcast_ref::<Unreachable>().is_some() => {
+                let since = *lost_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() > reconnect_for {
+                    return Err(e);
+                }
+                tracing::info!("lost the controller ({e:#}); re-attaching");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
         }
     }
-    last.context("the controller ended the progress stream early")
 }

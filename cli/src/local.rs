@@ -6,23 +6,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use benchfleet_agent::AgentConfig;
 use benchfleet_agent::engine::{EngineRuntime, ProcessRuntime};
 use benchfleet_agent::gpu::SimGpuProbe;
 use benchfleet_agent::load::ProcessLoadRunner;
+use benchfleet_agent::{AgentConfig, Shutdown};
+use benchfleet_controller::store::Store;
+use benchfleet_controller::{Controller, ControllerConfig, serve};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-use benchfleet_controller::server::{Controller, ControllerConfig, serve};
-use benchfleet_controller::store::Store;
 
 /// A running local controller and agent.
 pub struct LocalFleet {
     /// The controller's gRPC URL.
     pub url: String,
-    shutdown: CancellationToken,
-    controller: JoinHandle<()>,
+    pub controller: Arc<Controller>,
+    stop_controller: CancellationToken,
+    stop_agent: Shutdown,
+    serving: JoinHandle<()>,
     agent: JoinHandle<()>,
+}
+
+/// The controller settings of local mode: the one agent is in this process,
+/// so there is no one to wait for after a restart.
+pub fn local_config(url: &str) -> ControllerConfig {
+    let mut config = ControllerConfig::new(url);
+    config.sched.restart_grace = Duration::from_secs(2);
+    config
 }
 
 impl LocalFleet {
@@ -34,38 +43,40 @@ impl LocalFleet {
     ) -> anyhow::Result<LocalFleet> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind 127.0.0.1:0")?;
         let url = format!("http://{}", listener.local_addr()?);
-        let controller = Controller::new(store, ControllerConfig { advertise_url: url.clone() })?;
-        let shutdown = CancellationToken::new();
-        let stop = shutdown.clone();
-        let controller = tokio::spawn(async move {
-            if let Err(e) = serve(controller, listener, stop.cancelled_owned()).await {
+        let controller = Controller::start(store, local_config(&url))?;
+        let stop_controller = CancellationToken::new();
+        let stop = stop_controller.clone();
+        let served = controller.clone();
+        let serving = tokio::spawn(async move {
+            if let Err(e) = serve(served, listener, stop.cancelled_owned()).await {
                 tracing::error!("controller stopped: {e}");
             }
         });
         let agent_config = match agent(url.clone()) {
             Ok(config) => config,
             Err(e) => {
-                shutdown.cancel();
-                let _ = controller.await;
+                stop_controller.cancel();
+                let _ = serving.await;
                 return Err(e);
             }
         };
-        let stop = shutdown.clone();
+        let stop_agent = Shutdown::new();
+        let shutdown = stop_agent.clone();
         let agent = tokio::spawn(async move {
-            if let Err(e) = benchfleet_agent::run(agent_config, stop).await {
+            if let Err(e) = benchfleet_agent::run(agent_config, shutdown).await {
                 tracing::error!("agent stopped: {e:#}");
             }
         });
-        Ok(LocalFleet { url, shutdown, controller, agent })
+        Ok(LocalFleet { url, controller, stop_controller, stop_agent, serving, agent })
     }
 
-    /// Stops the agent (and with it any engine it runs), then the controller.
+    /// Stops the agent (and with it every engine and loadgen it runs, which
+    /// it awaits), then the controller.
     pub async fn stop(self) {
-        self.shutdown.cancel();
+        self.stop_agent.now.cancel();
         let _ = self.agent.await;
-        // Streams that outlive the agent (a watcher) must not hold the
-        // controller up for long.
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.controller).await;
+        self.stop_controller.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.serving).await;
     }
 }
 
@@ -78,21 +89,28 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
     };
     let sim = benchfleet_agent::find_binary("benchfleet-sim").with_context(|| missing("benchfleet-sim"))?;
     let loadgen = benchfleet_agent::find_binary("benchfleet-loadgen").with_context(|| missing("benchfleet-loadgen"))?;
+    let pids = benchfleet_agent::procs::PidDir(work_dir.join("pids"));
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
     // The simulator models the GPU the matrix asks for.
     let env = vec![("BENCHFLEET_SIM_GPU".to_owned(), gpu.to_owned())];
     runtimes.insert(
         "process".into(),
-        Arc::new(ProcessRuntime { launcher: vec![sim.display().to_string()], env, ..ProcessRuntime::default() }),
+        Arc::new(ProcessRuntime {
+            launcher: vec![sim.display().to_string()],
+            env,
+            stop_grace: Duration::from_secs(10),
+            pids: Some(pids.clone()),
+        }),
     );
     Ok(AgentConfig {
         controller_url,
         name: "local".into(),
         gpus: Arc::new(SimGpuProbe { model: gpu.to_owned(), count: 1, host: "local".into() }),
         runtimes,
-        loadgen: Arc::new(ProcessLoadRunner { binary: loadgen }),
+        loadgen: Arc::new(ProcessLoadRunner { binary: loadgen, pids: Some(pids) }),
         work_dir,
         startup_timeout: Duration::from_secs(120),
         gpu_check_interval: Duration::from_secs(60),
+        leave_grace: Duration::from_secs(10),
     })
 }

@@ -163,6 +163,9 @@ pub struct Counters {
 }
 
 /// A store write the scheduler asks for (`Store::apply` makes them).
+// Writes live for one batch of events; boxing each would only add an
+// allocation per write.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {
     Agent(AgentRecord),
@@ -427,6 +430,9 @@ pub struct AttemptInfo {
     /// starting or the load running) and failed or was lost on its own
     /// account.
     pub charged: bool,
+    /// The engine's last log lines, when it failed.
+    #[serde(default)]
+    pub log_tail: Option<String>,
 }
 
 /// What the controller stored of one attempt's records.

@@ -10,11 +10,5 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = benchfleet_cli::cli::Cli::parse();
-    match benchfleet_cli::cli::main(cli).await {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(2);
-        }
-    }
+    std::process::exit(benchfleet_cli::cli::main(cli).await);
 }

@@ -187,6 +187,8 @@ pub enum ToAgent {
 
 /// What the scheduler asks its driver to do, in order; writes go to the
 /// store before anything is sent.
+// Commands live for one batch of events (see `Write`).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     Persist(Write),
@@ -288,6 +290,9 @@ struct JobEntry {
 struct GroupEntry {
     group: Group,
     queued: bool,
+    /// Its place in the queue, kept when it is queued again (a group whose
+    /// agent was lost goes back where it was, not to the end).
+    order: Option<u64>,
 }
 
 /// What a group needs of an agent.
@@ -466,7 +471,7 @@ impl Scheduler {
             r.groups.push(group.id);
         }
         let placed = group.placement.as_ref().map(|p| p.agent).filter(|a| self.agents.contains_key(a));
-        self.groups.insert(key, GroupEntry { group, queued: false });
+        self.groups.insert(key, GroupEntry { group, queued: false, order: None });
         match placed {
             Some(agent) => {
                 // A restored placement: its active attempts take records
@@ -522,8 +527,13 @@ impl Scheduler {
             return;
         }
         g.queued = true;
-        self.queued_seq += 1;
-        self.queue.entry(Need::of(&g.group)).or_default().push_back((self.queued_seq, key));
+        let order = *g.order.get_or_insert_with(|| {
+            self.queued_seq += 1;
+            self.queued_seq
+        });
+        let q = self.queue.entry(Need::of(&g.group)).or_default();
+        let at = q.partition_point(|(o, _)| *o < order);
+        q.insert(at, (order, key));
     }
 
     // ------------------------------------------------------------ agents --
@@ -614,7 +624,7 @@ impl Scheduler {
             } else {
                 let reason =
                     format!("agent {} came back without it (restarted, or it stopped the work itself)", hello.name);
-                self.abandon_group(key, &reason, Charge::Begun, now);
+                self.abandon(key, &reason, Charge::Begun, false, now);
             }
         }
         self.refresh(id, now);
@@ -864,9 +874,19 @@ impl Scheduler {
         now: Now,
     ) {
         let (cap, max) = (self.config.attempt_cap, self.config.max_attempts);
+        // A failure of the attempt's own is tried again only on an agent it
+        // has not failed on: with none left, it is final.
+        let nowhere_else = outcome == AttemptOutcome::Failed
+            && kind == FailureKind::Attempt
+            && self
+                .jobs
+                .get(&key)
+                .and_then(|j| self.groups.get(&(key.0, j.job.group)))
+                .is_some_and(|g| !self.capable_elsewhere(&g.group));
         let Some(entry) = self.jobs.get_mut(&key) else { return };
         let job = &mut entry.job;
         let was_active = job.state.is_active();
+        let log_tail = job.log_tail.clone();
         if let Some(a) = job.current_mut()
             && a.outcome == AttemptOutcome::Running
         {
@@ -874,6 +894,7 @@ impl Scheduler {
             a.ended_unix_ms = Some(now.unix_ms);
             a.reason = (!reason.is_empty()).then(|| reason.to_owned());
             a.charged = charged;
+            a.log_tail = log_tail;
         }
         entry.active_since = None;
         job.pull_progress = None;
@@ -890,7 +911,7 @@ impl Scheduler {
                 if kind == FailureKind::Config {
                     job.error = Some(reason.to_owned());
                     JobState::Failed
-                } else if failed.len() as u32 >= cap {
+                } else if failed.len() as u32 >= cap || nowhere_else {
                     let hosts: BTreeSet<AgentId> = failed.iter().map(|a| a.agent).collect();
                     job.error = Some(if hosts.len() > 1 {
                         format!("failed on {} hosts: {reason}", hosts.len())
@@ -969,6 +990,12 @@ impl Scheduler {
     /// Gives up a placed group's active attempts and queues it again; the
     /// agent, if it still listens, is told to stop it.
     fn abandon_group(&mut self, key: GroupKey, reason: &str, charge: Charge, now: Now) {
+        self.abandon(key, reason, charge, true, now);
+    }
+
+    /// `abandon_group`, telling the agent to stop the group only with
+    /// `tell`: an agent that came back without it does not hold it.
+    fn abandon(&mut self, key: GroupKey, reason: &str, charge: Charge, tell: bool, now: Now) {
         let Some(placement) = self.groups.get(&key).and_then(|g| g.group.placement.clone()) else { return };
         let active: Vec<(u64, bool)> = self
             .group_jobs(key)
@@ -983,7 +1010,9 @@ impl Scheduler {
             };
             self.end_attempt((key.0, job), AttemptOutcome::Abandoned, reason, charged, FailureKind::Attempt, now);
         }
-        if let Some(session) = self.agents.get(&placement.agent).and_then(|a| a.session.as_ref()).map(|s| s.epoch) {
+        if let Some(session) = self.agents.get(&placement.agent).and_then(|a| a.session.as_ref()).map(|s| s.epoch)
+            && tell
+        {
             self.out.push(Command::Send {
                 agent: placement.agent,
                 session,
@@ -991,6 +1020,23 @@ impl Scheduler {
             });
         }
         self.release(key, placement.agent, now);
+    }
+
+    /// Whether some known agent on which the group has not failed could
+    /// run it (now or once it is back).
+    fn capable_elsewhere(&self, g: &Group) -> bool {
+        let need = Need::of(g);
+        self.agents.values().any(|a| {
+            !a.lost
+                && !g.failed_on.contains(&a.rec.id)
+                && a.rec.runtimes.iter().any(|r| r == need.runtime.as_str())
+                && a.rec
+                    .gpus
+                    .iter()
+                    .filter(|x| need.gpu.as_deref().is_none_or(|m| benchfleet_core::gpu::model_matches(&x.name, m)))
+                    .count()
+                    >= need.gpus as usize
+        })
     }
 
     // -------------------------------------------------------------- runs --
@@ -1334,6 +1380,7 @@ impl Scheduler {
                 outcome: AttemptOutcome::Running,
                 reason: None,
                 charged: false,
+                log_tail: None,
             });
             e.has_summary = false;
             e.active_since = None;

@@ -30,7 +30,7 @@ enum Action {
     RestartController,
     /// The agent sends news of an attempt it held once (a message delayed
     /// in the network, or an agent that missed being told to stop).
-    Stale(usize, prop::sample::Index),
+    Stale(usize, proptest::sample::Index),
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -45,7 +45,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (1u64..5).prop_map(Action::Cancel),
         1 => (0..AGENTS, any::<bool>()).prop_map(|(a, d)| Action::Drain(a, d)),
         1 => Just(Action::RestartController),
-        2 => (0..AGENTS, any::<prop::sample::Index>()).prop_map(|(a, i)| Action::Stale(a, i)),
+        2 => (0..AGENTS, any::<proptest::sample::Index>()).prop_map(|(a, i)| Action::Stale(a, i)),
     ]
 }
 
@@ -305,7 +305,7 @@ impl Sim {
                     let was = *self.ended.entry(key).or_insert(a.outcome);
                     assert_eq!(was, a.outcome, "{key} changed how it ended");
                 } else {
-                    assert!(self.ended.get(&key).is_none(), "{key} ended, then ran again");
+                    assert!(!self.ended.contains_key(&key), "{key} ended, then ran again");
                     assert_eq!(a.number, job.attempt, "{key} runs but is not the current attempt");
                     assert!(job.state.is_active(), "{key} runs but its job is {:?}", job.state);
                 }

@@ -661,3 +661,27 @@ impl FakeStore {
         }
     }
 }
+
+#[test]
+fn a_failure_is_final_once_no_other_agent_could_run_the_job() {
+    let mut w = World::new();
+    let a = w.hello("only", "i", h200s(1), Vec::new()).expect("welcome");
+    let run = w.submit(1, 1, 1, "H200", 1);
+    let g = w.assigned(&a).remove(0);
+    assert!(w.update(&a, g.jobs[0].fence, Reported::Running));
+    assert!(w.update(&a, g.jobs[0].fence, Reported::Failed(FailureKind::Attempt)));
+    assert!(w.done(&a, &g));
+    assert_eq!(w.job(run, 0).state, JobState::Failed, "not tried again on the host it failed on");
+    assert_eq!(w.assigned(&a).len(), 1);
+    // With another capable agent known, it would have waited for it.
+    let mut w = World::new();
+    let a = w.hello("first", "i", h200s(1), Vec::new()).expect("welcome");
+    let _b = w.hello("second", "i", h200s(1), Vec::new()).expect("welcome");
+    let run = w.submit(1, 1, 1, "H200", 1);
+    let (agent, g) =
+        [a.clone(), _b.clone()].into_iter().find_map(|x| w.assigned(&x).pop().map(|g| (x, g))).expect("placed");
+    assert!(w.update(&agent, g.jobs[0].fence, Reported::Failed(FailureKind::Attempt)));
+    assert!(w.done(&agent, &g));
+    assert_eq!(w.job(run, 0).state, JobState::Assigned, "tried again on the other agent");
+    assert_ne!(w.job(run, 0).agent, Some(agent.agent));
+}

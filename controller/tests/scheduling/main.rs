@@ -1,8 +1,9 @@
-//! The controller's scheduling against a fake agent speaking the real gRPC
+//! The controller's services against a fake agent speaking the real gRPC
 //! protocol: placement by GPU model and count, several groups at once on one
-//! host, attempts that go stale when a session is lost, a controller that
-//! crashes and restarts without losing its run, and a greedy run whose
-//! stages follow from the summaries ingested.
+//! host, attempts that go stale when an agent restarts (their records
+//! refused for good), a controller that is killed and restarts while its
+//! agent goes on, a clone refused, and a greedy run whose stages follow from
+//! the summaries ingested.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +39,7 @@ async fn controller() -> Fixture {
     let store: Arc<dyn Store> = Arc::new(SledStore::open(dir.path()).expect("store"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let c = Controller::new(store.clone(), ControllerConfig { advertise_url: url.clone() }).expect("controller");
+    let c = Controller::start(store.clone(), ControllerConfig::new(url.clone())).expect("controller");
     tokio::spawn(serve(c, listener, std::future::pending()));
     Fixture { url, store, _dir: dir }
 }
@@ -51,45 +52,89 @@ fn gpu(index: u32, name: &str) -> pb::Gpu {
     pb::Gpu { index, uuid: format!("GPU-{index}"), name: name.to_owned(), usable: true, ..Default::default() }
 }
 
-/// A fake agent: registered, holding a session, reading assignments.
+/// A fake agent: holding a session (heartbeats on a task), reading
+/// assignments.
 struct FakeAgent {
     tx: mpsc::Sender<pb::AgentMessage>,
     assignments: tonic::Streaming<pb::ControllerMessage>,
+    welcome: pb::Welcome,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeAgent {
+    /// Like a killed agent: the session's stream ends.
+    fn drop(&mut self) {
+        self.heartbeats.abort();
+    }
+}
+
+/// Says hello until the controller has seen the previous session of the
+/// name end (as a restarted agent retries).
+async fn agent_again(url: &str, gpus: Vec<pb::Gpu>, instance: &str, running: Vec<pb::GroupClaim>) -> FakeAgent {
+    for _ in 0..100 {
+        match agent_on(channel(url).await, gpus.clone(), instance, running.clone()).await {
+            Ok(a) => return a,
+            Err(s) if s.code() == tonic::Code::AlreadyExists => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(s) => panic!("{s:?}"),
+        }
+    }
+    panic!("the earlier session never ended")
 }
 
 async fn agent(url: &str, gpus: Vec<pb::Gpu>) -> FakeAgent {
-    agent_on(channel(url).await, gpus).await
+    agent_on(channel(url).await, gpus, "i1", Vec::new()).await.expect("welcome")
 }
 
-async fn agent_on(channel: Channel, gpus: Vec<pb::Gpu>) -> FakeAgent {
+async fn agent_on(
+    channel: Channel,
+    gpus: Vec<pb::Gpu>,
+    instance: &str,
+    running: Vec<pb::GroupClaim>,
+) -> Result<FakeAgent, tonic::Status> {
     let mut client = pb::agent_service_client::AgentServiceClient::new(channel);
-    let id = client
-        .register(pb::RegisterRequest {
-            name: "host-1".into(),
-            gpus,
-            runtimes: vec!["process".into()],
-            ..Default::default()
-        })
-        .await
-        .expect("register")
-        .into_inner()
-        .agent_id;
     let (tx, rx) = mpsc::channel(16);
-    tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(pb::Hello { agent_id: id })) })
-        .await
-        .expect("hello");
-    let assignments = client.session(ReceiverStream::new(rx)).await.expect("session").into_inner();
-    FakeAgent { tx, assignments }
+    let hello = pb::Hello {
+        name: "host-1".into(),
+        gpus,
+        runtimes: vec!["process".into()],
+        instance: instance.into(),
+        running,
+        ..Default::default()
+    };
+    tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(hello)) }).await.expect("hello");
+    let mut assignments = client.session(ReceiverStream::new(rx)).await?.into_inner();
+    let welcome = match assignments.next().await {
+        Some(Ok(pb::ControllerMessage { msg: Some(pb::controller_message::Msg::Welcome(w)) })) => w,
+        other => panic!("expected a welcome, got {other:?}"),
+    };
+    let beats = tx.clone();
+    let heartbeats = tokio::spawn(async move {
+        for seq in 1.. {
+            let beat = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { seq })) };
+            if beats.send(beat).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    Ok(FakeAgent { tx, assignments, welcome, heartbeats })
 }
 
 impl FakeAgent {
+    /// The next message that is not a heartbeat acknowledgement.
+    async fn message(&mut self, wait: Duration) -> Option<pb::controller_message::Msg> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let next = tokio::time::timeout_at(deadline, self.assignments.next()).await.ok()?;
+            match next.expect("the session is open").expect("no error").msg {
+                Some(pb::controller_message::Msg::HeartbeatAck(_)) => continue,
+                other => return other,
+            }
+        }
+    }
+
     async fn next(&mut self) -> pb::AssignGroup {
-        let msg = tokio::time::timeout(Duration::from_secs(10), self.assignments.next())
-            .await
-            .expect("an assignment in time")
-            .expect("the session is open")
-            .expect("no error");
-        match msg.msg {
+        match self.message(Duration::from_secs(10)).await {
             Some(pb::controller_message::Msg::AssignGroup(g)) => g,
             other => panic!("expected an assignment, got {other:?}"),
         }
@@ -97,8 +142,13 @@ impl FakeAgent {
 
     /// No assignment arrives within a short while.
     async fn nothing_more(&mut self) {
-        let next = tokio::time::timeout(Duration::from_millis(300), self.assignments.next()).await;
-        assert!(next.is_err(), "unexpected message: {next:?}");
+        let next = self.message(Duration::from_millis(300)).await;
+        assert!(next.is_none(), "unexpected message: {next:?}");
+    }
+
+    async fn done(&self, group: &pb::AssignGroup) {
+        let done = pb::GroupDone { run_id: group.run_id.clone(), group: group.group, epoch: group.epoch };
+        self.send(pb::agent_message::Msg::GroupDone(done)).await;
     }
 
     async fn send(&self, msg: pb::agent_message::Msg) {
@@ -136,27 +186,39 @@ async fn groups_run_side_by_side_on_their_own_gpus_of_the_right_model() {
     assert_eq!(gpus, [vec!["GPU-0".to_owned()], vec!["GPU-2".to_owned()]]);
 
     // When one group is done, its GPU goes to the next group.
-    a.send(pb::agent_message::Msg::GroupDone(pb::GroupDone { run_id: run.clone(), group: first.group })).await;
+    let _ = &run;
+    a.send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
+        attempt: first.jobs[0].attempt.clone(),
+        state: pb::JobState::Failed as i32,
+        failure: pb::FailureKind::Config as i32,
+        error: "unrecognized arguments: --a".into(),
+        ..Default::default()
+    }))
+    .await;
+    a.done(&first).await;
     let third = a.next().await;
     assert_eq!(third.gpu_uuids, first.gpu_uuids);
     assert!(third.group != first.group && third.group != second.group);
 }
 
 #[tokio::test]
-async fn a_lost_session_reruns_its_groups_as_new_attempts_and_ignores_the_old_ones() {
+async fn a_restarted_agent_gets_its_group_again_and_the_old_attempt_is_refused_for_good() {
     let f = controller().await;
-    let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let mut a = a;
     let run = submit(&f.url).await;
     let old = a.next().await;
     let old_attempt = old.jobs[0].attempt.clone().expect("attempt");
-    assert_eq!(old_attempt.attempt, 1);
+    assert_eq!((old_attempt.attempt, old_attempt.epoch), (1, a.welcome.epoch));
     drop(a);
 
-    let mut b = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    // The same host, a new agent process: it claims nothing.
+    let mut b = agent_again(&f.url, vec![gpu(0, "NVIDIA H200")], "i2", Vec::new()).await;
     let new = b.next().await;
     assert_eq!(new.group, old.group);
     let new_attempt = new.jobs[0].attempt.clone().expect("attempt");
     assert_eq!((new_attempt.job, new_attempt.attempt), (old_attempt.job, 2));
+    assert!(new_attempt.epoch > old_attempt.epoch);
 
     // The old attempt's success is ignored...
     b.send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
@@ -165,18 +227,30 @@ async fn a_lost_session_reruns_its_groups_as_new_attempts_and_ignores_the_old_on
         ..Default::default()
     }))
     .await;
-    // ...and its records are refused.
+    // ...and its records are refused, for good.
     let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel(&f.url).await);
     let batch = pb::RecordBatch { attempt: Some(old_attempt.clone()), batch: 0, ..Default::default() };
     let mut acks = ingest.records(tokio_stream::iter([batch])).await.expect("stream").into_inner();
     let refused = acks.next().await.expect("a reply").expect_err("stale records are refused");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(refused.message().contains("may not send records"), "{}", refused.message());
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let run_id = run.parse().expect("run id");
     let job = f.store.job(run_id, old_attempt.job).expect("read").expect("job");
     assert_eq!(job.attempt, 2);
     assert!(!job.state.is_terminal(), "{job:?}");
+    assert!(job.attempts[0].reason.as_deref().is_some_and(|r| r.contains("came back without it")), "{job:?}");
+}
+
+#[tokio::test]
+async fn a_second_agent_with_the_same_name_is_refused_naming_the_first() {
+    let f = controller().await;
+    let _first = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let clone = agent_on(channel(&f.url).await, vec![gpu(0, "NVIDIA H200")], "another", Vec::new()).await;
+    let status = clone.err().expect("refused");
+    assert_eq!(status.code(), tonic::Code::AlreadyExists);
+    assert!(status.message().contains("already holds the name 'host-1' (agent-1"), "{}", status.message());
 }
 
 /// The controller binary on a fixed loopback port, over a data directory.
@@ -201,12 +275,13 @@ async fn connect_when_up(url: &str) -> Channel {
 }
 
 #[tokio::test]
-async fn a_killed_controller_restarts_with_its_run_and_reassigns_it() {
+async fn a_killed_controller_restarts_with_its_run_and_its_agent_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
     let url = format!("http://127.0.0.1:{port}");
     let mut first = controller_process(dir.path(), port);
-    let mut a = agent_on(connect_when_up(&url).await, vec![gpu(0, "NVIDIA H200")]).await;
+    let mut a =
+        agent_on(connect_when_up(&url).await, vec![gpu(0, "NVIDIA H200")], "i1", Vec::new()).await.expect("welcome");
     let run = submit(&url).await;
     let before = a.next().await;
     let job = before.jobs[0].attempt.clone().expect("attempt");
@@ -216,24 +291,48 @@ async fn a_killed_controller_restarts_with_its_run_and_reassigns_it() {
     drop(a);
 
     let mut second = controller_process(dir.path(), port);
-    let mut b = agent_on(connect_when_up(&url).await, vec![gpu(0, "NVIDIA H200")]).await;
-    let after = b.next().await;
+    let claim = pb::GroupClaim {
+        run_id: before.run_id.clone(),
+        group: before.group,
+        attempts: before.jobs.iter().filter_map(|j| j.attempt.clone()).collect(),
+    };
+    let mut b =
+        agent_on(connect_when_up(&url).await, vec![gpu(0, "NVIDIA H200")], "i1", vec![claim]).await.expect("welcome");
     let runs = pb::operator_service_client::OperatorServiceClient::new(channel(&url).await)
         .list_runs(pb::ListRunsRequest {})
         .await
         .expect("list")
         .into_inner()
         .runs;
+    // The group it was running goes on: it is kept, not assigned again.
+    assert_eq!(b.welcome.keep, [pb::GroupRef { run_id: before.run_id.clone(), group: before.group }]);
+    assert_eq!(b.welcome.agent_id, a_id(&before));
+    assert!(b.welcome.epoch > job.epoch, "epochs never repeat across restarts");
+    b.send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
+        attempt: Some(job.clone()),
+        state: pb::JobState::Running as i32,
+        ..Default::default()
+    }))
+    .await;
+    b.nothing_more().await;
+    let jobs = pb::operator_service_client::OperatorServiceClient::new(channel(&url).await)
+        .list_jobs(pb::ListJobsRequest { run_id: run.clone() })
+        .await
+        .expect("jobs")
+        .into_inner()
+        .jobs;
+    let first_job = jobs.iter().find(|j| j.job == job.job).expect("the job");
+    assert_eq!((first_job.state.as_str(), first_job.attempts.len()), ("running", 1), "{first_job:?}");
     second.kill().expect("kill");
     let _ = second.wait();
 
     assert_eq!(runs.len(), 1);
     assert_eq!((runs[0].run_id.as_str(), runs[0].state.as_str(), runs[0].jobs_total), (run.as_str(), "running", 4));
-    // The group that was running when the controller died runs again, as a
-    // new attempt of the same job.
-    assert_eq!(after.group, before.group);
-    let again = after.jobs[0].attempt.clone().expect("attempt");
-    assert_eq!((again.job, again.attempt), (job.job, job.attempt + 1));
+}
+
+/// The agent id every fake agent gets on a fresh store.
+fn a_id(_: &pb::AssignGroup) -> String {
+    "agent-1".to_owned()
 }
 
 #[tokio::test]
@@ -325,9 +424,7 @@ async fn run_group(url: &str, agent: &FakeAgent, group: &pb::AssignGroup) {
             }))
             .await;
     }
-    agent
-        .send(pb::agent_message::Msg::GroupDone(pb::GroupDone { run_id: group.run_id.clone(), group: group.group }))
-        .await;
+    agent.done(group).await;
 }
 
 /// The next stage's assignments, as "config on profile" sorted, and the groups.
@@ -369,19 +466,19 @@ async fn a_greedy_run_is_scheduled_stage_by_stage_from_its_results() {
         let (shown, groups) = next_stage(&mut a, expected.len()).await;
         assert_eq!(shown, expected);
         let run_info = f.store.run(run_id).expect("read").expect("run");
-        assert!(!run_info.finished, "finished before the last stage");
+        assert!(!run_info.is_over(), "finished before the last stage");
         for g in &groups {
             run_group(&f.url, &a, g).await;
         }
     }
 
     for _ in 0..50 {
-        if f.store.run(run_id).expect("read").expect("run").finished {
+        if f.store.run(run_id).expect("read").expect("run").is_over() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(f.store.run(run_id).expect("read").expect("run").finished, "the run never finished");
+    assert!(f.store.run(run_id).expect("read").expect("run").is_over(), "the run never finished");
     a.nothing_more().await;
     let stages: Vec<(String, u32)> =
         f.store.groups(run_id).expect("groups").into_iter().map(|g| (g.config.name, g.stage)).collect();
@@ -425,10 +522,17 @@ async fn a_restarted_controller_goes_on_with_the_next_greedy_stage() {
                 .into(),
         );
         job.state = benchfleet_controller::model::JobState::Succeeded;
-        f.store.put_job(&job).expect("put");
+        let summary = job.summary.take().expect("set above");
+        f.store
+            .commit_records(&benchfleet_controller::store::RecordCommit {
+                summaries: vec![(job.key(), summary)],
+                ..Default::default()
+            })
+            .expect("summary");
+        f.store.apply(&[benchfleet_controller::model::Write::Job(job)]).expect("put");
     }
 
-    Controller::new(f.store.clone(), ControllerConfig { advertise_url: f.url.clone() }).expect("restart");
+    Controller::start(f.store.clone(), ControllerConfig::new(f.url.clone())).expect("restart");
     let groups: Vec<(String, u32)> =
         f.store.groups(run_id).expect("groups").into_iter().map(|g| (g.config.name, g.stage)).collect();
     let expected = [("vllm", 1), ("sglang", 1), ("vllm+a", 2), ("vllm+b", 2), ("vllm+c", 2)];

@@ -8,17 +8,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use benchfleet_agent::AgentConfig;
 use benchfleet_agent::docker::{AGENT_LABEL, DockerArgs, DockerMode, DockerOptions, DockerRuntime, runtime_from_args};
 use benchfleet_agent::engine::EngineRuntime;
 use benchfleet_agent::gpu::SimGpuProbe;
+use benchfleet_agent::{AgentConfig, Shutdown};
 use benchfleet_cli::client;
 use benchfleet_cli::local::LocalFleet;
 use benchfleet_controller::model::{AttemptKey, Job, JobState, RunId};
 use benchfleet_controller::{SledStore, Store};
 use bollard::Docker;
 use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
-use tokio_util::sync::CancellationToken;
 
 /// The simulator's image, as `.ci/run` builds it.
 const IMAGE: &str = "benchfleet-sim:dev";
@@ -107,6 +106,7 @@ fn agent_with(
         work_dir,
         startup_timeout: Duration::from_secs(30),
         gpu_check_interval: Duration::from_secs(60),
+        leave_grace: Duration::from_secs(10),
     }
 }
 
@@ -136,15 +136,14 @@ strategy: grid
 async fn submit(url: &str, matrix: &Path) -> RunId {
     let mut operator = client::connect(url).await.expect("the controller answers");
     let submission = client::submission(matrix, None).expect("the matrix is valid");
-    let run = operator.submit_run(submission).await.expect("the run is accepted").into_inner();
+    let run = client::submit(&mut operator, submission).await.expect("the run is accepted");
     run.run_id.parse().expect("a run id")
 }
 
 /// Follows the run until it finishes; returns its one job.
 async fn finished(url: &str, store: &dyn Store, run: RunId) -> Job {
-    let mut operator = client::connect(url).await.expect("the controller answers");
     let run_id = run.to_string();
-    let watch = client::watch(&mut operator, &run_id, |_| {});
+    let watch = client::watch(url, &run_id, Duration::from_secs(30), |_| {});
     tokio::time::timeout(Duration::from_secs(120), watch)
         .await
         .expect("the run finishes within two minutes")
@@ -195,7 +194,8 @@ async fn a_job_in_a_container_stores_all_its_records() {
     let job = finished(&fleet.url, store.as_ref(), run).await;
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     assert!(job.engine_startup_s.is_some_and(|s| s > 0.0), "the startup time is recorded: {job:?}");
-    let records = store.records(&AttemptKey { run, job: job.id, attempt: job.attempt }).expect("records");
+    let records =
+        crate::fleet::records(store.as_ref(), &AttemptKey { run, job: job.id, attempt: job.attempt }).expect("records");
     assert_eq!(records.len(), 20);
     assert!(records.iter().all(|r| r.outcome.is_ok()), "every request succeeded");
     // The engine's container is stopped and removed after the last profile.
@@ -305,7 +305,7 @@ async fn a_restarted_agent_removes_the_container_it_left() {
             let docker = DockerRuntime::connect(options(&first_dir)).await.expect("the daemon answers");
             let config = agent(url, name, docker, first_dir.join("first"));
             tokio::select! {
-                result = benchfleet_agent::run(config, CancellationToken::new()) => result.expect("the agent runs"),
+                result = benchfleet_agent::run(config, Shutdown::new()) => result.expect("the agent runs"),
                 _ = killed => {}
             }
         });
@@ -335,7 +335,7 @@ async fn a_restarted_agent_removes_the_container_it_left() {
     assert!(gone.is_err(), "the orphaned container {orphan} is removed");
 
     // ...and the job runs again as a new attempt, which succeeds.
-    let stop = CancellationToken::new();
+    let stop = Shutdown::new();
     let second = tokio::spawn(benchfleet_agent::run(
         agent(fleet.url.clone(), name, docker, dir.path().join("second")),
         stop.clone(),
@@ -343,7 +343,7 @@ async fn a_restarted_agent_removes_the_container_it_left() {
     let job = finished(&fleet.url, store.as_ref(), run).await;
     assert_eq!((job.state, job.attempt), (JobState::Succeeded, 2), "{job:?}");
     assert_no_containers(&client, name).await;
-    stop.cancel();
+    stop.now.cancel();
     second.await.expect("the second agent stops").expect("the second agent ran");
     fleet.stop().await;
 }

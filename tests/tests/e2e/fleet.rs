@@ -12,6 +12,7 @@ use benchfleet_agent::engine::{Engine, EngineError, EngineRuntime, engine_comman
 use benchfleet_agent::gpu::SimGpuProbe;
 use benchfleet_agent::job::{EngineLaunch, LoadDataset, LoadRun};
 use benchfleet_agent::load::LoadRunner;
+use benchfleet_cli::client;
 use benchfleet_cli::local::LocalFleet;
 use benchfleet_controller::{SledStore, Store};
 use benchfleet_loadgen::{Arrival, Dataset, Endpoint, LoadConfig, SinkConfig};
@@ -62,16 +63,19 @@ pub struct InProcessLoadgen;
 
 #[tonic::async_trait]
 impl LoadRunner for InProcessLoadgen {
-    async fn run(&self, run: &LoadRun) -> anyhow::Result<()> {
+    async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()> {
         let job = &run.job;
         let dataset = match &job.dataset {
             LoadDataset::Random { input_tokens, output_tokens, seed } => {
                 Dataset::Random { input_tokens: *input_tokens, output_tokens: *output_tokens, seed: *seed }
             }
-            LoadDataset::ShareGpt { name, content, output_tokens, .. } => Dataset::ShareGpt {
-                data: benchfleet_loadgen::load_sharegpt(content, name)?,
-                output_tokens: *output_tokens,
-            },
+            LoadDataset::ShareGpt { name, output_tokens, .. } => {
+                let path = run.dataset_path.as_ref().ok_or_else(|| anyhow::anyhow!("no dataset file for {name}"))?;
+                Dataset::ShareGpt {
+                    data: benchfleet_loadgen::load_sharegpt(&std::fs::read(path)?, name)?,
+                    output_tokens: *output_tokens,
+                }
+            }
         };
         let mut config =
             LoadConfig::new(run.base_url.clone(), run.model.clone(), dataset, usize::try_from(job.requests)?);
@@ -79,11 +83,35 @@ impl LoadRunner for InProcessLoadgen {
         config.request_rate = job.rate;
         config.arrival = if job.arrival == "poisson" { Arrival::Poisson { seed: job.seed } } else { Arrival::Constant };
         config.max_concurrency = job.max_concurrency.map(usize::try_from).transpose()?;
-        let sink =
+        config.stop = stop.child_token();
+        let mut sink =
             SinkConfig::new(run.ingest_url.clone(), job.attempt.run_id.clone(), job.attempt.job, job.attempt.attempt);
+        sink.epoch = job.attempt.epoch;
         benchfleet_loadgen::run(config, Some(sink)).await?;
         Ok(())
     }
+}
+
+/// Submits a matrix (uploading its files) and follows the run to its end.
+pub async fn run_matrix(
+    url: &str,
+    matrix: &Path,
+    runtime: Option<&str>,
+) -> anyhow::Result<(String, benchfleet_proto::RunInfo)> {
+    let mut operator = client::connect(url).await?;
+    let submitted = client::submit(&mut operator, client::submission(matrix, runtime)?).await?;
+    let last = client::watch(url, &submitted.run_id, Duration::from_secs(30), |_| {}).await?;
+    Ok((submitted.run_id, last.run.unwrap_or_default()))
+}
+
+/// Every stored record of an attempt, in seq order.
+pub fn records(
+    store: &dyn Store,
+    attempt: &benchfleet_controller::model::AttemptKey,
+) -> anyhow::Result<Vec<benchfleet_loadgen::RequestRecord>> {
+    let mut records = store.records(attempt).collect::<Result<Vec<_>, _>>()?;
+    records.sort_by_key(|r| r.seq);
+    Ok(records)
 }
 
 /// Starts a controller over a sled store in `dir` and one in-process agent
@@ -108,6 +136,7 @@ pub async fn start_with_gpus(dir: &Path, gpus: u32) -> anyhow::Result<(LocalFlee
             work_dir,
             startup_timeout: Duration::from_secs(30),
             gpu_check_interval: Duration::from_secs(60),
+            leave_grace: Duration::from_secs(10),
         })
     })
     .await?;

@@ -4,6 +4,7 @@
 //! fields in order.
 
 use std::path::Path;
+use std::time::Duration;
 
 use benchfleet_cli::client;
 use benchfleet_controller::model::{AttemptKey, JobState, RunId};
@@ -45,10 +46,14 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
     let (fleet, store) = crate::fleet::start(dir.path()).await?;
     let matrix = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart.yaml");
     let mut operator = client::connect(&fleet.url).await?;
-    let submitted = operator.submit_run(client::submission(&matrix, Some("process"))?).await?.into_inner();
+    let submitted = client::submit(&mut operator, client::submission(&matrix, Some("process"))?).await?;
     assert_eq!(submitted.jobs, 4);
     let mut seen = Vec::new();
-    let run = client::watch(&mut operator, &submitted.run_id, |r| seen.push(r.jobs_done)).await?;
+    let last = client::watch(&fleet.url, &submitted.run_id, Duration::from_secs(30), |p| {
+        seen.push(p.run.as_ref().map_or(0, |r| r.jobs_done))
+    })
+    .await?;
+    let run = last.run.unwrap_or_default();
     assert_eq!((run.jobs_done, run.jobs_failed, run.jobs_total), (4, 0, 4));
     assert!(seen.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {seen:?}");
     let report = operator
@@ -64,7 +69,8 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
     for job in &jobs {
         assert_eq!(job.state, JobState::Succeeded, "{job:?}");
         let stored = job.summary.as_ref().expect("a succeeded job has its summary");
-        let records = store.records(&AttemptKey { run: run_id, job: job.id, attempt: job.attempt })?;
+        let records =
+            crate::fleet::records(store.as_ref(), &AttemptKey { run: run_id, job: job.id, attempt: job.attempt })?;
         // Every request sent has its record, once.
         assert_eq!(records.len() as u64, job.profile.requests);
         assert_eq!(stored.successful + stored.failed, job.profile.requests);

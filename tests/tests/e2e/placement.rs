@@ -1,7 +1,6 @@
 //! A multi-GPU host runs several engine groups at once, each engine on its
 //! own GPU and port, and every job still gets all its records.
 
-use benchfleet_cli::client;
 use benchfleet_controller::model::{AttemptKey, JobState, RunId};
 
 const MATRIX: &str = "\
@@ -25,13 +24,11 @@ async fn two_groups_run_at_once_on_their_own_gpus() -> anyhow::Result<()> {
     let (fleet, store) = crate::fleet::start_with_gpus(dir.path(), 2).await?;
     let matrix = dir.path().join("side-by-side.yaml");
     std::fs::write(&matrix, MATRIX)?;
-    let mut operator = client::connect(&fleet.url).await?;
-    let submitted = operator.submit_run(client::submission(&matrix, Some("process"))?).await?.into_inner();
-    let run = client::watch(&mut operator, &submitted.run_id, |_| {}).await?;
+    let (run_id, run) = crate::fleet::run_matrix(&fleet.url, &matrix, Some("process")).await?;
     fleet.stop().await;
     assert_eq!((run.jobs_done, run.jobs_failed), (2, 0));
 
-    let run_id: RunId = submitted.run_id.parse().map_err(anyhow::Error::msg)?;
+    let run_id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
     let jobs = store.jobs(run_id)?;
     // The controller gives each group the first free GPU: had the groups
     // run one after the other, both would have had GPU 0.
@@ -46,7 +43,8 @@ async fn two_groups_run_at_once_on_their_own_gpus() -> anyhow::Result<()> {
     gpus.sort();
     assert_eq!(gpus, ["GPU-sim-test-0", "GPU-sim-test-1"]);
     for job in &jobs {
-        let records = store.records(&AttemptKey { run: run_id, job: job.id, attempt: job.attempt })?;
+        let records =
+            crate::fleet::records(store.as_ref(), &AttemptKey { run: run_id, job: job.id, attempt: job.attempt })?;
         assert_eq!(records.len(), 20);
     }
     Ok(())

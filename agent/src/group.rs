@@ -1,0 +1,383 @@
+//! Running one engine group: check its GPUs, start the engine once, wait
+//! until it serves, run loadgen for each job in order (with a prefix cache
+//! reset between jobs and a GPU error check around each), and stop the
+//! engine. Every step can be stopped (`Stop`): the engine and loadgen are
+//! then stopped and awaited here, never left to `Drop`, and the jobs not
+//! run are reported as given up.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::engine::{Engine, EngineError, EngineRuntime, wait_until_serving};
+use crate::gpu::{GpuInfo, GpuProbe};
+use crate::job::{Attempt, EngineLaunch, Failure, GroupAssignment, JobReport, LoadDataset, LoadRun, Reported};
+use crate::load::LoadRunner;
+use crate::verdict::{new_errors, new_xids};
+
+/// Where a group's reports go (the session keeps the latest of each attempt
+/// and forwards it to the controller).
+pub trait Reports: Send + Sync {
+    fn report(&self, report: JobReport);
+}
+
+/// Dataset and tokenizer files by their hash, fetched from the controller
+/// into the agent's cache.
+#[tonic::async_trait]
+pub trait Files: Send + Sync {
+    async fn fetch(&self, sha256: &str, name: &str) -> anyhow::Result<PathBuf>;
+}
+
+/// Why and how a group is being stopped.
+#[derive(Clone, Debug, Default)]
+pub struct Stop {
+    token: CancellationToken,
+    reason: Arc<Mutex<Option<String>>>,
+}
+
+impl Stop {
+    pub fn new() -> Stop {
+        Stop::default()
+    }
+
+    /// Stops the group; the first reason given is the one reported.
+    pub fn stop(&self, reason: impl Into<String>) {
+        self.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.into());
+        self.token.cancel();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    pub async fn stopped(&self) {
+        self.token.cancelled().await;
+    }
+
+    /// The token loadgen's runner watches.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    pub fn reason(&self) -> String {
+        self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(|| "stopped".to_owned())
+    }
+}
+
+/// What a group needs from its agent.
+#[derive(Clone)]
+pub struct GroupContext {
+    pub agent_name: String,
+    pub gpus: Arc<dyn GpuProbe>,
+    pub runtimes: HashMap<String, Arc<dyn EngineRuntime>>,
+    pub loadgen: Arc<dyn LoadRunner>,
+    pub files: Arc<dyn Files>,
+    pub startup_timeout: Duration,
+}
+
+/// Runs a group to its end (or until `stop`); the engine is stopped when
+/// this returns.
+pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn Reports, stop: &Stop) {
+    info!(run = %group.run_id, group = group.group, config = %group.engine.config_name, "starting engine group");
+    let Some(first) = group.jobs.first().cloned() else { return };
+    let give_up = |from: usize, failure: Failure, error: &str, log_tail: &str| {
+        for job in &group.jobs[from..] {
+            out.report(JobReport { log_tail: log_tail.to_owned(), ..JobReport::failed(&job.attempt, failure, error) });
+        }
+    };
+    out.report(JobReport::new(&first.attempt, Reported::StartingEngine));
+    // The GPUs are checked again right before the engine starts: one that
+    // failed since registration must not produce a number.
+    let unusable: Vec<String> = match probe(&ctx.gpus).await {
+        Ok(gpus) => group
+            .gpu_uuids
+            .iter()
+            .filter_map(|uuid| match gpus.iter().find(|g| &g.uuid == uuid) {
+                None => Some(format!("GPU {uuid} is gone")),
+                Some(g) if !g.usable() => Some(format!("GPU {uuid}: {}", g.reasons.join("; "))),
+                Some(_) => None,
+            })
+            .collect(),
+        Err(e) => vec![format!("cannot read the GPUs: {e:#}")],
+    };
+    if !unusable.is_empty() {
+        let error = format!("GPU check before engine start failed: {}", unusable.join("; "));
+        warn!(config = %group.engine.config_name, "{error}");
+        give_up(0, Failure::Host, &error, "");
+        return;
+    }
+    group.engine.instance_name =
+        format!("benchfleet-{}-{}-{}", first.attempt.run_id, first.attempt.job, first.attempt.attempt);
+    group.engine.labels = vec![
+        ("benchfleet.run".into(), first.attempt.run_id.clone()),
+        ("benchfleet.job".into(), first.attempt.job.to_string()),
+        ("benchfleet.attempt".into(), first.attempt.attempt.to_string()),
+        ("benchfleet.agent".into(), ctx.agent_name.clone()),
+    ];
+    group.engine.gpu_uuids = group.gpu_uuids.clone();
+
+    let Some(runtime) = ctx.runtimes.get(&group.engine.runtime) else {
+        let error = format!("runtime `{}` is not available on agent {}", group.engine.runtime, ctx.agent_name);
+        give_up(0, Failure::Host, &error, "");
+        return;
+    };
+    let started = tokio::select! {
+        () = stop.stopped() => {
+            give_up(0, Failure::Host, &stop.reason(), "");
+            return;
+        }
+        r = start_engine(runtime.as_ref(), &group.engine, &first.attempt, out) => r,
+    };
+    let mut engine = match started {
+        Ok(engine) => engine,
+        Err(e) => {
+            warn!(config = %group.engine.config_name, "engine did not start: {e}");
+            give_up(0, failure_of(&e), &format!("engine did not start: {e}"), "");
+            return;
+        }
+    };
+    // From here the engine exists: every way out stops it first.
+    let waited = tokio::select! {
+        () = stop.stopped() => None,
+        r = wait_until_serving(engine.as_mut(), &group.engine.model, ctx.startup_timeout) => Some(r),
+    };
+    let startup = match waited {
+        None => {
+            engine.stop().await;
+            give_up(0, Failure::Host, &stop.reason(), "");
+            return;
+        }
+        Some(Err(e)) => {
+            let tail = engine.log_tail();
+            engine.stop().await;
+            warn!(config = %group.engine.config_name, "engine did not start: {e}");
+            give_up(0, failure_of(&e), &format!("engine did not start: {e}"), &tail);
+            return;
+        }
+        Some(Ok(took)) => took,
+    };
+    info!(config = %group.engine.config_name, "engine serving after {:.1} s", startup.as_secs_f64());
+
+    let http = reqwest::Client::new();
+    // Which jobs have had their final report: on a stop, the rest get one.
+    let mut ended = vec![false; group.jobs.len()];
+    for (i, job) in group.jobs.iter().enumerate() {
+        if stop.is_stopped() {
+            break;
+        }
+        let end = |report: JobReport, ended: &mut Vec<bool>| {
+            ended[i] = true;
+            out.report(report);
+        };
+        // Taken first: an XID from here on (the cache reset included) is
+        // during this job's attempt.
+        let xid_mark = ctx.gpus.xid_mark();
+        if let Some(status) = engine.exit_status() {
+            let error = format!("the engine exited ({status}) before this job");
+            end(
+                JobReport { log_tail: engine.log_tail(), ..JobReport::failed(&job.attempt, Failure::Attempt, error) },
+                &mut ended,
+            );
+            continue;
+        }
+        if i > 0 {
+            // Each profile starts with a cold prefix cache, where the engine
+            // allows it (vLLM and the simulator do).
+            let _ = http.post(format!("{}/reset_prefix_cache", engine.base_url())).send().await;
+        }
+        // Read right before the job: its fingerprint goes with the result,
+        // and its error counts are the baseline the job is checked against.
+        let before = probe(&ctx.gpus).await.inspect_err(|e| warn!("cannot read the GPUs before the job: {e:#}")).ok();
+        let uuids = attempt_gpus(before.as_deref().unwrap_or_default(), &group.gpu_uuids);
+        out.report(JobReport {
+            engine_startup_s: Some(startup.as_secs_f64()),
+            gpus: before.iter().flatten().filter(|g| uuids.contains(&g.uuid)).cloned().collect(),
+            ..JobReport::new(&job.attempt, Reported::Running)
+        });
+        let dataset_path = match &job.dataset {
+            LoadDataset::ShareGpt { sha256, name, .. } => {
+                let fetched = tokio::select! {
+                    () = stop.stopped() => break,
+                    r = ctx.files.fetch(sha256, name) => r,
+                };
+                match fetched {
+                    Ok(path) => Some(path),
+                    Err(e) => {
+                        let error = format!("cannot fetch the dataset {name}: {e:#}");
+                        end(JobReport::failed(&job.attempt, Failure::Attempt, error), &mut ended);
+                        continue;
+                    }
+                }
+            }
+            LoadDataset::Random { .. } => None,
+        };
+        let run = LoadRun {
+            job: job.clone(),
+            base_url: engine.base_url(),
+            model: group.engine.model.clone(),
+            ingest_url: group.ingest_url.clone(),
+            dataset_path,
+        };
+        // The runner stops loadgen itself when `stop` fires, and waits for it.
+        let result = ctx.loadgen.run(&run, stop.token()).await;
+        if stop.is_stopped() {
+            break;
+        }
+        // A GPU error during the attempt makes its numbers worthless,
+        // whatever loadgen says.
+        if let Some(error) = gpu_errors_since(&ctx.gpus, before.as_deref(), xid_mark, &uuids).await {
+            warn!(job = job.attempt.job, "{error}");
+            end(JobReport::failed(&job.attempt, Failure::Host, error), &mut ended);
+            continue;
+        }
+        let report = match (result, engine.exit_status()) {
+            // Numbers measured against an engine that died are no result.
+            (Ok(()), Some(status)) => JobReport {
+                log_tail: engine.log_tail(),
+                ..JobReport::failed(
+                    &job.attempt,
+                    Failure::Attempt,
+                    format!("the engine exited ({status}) during the job"),
+                )
+            },
+            (Ok(()), None) => JobReport::new(&job.attempt, Reported::Succeeded),
+            (Err(e), exited) => {
+                warn!(job = job.attempt.job, "job failed: {e:#}");
+                let (error, tail) = match &exited {
+                    Some(status) => (format!("the engine exited ({status}) during the job: {e:#}"), engine.log_tail()),
+                    None => (format!("{e:#}"), String::new()),
+                };
+                JobReport { log_tail: tail, ..JobReport::failed(&job.attempt, Failure::Attempt, error) }
+            }
+        };
+        end(report, &mut ended);
+    }
+    engine.stop().await;
+    if stop.is_stopped() {
+        let reason = stop.reason();
+        for (job, _) in group.jobs.iter().zip(&ended).filter(|(_, done)| !**done) {
+            out.report(JobReport::failed(&job.attempt, Failure::Host, reason.clone()));
+        }
+    }
+}
+
+/// A failed engine start: a flag the engine rejects fails everywhere.
+fn failure_of(e: &EngineError) -> Failure {
+    match e {
+        EngineError::BadFlag { .. } => Failure::Config,
+        EngineError::Unsupported(_) => Failure::Host,
+        _ => Failure::Attempt,
+    }
+}
+
+/// Prepares the runtime (a container image pull), reporting its progress
+/// with STARTING_ENGINE reports, then starts the engine.
+async fn start_engine(
+    runtime: &dyn EngineRuntime,
+    launch: &EngineLaunch,
+    attempt: &Attempt,
+    out: &dyn Reports,
+) -> Result<Box<dyn Engine>, EngineError> {
+    let progress = |line: String| {
+        info!(config = %launch.config_name, "{line}");
+        out.report(JobReport { pull_progress: line, ..JobReport::new(attempt, Reported::StartingEngine) });
+    };
+    runtime.prepare(launch, &progress).await?;
+    runtime.start(launch).await
+}
+
+/// Probes the GPUs off the async threads: NVML calls block, at times for
+/// long (a GPU that fell off the bus).
+pub async fn probe(gpus: &Arc<dyn GpuProbe>) -> anyhow::Result<Vec<GpuInfo>> {
+    let gpus = gpus.clone();
+    tokio::task::spawn_blocking(move || gpus.probe()).await?
+}
+
+/// The GPUs an attempt runs on: those the controller gave its group, or
+/// every GPU of the host when it gave none.
+fn attempt_gpus(gpus: &[GpuInfo], assigned: &[String]) -> Vec<String> {
+    if assigned.is_empty() { gpus.iter().map(|g| g.uuid.clone()).collect() } else { assigned.to_vec() }
+}
+
+/// Why an attempt is invalid, if it is: new uncorrectable ECC errors since
+/// `before` (not compared when the GPUs could not be read before the job),
+/// and XID events since `xid_mark`.
+pub async fn gpu_errors_since(
+    gpus: &Arc<dyn GpuProbe>,
+    before: Option<&[GpuInfo]>,
+    xid_mark: u64,
+    uuids: &[String],
+) -> Option<String> {
+    let mut errors = match before {
+        Some(before) => match probe(gpus).await {
+            Ok(after) => new_errors(before, &after, uuids),
+            // A GPU that cannot be read after the job may have failed during it.
+            Err(e) => vec![format!("cannot read the GPUs after the job: {e:#}")],
+        },
+        None => Vec::new(),
+    };
+    errors.extend(new_xids(&gpus.xid_events_after(xid_mark), uuids));
+    (!errors.is_empty()).then(|| format!("attempt invalidated: {}", errors.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::XidEvent;
+
+    /// GPUs whose inventory a test changes between probes, and a fixed XID
+    /// log of which only the events after a mark are returned.
+    struct Changing {
+        gpus: Mutex<Vec<GpuInfo>>,
+        xids: Vec<XidEvent>,
+    }
+
+    impl GpuProbe for Changing {
+        fn probe(&self) -> anyhow::Result<Vec<GpuInfo>> {
+            Ok(self.gpus.lock().expect("not poisoned").clone())
+        }
+
+        fn xid_mark(&self) -> u64 {
+            1
+        }
+
+        fn xid_events_after(&self, mark: u64) -> Vec<XidEvent> {
+            self.xids.iter().filter(|e| e.seq > mark).cloned().collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn ecc_errors_and_xids_during_an_attempt_are_both_named() {
+        let gpu = |uuid: &str| GpuInfo { uuid: uuid.into(), ecc_uncorrectable_volatile: Some(0), ..GpuInfo::default() };
+        let xid = |seq, uuid: &str, xid| XidEvent { seq, uuid: uuid.into(), xid, at_unix_ms: 0 };
+        let before = vec![gpu("GPU-0"), gpu("GPU-1")];
+        let changing = Arc::new(Changing {
+            gpus: Mutex::new(before.clone()),
+            // Before the mark, and on a GPU of another attempt: neither counts.
+            xids: vec![xid(1, "GPU-0", 13), xid(2, "GPU-1", 79), xid(3, "GPU-0", 79)],
+        });
+        let probe: Arc<dyn GpuProbe> = changing.clone();
+        let mark = probe.xid_mark();
+        let attempt = ["GPU-0".to_owned()];
+        assert_eq!(
+            gpu_errors_since(&probe, Some(&before), mark, &attempt).await.as_deref(),
+            Some("attempt invalidated: XID 79 on GPU GPU-0")
+        );
+        changing.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(2);
+        assert_eq!(
+            gpu_errors_since(&probe, Some(&before), mark, &attempt).await.as_deref(),
+            Some("attempt invalidated: new uncorrectable ECC errors on GPU GPU-0: 2; XID 79 on GPU GPU-0")
+        );
+        // Without a reading before the job, XIDs still count.
+        assert_eq!(
+            gpu_errors_since(&probe, None, mark, &attempt).await.as_deref(),
+            Some("attempt invalidated: XID 79 on GPU GPU-0")
+        );
+        changing.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(0);
+        assert_eq!(gpu_errors_since(&probe, Some(&before), 3, &attempt).await, None, "nothing after this mark");
+    }
+}
