@@ -113,6 +113,8 @@ pub async fn run(config: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> 
     let mut backoff = Duration::from_millis(100);
     let mut leave_by: Option<Instant> = None;
     let mut watch = tokio::time::interval(Duration::from_millis(200));
+    // After a pause (SIGSTOP, a suspended VM) one check is enough.
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         // Its own task: it goes on answering (acknowledgements included)
         // while this loop stops groups, and is aborted when the lease is lost.

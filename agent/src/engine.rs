@@ -145,13 +145,30 @@ impl EngineRuntime for ProcessRuntime {
             _ => None,
         };
         let log = LogTail::default();
-        if let Some(out) = child.stdout.take() {
-            tokio::spawn(collect_lines(out, log.clone()));
+        let open_pipes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for pipe in [
+            child.stdout.take().map(|p| Box::new(p) as Box<dyn AsyncRead + Send + Unpin>),
+            child.stderr.take().map(|p| Box::new(p) as _),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            open_pipes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (log, open) = (log.clone(), open_pipes.clone());
+            tokio::spawn(async move {
+                collect_lines(pipe, log).await;
+                open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            });
         }
-        if let Some(err) = child.stderr.take() {
-            tokio::spawn(collect_lines(err, log.clone()));
-        }
-        Ok(Box::new(ProcessEngine { child, port, log, stop_grace: self.stop_grace, pid_file }))
+        Ok(Box::new(ProcessEngine {
+            child,
+            port,
+            log,
+            stop_grace: self.stop_grace,
+            pid_file,
+            open_pipes,
+            exited_at: None,
+        }))
     }
 }
 
@@ -212,6 +229,11 @@ struct ProcessEngine {
     log: LogTail,
     stop_grace: Duration,
     pid_file: Option<PidFile>,
+    /// Output pipes still being read: an exit is told once its last words
+    /// are in the log.
+    open_pipes: Arc<std::sync::atomic::AtomicUsize>,
+    /// When the exit was first seen.
+    exited_at: Option<Instant>,
 }
 
 #[tonic::async_trait]
@@ -225,7 +247,12 @@ impl Engine for ProcessEngine {
     }
 
     fn exit_status(&mut self) -> Option<String> {
-        self.child.try_wait().ok().flatten().map(|s| s.to_string())
+        let status = self.child.try_wait().ok().flatten()?;
+        let seen = *self.exited_at.get_or_insert_with(Instant::now);
+        // The pipes close once the last of the engine's output is read (a
+        // worker that outlives the leader may hold them: not for long).
+        let drained = self.open_pipes.load(std::sync::atomic::Ordering::SeqCst) == 0;
+        (drained || seen.elapsed() > Duration::from_secs(2)).then(|| status.to_string())
     }
 
     async fn stop(mut self: Box<Self>) {
@@ -449,6 +476,28 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM was enough");
         assert!(saw_term.exists(), "the engine was asked to stop with SIGTERM");
         assert!(gone(&pid_file).await, "the worker went with the engine");
+    }
+
+    #[tokio::test]
+    async fn a_startup_failure_is_told_by_the_engine_s_own_last_words_every_time() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        for _ in 0..20 {
+            let runtime = ProcessRuntime {
+                launcher: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "echo loading >&1; echo 'vllm: error: unrecognized arguments: --bogus' >&2; exit 2".into(),
+                    "sh".into(),
+                ],
+                stop_grace: Duration::from_secs(1),
+                ..ProcessRuntime::default()
+            };
+            let launch = EngineLaunch { kind: "vllm".into(), model: "m".into(), ..EngineLaunch::default() };
+            let mut engine = runtime.start(&launch).await.expect("the shell starts");
+            let err = wait_until_serving(engine.as_mut(), "m", Duration::from_secs(10)).await.expect_err("it exits");
+            assert_eq!(err.to_string(), "the engine rejected its flags: vllm: error: unrecognized arguments: --bogus");
+            engine.stop().await;
+        }
     }
 
     #[tokio::test]

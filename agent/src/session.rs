@@ -96,9 +96,14 @@ impl Shared {
     }
 
     /// Stops every running group, for `reason`; with `disown`, they are
-    /// never claimed again (the lease under them was lost).
+    /// never claimed again (the lease under them was lost), and the lease
+    /// is forgotten until the next welcome.
     pub fn stop_all(&self, reason: &str, disown: bool) {
-        for h in self.lock().groups.values_mut().filter(|h| h.done_at.is_none()) {
+        let mut s = self.lock();
+        if disown {
+            s.renewed = None;
+        }
+        for h in s.groups.values_mut().filter(|h| h.done_at.is_none()) {
             h.stop.stop(reason);
             h.disowned |= disown;
         }

@@ -3,6 +3,7 @@
 //! loadgen's libraries in place of their binaries.
 
 mod docker;
+mod faults;
 mod fleet;
 mod local_pipeline;
 mod placement;
