@@ -71,3 +71,66 @@ fn bad_matrices_are_rejected_naming_the_field_and_nothing_is_stored() {
     let runs = benchfleet(data.path(), &["runs"]);
     assert_eq!(text(&runs.stdout).lines().count(), 1, "only the header: {}", text(&runs.stdout));
 }
+
+/// The pids the local agent's pid files name.
+fn pids(data_dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("agent/pids")) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok()?.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+#[test]
+fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let good = std::fs::read_to_string(examples().join("quickstart.yaml")).expect("example");
+    let long = examples().join(format!("long-{}.yaml", std::process::id()));
+    std::fs::write(&long, good.replace("requests: 60", "requests: 6000")).expect("write matrix");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_benchfleet"))
+        .args(["run", "--local", long.to_str().expect("utf-8 path")])
+        .env("BENCHFLEET_DATA_DIR", data.path())
+        .env_remove("BENCHFLEET_CONTROLLER")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("benchfleet runs");
+    // Until an engine and loadgen run.
+    let mut running = Vec::new();
+    for _ in 0..600 {
+        running = pids(data.path());
+        if running.len() >= 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_file(&long);
+    assert!(running.len() >= 2, "an engine and loadgen never started: {running:?}");
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("signalled");
+    let mut status = None;
+    for _ in 0..400 {
+        if let Some(s) = child.try_wait().expect("wait") {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = status.unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("benchfleet did not exit within 20 s of SIGINT")
+    });
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted: stopping the engines and loadgen"), "{stderr}");
+    let left: Vec<u32> = running.iter().copied().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "processes outlived benchfleet: {left:?}");
+    assert!(pids(data.path()).is_empty(), "pid files left");
+    let runs = benchfleet(data.path(), &["runs"]);
+    assert!(text(&runs.stdout).lines().any(|l| l.starts_with("1 ") && l.contains("cancelled")), "{}", text(&runs.stdout));
+}
