@@ -11,13 +11,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use benchfleet_core::Summary;
 use tokio::sync::oneshot;
 
+use crate::metrics::IngestMetrics;
 use crate::model::{AttemptKey, AttemptStats, RunId};
 use crate::sched::Fence;
 use crate::store::{RecordCommit, Store, StoreError};
@@ -57,22 +57,11 @@ enum Item {
     Stop,
 }
 
-/// Counters for `/metrics`.
-#[derive(Debug, Default)]
-pub struct IngestStats {
-    pub records: AtomicU64,
-    pub batches: AtomicU64,
-    pub refused: AtomicU64,
-    pub commits: AtomicU64,
-    /// Sum of commit (write and flush) times, in microseconds.
-    pub commit_us: AtomicU64,
-}
-
 /// The committer's handle.
 #[derive(Clone)]
 pub struct Ingest {
     tx: mpsc::Sender<Item>,
-    pub stats: Arc<IngestStats>,
+    pub metrics: IngestMetrics,
 }
 
 impl Ingest {
@@ -83,13 +72,13 @@ impl Ingest {
         on_summary: impl Fn(AttemptKey) + Send + 'static,
     ) -> (Ingest, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
-        let stats = Arc::new(IngestStats::default());
-        let committer = Committer { store, fences: HashMap::new(), counts: HashMap::new(), stats: stats.clone() };
+        let metrics = IngestMetrics::default();
+        let committer = Committer { store, fences: HashMap::new(), counts: HashMap::new(), metrics: metrics.clone() };
         let thread = std::thread::Builder::new()
             .name("ingest".to_owned())
             .spawn(move || committer.run(&rx, &on_summary))
             .expect("a thread can be spawned");
-        (Ingest { tx, stats }, thread)
+        (Ingest { tx, metrics }, thread)
     }
 
     /// Queues a batch; the answer comes once it is durable (`Ok(true)` when
@@ -126,7 +115,7 @@ struct Committer {
     fences: HashMap<(RunId, u64), Fence>,
     /// Counts of attempts with open fences, as last stored.
     counts: HashMap<AttemptKey, AttemptStats>,
-    stats: Arc<IngestStats>,
+    metrics: IngestMetrics,
 }
 
 /// What one commit holds besides the store writes: who to answer.
@@ -172,7 +161,7 @@ impl Committer {
                     Item::Batch(batch, reply) => match self.accept(&batch, &mut pending) {
                         Ok(()) => pending.replies.push((reply, batch.summary.is_some())),
                         Err(e) => {
-                            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                            self.metrics.refused.inc();
                             let _ = reply.send(Err(e));
                         }
                     },
@@ -236,15 +225,14 @@ impl Committer {
         let began = Instant::now();
         let result = self.store.commit_records(&commit);
         let took = began.elapsed();
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
-        self.stats.commit_us.fetch_add(took.as_micros().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+        self.metrics.commit_seconds.observe(took.as_secs_f64());
         if took > Duration::from_secs(1) {
             tracing::warn!(batches = commit.batches.len(), "a record commit took {took:?}");
         }
         match result {
             Ok(()) => {
-                self.stats.records.fetch_add(records, Ordering::Relaxed);
-                self.stats.batches.fetch_add(commit.batches.len() as u64, Ordering::Relaxed);
+                self.metrics.records.inc_by(records);
+                self.metrics.batches.inc_by(commit.batches.len() as u64);
                 for key in summaries {
                     on_summary(key);
                 }

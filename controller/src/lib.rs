@@ -10,13 +10,15 @@
 //! runs it on its own thread, with the store writes it asks for; `ingest`
 //! stores record batches (group commit, fenced by attempt); `store`
 //! persists everything (sled); `service` is the gRPC face, and `convert` the
-//! one place wire types become domain types; `report` renders reports.
+//! one place wire types become domain types; `metrics` serves Prometheus
+//! `/metrics`; `report` renders reports.
 
 pub mod convert;
 pub mod driver;
 pub mod greedy;
 pub mod ingest;
 pub mod matrix;
+pub mod metrics;
 pub mod model;
 pub mod plan;
 pub mod report;

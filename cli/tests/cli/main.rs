@@ -132,5 +132,9 @@ fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
     assert!(left.is_empty(), "processes outlived benchfleet: {left:?}");
     assert!(pids(data.path()).is_empty(), "pid files left");
     let runs = benchfleet(data.path(), &["runs"]);
-    assert!(text(&runs.stdout).lines().any(|l| l.starts_with("1 ") && l.contains("cancelled")), "{}", text(&runs.stdout));
+    assert!(
+        text(&runs.stdout).lines().any(|l| l.starts_with("1 ") && l.contains("cancelled")),
+        "{}",
+        text(&runs.stdout)
+    );
 }

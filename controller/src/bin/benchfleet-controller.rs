@@ -20,6 +20,9 @@ struct Args {
     /// Where the sled store lives.
     #[arg(long, env = "BENCHFLEET_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// Address to serve Prometheus `/metrics` on (HTTP); "off" for none.
+    #[arg(long, env = "BENCHFLEET_METRICS_LISTEN", default_value = "127.0.0.1:7071")]
+    metrics_listen: String,
     #[command(flatten)]
     leases: LeaseArgs,
 }
@@ -77,6 +80,14 @@ async fn main() -> anyhow::Result<()> {
     );
     tracing::info!(%addr, store = %dir.display(), "controller serving");
     let controller = Controller::start(store, config)?;
+    if args.metrics_listen != "off" {
+        let metrics = tokio::net::TcpListener::bind(&args.metrics_listen).await.with_context(|| {
+            format!("cannot serve metrics on {} (--metrics-listen off to go without)", args.metrics_listen)
+        })?;
+        tracing::info!(addr = %metrics.local_addr()?, "metrics at /metrics");
+        let stopping = controller.shutdown.clone();
+        tokio::spawn(benchfleet_controller::metrics::serve(controller.clone(), metrics, stopping.cancelled_owned()));
+    }
     benchfleet_controller::serve(controller, listener, stop_signal()).await?;
     tracing::info!("controller stopped");
     Ok(())

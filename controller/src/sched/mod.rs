@@ -1488,6 +1488,12 @@ impl Scheduler {
         self.waiting(run, now).into_iter().filter(|w| !w.starts_with("waiting for free GPUs")).collect()
     }
 
+    /// The runs the scheduler holds: in progress, or over with groups still
+    /// stopping.
+    pub fn run_ids(&self) -> impl Iterator<Item = RunId> + '_ {
+        self.runs.keys().copied()
+    }
+
     pub fn agent_ids(&self) -> impl Iterator<Item = AgentId> + '_ {
         self.agents.keys().copied()
     }

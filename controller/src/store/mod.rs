@@ -128,6 +128,8 @@ pub trait Store: Send + Sync + 'static {
     /// A stored file, opened for reading, and its size.
     fn open_file(&self, sha256: &str) -> Result<Option<(std::fs::File, u64)>, StoreError>;
     fn flush(&self) -> Result<(), StoreError>;
+    /// Bytes the store takes on disk (files included).
+    fn size_on_disk(&self) -> Result<u64, StoreError>;
 }
 
 /// A file being stored: written to a temporary file while its hash is
@@ -549,6 +551,14 @@ impl Store for SledStore {
     fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
+    }
+
+    fn size_on_disk(&self) -> Result<u64, StoreError> {
+        let mut bytes = self.db.size_on_disk()?;
+        for entry in std::fs::read_dir(&self.files)?.flatten() {
+            bytes += entry.metadata().map_or(0, |m| m.len());
+        }
+        Ok(bytes)
     }
 }
 

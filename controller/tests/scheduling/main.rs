@@ -31,6 +31,7 @@ profiles:
 struct Fixture {
     url: String,
     store: Arc<dyn Store>,
+    controller: Arc<Controller>,
     _dir: tempfile::TempDir,
 }
 
@@ -40,8 +41,8 @@ async fn controller() -> Fixture {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let c = Controller::start(store.clone(), ControllerConfig::new(url.clone())).expect("controller");
-    tokio::spawn(serve(c, listener, std::future::pending()));
-    Fixture { url, store, _dir: dir }
+    tokio::spawn(serve(c.clone(), listener, std::future::pending()));
+    Fixture { url, store, controller: c, _dir: dir }
 }
 
 async fn channel(url: &str) -> Channel {
@@ -539,4 +540,65 @@ async fn a_restarted_controller_goes_on_with_the_next_greedy_stage() {
     assert_eq!(groups, expected.map(|(n, s)| (n.to_owned(), s)));
     let jobs = f.store.jobs(run_id).expect("jobs");
     assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), (0..5).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn the_controller_serves_health_reflection_and_metrics() {
+    let f = controller().await;
+    let _a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    submit(&f.url).await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&f.url).await);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest { service: "benchfleet.v1.AgentService".into() })
+        .await
+        .expect("health")
+        .into_inner()
+        .status;
+    assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    // Reflection lists the services, for grpcurl.
+    use tonic_reflection::pb::v1 as r;
+    let mut reflection = r::server_reflection_client::ServerReflectionClient::new(channel(&f.url).await);
+    let ask = r::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(r::server_reflection_request::MessageRequest::ListServices(String::new())),
+    };
+    let mut answers =
+        reflection.server_reflection_info(tokio_stream::iter([ask])).await.expect("reflection").into_inner();
+    let listed = match answers.next().await.expect("an answer").expect("ok").message_response {
+        Some(r::server_reflection_response::MessageResponse::ListServicesResponse(l)) => l.service,
+        other => panic!("{other:?}"),
+    };
+    let names: Vec<&str> = listed.iter().map(|s| s.name.as_str()).collect();
+    for service in ["benchfleet.v1.AgentService", "benchfleet.v1.IngestService", "benchfleet.v1.OperatorService"] {
+        assert!(names.contains(&service), "{names:?}");
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(benchfleet_controller::metrics::serve(f.controller.clone(), listener, std::future::pending()));
+    let text = http_get(addr, "/metrics").await;
+    for line in [
+        "benchfleet_agents{state=\"ready\"} 1",
+        "benchfleet_jobs{state=\"assigned\"} 1",
+        "benchfleet_jobs{state=\"pending\"} 3",
+        "benchfleet_queue_groups 3",
+        "benchfleet_runs_in_progress 1",
+        "benchfleet_ingested_records_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no line {line:?} in:\n{text}");
+    }
+    assert!(text.contains("benchfleet_record_commit_seconds_bucket"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("benchfleet_store_bytes ") && !l.ends_with(" 0")), "{text}");
+}
+
+/// A plain HTTP/1.0 GET; the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    let (head, body) = out.split_once("\r\n\r\n").expect("a response");
+    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
 }
