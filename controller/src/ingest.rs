@@ -158,8 +158,8 @@ impl Committer {
                         }
                         pending.commit.purges.push(key);
                     }
-                    Item::Batch(batch, reply) => match self.accept(&batch, &mut pending) {
-                        Ok(()) => pending.replies.push((reply, batch.summary.is_some())),
+                    Item::Batch(batch, reply) => match self.accept(*batch, &mut pending) {
+                        Ok(summary) => pending.replies.push((reply, summary)),
                         Err(e) => {
                             self.metrics.refused.inc();
                             let _ = reply.send(Err(e));
@@ -177,8 +177,9 @@ impl Committer {
         }
     }
 
-    /// Adds a batch to the commit if its attempt's fence is open.
-    fn accept(&mut self, batch: &Batch, pending: &mut Pending) -> Result<(), IngestError> {
+    /// Adds a batch to the commit if its attempt's fence is open; says
+    /// whether it carried the summary.
+    fn accept(&mut self, batch: Batch, pending: &mut Pending) -> Result<bool, IngestError> {
         let key = batch.fence.key;
         match self.fences.get(&(key.run, key.job)) {
             Some(f) if *f == batch.fence => {}
@@ -207,14 +208,15 @@ impl Committer {
         pending.seen.insert((key, batch.number));
         stats.sent = stats.sent.max(batch.sent);
         self.counts.insert(key, stats);
-        pending.commit.batches.push((key, batch.number, batch.encoded.clone()));
+        pending.commit.batches.push((key, batch.number, batch.encoded));
         pending.commit.stats.retain(|(k, _)| *k != key);
         pending.commit.stats.push((key, stats));
-        if let Some(summary) = &batch.summary {
-            pending.commit.summaries.push((key, summary.clone()));
+        let carried = batch.summary.is_some();
+        if let Some(summary) = batch.summary {
+            pending.commit.summaries.push((key, summary));
             pending.summaries.push(key);
         }
-        Ok(())
+        Ok(carried)
     }
 
     fn commit(&mut self, pending: Pending, on_summary: &dyn Fn(AttemptKey)) {

@@ -193,8 +193,10 @@ impl pb::ingest_service_server::IngestService for Services {
         let (tx, rx) = mpsc::channel(16);
         // Batches go to the committer as they come; acks go back in order
         // as their commits land.
+        // At most 8 batches of a stream wait for their commit: a stream that
+        // sends faster than the store flushes is held back, not buffered.
         let (pending_tx, mut pending_rx) =
-            mpsc::channel::<(u64, tokio::sync::oneshot::Receiver<Result<bool, IngestError>>)>(32);
+            mpsc::channel::<(u64, tokio::sync::oneshot::Receiver<Result<bool, IngestError>>)>(8);
         let acks = tx.clone();
         tokio::spawn(async move {
             while let Some((batch, reply)) = pending_rx.recv().await {

@@ -533,23 +533,26 @@ fn peak_tokens_per_second(ok: &[&RequestRecord]) -> f64 {
 /// Every chunk of the records in arrival order, with its tokens scaled by
 /// its record's [`token_scale`]: a merge of the records' own lists (each in
 /// arrival order), holding a cursor per record rather than a copy of every
-/// arrival, which for a long run would be the largest thing in memory.
+/// arrival, which for a long run would be the largest thing in memory. The
+/// records join the merge in the order of their first arrival, so the heap
+/// holds only those whose chunks are arriving (about the requests in flight),
+/// not every record of the run.
 struct Arrivals<'a> {
     cursors: Vec<(ChunkIter<'a>, f64)>,
-    /// The next chunk of each record that has one: (arrival, record, tokens).
+    /// Records by their first arrival: (arrival, record), next to join last.
+    waiting: Vec<(i64, usize)>,
+    /// The next chunk of each record that joined: (arrival, record, tokens).
     next: BinaryHeap<Reverse<(i64, usize, u32)>>,
 }
 
 impl<'a> Arrivals<'a> {
     fn new(records: &[&'a RequestRecord]) -> Arrivals<'a> {
-        let mut cursors: Vec<(ChunkIter<'a>, f64)> =
-            records.iter().map(|r| (r.chunks.iter(), token_scale(r))).collect();
-        let next = cursors
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, (chunks, _))| chunks.next().map(|c| Reverse((c.at_ns, i, c.tokens))))
-            .collect();
-        Arrivals { cursors, next }
+        let cursors: Vec<(ChunkIter<'a>, f64)> = records.iter().map(|r| (r.chunks.iter(), token_scale(r))).collect();
+        let mut waiting: Vec<(i64, usize)> =
+            records.iter().enumerate().filter_map(|(i, r)| r.chunks.iter().next().map(|c| (c.at_ns, i))).collect();
+        // Latest first: the next to join is popped off the end.
+        waiting.sort_unstable_by(|a, b| b.cmp(a));
+        Arrivals { cursors, waiting, next: BinaryHeap::new() }
     }
 }
 
@@ -557,6 +560,16 @@ impl Iterator for Arrivals<'_> {
     type Item = (i64, f64);
 
     fn next(&mut self) -> Option<(i64, f64)> {
+        // A record joins once its first arrival is no later than the
+        // earliest arrival in the merge (ties go by record, as before).
+        while let Some(&(at_ns, i)) = self.waiting.last()
+            && self.next.peek().is_none_or(|Reverse((t, j, _))| (at_ns, i) < (*t, *j))
+        {
+            self.waiting.pop();
+            if let Some(c) = self.cursors[i].0.next() {
+                self.next.push(Reverse((c.at_ns, i, c.tokens)));
+            }
+        }
         let Reverse((at_ns, i, tokens)) = self.next.pop()?;
         let (chunks, scale) = &mut self.cursors[i];
         let scale = *scale;

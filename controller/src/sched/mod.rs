@@ -268,6 +268,8 @@ struct AgentEntry {
     lost: bool,
     leaving: bool,
     groups: BTreeSet<GroupKey>,
+    /// Free usable GPUs when last refreshed (0 when it may not take work).
+    free: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -346,6 +348,12 @@ pub struct Scheduler {
     queued_seq: u64,
     /// Agents that may take work and have a free usable GPU.
     placeable: BTreeSet<AgentId>,
+    /// Bumped whenever an agent may have become able to take more: a need
+    /// found unplaceable is not looked at again until it changes, so a
+    /// backlog no agent can take costs nothing per event.
+    capacity: u64,
+    /// Needs found unplaceable, at which `capacity`.
+    blocked: HashMap<Need, u64>,
     /// Since when most of the fleet has been silent and losses are held.
     holding: Option<Instant>,
     out: Vec<Command>,
@@ -380,6 +388,8 @@ impl Scheduler {
             queue: BTreeMap::new(),
             queued_seq: 0,
             placeable: BTreeSet::new(),
+            capacity: 0,
+            blocked: HashMap::new(),
             holding: None,
             out: Vec::new(),
         };
@@ -396,6 +406,7 @@ impl Scheduler {
                     lost: false,
                     leaving: false,
                     groups: BTreeSet::new(),
+                    free: 0,
                 },
             );
         }
@@ -587,6 +598,7 @@ impl Scheduler {
             lost: false,
             leaving: false,
             groups: BTreeSet::new(),
+            free: 0,
         });
         if let Some(old) = entry.session.take() {
             self.out.push(Command::CloseSession {
@@ -608,6 +620,8 @@ impl Scheduler {
         entry.leaving = hello.leaving;
         self.by_name.insert(entry.rec.name.clone(), id);
         let held: Vec<GroupKey> = entry.groups.iter().copied().collect();
+        // New GPUs or runtimes may fit needs nothing else could.
+        self.capacity += 1;
         self.persist_agent(id);
 
         // What the agent claims goes on if it is what this controller gave
@@ -701,6 +715,7 @@ impl Scheduler {
         let changed = verdicts(&a.rec.gpus) != verdicts(&gpus);
         a.rec.gpus = gpus;
         if changed {
+            self.capacity += 1;
             self.persist_agent(agent);
         }
         self.refresh(agent, now);
@@ -778,12 +793,18 @@ impl Scheduler {
 
     /// Recomputes whether an agent may be given work.
     fn refresh(&mut self, id: AgentId, now: Now) {
-        let placeable =
-            self.agents.get(&id).is_some_and(|a| self.may_take_work(a, now.at) && !self.free_gpus(a, None).is_empty());
-        if placeable {
+        let free =
+            self.agents.get(&id).filter(|a| self.may_take_work(a, now.at)).map_or(0, |a| self.free_gpus(a, None).len());
+        if free > 0 {
             self.placeable.insert(id);
         } else {
             self.placeable.remove(&id);
+        }
+        if let Some(a) = self.agents.get_mut(&id) {
+            if free > a.free {
+                self.capacity += 1;
+            }
+            a.free = free;
         }
     }
 
@@ -1294,6 +1315,9 @@ impl Scheduler {
             self.queue.iter().filter_map(|(n, q)| q.front().map(|(seq, _)| (*seq, n.clone()))).collect();
         needs.sort();
         for (_, need) in needs {
+            if self.blocked.get(&need) == Some(&self.capacity) {
+                continue;
+            }
             loop {
                 if self.placeable.is_empty() {
                     return;
@@ -1308,7 +1332,10 @@ impl Scheduler {
                     }
                     continue;
                 }
-                let Some((agent, gpus)) = self.find_place(key, &need, now) else { break };
+                let Some((agent, gpus)) = self.find_place(key, &need, now) else {
+                    self.blocked.insert(need.clone(), self.capacity);
+                    break;
+                };
                 self.pop(&need);
                 self.place(key, agent, gpus, now);
             }
