@@ -98,10 +98,12 @@ fn records(store: &SledStore) -> Result<(), StoreError> {
             batch.remove(k);
         }
         let stored = records.len() as u64;
+        let key = super::attempt_of(&prefix).ok_or_else(|| corrupt("record key", "shorter than an attempt"))?;
         for (n, chunk) in records.chunks(BATCH).enumerate() {
-            let mut k = prefix.clone();
-            k.extend_from_slice(&(n as u64).to_be_bytes());
-            batch.insert(k, codec::encode_batch(chunk));
+            let encoded = codec::encode_batch(chunk);
+            for (k, part) in super::batch_parts(&key, n as u64, &encoded) {
+                batch.insert(k, part);
+            }
         }
         store.records.apply_batch(batch)?;
         let stats = AttemptStats { records: stored, sent: stored, removed: false };

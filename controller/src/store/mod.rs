@@ -218,7 +218,7 @@ impl SledStore {
         let shown = dir.display().to_string();
         let mut tries = 0;
         let db = loop {
-            match sled::Config::new().path(dir).cache_capacity(256 << 20).open() {
+            match sled::Config::new().path(dir).cache_capacity(64 << 20).open() {
                 Ok(db) => break db,
                 Err(sled::Error::Io(io))
                     if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock") =>
@@ -299,6 +299,83 @@ fn attempt_key(a: &AttemptKey) -> Vec<u8> {
 fn attempt_of(k: &[u8]) -> Option<AttemptKey> {
     let part = |i: usize| k.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
     Some(AttemptKey { run: RunId(part(0)?), job: part(1)?, attempt: u32::try_from(part(2)?).ok()? })
+}
+
+/// A stored batch is cut into parts of at most this many bytes: sled keeps
+/// large values in memory (with 180 KB values, its memory grew with all
+/// that was written; with 16 KB ones it stays near its cache), so a long run
+/// must not arrive as large values.
+const PART_BYTES: usize = 16 << 10;
+
+/// The keys and contents of a batch's parts: (run, job, attempt, batch,
+/// part).
+pub(crate) fn batch_parts<'a>(
+    attempt: &AttemptKey,
+    batch: u64,
+    bytes: &'a [u8],
+) -> impl Iterator<Item = (Vec<u8>, &'a [u8])> + 'a {
+    let prefix = attempt_key(attempt);
+    // An empty batch still has its one part.
+    let parts: Vec<&'a [u8]> = if bytes.is_empty() { vec![bytes] } else { bytes.chunks(PART_BYTES).collect() };
+    parts.into_iter().enumerate().map(move |(i, part)| {
+        let mut k = prefix.clone();
+        k.extend_from_slice(&batch.to_be_bytes());
+        k.extend_from_slice(&(i as u32).to_be_bytes());
+        (k, part)
+    })
+}
+
+/// An attempt's records read back: each batch's parts joined, then decoded,
+/// one batch at a time.
+struct StoredRecords {
+    attempt: AttemptKey,
+    parts: sled::Iter,
+    /// The batch being joined: its number and bytes so far.
+    batch: Option<(u64, Vec<u8>)>,
+    decoded: std::collections::VecDeque<Result<RequestRecord, StoreError>>,
+}
+
+impl StoredRecords {
+    fn decode(&mut self, bytes: &[u8]) {
+        let corrupt = |e: codec::DecodeError| StoreError::Corrupt {
+            what: format!("records of {}", self.attempt),
+            reason: e.to_string(),
+        };
+        match codec::BatchReader::new(bytes) {
+            Ok(reader) => self.decoded.extend(reader.map(|r| r.map_err(corrupt))),
+            Err(e) => self.decoded.push_back(Err(corrupt(e))),
+        }
+    }
+}
+
+impl Iterator for StoredRecords {
+    type Item = Result<RequestRecord, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = self.decoded.pop_front() {
+                return Some(r);
+            }
+            match self.parts.next() {
+                Some(Err(e)) => return Some(Err(e.into())),
+                Some(Ok((k, v))) => {
+                    let number = k.get(24..32).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes);
+                    match &mut self.batch {
+                        Some((n, bytes)) if *n == number => bytes.extend_from_slice(&v),
+                        _ => {
+                            if let Some((_, bytes)) = self.batch.replace((number, v.to_vec())) {
+                                self.decode(&bytes);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    let (_, bytes) = self.batch.take()?;
+                    self.decode(&bytes);
+                }
+            }
+        }
+    }
 }
 
 fn scan<T: DeserializeOwned>(tree: &sled::Tree, prefix: &[u64], what: &str) -> Result<Vec<T>, StoreError> {
@@ -447,9 +524,9 @@ impl Store for SledStore {
             }
         }
         for (attempt, batch, bytes) in &commit.batches {
-            let mut k = attempt_key(attempt);
-            k.extend_from_slice(&batch.to_be_bytes());
-            records.insert(k, bytes.as_slice());
+            for (k, part) in batch_parts(attempt, *batch, bytes) {
+                records.insert(k, part);
+            }
         }
         for (attempt, summary) in &commit.summaries {
             summaries.insert(attempt_key(attempt), encode(summary));
@@ -466,6 +543,8 @@ impl Store for SledStore {
     fn stored_batch(&self, attempt: &AttemptKey, batch: u64) -> Result<Option<u64>, StoreError> {
         let mut k = attempt_key(attempt);
         k.extend_from_slice(&batch.to_be_bytes());
+        k.extend_from_slice(&0u32.to_be_bytes());
+        // The batch's first part begins with its record count.
         match self.records.get(k)? {
             None => Ok(None),
             Some(v) => codec::BatchReader::count(&v).map(Some).map_err(|e| StoreError::Corrupt {
@@ -476,24 +555,12 @@ impl Store for SledStore {
     }
 
     fn records(&self, attempt: &AttemptKey) -> Records<'_> {
-        let attempt = *attempt;
-        Box::new(self.records.scan_prefix(attempt_key(&attempt)).flat_map(move |kv| {
-            let decoded: Vec<Result<RequestRecord, StoreError>> = match kv {
-                Err(e) => vec![Err(e.into())],
-                Ok((_, v)) => codec::BatchReader::new(&v)
-                    .map(|r| r.collect::<Vec<_>>())
-                    .unwrap_or_else(|e| vec![Err(e)])
-                    .into_iter()
-                    .map(|r| {
-                        r.map_err(|e| StoreError::Corrupt {
-                            what: format!("records of {attempt}"),
-                            reason: e.to_string(),
-                        })
-                    })
-                    .collect(),
-            };
-            decoded
-        }))
+        Box::new(StoredRecords {
+            attempt: *attempt,
+            parts: self.records.scan_prefix(attempt_key(attempt)),
+            batch: None,
+            decoded: std::collections::VecDeque::new(),
+        })
     }
 
     fn summary(&self, attempt: &AttemptKey) -> Result<Option<Summary>, StoreError> {

@@ -197,3 +197,29 @@ fn a_schema_1_store_is_migrated_in_place() {
     let store = SledStore::open(dir.path()).expect("reopen");
     assert_eq!(seqs(&store, &attempt), [0, 1, 300]);
 }
+
+#[test]
+fn a_large_batch_is_stored_in_parts_and_read_back_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let attempt = AttemptKey { run: RunId(1), job: 0, attempt: 1 };
+    let records: Vec<RequestRecord> = (0..600)
+        .map(|seq| {
+            let mut r = record(seq);
+            r.chunks = (0..64).map(|i| Chunk { at_ns: 2 + i * 12_345_678, tokens: 1 }).collect();
+            r
+        })
+        .collect();
+    let bytes = codec::encode_batch(&records);
+    assert!(bytes.len() > 8 * PART_BYTES, "{} bytes", bytes.len());
+    let small = codec::encode_batch(&[record(600)]);
+    store
+        .commit_records(&RecordCommit { batches: vec![(attempt, 0, bytes), (attempt, 1, small)], ..Default::default() })
+        .expect("commit");
+    let back: Vec<RequestRecord> = store.records(&attempt).collect::<Result<_, _>>().expect("decodes");
+    assert_eq!(back.len(), 601);
+    assert_eq!(&back[..600], &records[..]);
+    assert_eq!(store.stored_batch(&attempt, 0).expect("read"), Some(600));
+    let parts = store.records.scan_prefix(attempt_key(&attempt)).count();
+    assert!(parts > 9, "{parts} parts");
+}

@@ -257,7 +257,7 @@ async fn a_second_agent_with_the_same_name_is_refused_naming_the_first() {
 /// The controller binary on a fixed loopback port, over a data directory.
 fn controller_process(dir: &std::path::Path, port: u16) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-controller"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--metrics-listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .env("RUST_LOG", "warn")
         .spawn()
@@ -601,4 +601,75 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     let (head, body) = out.split_once("\r\n\r\n").expect("a response");
     assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
     body.to_owned()
+}
+
+#[tokio::test]
+async fn files_are_uploaded_in_chunks_checked_and_fetched_by_hash() {
+    use sha2::Digest as _;
+    let f = controller().await;
+    // 5 MiB and a bit: several chunks, and more than one message may carry.
+    let content: Vec<u8> = (0..(5 << 20) + 12345).map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let sha: String = sha2::Sha256::digest(&content).iter().map(|b| format!("{b:02x}")).collect();
+    let mut op = pb::operator_service_client::OperatorServiceClient::new(channel(&f.url).await);
+    let missing =
+        op.missing_files(pb::MissingFilesRequest { sha256: vec![sha.clone()] }).await.expect("ask").into_inner();
+    assert_eq!(missing.sha256, std::slice::from_ref(&sha));
+    let chunks = |sha: &str| {
+        content
+            .chunks(1 << 20)
+            .enumerate()
+            .map(|(i, data)| pb::FileChunk {
+                sha256: if i == 0 { sha.to_owned() } else { String::new() },
+                size: if i == 0 { content.len() as u64 } else { 0 },
+                name: "data.json".into(),
+                data: data.to_vec(),
+            })
+            .collect::<Vec<_>>()
+    };
+    // A wrong hash is refused, naming the right one, and nothing is stored.
+    let wrong = op.upload_file(tokio_stream::iter(chunks(&"ab".repeat(32)))).await.expect_err("refused");
+    assert!(wrong.message().contains(&sha), "{}", wrong.message());
+    let missing =
+        op.missing_files(pb::MissingFilesRequest { sha256: vec!["ab".repeat(32)] }).await.expect("ask").into_inner();
+    assert_eq!(missing.sha256.len(), 1);
+    let stored = op.upload_file(tokio_stream::iter(chunks(&sha))).await.expect("stored").into_inner();
+    assert_eq!((stored.sha256.as_str(), stored.size), (sha.as_str(), content.len() as u64));
+    assert!(
+        op.missing_files(pb::MissingFilesRequest { sha256: vec![sha.clone()] })
+            .await
+            .expect("ask")
+            .into_inner()
+            .sha256
+            .is_empty()
+    );
+
+    let mut agent = pb::agent_service_client::AgentServiceClient::new(channel(&f.url).await);
+    let mut stream = agent.fetch_file(pb::FetchFileRequest { sha256: sha.clone() }).await.expect("fetch").into_inner();
+    let mut back = Vec::new();
+    let mut pieces = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.expect("chunk");
+        assert!(chunk.data.len() <= 1 << 20);
+        back.extend_from_slice(&chunk.data);
+        pieces += 1;
+    }
+    assert!(pieces > 5);
+    assert!(back == content, "the file comes back whole");
+    let unknown = agent.fetch_file(pb::FetchFileRequest { sha256: "cd".repeat(32) }).await.expect_err("unknown");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+
+    // A submission naming a file never uploaded stores nothing.
+    let yaml = MATRIX
+        .replace("dataset: { random: { input_tokens: 4, output_tokens: 2 } }", "dataset: { sharegpt: data.json }");
+    let refused = op
+        .submit_run(pb::SubmitRunRequest {
+            matrix_name: "m.yaml".into(),
+            matrix_yaml: yaml,
+            files: [("data.json".to_owned(), "ef".repeat(32))].into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+    assert!(refused.message().contains("was not uploaded"), "{}", refused.message());
+    assert!(f.store.runs().expect("runs").is_empty());
 }

@@ -136,6 +136,8 @@ impl Controller {
             "2000",
             "--restart-grace-ms",
             "3000",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ]
         .map(String::from)
         .to_vec();
