@@ -163,7 +163,11 @@ impl Reports for GroupReports {
     fn report(&self, r: JobReport) {
         let mut s = self.shared.lock();
         let update = pb::JobUpdate::from(&r);
-        if let Some(h) = s.groups.get_mut(&self.key) {
+        // Only this assignment's attempts (an older runner of the same group
+        // may still be stopping).
+        if let Some(h) =
+            s.groups.get_mut(&self.key).filter(|h| h.assignment.jobs.iter().any(|j| j.attempt == r.attempt))
+        {
             // A pull progress line never hides an attempt's end.
             let ended = |old: &JobReport| matches!(old.state, Reported::Succeeded | Reported::Failed(_));
             if !h.latest.get(&r.attempt.job).is_some_and(ended)
@@ -473,7 +477,12 @@ async fn gpu_reports(
 fn start_group(cfg: &SessionConfig, shared: &Shared, group: GroupAssignment) {
     let key = group.key();
     let mut s = shared.lock();
-    if s.groups.contains_key(&key) {
+    // The same assignment again changes nothing; a new one for a group this
+    // process ran before (a retry, or after a lost lease) replaces the old
+    // entry, whose runner, if it is still stopping, no longer counts.
+    if let Some(old) = s.groups.get(&key)
+        && (old.assignment == group || (old.done_at.is_none() && !old.disowned))
+    {
         return;
     }
     let stop = Stop::new();
@@ -482,9 +491,10 @@ fn start_group(cfg: &SessionConfig, shared: &Shared, group: GroupAssignment) {
     let task = tokio::spawn(async move {
         let reports = GroupReports { shared: runner_shared.clone(), key: runner_group.key() };
         let (run_id, id, epoch) = (runner_group.run_id.clone(), runner_group.group, runner_group.epoch);
+        let mine = runner_group.clone();
         group::run_group(&ctx, runner_group, &reports, &runner_stop).await;
         let mut s = runner_shared.lock();
-        let disowned = match s.groups.get_mut(&(run_id.clone(), id)) {
+        let disowned = match s.groups.get_mut(&(run_id.clone(), id)).filter(|h| h.assignment == mine) {
             Some(h) => {
                 h.done_at = Some(Instant::now());
                 h.disowned

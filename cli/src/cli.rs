@@ -468,6 +468,13 @@ pub fn progress_line(p: &pb::RunProgress) -> String {
             benchfleet_controller::sched::human(Duration::from_secs_f64(eta.max(0.0)))
         ));
     }
+    let busy: Vec<String> =
+        p.agents.iter().filter(|a| a.running > 0).map(|a| format!("{} {}", a.name, a.running)).collect();
+    if !busy.is_empty() {
+        let shown = busy.iter().take(4).cloned().collect::<Vec<_>>().join(", ");
+        let more = if busy.len() > 4 { format!(" and {} more agents", busy.len() - 4) } else { String::new() };
+        line.push_str(&format!("; running on {shown}{more}"));
+    }
     for w in &p.waiting {
         line.push_str(&format!("; waiting: {w}"));
     }

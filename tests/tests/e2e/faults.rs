@@ -586,6 +586,15 @@ async fn an_engine_that_fails_everywhere_fails_for_good_naming_the_hosts() {
     let mut hosts: Vec<&str> = job.attempts.iter().map(|a| a.agent_name.as_str()).collect();
     hosts.sort_unstable();
     assert_eq!(hosts, names);
+    // An operator's retry runs it again, with a fresh cap.
+    let mut op = operator(&c.url()).await;
+    let retried = op.retry_run(pb::RetryRunRequest { run_id: run.clone() }).await.expect("retry").into_inner();
+    assert_eq!(retried.jobs, 1);
+    let again = finished(&c.url(), &run).await;
+    assert_eq!(again.jobs_failed, 1);
+    assert_eq!(jobs(&c.url(), &run).await[0].attempts.len(), 6);
+    let refused = op.retry_run(pb::RetryRunRequest { run_id: "99".into() }).await.expect_err("no such run");
+    assert!(refused.message().contains("run 99 does not exist"), "{}", refused.message());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
