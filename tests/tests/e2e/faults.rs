@@ -246,6 +246,15 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     }
 }
 
+/// Waits until every named agent holds a ready lease.
+async fn ready(url: &str, names: &[&str]) {
+    eventually(Duration::from_secs(30), &format!("{names:?} ready"), || async {
+        let listed = agents(url).await;
+        names.iter().all(|n| listed.iter().any(|a| a.name == *n && a.state == "ready")).then_some(())
+    })
+    .await;
+}
+
 /// Waits until some job of the run is running on `agent`; returns it.
 async fn running_on(url: &str, run: &str, agent: &str) -> pb::JobInfo {
     eventually(Duration::from_secs(60), &format!("a job running on {agent}"), || async {
@@ -372,10 +381,7 @@ async fn a_hung_agent_loses_its_lease_and_stops_its_work_when_it_wakes() {
     let run = submit(&c.url(), &matrix(dir.path(), 1, 200, 40, "")).await.run_id;
     running_on(&c.url(), &run, "a1").await;
     let _a2 = agent(dir.path(), "a2", &c.url(), &[]);
-    eventually(Duration::from_secs(20), "a2 ready", || async {
-        agents(&c.url()).await.iter().any(|a| a.name == "a2" && a.state == "ready").then_some(())
-    })
-    .await;
+    ready(&c.url(), &["a2"]).await;
     let engines: Vec<u32> = pid_files(dir.path(), "a1").into_iter().map(|(_, p)| p).collect();
     a1.signal(rustix::process::Signal::STOP);
     eventually(Duration::from_secs(20), "the hung agent is lost and its job runs on a2", || async {
@@ -388,10 +394,7 @@ async fn a_hung_agent_loses_its_lease_and_stops_its_work_when_it_wakes() {
     gone(&engines, "the woken agent stops its engine and loadgen").await;
     let done = finished(&c.url(), &run).await;
     assert_eq!(done.jobs_succeeded, 1);
-    eventually(Duration::from_secs(20), "the woken agent is back", || async {
-        agents(&c.url()).await.iter().any(|a| a.name == "a1" && a.state == "ready").then_some(())
-    })
-    .await;
+    ready(&c.url(), &["a1"]).await;
     check_records(&c.stop_and_open().await, &run, 200);
 }
 
@@ -461,10 +464,7 @@ async fn an_agent_cut_off_by_the_network_stops_its_work_and_the_job_runs_elsewhe
     let run = submit(&c.url(), &matrix(dir.path(), 1, 300, 40, "")).await.run_id;
     running_on(&c.url(), &run, "a1").await;
     let _a2 = agent(dir.path(), "a2", &c.url(), &[]);
-    eventually(Duration::from_secs(20), "a2 ready", || async {
-        agents(&c.url()).await.iter().any(|a| a.name == "a2" && a.state == "ready").then_some(())
-    })
-    .await;
+    ready(&c.url(), &["a2"]).await;
     let engines: Vec<u32> = pid_files(dir.path(), "a1").into_iter().map(|(_, p)| p).collect();
     hole.set(true);
     // The agent notices on its own (no acknowledgement within its lease)
@@ -476,10 +476,7 @@ async fn an_agent_cut_off_by_the_network_stops_its_work_and_the_job_runs_elsewhe
     assert_eq!(job.attempts.len(), 2, "{job:?}");
     assert_eq!(job.attempts[1].agent_name, "a2");
     hole.set(false);
-    eventually(Duration::from_secs(30), "the agent comes back once the network does", || async {
-        agents(&c.url()).await.iter().any(|a| a.name == "a1" && a.state == "ready").then_some(())
-    })
-    .await;
+    ready(&c.url(), &["a1"]).await;
     check_records(&c.stop_and_open().await, &run, 300);
 }
 
@@ -488,10 +485,7 @@ async fn a_clone_with_the_same_name_is_refused_and_the_run_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Controller::start(dir.path());
     let _a1 = agent(dir.path(), "gpu-01", &c.url(), &[]);
-    eventually(Duration::from_secs(20), "the first agent ready", || async {
-        agents(&c.url()).await.iter().any(|a| a.state == "ready").then_some(())
-    })
-    .await;
+    ready(&c.url(), &["gpu-01"]).await;
     let clone_dir = dir.path().join("clone");
     std::fs::create_dir_all(&clone_dir).expect("dir");
     let clone = agent(&clone_dir, "gpu-01", &c.url(), &[]);
@@ -573,10 +567,7 @@ async fn an_engine_that_fails_everywhere_fails_for_good_naming_the_hosts() {
     let c = Controller::start(dir.path());
     let names = ["a1", "a2", "a3"];
     let _agents: Vec<Proc> = names.iter().map(|n| agent(dir.path(), n, &c.url(), &[])).collect();
-    eventually(Duration::from_secs(20), "three agents ready", || async {
-        (agents(&c.url()).await.iter().filter(|a| a.state == "ready").count() == 3).then_some(())
-    })
-    .await;
+    ready(&c.url(), &names).await;
     // Far too little GPU memory for the model's weights: out of memory.
     let run = submit(&c.url(), &matrix(dir.path(), 1, 10, 10, ", --gpu-memory-utilization=0.05")).await.run_id;
     let done = finished(&c.url(), &run).await;
@@ -602,10 +593,7 @@ async fn a_run_no_agent_can_take_says_why_and_can_be_cancelled() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Controller::start(dir.path());
     let _a1 = agent(dir.path(), "a1", &c.url(), &[]);
-    eventually(Duration::from_secs(20), "the agent ready", || async {
-        agents(&c.url()).await.iter().any(|a| a.state == "ready").then_some(())
-    })
-    .await;
+    ready(&c.url(), &["a1"]).await;
     let path = matrix(dir.path(), 1, 10, 10, "");
     std::fs::write(&path, std::fs::read_to_string(&path).expect("matrix").replace("gpu: H200", "gpu: A100"))
         .expect("write");
