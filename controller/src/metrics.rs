@@ -57,16 +57,16 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new(ingest: &IngestMetrics) -> Metrics {
-        let mut registry = Registry::with_prefix("benchfleet");
-        let m = Metrics {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("benchfleet"),
             agents: Family::default(),
             jobs: Family::default(),
             queue: Gauge::default(),
             runs: Gauge::default(),
             store_bytes: Gauge::default(),
             holding: Gauge::default(),
-            registry: Registry::default(),
         };
+        let registry = &mut m.registry;
         registry.register("agents", "Agents by liveness (ready, suspect, disconnected, lost)", m.agents.clone());
         registry.register("jobs", "Jobs of the runs in progress, by state", m.jobs.clone());
         registry.register("queue_groups", "Engine groups waiting for an agent", m.queue.clone());
@@ -85,7 +85,7 @@ impl Metrics {
             "One group commit of records: write and flush",
             ingest.commit_seconds.clone(),
         );
-        Metrics { registry, ..m }
+        m
     }
 
     /// The text exposition, with the scrape-time gauges read now.

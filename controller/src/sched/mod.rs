@@ -310,6 +310,17 @@ impl Need {
         Need { gpu: g.gpu.as_ref().map(|m| m.to_ascii_lowercase()), gpus: g.gpus_per_job, runtime: g.config.runtime }
     }
 
+    /// The agent's GPUs of the wanted model, usable or not.
+    fn gpus<'a>(&'a self, a: &'a AgentRecord) -> impl Iterator<Item = &'a GpuState> {
+        of_model(&a.gpus, self.gpu.as_deref())
+    }
+
+    /// Whether the agent could ever run such a group: the runtime, and
+    /// enough GPUs of the model (whether free or passing their checks now).
+    fn could_run(&self, a: &AgentRecord) -> bool {
+        a.runtimes.iter().any(|r| r == self.runtime.as_str()) && self.gpus(a).count() >= self.gpus as usize
+    }
+
     /// "an A100", "2 H200s", "a GPU".
     fn describe(&self) -> String {
         let model = self.gpu.as_deref().map_or("GPU".to_owned(), str::to_uppercase);
@@ -319,6 +330,11 @@ impl Need {
         let vowel_sound = model.starts_with(['A', 'E', 'F', 'H', 'I', 'L', 'M', 'N', 'O', 'R', 'S', 'X']);
         format!("{} {model}", if vowel_sound { "an" } else { "a" })
     }
+}
+
+/// The GPUs of a model (all of them without one).
+fn of_model<'a>(gpus: &'a [GpuState], model: Option<&'a str>) -> impl Iterator<Item = &'a GpuState> {
+    gpus.iter().filter(move |g| model.is_none_or(|m| benchfleet_core::gpu::model_matches(&g.name, m)))
 }
 
 /// How an abandoned group's attempts count against the cap.
@@ -776,13 +792,8 @@ impl Scheduler {
             .filter_map(|g| g.group.placement.as_ref())
             .flat_map(|p| p.gpus.iter().map(String::as_str))
             .collect();
-        let mut gpus: Vec<&GpuState> = a
-            .rec
-            .gpus
-            .iter()
-            .filter(|g| g.usable && !taken.contains(g.uuid.as_str()))
-            .filter(|g| model.is_none_or(|m| benchfleet_core::gpu::model_matches(&g.name, m)))
-            .collect();
+        let mut gpus: Vec<&GpuState> =
+            of_model(&a.rec.gpus, model).filter(|g| g.usable && !taken.contains(g.uuid.as_str())).collect();
         gpus.sort_by_key(|g| g.index);
         gpus.into_iter().map(|g| g.uuid.clone()).collect()
     }
@@ -1047,17 +1058,7 @@ impl Scheduler {
     /// run it (now or once it is back).
     fn capable_elsewhere(&self, g: &Group) -> bool {
         let need = Need::of(g);
-        self.agents.values().any(|a| {
-            !a.lost
-                && !g.failed_on.contains(&a.rec.id)
-                && a.rec.runtimes.iter().any(|r| r == need.runtime.as_str())
-                && a.rec
-                    .gpus
-                    .iter()
-                    .filter(|x| need.gpu.as_deref().is_none_or(|m| benchfleet_core::gpu::model_matches(&x.name, m)))
-                    .count()
-                    >= need.gpus as usize
-        })
+        self.agents.values().any(|a| !a.lost && !g.failed_on.contains(&a.rec.id) && need.could_run(&a.rec))
     }
 
     // -------------------------------------------------------------- runs --
@@ -1433,6 +1434,18 @@ impl Scheduler {
 
     /// Why a run's queued groups wait, one line per kind of need.
     pub fn waiting(&self, run: RunId, now: Now) -> Vec<String> {
+        self.waits(run, now).into_iter().map(|(why, _)| why).collect()
+    }
+
+    /// Warnings for a run just submitted: groups that no agent can take now
+    /// for another reason than that their GPUs are busy.
+    pub fn submit_warnings(&self, run: RunId, now: Now) -> Vec<String> {
+        self.waits(run, now).into_iter().filter(|(_, busy)| !busy).map(|(why, _)| why).collect()
+    }
+
+    /// Why each kind of need of the run waits, and whether only because
+    /// the GPUs it could use are busy.
+    fn waits(&self, run: RunId, now: Now) -> Vec<(String, bool)> {
         let mut needs: Vec<Need> = self
             .runs
             .get(&run)
@@ -1450,49 +1463,34 @@ impl Scheduler {
         needs.iter().map(|n| self.why_waiting(n, now)).collect()
     }
 
-    /// What keeps groups of a need from being placed.
-    fn why_waiting(&self, need: &Need, now: Now) -> String {
+    /// What keeps groups of a need from being placed, and whether it is only
+    /// that the GPUs are busy.
+    fn why_waiting(&self, need: &Need, now: Now) -> (String, bool) {
+        let why = |s: String| (s, false);
         let what = need.describe();
-        let model = need.gpu.as_deref();
-        let has = |a: &AgentEntry| {
-            let n = a
-                .rec
-                .gpus
-                .iter()
-                .filter(|g| model.is_none_or(|m| benchfleet_core::gpu::model_matches(&g.name, m)))
-                .count();
-            n >= need.gpus as usize
-        };
         let with_runtime: Vec<&AgentEntry> =
             self.agents.values().filter(|a| a.rec.runtimes.iter().any(|r| r == need.runtime.as_str())).collect();
-        let capable: Vec<&AgentEntry> = with_runtime.iter().copied().filter(|a| has(a)).collect();
+        let capable: Vec<&AgentEntry> = with_runtime.iter().copied().filter(|a| need.could_run(&a.rec)).collect();
         if self.agents.is_empty() {
-            return format!("waiting for an agent: none has connected (each job needs {what})");
+            return why(format!("waiting for an agent: none has connected (each job needs {what})"));
         }
         if with_runtime.is_empty() {
-            return format!("no agent runs engines with the {} runtime", need.runtime.as_str());
+            return why(format!("no agent runs engines with the {} runtime", need.runtime.as_str()));
         }
         if capable.is_empty() {
-            return format!("no agent has {what}");
+            return why(format!("no agent has {what}"));
         }
         let names = |v: &[&AgentEntry]| v.iter().map(|a| a.rec.name.as_str()).collect::<Vec<_>>().join(", ");
         let live: Vec<&AgentEntry> =
             capable.iter().copied().filter(|a| self.liveness_of(a, now.at) == Liveness::Ready).collect();
         if live.is_empty() {
-            return format!("the agents with {what} ({}) are not connected", names(&capable));
+            return why(format!("the agents with {what} ({}) are not connected", names(&capable)));
         }
         let open: Vec<&AgentEntry> = live.iter().copied().filter(|a| a.rec.drain.is_none() && !a.leaving).collect();
         if open.is_empty() {
-            return format!("the agents with {what} ({}) are drained or shutting down", names(&live));
+            return why(format!("the agents with {what} ({}) are drained or shutting down", names(&live)));
         }
-        let usable = |a: &AgentEntry| {
-            a.rec
-                .gpus
-                .iter()
-                .filter(|g| g.usable && model.is_none_or(|m| benchfleet_core::gpu::model_matches(&g.name, m)))
-                .count()
-                >= need.gpus as usize
-        };
+        let usable = |a: &AgentEntry| need.gpus(&a.rec).filter(|g| g.usable).count() >= need.gpus as usize;
         if !open.iter().any(|a| usable(a)) {
             let reasons: Vec<String> = open
                 .iter()
@@ -1504,15 +1502,9 @@ impl Scheduler {
                         .map(move |g| format!("{} GPU {}: {}", a.rec.name, g.index, g.reasons.join("; ")))
                 })
                 .collect();
-            return format!("no agent has {what} that passes its GPU checks ({})", reasons.join("; "));
+            return why(format!("no agent has {what} that passes its GPU checks ({})", reasons.join("; ")));
         }
-        format!("waiting for free GPUs: every agent with {what} is busy")
-    }
-
-    /// Warnings for a run just submitted: groups that no known agent could
-    /// ever run.
-    pub fn submit_warnings(&self, run: RunId, now: Now) -> Vec<String> {
-        self.waiting(run, now).into_iter().filter(|w| !w.starts_with("waiting for free GPUs")).collect()
+        (format!("waiting for free GPUs: every agent with {what} is busy"), true)
     }
 
     /// The runs the scheduler holds: in progress, or over with groups still
