@@ -9,18 +9,23 @@
 //! 3. placement: a 20,480-job matrix of H200 groups, which the agents run
 //!    at once (running, a summary through ingest, succeeded, group done);
 //! 4. ingest: streams of record batches (256 records of 128 chunks) into the
-//!    store with flush-before-ack;
-//! 5. report: the stored records of phase 4 read back and summarized.
+//!    store with flush-before-ack, 4 repeats of each configuration;
+//! 5. report: the stored records of phase 4 summarized exactly, record by
+//!    record (as a summary is made), then digested (as the controller does
+//!    once a summary is stored), and the report, which pools the repeats
+//!    from the digests.
 //!
 //! Leases must hold throughout: the bench fails if any agent is lost.
 //!
 //! `cargo bench -p benchfleet-controller --bench scale -- [--agents N] [--seconds S] [--ingest-records N]`
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use benchfleet_controller::model::{AttemptKey, RunId};
+use benchfleet_controller::digests;
+use benchfleet_controller::model::RunId;
+use benchfleet_controller::store::{RecordCommit, codec};
 use benchfleet_controller::{SledStore, Store};
 use benchfleet_proto as pb;
 use tokio::sync::mpsc;
@@ -53,15 +58,35 @@ fn msg(m: pb::agent_message::Msg) -> pb::AgentMessage {
     pb::AgentMessage { msg: Some(m) }
 }
 
+/// A pseudo-random number from `x` (splitmix64), for timings that vary.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A request of `chunks` tokens, one a chunk: TTFT 80 to 480 ms, gaps 8 to
+/// 16 ms, different for every request and chunk.
 fn record(seq: u64, chunks: u32) -> pb::RequestRecord {
     let start = seq as i64 * 1_000_000;
+    let first = start + 80_000_000 + (mix(seq) % 400_000_000) as i64;
+    let mut at = first;
+    let chunk_ns: Vec<i64> = (0..u64::from(chunks))
+        .map(|i| {
+            if i > 0 {
+                at += 8_000_000 + (mix(seq << 8 | i) % 8_000_000) as i64;
+            }
+            at
+        })
+        .collect();
     pb::RequestRecord {
         seq,
         scheduled_ns: start,
         sent_ns: start + 20_000,
-        first_token_ns: start + 80_000_000,
-        completed_ns: start + 80_000_000 + i64::from(chunks) * 12_000_000,
-        chunk_ns: (0..i64::from(chunks)).map(|i| start + 80_000_000 + i * 12_003_117).collect(),
+        first_token_ns: first,
+        completed_ns: at,
+        chunk_ns,
         chunk_tokens: vec![1; chunks as usize],
         prompt_tokens: 1024,
         output_tokens: chunks,
@@ -347,11 +372,14 @@ async fn main() {
     let (lost, _) = agents_lost(&mut op).await;
     assert_eq!(lost, 0, "leases lost during placement");
 
-    // 4. Ingest: `streams` agents hold a job each and stream records.
+    // 4. Ingest: `streams / 4` agents hold a group of 4 repeats each and
+    // stream the records of all 4 at once.
     *mode.lock().expect("mode") = Mode::Hold;
+    let repeats = 4;
+    let groups = streams / repeats;
     let yaml = format!(
-        "name: ingest\nmodel: m\nhardware: {{ gpu: H200, gpus_per_job: 1 }}\nengines:\n{}profiles:\n  a: {{ dataset: {{ random: {{ input_tokens: 8, output_tokens: 128 }} }}, requests: {} }}\n",
-        (0..streams).map(|i| format!("  e{i}: {{ kind: vllm, runtime: process }}\n")).collect::<String>(),
+        "name: ingest\nmodel: m\nhardware: {{ gpu: H200, gpus_per_job: 1 }}\nrepeats: {repeats}\nengines:\n{}profiles:\n  a: {{ dataset: {{ random: {{ input_tokens: 8, output_tokens: 128 }} }}, requests: {} }}\n",
+        (0..groups).map(|i| format!("  e{i}: {{ kind: vllm, runtime: process }}\n")).collect::<String>(),
         ingest_records / streams as u64
     );
     let sub = op
@@ -360,7 +388,7 @@ async fn main() {
         .expect("submitted")
         .into_inner();
     let mut held = Vec::new();
-    while held.len() < streams {
+    while held.len() < groups {
         held.clear();
         for a in &agents {
             for g in a.held.lock().await.iter() {
@@ -377,8 +405,8 @@ async fn main() {
     let (cpu0, _, _) = usage(pid);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for (agent, g) in &held {
-        let attempt = g.jobs[0].attempt.clone();
+    for (agent, g, attempt) in held.iter().flat_map(|(a, g)| g.jobs.iter().map(move |j| (a, g, j.attempt.clone()))) {
+        let _ = g;
         let tx = agent.tx.clone();
         let url = url.clone();
         let _ = tx
@@ -453,36 +481,57 @@ async fn main() {
         (size1 - size0) as f64 / stored as f64
     );
 
-    // 5. Reading back and summarizing a million records.
+    // 5. The report of a million records.
     let store = SledStore::open(&dir.path().join("store")).expect("store");
     let run: RunId = sub.run_id.parse().expect("run id");
     let jobs = store.jobs(run).expect("jobs");
+    // (a) Exact, from the records, as one job's summary is made.
     let t0 = Instant::now();
     let mut total = 0;
     let mut decoding = Duration::ZERO;
     for job in &jobs {
         let t = Instant::now();
-        let records: Vec<_> = store
-            .records(&AttemptKey { run, job: job.id, attempt: job.attempt })
-            .collect::<Result<_, _>>()
-            .expect("records");
+        let records: Vec<_> = store.records(&job.key()).collect::<Result<_, _>>().expect("records");
         decoding += t.elapsed();
         total += records.len();
         let s = benchfleet_core::summarize(&records, None);
         assert_eq!(s.successful as usize, records.len());
     }
-    let read = t0.elapsed().as_secs_f64();
+    let exact = t0.elapsed().as_secs_f64();
     println!(
-        "  reading and decoding: {:.2} s; summarizing: {:.2} s",
+        "exact summaries: {total} stored records read and summarized in {exact:.2} s (reading and decoding {:.2} s, summarizing {:.2} s)",
         decoding.as_secs_f64(),
-        read - decoding.as_secs_f64()
+        exact - decoding.as_secs_f64()
     );
-    let t1 = Instant::now();
-    let report = benchfleet_controller::report::render(&store, run).expect("report");
+    // (b) The digests, built from the records as the controller builds
+    // each once its summary is stored.
+    let by_controller = jobs.iter().filter(|j| store.has_digest(&j.key()).expect("read")).count();
+    let t0 = Instant::now();
+    let mut commit = RecordCommit::default();
+    let never = AtomicBool::new(false);
+    for job in &jobs {
+        let summary = job.summary.as_ref().expect("a summary");
+        let d = digests::build(&store, &job.key(), summary, &never).expect("records").expect("not stopped");
+        commit.digests.push((job.key(), codec::encode_digest(&d)));
+    }
+    let built = t0.elapsed().as_secs_f64();
+    let bytes: usize = commit.digests.iter().map(|(_, b)| b.len()).sum();
+    store.commit_records(&commit).expect("digests stored");
     println!(
-        "report: {total} stored records read and summarized in {read:.2} s ({:.0} records/s); the console report (from stored summaries) in {:.3} s, {} bytes",
-        total as f64 / read,
-        t1.elapsed().as_secs_f64(),
+        "digests: {} built from {total} records in {built:.2} s ({:.0} records/s), {:.1} KiB each on average; {by_controller} were already built by the controller before it stopped",
+        jobs.len(),
+        total as f64 / built,
+        bytes as f64 / jobs.len() as f64 / 1024.0
+    );
+    // (c) The report: every configuration's repeats pooled from their digests.
+    let t0 = Instant::now();
+    let report = benchfleet_controller::report::render(&store, run).expect("report");
+    let took = t0.elapsed().as_secs_f64();
+    assert_eq!(report.matches(&format!("({repeats} repeats pooled)")).count(), groups, "{report}");
+    println!(
+        "report: {groups} blocks pooled from {} digests of {total} records in {took:.3} s ({:.0}x faster than the exact summaries), {} bytes",
+        jobs.len(),
+        exact / took,
         report.len()
     );
 }

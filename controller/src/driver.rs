@@ -17,6 +17,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::digests::Digester;
 use crate::ingest::Ingest;
 use crate::model::{AgentId, AttemptKey, GpuState, JobState, Note, RunId};
 use crate::plan::{self, Next, Prepared};
@@ -100,6 +101,7 @@ pub struct Controller {
     /// Cancelled when the controller stops: streams end.
     pub shutdown: CancellationToken,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    digester: Digester,
 }
 
 impl std::fmt::Debug for Controller {
@@ -122,9 +124,13 @@ impl Controller {
     pub fn start(store: Arc<dyn Store>, config: ControllerConfig) -> Result<Arc<Controller>, StoreError> {
         let (tx, rx) = mpsc::channel();
         let summaries = tx.clone();
-        let (ingest, ingest_thread) = Ingest::start(store.clone(), move |key| {
+        let (digester, digest_rx) = Digester::new();
+        let to_digest = digester.queue();
+        let (ingest, ingest_thread) = Ingest::start(store.clone(), move |key, summary| {
             let _ = summaries.send(Input::Event(now(), Event::SummaryStored(key)));
+            let _ = to_digest.send(Some((key, benchfleet_core::digest::records_of(summary))));
         });
+        let digest_thread = digester.run(store.clone(), ingest.clone(), digest_rx);
         let mut runs = Vec::new();
         for run in store.runs()? {
             let groups = store.groups(run.id)?;
@@ -160,7 +166,8 @@ impl Controller {
             config,
             changed,
             shutdown: CancellationToken::new(),
-            threads: Mutex::new(vec![thread, ingest_thread]),
+            threads: Mutex::new(vec![thread, ingest_thread, digest_thread]),
+            digester,
         });
         let ticker = Arc::downgrade(&controller);
         let every = controller.config.tick;
@@ -252,6 +259,7 @@ impl Controller {
     /// and the driver and committer threads end.
     pub async fn stop(&self) {
         self.shutdown.cancel();
+        self.digester.stop();
         let _ = self.ask(Input::Stop).await;
         let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         let _ = tokio::task::spawn_blocking(move || {

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use benchfleet_core::Summary;
 
 use crate::matrix::{EngineDef, Matrix};
-use crate::model::{EngineConfig, Group, Job, JobState, Profile};
+use crate::model::{EngineConfig, Group, Job, Profile};
 
 /// The stage that measures the winner and the baseline on every profile.
 pub const FINAL_STAGE: u32 = 4;
@@ -23,7 +23,9 @@ pub const FINAL_STAGE: u32 = 4;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Results {
     /// Per configuration whose jobs on the primary profile have all ended:
-    /// the mean of its successful repeats there, `None` when none succeeded.
+    /// its successful repeats there pooled (throughputs over their summed
+    /// durations, means over all their requests; no percentiles), `None`
+    /// when none succeeded.
     /// A configuration with a job still pending or running is absent.
     pub primary: BTreeMap<String, Option<Summary>>,
     /// Whether the final stage was scheduled.
@@ -41,11 +43,7 @@ impl Results {
         let primary = by_config
             .into_iter()
             .filter(|(_, js)| !js.is_empty() && js.iter().all(|j| j.state.is_terminal()))
-            .map(|(name, js)| {
-                let summaries: Vec<&Summary> =
-                    js.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.as_ref()).collect();
-                (name.to_owned(), crate::report::mean(&summaries))
-            })
+            .map(|(name, js)| (name.to_owned(), crate::report::pooled(&js)))
             .collect();
         Results { primary, final_scheduled: groups.iter().any(|g| g.stage >= FINAL_STAGE) }
     }

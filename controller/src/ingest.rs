@@ -54,6 +54,8 @@ enum Item {
     Open(Fence),
     Close(AttemptKey),
     Purge(AttemptKey),
+    /// An attempt's digest, encoded.
+    Digest(AttemptKey, Vec<u8>),
     Stop,
 }
 
@@ -69,7 +71,7 @@ impl Ingest {
     /// for every stored summary, before its batch is acknowledged.
     pub fn start(
         store: Arc<dyn Store>,
-        on_summary: impl Fn(AttemptKey) + Send + 'static,
+        on_summary: impl Fn(AttemptKey, &Summary) + Send + 'static,
     ) -> (Ingest, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let metrics = IngestMetrics::default();
@@ -103,6 +105,12 @@ impl Ingest {
         let _ = self.tx.send(Item::Purge(key));
     }
 
+    /// Stores an attempt's digest with the next commit (only while its
+    /// summary is stored).
+    pub fn digest(&self, key: AttemptKey, digest: &benchfleet_core::Digest) {
+        let _ = self.tx.send(Item::Digest(key, crate::store::codec::encode_digest(digest)));
+    }
+
     /// Commits what is queued, then ends the thread.
     pub fn stop(&self) {
         let _ = self.tx.send(Item::Stop);
@@ -125,12 +133,11 @@ struct Pending {
     replies: Vec<(oneshot::Sender<Result<bool, IngestError>>, bool)>,
     /// Batches in this commit, so a batch sent twice within one counts once.
     seen: HashSet<(AttemptKey, u64)>,
-    summaries: Vec<AttemptKey>,
     records: u64,
 }
 
 impl Committer {
-    fn run(mut self, rx: &mpsc::Receiver<Item>, on_summary: &dyn Fn(AttemptKey)) {
+    fn run(mut self, rx: &mpsc::Receiver<Item>, on_summary: &dyn Fn(AttemptKey, &Summary)) {
         loop {
             let Ok(first) = rx.recv() else { return };
             let mut pending = Pending::default();
@@ -158,6 +165,7 @@ impl Committer {
                         }
                         pending.commit.purges.push(key);
                     }
+                    Item::Digest(key, bytes) => pending.commit.digests.push((key, bytes)),
                     Item::Batch(batch, reply) => match self.accept(*batch, &mut pending) {
                         Ok(summary) => pending.replies.push((reply, summary)),
                         Err(e) => {
@@ -214,13 +222,12 @@ impl Committer {
         let carried = batch.summary.is_some();
         if let Some(summary) = batch.summary {
             pending.commit.summaries.push((key, summary));
-            pending.summaries.push(key);
         }
         Ok(carried)
     }
 
-    fn commit(&mut self, pending: Pending, on_summary: &dyn Fn(AttemptKey)) {
-        let Pending { commit, replies, summaries, records, .. } = pending;
+    fn commit(&mut self, pending: Pending, on_summary: &dyn Fn(AttemptKey, &Summary)) {
+        let Pending { commit, replies, records, .. } = pending;
         if commit.is_empty() && replies.is_empty() {
             return;
         }
@@ -235,8 +242,8 @@ impl Committer {
             Ok(()) => {
                 self.metrics.records.inc_by(records);
                 self.metrics.batches.inc_by(commit.batches.len() as u64);
-                for key in summaries {
-                    on_summary(key);
+                for (key, summary) in &commit.summaries {
+                    on_summary(*key, summary);
                 }
                 for (reply, summary) in replies {
                     let _ = reply.send(Ok(summary));

@@ -8,12 +8,15 @@
 //! stage (with `greedy`, the planner itself); `model` holds the domain and
 //! stored types; `sched` is the scheduler, a pure state machine; `driver`
 //! runs it on its own thread, with the store writes it asks for; `ingest`
-//! stores record batches (group commit, fenced by attempt); `store`
+//! stores record batches (group commit, fenced by attempt); `digests`
+//! builds each attempt's digest (its distributions as histograms) from its
+//! stored records, for reports that pool repeats; `store`
 //! persists everything (sled); `service` is the gRPC face, and `convert` the
 //! one place wire types become domain types; `metrics` serves Prometheus
 //! `/metrics`; `report` renders reports.
 
 pub mod convert;
+pub mod digests;
 pub mod driver;
 pub mod greedy;
 pub mod ingest;

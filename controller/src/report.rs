@@ -4,18 +4,33 @@
 //! every failure with its reason; for a greedy run, first the stages and
 //! the choice made at each. Rendered from the store alone, so that
 //! `benchfleet report` prints the same text long after the run.
+//!
+//! A configuration's repeats on a profile make one block, pooled
+//! (`benchfleet_core::pool`): the percentiles of the union of their samples,
+//! from the attempts' stored digests; never a mean of percentiles.
 
 use std::fmt::Write as _;
 
-use benchfleet_core::{Distribution, Summary, render_block};
+use benchfleet_core::{Digest, Summary, pool, render_block};
 
 use crate::greedy::{self, Objective, Plan};
 use crate::matrix::Strategy;
 use crate::model::{Group, Job, JobState, Progress, RunId};
 use crate::store::{Store, StoreError};
 
-/// Renders the report of a stored run.
+/// Renders the report of a stored run; the digests it has to build (missing
+/// from the store) are kept in memory only.
 pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
+    render_keeping(store, run_id, &|_, _| {})
+}
+
+/// Renders the report of a stored run, handing each digest it had to build
+/// from records to `keep` (the controller stores them).
+pub fn render_keeping(
+    store: &dyn Store,
+    run_id: RunId,
+    keep: &dyn Fn(crate::model::AttemptKey, &Digest),
+) -> Result<String, StoreError> {
     let run = store.run(run_id)?.ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
     let all_groups = store.groups(run_id)?;
     // A greedy run measures some configurations again in its final stage,
@@ -87,17 +102,27 @@ pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
                 continue;
             }
             let _ = writeln!(out, "Profile: {profile}");
-            let summaries: Vec<&Summary> = succeeded(&of_profile).collect();
-            match mean(&summaries) {
-                Some(s) => {
-                    if summaries.len() > 1 {
-                        let _ = writeln!(out, "(mean of {} repeats)", summaries.len());
+            let repeats = succeeded(&of_profile).count();
+            match pooled_block(store, &of_profile, keep)? {
+                Ok(Some(s)) => {
+                    if repeats > 1 {
+                        let _ = writeln!(out, "({repeats} repeats pooled)");
                     }
                     out.push('\n');
                     out.push_str(&render_block(&s));
                 }
-                None => {
+                Ok(None) => {
                     let _ = writeln!(out, "\nno successful repeat");
+                }
+                // Never a block of guessed percentiles: each repeat's own.
+                Err(why) => {
+                    let _ = writeln!(out, "(the {repeats} repeats cannot be pooled: {why}; each is shown alone)");
+                    for j in of_profile.iter().filter(|j| j.state == JobState::Succeeded) {
+                        if let Some(s) = &j.summary {
+                            let _ = writeln!(out, "\nrepeat {}:\n", j.repeat);
+                            out.push_str(&render_block(s));
+                        }
+                    }
                 }
             }
             for j in of_profile.iter().filter(|j| j.state != JobState::Succeeded) {
@@ -165,6 +190,41 @@ fn succeeded<'a>(jobs: &'a [&'a Job]) -> impl Iterator<Item = &'a Summary> {
     jobs.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.as_ref())
 }
 
+/// The successful repeats' block, pooled, with every distribution: each
+/// repeat's digest read from the store, or built from its records. The
+/// inner error says why they cannot be pooled (a repeat's records are not
+/// all stored); the outer one is the store's.
+fn pooled_block(
+    store: &dyn Store,
+    jobs: &[&Job],
+    keep: &dyn Fn(crate::model::AttemptKey, &Digest),
+) -> Result<Result<Option<Summary>, String>, StoreError> {
+    let done: Vec<(&Job, &Summary)> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Succeeded)
+        .filter_map(|j| j.summary.as_ref().map(|s| (*j, s)))
+        .collect();
+    let summaries: Vec<&Summary> = done.iter().map(|(_, s)| *s).collect();
+    if summaries.len() <= 1 {
+        return Ok(Ok(pool(&summaries, None)));
+    }
+    let mut digests = Vec::with_capacity(done.len());
+    for (j, s) in &done {
+        match crate::digests::get_or_build(store, &j.key(), s, keep) {
+            Ok(d) => digests.push(d),
+            Err(StoreError::Invalid(why)) => return Ok(Err(why)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Ok(pool(&summaries, Some(&digests.iter().collect::<Vec<_>>()))))
+}
+
+/// The successful repeats pooled for their throughputs, means and success
+/// rate (no percentiles: no digest is read).
+pub fn pooled(jobs: &[&Job]) -> Option<Summary> {
+    pool(&succeeded(jobs).collect::<Vec<_>>(), None)
+}
+
 fn state_word(s: JobState) -> &'static str {
     match s {
         JobState::Failed => "failed",
@@ -190,7 +250,7 @@ fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str
             };
             let summary_of = |g: &Group| {
                 let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == *profile).collect();
-                mean(&succeeded(&js).collect::<Vec<_>>())
+                pooled(&js)
             };
             let line = match (summary_of(base), summary_of(v)) {
                 (Some(b), Some(s)) => {
@@ -228,7 +288,7 @@ fn recommendation(
     let profile = matrix.primary_profile.as_str();
     let candidates = groups.iter().filter(|g| winner.is_none_or(|w| g.config.name == w)).filter_map(|g| {
         let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == profile).collect();
-        let s = mean(&succeeded(&js).collect::<Vec<_>>())?;
+        let s = pooled(&js)?;
         (s.invalid.is_none() && s.success_rate() >= matrix.min_success_rate).then_some((g, s))
     });
     let objective = Objective::of(&matrix.objective);
@@ -256,82 +316,6 @@ fn recommendation(
 
 fn change(base: f64, new: f64) -> f64 {
     if base == 0.0 { 0.0 } else { (new - base) / base * 100.0 }
-}
-
-/// The field-by-field mean of repeats' summaries.
-pub fn mean(summaries: &[&Summary]) -> Option<Summary> {
-    let n = summaries.len();
-    if n == 0 {
-        return None;
-    }
-    let avg = |f: &dyn Fn(&Summary) -> f64| summaries.iter().map(|s| f(s)).sum::<f64>() / n as f64;
-    let avg_u = |f: &dyn Fn(&Summary) -> u64| (avg(&|s| f(s) as f64)).round() as u64;
-    let dist = |f: &dyn Fn(&Summary) -> &Distribution| {
-        // The asked percentiles average pairwise when every repeat asked the
-        // same ones; otherwise only the block's three can be averaged.
-        let first = &f(summaries[0]).percentiles;
-        let same = |s: &&Summary| {
-            let other = &f(s).percentiles;
-            other.len() == first.len() && other.iter().zip(first).all(|(a, b)| a.p == b.p)
-        };
-        let percentiles = if summaries.iter().all(same) {
-            (0..first.len())
-                .map(|i| benchfleet_core::Percentile { p: first[i].p, value: avg(&|s| f(s).percentiles[i].value) })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        Distribution {
-            mean: avg(&|s| f(s).mean),
-            median: avg(&|s| f(s).median),
-            p95: avg(&|s| f(s).p95),
-            p99: avg(&|s| f(s).p99),
-            count: summaries.iter().map(|s| f(s).count).sum(),
-            percentiles,
-        }
-    };
-    Some(Summary {
-        successful: avg_u(&|s| s.successful),
-        failed: avg_u(&|s| s.failed),
-        max_concurrency: summaries[0].max_concurrency,
-        duration_s: avg(&|s| s.duration_s),
-        total_input_tokens: avg_u(&|s| s.total_input_tokens),
-        total_output_tokens: avg_u(&|s| s.total_output_tokens),
-        request_throughput: avg(&|s| s.request_throughput),
-        output_throughput: avg(&|s| s.output_throughput),
-        peak_output_throughput: avg(&|s| s.peak_output_throughput),
-        peak_concurrent: avg_u(&|s| s.peak_concurrent),
-        total_token_throughput: avg(&|s| s.total_token_throughput),
-        latency_s: dist(&|s| &s.latency_s),
-        ttft_ms: dist(&|s| &s.ttft_ms),
-        tpot_ms: dist(&|s| &s.tpot_ms),
-        itl_ms: dist(&|s| &s.itl_ms),
-        itl_per_token_ms: dist(&|s| &s.itl_per_token_ms),
-        latency_from_scheduled_s: dist(&|s| &s.latency_from_scheduled_s),
-        ttft_from_scheduled_ms: dist(&|s| &s.ttft_from_scheduled_ms),
-        connect_ms: dist(&|s| &s.connect_ms),
-        failures: benchfleet_core::Failures {
-            http_error: avg_u(&|s| s.failures.http_error),
-            timeout: avg_u(&|s| s.failures.timeout),
-            cancelled: avg_u(&|s| s.failures.cancelled),
-            incomplete: avg_u(&|s| s.failures.incomplete),
-            transport_error: avg_u(&|s| s.failures.transport_error),
-            disconnected: avg_u(&|s| s.failures.disconnected),
-            malformed: avg_u(&|s| s.failures.malformed),
-        },
-        excluded: avg_u(&|s| s.excluded),
-        dispatch_lag_ms: dist(&|s| &s.dispatch_lag_ms),
-        offered_rate: summaries[0].offered_rate.map(|_| avg(&|s| s.offered_rate.unwrap_or(0.0))),
-        achieved_rate: avg(&|s| s.achieved_rate),
-        cap_waits: avg_u(&|s| s.cap_waits),
-        lag_limit_ms: summaries[0].lag_limit_ms,
-        client_cpu_s: summaries[0].client_cpu_s.map(|_| avg(&|s| s.client_cpu_s.unwrap_or(0.0))),
-        // One invalid repeat makes the mean untrustworthy too.
-        invalid: {
-            let reasons: Vec<&str> = summaries.iter().filter_map(|s| s.invalid.as_deref()).collect();
-            (!reasons.is_empty()).then(|| reasons.join("; "))
-        },
-    })
 }
 
 #[cfg(test)]
@@ -431,5 +415,37 @@ profiles:
                  Mean TPOT(ms): 0.00 | baseline Total TPS: 9632.01 Mean TPOT(ms): 0.00",
             ]
         );
+    }
+
+    #[test]
+    fn repeats_whose_records_are_missing_are_shown_one_by_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("store");
+        let run = Run {
+            id: RunId(1),
+            name: "repeats".into(),
+            matrix_file: "m.yaml".into(),
+            matrix_yaml: MATRIX.into(),
+            created_unix_ms: 0,
+            state: crate::model::RunState::Finished,
+            ended_unix_ms: None,
+            note: None,
+            files: Default::default(),
+            runtime_override: None,
+        };
+        let (first, mut second) = (job(0, 100.0, 1000), job(0, 200.0, 1000));
+        (second.id, second.repeat) = (1, 2);
+        let jobs = [first, second];
+        store.create_run(&run, &[group(0, &[])], &jobs).expect("create");
+        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
+        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        let report = render(&store, RunId(1)).expect("render");
+        assert!(
+            report.contains(
+                "(the 2 repeats cannot be pooled: attempt 0 of job 1/0 has 0 records stored but its summary counts 1000; each is shown alone)"
+            ),
+            "{report}"
+        );
+        assert_eq!(report.matches("Serving Benchmark Result").count(), 2, "{report}");
     }
 }

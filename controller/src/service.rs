@@ -370,7 +370,9 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn get_report(&self, req: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
         let run = convert::run_id(&req.into_inner().run_id)?;
         let store = self.0.store().clone();
-        let text = blocking(move || Ok(report::render(store.as_ref(), run)?)).await?;
+        let ingest = self.0.ingest.clone();
+        let keep = move |key, digest: &benchfleet_core::Digest| ingest.digest(key, digest);
+        let text = blocking(move || Ok(report::render_keeping(store.as_ref(), run, &keep)?)).await?;
         Ok(Response::new(pb::GetReportResponse { text }))
     }
 

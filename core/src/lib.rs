@@ -3,17 +3,20 @@
 //! Layout: `record` is one request's raw facts; `metrics` the metric
 //! definitions, the only implementation of them (`summarize`, the
 //! self-check), producing a `Summary`; `block` renders a summary as the
-//! "Serving Benchmark Result" block; `gpu` matches GPU models to product
+//! "Serving Benchmark Result" block; `digest` keeps a run's distributions as
+//! histograms that merge, and pools repeats into one block; `gpu` matches GPU models to product
 //! names; `convert` is the one place records and summaries cross to and
 //! from their gRPC form.
 
 pub mod block;
 pub mod convert;
+pub mod digest;
 pub mod gpu;
 pub mod metrics;
 pub mod record;
 
 pub use block::render_block;
+pub use digest::{Digest, DigestBuilder, Histogram, pool};
 pub use metrics::{
     DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryOptions, summarize, summarize_with,
 };

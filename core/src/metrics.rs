@@ -500,10 +500,16 @@ fn token_itls_ms<'a>(ok: &'a [&'a RequestRecord]) -> impl Iterator<Item = f64> +
 
 /// Each gap between two chunks of `r` as (per-token gap ms, tokens).
 fn token_gaps(r: &RequestRecord) -> impl Iterator<Item = (f64, usize)> + '_ {
+    token_gaps_ns(r).map(|(gap, n)| (gap / NS_PER_MS, n))
+}
+
+/// Each gap between two chunks of `r` as (per-token gap ns, tokens): the
+/// chunk's tokens, scaled to the server's count, share the gap before it.
+pub(crate) fn token_gaps_ns(r: &RequestRecord) -> impl Iterator<Item = (f64, usize)> + '_ {
     let scale = token_scale(r);
     r.chunks.pairs().filter_map(move |(a, b)| {
         let tokens = f64::from(b.tokens) * scale;
-        (tokens > 0.0).then(|| ((b.at_ns - a.at_ns) as f64 / NS_PER_MS / tokens, (tokens.round() as usize).max(1)))
+        (tokens > 0.0).then(|| ((b.at_ns - a.at_ns) as f64 / tokens, (tokens.round() as usize).max(1)))
     })
 }
 

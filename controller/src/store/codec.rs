@@ -5,8 +5,13 @@
 //! its token count), a tenth of its JSON.
 //!
 //! A stored batch is a version byte, a record count, then each record.
+//!
+//! An attempt's digest (`benchfleet_core::Digest`, its distributions as
+//! histograms) has its own version byte, then the records it covers and
+//! each histogram: its count, its sum (an f64), its entries, each as the
+//! step from the previous value (µs) and its count.
 
-use benchfleet_core::{Chunk, Chunks, Outcome, Phase, RequestRecord};
+use benchfleet_core::{Chunk, Chunks, Digest, Histogram, Outcome, Phase, RequestRecord};
 
 /// The encoding's version; a decoder refuses any other.
 const VERSION: u8 = 1;
@@ -129,6 +134,75 @@ pub fn encode_batch(records: &[RequestRecord]) -> Vec<u8> {
     out
 }
 
+/// The digest encoding's version; a decoder refuses any other, and the
+/// store then builds the digest again from the records.
+pub const DIGEST_VERSION: u8 = 1;
+
+/// Encodes a digest.
+pub fn encode_digest(d: &Digest) -> Vec<u8> {
+    let entries: usize = d.histograms().iter().map(|h| h.counts.len()).sum();
+    let mut out = Vec::with_capacity(16 + entries * 3);
+    out.push(DIGEST_VERSION);
+    put_u64(&mut out, d.records);
+    for h in d.histograms() {
+        put_u64(&mut out, h.count);
+        out.extend_from_slice(&h.sum_ns.to_le_bytes());
+        put_u64(&mut out, h.counts.len() as u64);
+        let mut previous = 0i64;
+        for &(value, count) in &h.counts {
+            put_i64(&mut out, value.wrapping_sub(previous));
+            put_u64(&mut out, count);
+            previous = value;
+        }
+    }
+    out
+}
+
+/// Reads a digest back, checking that each histogram is one (values
+/// ascending, counts that add up to its count).
+pub fn decode_digest(buf: &[u8]) -> Result<Digest, DecodeError> {
+    let mut r = BatchReader { buf, at: 0, left: 0 };
+    let v = r.byte()?;
+    if v != DIGEST_VERSION {
+        return Err(DecodeError::Version(v));
+    }
+    let mut d = Digest { records: r.u64()?, ..Digest::default() };
+    for h in d.histograms_mut() {
+        let count = r.u64()?;
+        let sum_ns = f64::from_le_bytes(r.bytes(8)?.try_into().expect("8 bytes"));
+        let n = r.u64()?;
+        // Each entry takes two bytes at least: a corrupt length must not
+        // allocate what the buffer cannot hold.
+        if n > (buf.len() - r.at) as u64 / 2 {
+            return Err(DecodeError::Bad { at: r.at, what: "more histogram entries than bytes" });
+        }
+        let mut counts = Vec::with_capacity(n as usize);
+        let (mut value, mut total) = (0i64, 0u64);
+        for i in 0..n {
+            let at = r.at;
+            let next = value.wrapping_add(r.i64()?);
+            if i > 0 && next <= value {
+                return Err(DecodeError::Bad { at, what: "histogram values not ascending" });
+            }
+            value = next;
+            let c = r.u64()?;
+            if c == 0 {
+                return Err(DecodeError::Bad { at, what: "histogram entry of count 0" });
+            }
+            total = total.saturating_add(c);
+            counts.push((value, c));
+        }
+        if total != count {
+            return Err(DecodeError::Bad { at: r.at, what: "histogram counts do not add up to its count" });
+        }
+        *h = Histogram { count, sum_ns, counts };
+    }
+    if r.at != buf.len() {
+        return Err(DecodeError::Bad { at: r.at, what: "bytes after the digest" });
+    }
+    Ok(d)
+}
+
 /// Reads one stored batch, record by record.
 pub struct BatchReader<'a> {
     buf: &'a [u8],
@@ -155,6 +229,12 @@ impl<'a> BatchReader<'a> {
     fn byte(&mut self) -> Result<u8, DecodeError> {
         let b = *self.buf.get(self.at).ok_or(DecodeError::Truncated(self.at))?;
         self.at += 1;
+        Ok(b)
+    }
+
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let b = self.buf.get(self.at..self.at + n).ok_or(DecodeError::Truncated(self.buf.len()))?;
+        self.at += n;
         Ok(b)
     }
 
@@ -331,6 +411,45 @@ mod tests {
             let _ = decode_batch(&bytes);
             bytes.truncate(i);
             let _ = decode_batch(&bytes);
+        }
+    }
+
+    prop_compose! {
+        fn histogram()(entries in proptest::collection::btree_map(any::<i64>(), 1u64..1_000_000, 0..50), sum in any::<f64>()) -> Histogram {
+            let counts: Vec<(i64, u64)> = entries.into_iter().collect();
+            Histogram { count: counts.iter().map(|c| c.1).sum(), sum_ns: sum, counts }
+        }
+    }
+
+    prop_compose! {
+        fn digest()(records in any::<u64>(), h in proptest::collection::vec(histogram(), 9)) -> Digest {
+            let mut d = Digest { records, ..Digest::default() };
+            for (slot, h) in d.histograms_mut().into_iter().zip(h) {
+                *slot = h;
+            }
+            d
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn digests_read_back_as_written(d in digest()) {
+            let back = decode_digest(&encode_digest(&d)).expect("decodes");
+            // NaN sums compare unequal: compare their bits.
+            for (a, b) in back.histograms().into_iter().zip(d.histograms()) {
+                prop_assert_eq!((a.count, &a.counts, a.sum_ns.to_bits()), (b.count, &b.counts, b.sum_ns.to_bits()));
+            }
+            prop_assert_eq!(back.records, d.records);
+        }
+
+        #[test]
+        fn a_corrupt_digest_is_an_error_not_a_panic(d in digest(), cut in any::<prop::sample::Index>(), flip in any::<u8>()) {
+            let mut bytes = encode_digest(&d);
+            let i = cut.index(bytes.len());
+            bytes[i] ^= flip | 1;
+            let _ = decode_digest(&bytes);
+            bytes.truncate(i);
+            prop_assert!(decode_digest(&bytes).is_err());
         }
     }
 

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use benchfleet_core::{RequestRecord, Summary};
+use benchfleet_core::{Digest, RequestRecord, Summary};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::Digest as _;
@@ -78,14 +78,22 @@ pub struct RecordCommit {
     pub batches: Vec<(AttemptKey, u64, Vec<u8>)>,
     pub summaries: Vec<(AttemptKey, Summary)>,
     pub stats: Vec<(AttemptKey, AttemptStats)>,
-    /// Removes the records and summaries of the job's attempts before this
-    /// one (their stats stay, marked removed).
+    /// Removes the records, summaries and digests of the job's attempts
+    /// before this one (their stats stay, marked removed).
     pub purges: Vec<AttemptKey>,
+    /// Digests of attempts' records (encoded), each stored only while the
+    /// attempt's summary is: applied after the purges, so a digest built
+    /// while its attempt was superseded is not kept.
+    pub digests: Vec<(AttemptKey, Vec<u8>)>,
 }
 
 impl RecordCommit {
     pub fn is_empty(&self) -> bool {
-        self.batches.is_empty() && self.summaries.is_empty() && self.stats.is_empty() && self.purges.is_empty()
+        self.batches.is_empty()
+            && self.summaries.is_empty()
+            && self.stats.is_empty()
+            && self.purges.is_empty()
+            && self.digests.is_empty()
     }
 }
 
@@ -110,13 +118,19 @@ pub trait Store: Send + Sync + 'static {
     fn job(&self, run: RunId, job: u64) -> Result<Option<Job>, StoreError>;
     fn agents(&self) -> Result<Vec<AgentRecord>, StoreError>;
     fn counters(&self) -> Result<Counters, StoreError>;
-    /// Applies one ingest commit and flushes.
+    /// Applies one ingest commit and flushes (a commit of digests alone,
+    /// which can be built again, is left to the next flush).
     fn commit_records(&self, commit: &RecordCommit) -> Result<(), StoreError>;
     /// How many records a stored batch holds, if it is stored.
     fn stored_batch(&self, attempt: &AttemptKey, batch: u64) -> Result<Option<u64>, StoreError>;
     /// An attempt's records, in the order of their batches.
     fn records(&self, attempt: &AttemptKey) -> Records<'_>;
     fn summary(&self, attempt: &AttemptKey) -> Result<Option<Summary>, StoreError>;
+    /// The digest of an attempt's records, if one of this build's encoding
+    /// is stored (`None` tells the caller to build it from the records).
+    fn digest(&self, attempt: &AttemptKey) -> Result<Option<Digest>, StoreError>;
+    /// Whether a digest of this build's encoding is stored, without reading it.
+    fn has_digest(&self, attempt: &AttemptKey) -> Result<bool, StoreError>;
     /// The attempts of a run that have a summary stored.
     fn summarized(&self, run: RunId) -> Result<Vec<AttemptKey>, StoreError>;
     fn attempt_stats(&self, run: RunId) -> Result<BTreeMap<AttemptKey, AttemptStats>, StoreError>;
@@ -206,6 +220,9 @@ pub struct SledStore {
     summaries: sled::Tree,
     stats: sled::Tree,
     records: sled::Tree,
+    /// Each attempt's digest (`codec::encode_digest`) in parts: derived from
+    /// its records, so any can be dropped and built again.
+    digests: sled::Tree,
     /// Counters that are not a run's.
     meta: sled::Tree,
 }
@@ -256,6 +273,7 @@ impl SledStore {
             summaries: db.open_tree("summaries")?,
             stats: db.open_tree("stats")?,
             records: db.open_tree("records")?,
+            digests: db.open_tree("digests")?,
             meta: db.open_tree("meta")?,
             files,
             db,
@@ -537,6 +555,39 @@ impl Store for SledStore {
         self.records.apply_batch(records)?;
         self.summaries.apply_batch(summaries)?;
         self.stats.apply_batch(stats)?;
+        let mut digests = sled::Batch::default();
+        for purge in &commit.purges {
+            for k in self.digests.scan_prefix(key(&[purge.run.0, purge.job])).keys() {
+                let k = k?;
+                if attempt_of(&k).is_some_and(|a| a.attempt < purge.attempt) {
+                    digests.remove(k);
+                }
+            }
+        }
+        for (attempt, bytes) in &commit.digests {
+            if !self.summaries.contains_key(attempt_key(attempt))? {
+                continue;
+            }
+            // A digest built again replaces the old one whole.
+            for k in self.digests.scan_prefix(attempt_key(attempt)).keys() {
+                digests.remove(k?);
+            }
+            for (i, part) in bytes.chunks(PART_BYTES).enumerate() {
+                let mut k = attempt_key(attempt);
+                k.extend_from_slice(&(i as u32).to_be_bytes());
+                digests.insert(k, part);
+            }
+        }
+        self.digests.apply_batch(digests)?;
+        // Digests can always be built again: alone, they wait for the next
+        // flush (sled's own, or the next commit's).
+        if commit.batches.is_empty()
+            && commit.summaries.is_empty()
+            && commit.stats.is_empty()
+            && commit.purges.is_empty()
+        {
+            return Ok(());
+        }
         self.flush()
     }
 
@@ -565,6 +616,25 @@ impl Store for SledStore {
 
     fn summary(&self, attempt: &AttemptKey) -> Result<Option<Summary>, StoreError> {
         self.summaries.get(attempt_key(attempt))?.map(|v| decode(|| format!("summary of {attempt}"), &v)).transpose()
+    }
+
+    fn digest(&self, attempt: &AttemptKey) -> Result<Option<Digest>, StoreError> {
+        let mut bytes = Vec::new();
+        for part in self.digests.scan_prefix(attempt_key(attempt)).values() {
+            bytes.extend_from_slice(&part?);
+        }
+        if bytes.is_empty() || bytes[0] != codec::DIGEST_VERSION {
+            return Ok(None);
+        }
+        codec::decode_digest(&bytes)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt { what: format!("digest of {attempt}"), reason: e.to_string() })
+    }
+
+    fn has_digest(&self, attempt: &AttemptKey) -> Result<bool, StoreError> {
+        let mut first = attempt_key(attempt);
+        first.extend_from_slice(&0u32.to_be_bytes());
+        Ok(self.digests.get(first)?.is_some_and(|part| part.first() == Some(&codec::DIGEST_VERSION)))
     }
 
     fn summarized(&self, run: RunId) -> Result<Vec<AttemptKey>, StoreError> {

@@ -105,7 +105,7 @@ fn a_purge_removes_earlier_attempts_only() {
             batches: vec![batch(a(0, 1), 0, &[0]), batch(a(0, 2), 0, &[0]), batch(a(1, 1), 0, &[0])],
             summaries: vec![(a(0, 1), Summary::default())],
             stats: vec![(a(0, 1), stats), (a(0, 2), stats)],
-            purges: Vec::new(),
+            ..Default::default()
         })
         .expect("commit");
     store.commit_records(&RecordCommit { purges: vec![a(0, 3)], ..Default::default() }).expect("purge");
@@ -115,6 +115,55 @@ fn a_purge_removes_earlier_attempts_only() {
     assert_eq!(store.summary(&a(0, 1)).expect("read"), None);
     let kept = store.attempt_stats(RunId(1)).expect("stats");
     assert_eq!(kept[&a(0, 1)], AttemptStats { removed: true, ..stats }, "the counts stay, marked removed");
+}
+
+#[test]
+fn a_digest_is_kept_while_its_summary_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let a = |job, attempt| AttemptKey { run: RunId(1), job, attempt };
+    // Large enough to be stored in several parts.
+    let histogram = |n: i64| benchfleet_core::Histogram {
+        count: n as u64,
+        sum_ns: n as f64,
+        counts: (0..n).map(|v| (v * 1000, 1)).collect(),
+    };
+    let digest = |n| Digest { records: 3, ttft: histogram(n), ..Digest::default() };
+    let (big, small) = (digest(20_000), digest(5));
+    let encoded = |d: &Digest| codec::encode_digest(d);
+    assert!(encoded(&big).len() > 3 * PART_BYTES);
+    store
+        .commit_records(&RecordCommit {
+            summaries: vec![(a(0, 1), Summary::default())],
+            digests: vec![(a(0, 1), encoded(&big)), (a(1, 1), encoded(&small))],
+            ..Default::default()
+        })
+        .expect("commit");
+    assert_eq!(store.digest(&a(0, 1)).expect("read"), Some(big));
+    assert_eq!(store.digest(&a(1, 1)).expect("read"), None, "no summary, no digest");
+    // Built again: the new one replaces every part of the old.
+    store
+        .commit_records(&RecordCommit { digests: vec![(a(0, 1), encoded(&small))], ..Default::default() })
+        .expect("commit");
+    assert_eq!(store.digest(&a(0, 1)).expect("read"), Some(small.clone()));
+    // Another encoding's digest reads as none: it is built again.
+    let mut other = encoded(&small);
+    other[0] = codec::DIGEST_VERSION + 1;
+    store.commit_records(&RecordCommit { digests: vec![(a(0, 1), other)], ..Default::default() }).expect("commit");
+    assert_eq!(store.digest(&a(0, 1)).expect("read"), None);
+    // A purge takes it with the summary; one built meanwhile is not kept.
+    store
+        .commit_records(&RecordCommit { digests: vec![(a(0, 1), encoded(&small))], ..Default::default() })
+        .expect("commit");
+    store
+        .commit_records(&RecordCommit {
+            purges: vec![a(0, 2)],
+            digests: vec![(a(0, 1), encoded(&small))],
+            ..Default::default()
+        })
+        .expect("purge");
+    assert_eq!(store.digest(&a(0, 1)).expect("read"), None);
+    assert_eq!(store.digests.len(), 0);
 }
 
 #[test]

@@ -673,3 +673,119 @@ async fn files_are_uploaded_in_chunks_checked_and_fetched_by_hash() {
     assert!(refused.message().contains("was not uploaded"), "{}", refused.message());
     assert!(f.store.runs().expect("runs").is_empty());
 }
+
+/// A repeat's records: TTFTs and token gaps that differ by request and by
+/// repeat, so that pooling them differs from averaging their percentiles.
+fn repeat_records(repeat: u64) -> Vec<benchfleet_core::RequestRecord> {
+    (0..60)
+        .map(|i: i64| {
+            let ms = 1_000_000;
+            let sent = i * 40 * ms;
+            let first = sent + (5 + (i * 37 + repeat as i64 * 101) % 300) * ms;
+            let gap = (2 + (i + repeat as i64 * 3) % 17) * ms;
+            let chunks: benchfleet_core::Chunks =
+                (0..12).map(|k| benchfleet_core::Chunk { at_ns: first + k * gap, tokens: 1 }).collect();
+            benchfleet_core::RequestRecord {
+                seq: i as u64,
+                scheduled_ns: sent,
+                sent_ns: sent,
+                slot_ns: None,
+                connect_ns: None,
+                first_token_ns: Some(first),
+                completed_ns: first + 11 * gap,
+                chunks,
+                prompt_tokens: 16,
+                output_tokens: 12,
+                outcome: benchfleet_core::Outcome::Ok,
+                http_status: Some(200),
+                error: None,
+                phase: benchfleet_core::Phase::Measured,
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn repeats_are_pooled_from_the_digests_of_their_stored_records() {
+    let f = controller().await;
+    let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let yaml = "\
+name: repeats
+model: m
+hardware: { gpu: H200, gpus_per_job: 1 }
+repeats: 3
+engines:
+  vllm: { runtime: process }
+profiles:
+  p: { dataset: { random: { input_tokens: 16, output_tokens: 12 } }, requests: 60 }
+";
+    let run: benchfleet_controller::model::RunId =
+        submit_matrix(&f.url, "repeats.yaml", yaml).await.parse().expect("run id");
+    let group = a.next().await;
+    assert_eq!(group.jobs.len(), 3);
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel(&f.url).await);
+    let mut all = Vec::new();
+    let mut keys = Vec::new();
+    for (r, job) in group.jobs.iter().enumerate() {
+        let attempt = job.attempt.clone().expect("attempt");
+        let records = repeat_records(r as u64);
+        let summary = benchfleet_core::summarize(&records, None);
+        let batches: Vec<pb::RecordBatch> = records
+            .chunks(25)
+            .enumerate()
+            .map(|(b, rs)| pb::RecordBatch {
+                attempt: Some(attempt.clone()),
+                batch: b as u64,
+                records: rs.iter().map(pb::RequestRecord::from).collect(),
+                summary: (b == 2).then(|| pb::Summary::from(&summary)),
+                sent: 60,
+            })
+            .collect();
+        let mut acks = ingest.records(tokio_stream::iter(batches)).await.expect("stream").into_inner();
+        for _ in 0..3 {
+            acks.next().await.expect("a reply").expect("ack");
+        }
+        a.send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
+            attempt: Some(attempt.clone()),
+            state: pb::JobState::Succeeded as i32,
+            ..Default::default()
+        }))
+        .await;
+        keys.push(benchfleet_controller::model::AttemptKey { run, job: attempt.job, attempt: attempt.attempt });
+        all.extend(records);
+    }
+    a.done(&group).await;
+
+    // Each attempt's digest is built from its stored records and stored.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !keys.iter().all(|k| f.store.has_digest(k).expect("read")) {
+        assert!(std::time::Instant::now() < deadline, "the digests were never stored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (r, k) in keys.iter().enumerate() {
+        let stored = f.store.digest(k).expect("read").expect("stored");
+        assert_eq!(stored, benchfleet_core::Digest::of(&repeat_records(r as u64)), "repeat {r}");
+    }
+
+    while !f.store.run(run).expect("read").expect("run").is_over() {
+        assert!(std::time::Instant::now() < deadline, "the run never finished");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The block is that of the union of the three repeats' samples.
+    let union = benchfleet_core::summarize(&all, None);
+    let report = benchfleet_controller::report::render(f.store.as_ref(), run).expect("report");
+    assert!(report.contains("(3 repeats pooled)"), "{report}");
+    for line in [
+        format!("Successful requests:                     {}", 180),
+        format!("Median TTFT (ms):                        {:.2}", union.ttft_ms.median),
+        format!("P99 TTFT (ms):                           {:.2}", union.ttft_ms.p99),
+        format!("P99 ITL (ms):                            {:.2}", union.itl_ms.p99),
+    ] {
+        assert!(report.contains(&line), "{line} not in\n{report}");
+    }
+    // The mean of the repeats' P99s is not what is shown.
+    let repeats: Vec<_> = (0..3).map(|r| benchfleet_core::summarize(&repeat_records(r), None)).collect();
+    let mean_p99 = repeats.iter().map(|s| s.ttft_ms.p99).sum::<f64>() / 3.0;
+    assert!((mean_p99 - union.ttft_ms.p99).abs() > 0.01, "the test data must tell the two apart");
+    f.controller.stop().await;
+}
