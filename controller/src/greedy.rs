@@ -12,9 +12,10 @@
 use std::collections::BTreeMap;
 
 use benchfleet_core::Summary;
+use benchfleet_core::stats::Difference;
 
 use crate::matrix::{EngineDef, Matrix};
-use crate::model::{EngineConfig, Group, Job, Profile};
+use crate::model::{EngineConfig, Group, Job, JobState, Profile};
 
 /// The stage that measures the winner and the baseline on every profile.
 pub const FINAL_STAGE: u32 = 4;
@@ -28,6 +29,10 @@ pub struct Results {
     /// when none succeeded.
     /// A configuration with a job still pending or running is absent.
     pub primary: BTreeMap<String, Option<Summary>>,
+    /// The successful repeats behind each of `primary`, one summary each,
+    /// for the intervals that say whether a difference is real. A
+    /// configuration absent here counts as its pooled summary alone.
+    pub repeats: BTreeMap<String, Vec<Summary>>,
     /// Whether the final stage was scheduled.
     pub final_scheduled: bool,
 }
@@ -40,12 +45,28 @@ impl Results {
             let of_group = jobs.iter().filter(|j| j.group == g.id && j.profile.name == primary_profile);
             by_config.entry(&g.config.name).or_default().extend(of_group);
         }
-        let primary = by_config
+        let ended: Vec<(&str, Vec<&Job>)> = by_config
             .into_iter()
             .filter(|(_, js)| !js.is_empty() && js.iter().all(|j| j.state.is_terminal()))
-            .map(|(name, js)| (name.to_owned(), crate::report::pooled(&js)))
             .collect();
-        Results { primary, final_scheduled: groups.iter().any(|g| g.stage >= FINAL_STAGE) }
+        let primary = ended.iter().map(|(name, js)| ((*name).to_owned(), crate::report::pooled(js))).collect();
+        let repeats = ended
+            .iter()
+            .map(|(name, js)| {
+                let done = js.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.clone());
+                ((*name).to_owned(), done.collect())
+            })
+            .collect();
+        Results { primary, repeats, final_scheduled: groups.iter().any(|g| g.stage >= FINAL_STAGE) }
+    }
+
+    /// A configuration's repeats (its pooled summary when they are not
+    /// known).
+    fn repeats_of<'a>(&'a self, name: &str, pooled: &'a Summary) -> Vec<&'a Summary> {
+        match self.repeats.get(name) {
+            Some(rs) if !rs.is_empty() => rs.iter().collect(),
+            _ => vec![pooled],
+        }
     }
 }
 
@@ -160,15 +181,28 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
     if !missing.is_empty() {
         return next(2, missing, decisions);
     }
+    let compare = |reference: (&str, &Summary), candidate: (&str, &Summary)| {
+        objective.compare(
+            &results.repeats_of(reference.0, reference.1),
+            &results.repeats_of(candidate.0, candidate.1),
+            matrix.min_effect,
+        )
+    };
     let mut helping: Vec<(&str, &Summary)> = Vec::new();
     for (v, config) in matrix.variants.iter().zip(&singles) {
         let verdict = match acceptable(&config.name) {
             Err(why) => why,
-            Ok(s) if objective.better(s, base) => {
-                helping.push((&v.name, s));
-                format!("{}, helps", objective.change(base, s))
+            Ok(s) => {
+                let c = compare((&baseline.name, base), (&config.name, s));
+                match c.verdict {
+                    Verdict::Better => {
+                        helping.push((&v.name, s));
+                        format!("{}, helps", c.shown)
+                    }
+                    Verdict::WithinNoise => format!("{}, within noise, not adopted", c.shown),
+                    Verdict::Worse => format!("{}, does not help", c.shown),
+                }
             }
-            Ok(s) => format!("{}, does not help", objective.change(base, s)),
         };
         decisions.push(Decision { stage: 2, config: config.name.clone(), verdict });
     }
@@ -187,12 +221,14 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
     helping.sort_by(|a, b| objective.score(b.1).total_cmp(&objective.score(a.1)));
     let mut chosen: Vec<&str> = Vec::new();
     let mut current = base;
+    let mut current_name = baseline.name.clone();
     if let Some((first, s)) = helping.first() {
         chosen.push(first);
         current = s;
+        current_name = matrix.config_with(engine, &chosen).name;
         decisions.push(Decision {
             stage: 3,
-            config: matrix.config_with(engine, &chosen).name,
+            config: current_name.clone(),
             verdict: format!("{}, the best single variant, kept", objective.change(base, s)),
         });
     }
@@ -205,16 +241,28 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
         }
         let verdict = match acceptable(&config.name) {
             Err(why) => why,
-            Ok(s) if objective.better(s, current) => {
-                chosen = candidate;
-                current = s;
-                format!("{}, kept", objective.change(base, s))
+            Ok(s) => {
+                let c = compare((&current_name, current), (&config.name, s));
+                match c.verdict {
+                    Verdict::Better => {
+                        chosen = candidate;
+                        current = s;
+                        current_name = config.name.clone();
+                        format!("{}, kept", objective.change(base, s))
+                    }
+                    Verdict::WithinNoise => format!(
+                        "{}, within noise of the previous {} ({} against it), not kept",
+                        objective.change(base, s),
+                        objective.change(base, current),
+                        c.shown
+                    ),
+                    Verdict::Worse => format!(
+                        "{}, below the previous {}, not kept",
+                        objective.change(base, s),
+                        objective.change(base, current)
+                    ),
+                }
             }
-            Ok(s) => format!(
-                "{}, below the previous {}, not kept",
-                objective.change(base, s),
-                objective.change(base, current)
-            ),
         };
         decisions.push(Decision { stage: 3, config: config.name, verdict });
     }
@@ -257,6 +305,33 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
         });
     }
     done(decisions)
+}
+
+/// What a comparison of a candidate with a reference concludes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Better by at least the minimum effect, and (when there are repeats
+    /// enough for one) the interval of the difference excludes zero.
+    Better,
+    /// Worse by as much.
+    Worse,
+    /// Neither: the interval holds zero, or the difference is below the
+    /// minimum effect.
+    WithinNoise,
+}
+
+/// A candidate against a reference by the objective, over their repeats.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comparison {
+    /// The mean over each side's repeats of the objective's value.
+    pub reference: f64,
+    pub candidate: f64,
+    /// candidate - reference, with Welch's 95% interval.
+    pub difference: Difference,
+    pub verdict: Verdict,
+    /// As the report shows it: `+9.75% ± 1.20%`, `+0.11%, below the 1.00%
+    /// minimum effect`, `1.26x faster (2.09 s vs 1.65 s)`.
+    pub shown: String,
 }
 
 /// The matrix's objective: what is compared, and which way is better.
@@ -307,11 +382,57 @@ impl Objective {
         }
     }
 
-    /// The change of the objective's value from `base`, e.g. `+9.75%`.
+    /// The change of the objective's value from `base`: `+9.75%` for a
+    /// throughput, `1.26x faster` for a latency.
     pub fn change(self, base: &Summary, s: &Summary) -> String {
-        let (b, n) = (self.value(base), self.value(s));
-        let pct = if b == 0.0 { 0.0 } else { (n - b) / b * 100.0 };
-        format!("{pct:+.2}%")
+        self.change_of(self.value(base), self.value(s))
+    }
+
+    fn change_of(self, b: f64, n: f64) -> String {
+        match self {
+            Objective::MeanLatency if n > 0.0 && b >= n => format!("{:.2}x faster", b / n),
+            Objective::MeanLatency if b > 0.0 => format!("{:.2}x slower", n / b),
+            _ => {
+                let pct = if b == 0.0 { 0.0 } else { (n - b) / b * 100.0 };
+                format!("{pct:+.2}%")
+            }
+        }
+    }
+
+    /// Compares a candidate's repeats with a reference's: the difference of
+    /// the means of the objective's per-repeat values, with Welch's 95%
+    /// interval when both sides have two repeats or more. Better or worse
+    /// only when the interval excludes zero and the relative difference is
+    /// at least `min_effect` (a fraction); otherwise within noise.
+    pub fn compare(self, reference: &[&Summary], candidate: &[&Summary], min_effect: f64) -> Comparison {
+        let values = |ss: &[&Summary]| ss.iter().map(|s| self.value(s)).collect::<Vec<f64>>();
+        let (r, c) = (values(reference), values(candidate));
+        let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+        let (rm, cm) = (mean(&r), mean(&c));
+        let difference = Difference::welch(&c, &r);
+        let relative = if rm == 0.0 { 0.0 } else { difference.diff / rm.abs() };
+        // Positive when the candidate is better.
+        let gain = if self == Objective::MeanLatency { -relative } else { relative };
+        let verdict = if gain.abs() < min_effect || difference.contains_zero() == Some(true) {
+            Verdict::WithinNoise
+        } else if gain > 0.0 {
+            Verdict::Better
+        } else {
+            Verdict::Worse
+        };
+        let below = gain.abs() < min_effect && difference.contains_zero() != Some(true);
+        let mut shown = match (self, difference.half_width) {
+            (Objective::MeanLatency, h) => {
+                let spread = h.map_or(String::new(), |h| format!(", difference {:+.2} ± {h:.2} s", difference.diff));
+                format!("{} ({rm:.2} s vs {cm:.2} s{spread})", self.change_of(rm, cm))
+            }
+            (_, Some(h)) if rm != 0.0 => format!("{:+.2}% ± {:.2}%", relative * 100.0, h / rm.abs() * 100.0),
+            _ => self.change_of(rm, cm),
+        };
+        if below {
+            shown.push_str(&format!(", below the {:.2}% minimum effect", min_effect * 100.0));
+        }
+        Comparison { reference: rm, candidate: cm, difference, verdict, shown }
     }
 }
 
@@ -355,7 +476,7 @@ strategy: greedy
                 ((*name).to_owned(), summary)
             })
             .collect();
-        Results { primary, final_scheduled }
+        Results { primary, final_scheduled, ..Results::default() }
     }
 
     /// The decisions one a line, then the plan.
@@ -598,9 +719,89 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
                 .into_iter()
                 .map(|(n, s)| (n.to_owned(), s))
                 .collect(),
-            final_scheduled: false,
+            ..Results::default()
         };
-        let Plan::Next(stage) = plan(&m, &r).plan else { panic!("expected stage 2") };
+        let planned = plan(&m, &r);
+        let Plan::Next(stage) = planned.plan else { panic!("expected stage 2") };
         assert_eq!(stage.configs[0].name, "sglang+a");
+        let mut r = r;
+        r.primary.insert("sglang+a".into(), latency(0.8));
+        r.primary.insert("sglang+b".into(), latency(1.0));
+        r.primary.insert("sglang+c".into(), latency(1.25));
+        let verdicts: Vec<String> = plan(&m, &r).decisions.iter().map(|d| d.verdict.clone()).collect();
+        assert_eq!(
+            verdicts[2..5],
+            [
+                "1.25x faster (1.00 s vs 0.80 s), helps",
+                "1.00x faster (1.00 s vs 1.00 s), below the 1.00% minimum effect, within noise, not adopted",
+                "1.25x slower (1.00 s vs 1.25 s), does not help",
+            ]
+        );
+    }
+
+    /// Results where each configuration has three repeats of the given
+    /// throughputs.
+    fn repeated(of: &[(&str, [f64; 3])]) -> Results {
+        let summary = |tps: f64| Summary { successful: OK, total_token_throughput: tps, ..Summary::default() };
+        // The final stage ran: the plan ends with its winner.
+        let mut r = Results { final_scheduled: true, ..Results::default() };
+        for (name, tps) in of {
+            let mean = tps.iter().sum::<f64>() / 3.0;
+            r.primary.insert((*name).to_owned(), Some(summary(mean)));
+            r.repeats.insert((*name).to_owned(), tps.iter().map(|&t| summary(t)).collect());
+        }
+        r
+    }
+
+    #[test]
+    fn a_variant_within_noise_is_not_adopted() {
+        let m = crate::matrix::parse("m.yaml", MATRIX, &|_| None).expect("valid matrix");
+        let r = repeated(&[
+            ("vllm", [99.0, 100.0, 101.0]),
+            ("sglang", [89.0, 90.0, 91.0]),
+            // +0.2% with a 1% spread: the interval holds zero.
+            ("vllm+a", [99.2, 100.2, 101.2]),
+            // +5% with the same spread: real.
+            ("vllm+b", [104.0, 105.0, 106.0]),
+            // +3% but a 10% spread: the interval holds zero.
+            ("vllm+c", [93.0, 103.0, 113.0]),
+        ]);
+        let planned = plan(&m, &r);
+        let stage2: Vec<String> =
+            planned.decisions.iter().filter(|d| d.stage == 2).map(|d| format!("{}: {}", d.config, d.verdict)).collect();
+        assert_eq!(
+            stage2,
+            [
+                "vllm+a: +0.20% ± 2.27%, within noise, not adopted",
+                "vllm+b: +5.00% ± 2.27%, helps",
+                "vllm+c: +3.00% ± 24.50%, within noise, not adopted",
+            ]
+        );
+        let Plan::Done(outcome) = planned.plan else { panic!("one helping variant: nothing to combine") };
+        assert_eq!(outcome.winner.as_deref(), Some("vllm+b"));
+
+        // The same +0.2% with a 0.01% spread is real, but still below the
+        // matrix's minimum effect unless it is lowered.
+        let tight = repeated(&[
+            ("vllm", [99.99, 100.0, 100.01]),
+            ("sglang", [89.0, 90.0, 91.0]),
+            ("vllm+a", [100.19, 100.2, 100.21]),
+            ("vllm+b", [50.0, 50.0, 50.0]),
+            ("vllm+c", [50.0, 50.0, 50.0]),
+        ]);
+        let winner = |yaml: &str| {
+            let m = crate::matrix::parse("m.yaml", yaml, &|_| None).expect("valid matrix");
+            match plan(&m, &tight).plan {
+                Plan::Done(o) => o.winner,
+                Plan::Next(s) => panic!("unexpected stage {}", s.number),
+            }
+        };
+        assert_eq!(winner(MATRIX).as_deref(), Some("vllm"));
+        let lowered = MATRIX.replace(
+            "acceptance: { min_success_rate: 0.99 }",
+            "acceptance: { min_success_rate: 0.99, min_effect: 0.1% }",
+        );
+        assert_ne!(lowered, MATRIX);
+        assert_eq!(winner(&lowered).as_deref(), Some("vllm+a"));
     }
 }

@@ -70,8 +70,19 @@ struct RawHardware {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAcceptance {
+    #[serde(default = "all")]
     min_success_rate: f64,
+    /// A fraction (0.01) or a percentage ("1%").
+    #[serde(default)]
+    min_effect: Option<serde_yaml_ng::Value>,
 }
+
+fn all() -> f64 {
+    1.0
+}
+
+/// The smallest relative gain that counts as one when none is set: 1%.
+pub const DEFAULT_MIN_EFFECT: f64 = 0.01;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +194,9 @@ pub struct Matrix {
     pub gpu: Option<String>,
     pub gpus_per_job: u32,
     pub min_success_rate: f64,
+    /// The smallest relative difference (0.01 = 1%) that counts as one: a
+    /// smaller one is within noise, whatever its interval.
+    pub min_effect: f64,
     pub repeats: u32,
     pub strategy: Strategy,
     /// In file order.
@@ -263,6 +277,31 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         }
         Some(a) => a.min_success_rate,
         None => 1.0,
+    };
+    let min_effect = match raw.acceptance.as_ref().and_then(|a| a.min_effect.as_ref()) {
+        None => DEFAULT_MIN_EFFECT,
+        Some(v) => {
+            let bad = || {
+                err(
+                    "acceptance.min_effect",
+                    format!(
+                        "must be a fraction from 0 to 1 (0.01) or a percentage (1%), got {}",
+                        serde_yaml_ng::to_string(v).unwrap_or_default().trim()
+                    ),
+                )
+            };
+            let fraction = match v {
+                serde_yaml_ng::Value::Number(n) => n.as_f64(),
+                serde_yaml_ng::Value::String(text) => {
+                    text.trim().strip_suffix('%').and_then(|p| p.trim().parse::<f64>().ok()).map(|p| p / 100.0)
+                }
+                _ => None,
+            };
+            match fraction {
+                Some(f) if (0.0..1.0).contains(&f) => f,
+                _ => return Err(bad()),
+            }
+        }
     };
     match raw.objective.as_deref() {
         None | Some("total_token_throughput" | "output_throughput" | "mean_latency") => {}
@@ -377,6 +416,7 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         gpu,
         gpus_per_job,
         min_success_rate,
+        min_effect,
         repeats,
         strategy,
         engines,
@@ -715,6 +755,23 @@ profiles:
             &format!("{GOOD}strategy: random\n"),
             "m.yaml:17: strategy: unknown strategy 'random'; expected grid or greedy",
         );
+        check_err(
+            &format!("{GOOD}acceptance: {{ min_effect: lots }}\n"),
+            "m.yaml:17: acceptance.min_effect: must be a fraction from 0 to 1 (0.01) or a percentage (1%), got lots",
+        );
+        check_err(
+            &format!("{GOOD}acceptance: {{ min_effect: 150% }}\n"),
+            "m.yaml:17: acceptance.min_effect: must be a fraction from 0 to 1 (0.01) or a percentage (1%), got 150%",
+        );
+    }
+
+    #[test]
+    fn the_minimum_effect_is_a_fraction_or_a_percentage() {
+        let effect = |extra: &str| parse("m.yaml", &format!("{GOOD}{extra}"), &hash).expect("valid").min_effect;
+        assert_eq!(effect(""), DEFAULT_MIN_EFFECT);
+        assert_eq!(effect("acceptance: { min_effect: 2.5% }\n"), 0.025);
+        assert_eq!(effect("acceptance: { min_effect: 0.03, min_success_rate: 0.9 }\n"), 0.03);
+        assert_eq!(effect("acceptance: { min_effect: 0 }\n"), 0.0);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::fmt::Write as _;
 
+use benchfleet_core::stats::Estimate;
 use benchfleet_core::{Digest, Summary, pool, render_block};
 
 use crate::greedy::{self, Objective, Plan};
@@ -110,6 +111,7 @@ pub fn render_keeping(
                     }
                     out.push('\n');
                     out.push_str(&render_block(&s));
+                    intervals(&mut out, &succeeded(&of_profile).collect::<Vec<_>>());
                 }
                 Ok(None) => {
                     let _ = writeln!(out, "\nno successful repeat");
@@ -166,7 +168,9 @@ pub fn render_keeping(
         out.push('\n');
     }
 
-    comparison(&mut out, &groups, &jobs, &profiles, min_success_rate);
+    let objective = Objective::of(matrix.as_ref().map_or("", |m| m.objective.as_str()));
+    let min_effect = matrix.as_ref().map_or(crate::matrix::DEFAULT_MIN_EFFECT, |m| m.min_effect);
+    comparison(&mut out, &groups, &jobs, &profiles, (min_success_rate, min_effect), objective);
     if let Some(m) = &matrix {
         recommendation(&mut out, &groups, &jobs, m, winner.as_deref());
     }
@@ -235,7 +239,53 @@ fn state_word(s: JobState) -> &'static str {
 }
 
 /// Each variant configuration against its engine's baseline, per profile.
-fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str], min_success_rate: f64) {
+/// Each headline number's 95% confidence interval over the repeats: the
+/// mean of the repeats' own values, Student's t with n - 1 degrees of
+/// freedom. One repeat has none, and the report says so.
+fn intervals(out: &mut String, repeats: &[&Summary]) {
+    if repeats.len() < 2 {
+        let _ = writeln!(out, "One repeat: no confidence intervals.");
+        return;
+    }
+    type Number = (&'static str, fn(&Summary) -> f64);
+    let numbers: [Number; 15] = [
+        ("Request throughput (req/s)", |s| s.request_throughput),
+        ("Output token throughput (tok/s)", |s| s.output_throughput),
+        ("Total token throughput (tok/s)", |s| s.total_token_throughput),
+        ("Mean E2E latency (ms)", |s| s.latency_s.mean * 1e3),
+        ("Median E2E latency (ms)", |s| s.latency_s.median * 1e3),
+        ("P99 E2E latency (ms)", |s| s.latency_s.p99 * 1e3),
+        ("Mean TTFT (ms)", |s| s.ttft_ms.mean),
+        ("Median TTFT (ms)", |s| s.ttft_ms.median),
+        ("P99 TTFT (ms)", |s| s.ttft_ms.p99),
+        ("Mean TPOT (ms)", |s| s.tpot_ms.mean),
+        ("Median TPOT (ms)", |s| s.tpot_ms.median),
+        ("P99 TPOT (ms)", |s| s.tpot_ms.p99),
+        ("Mean ITL (ms)", |s| s.itl_ms.mean),
+        ("Median ITL (ms)", |s| s.itl_ms.median),
+        ("P99 ITL (ms)", |s| s.itl_ms.p99),
+    ];
+    let _ = writeln!(
+        out,
+        "95% confidence intervals of the {} repeats' own values (Student's t, {} degrees of freedom):",
+        repeats.len(),
+        repeats.len() - 1
+    );
+    for (name, value) in numbers {
+        let values: Vec<f64> = repeats.iter().map(|s| value(s)).collect();
+        let e = Estimate::of(&values);
+        let _ = writeln!(out, "  {:<34} {:.2} ± {:.2}", format!("{name}:"), e.mean, e.half_width.unwrap_or(0.0));
+    }
+}
+
+fn comparison(
+    out: &mut String,
+    groups: &[Group],
+    jobs: &[Job],
+    profiles: &[&str],
+    (min_success_rate, min_effect): (f64, f64),
+    objective: Objective,
+) {
     let variants: Vec<&Group> = groups.iter().filter(|g| !g.config.variants.is_empty()).collect();
     if variants.is_empty() {
         return;
@@ -248,22 +298,41 @@ fn comparison(out: &mut String, groups: &[Group], jobs: &[Job], profiles: &[&str
             else {
                 continue;
             };
-            let summary_of = |g: &Group| {
-                let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == *profile).collect();
-                pooled(&js)
+            let of_profile = |group: u64| -> Vec<&Job> {
+                jobs.iter().filter(|j| j.group == group && j.profile.name == *profile).collect()
             };
-            let line = match (summary_of(base), summary_of(v)) {
+            let (base_jobs, variant_jobs) = (of_profile(base.id), of_profile(v.id));
+            let line = match (pooled(&base_jobs), pooled(&variant_jobs)) {
                 (Some(b), Some(s)) => {
                     let verdict = if let Some(why) = &s.invalid {
                         format!("run INVALID: {why}; not adopted")
                     } else if s.success_rate() < min_success_rate {
                         format!("success rate {:.1}%, not adopted", s.success_rate() * 100.0)
+                    } else if let Some(why) = &b.invalid {
+                        format!("baseline run INVALID: {why}; not compared")
                     } else {
-                        format!("{:+.2}%", change(b.total_token_throughput, s.total_token_throughput))
+                        let c = objective.compare(
+                            &succeeded(&base_jobs).collect::<Vec<_>>(),
+                            &succeeded(&variant_jobs).collect::<Vec<_>>(),
+                            min_effect,
+                        );
+                        match c.verdict {
+                            greedy::Verdict::Better => format!("{}, better", c.shown),
+                            greedy::Verdict::WithinNoise => format!("{}, within noise", c.shown),
+                            greedy::Verdict::Worse => format!("{}, worse", c.shown),
+                        }
+                    };
+                    let (name, value): (&str, fn(&Summary) -> f64) = match objective {
+                        Objective::MeanLatency => ("Mean latency (s)", |s| s.latency_s.mean),
+                        Objective::OutputThroughput => ("Output TPS", |s| s.output_throughput),
+                        Objective::TotalTokenThroughput => ("Total TPS", |s| s.total_token_throughput),
                     };
                     format!(
-                        "Total TPS: {:.2} ({verdict}) Mean TPOT(ms): {:.2} | baseline Total TPS: {:.2} Mean TPOT(ms): {:.2}",
-                        s.total_token_throughput, s.tpot_ms.mean, b.total_token_throughput, b.tpot_ms.mean
+                        "{name}: {:.2} ({verdict}) Mean TPOT(ms): {:.2} | baseline {name}: {:.2} Mean TPOT(ms): {:.2}",
+                        value(&s),
+                        s.tpot_ms.mean,
+                        value(&b),
+                        b.tpot_ms.mean
                     )
                 }
                 _ => "no result to compare".to_owned(),
@@ -312,10 +381,6 @@ fn recommendation(
         "({}: the best {value} on profile {profile} among the configurations that met the acceptance)",
         best.config.name
     );
-}
-
-fn change(base: f64, new: f64) -> f64 {
-    if base == 0.0 { 0.0 } else { (new - base) / base * 100.0 }
 }
 
 #[cfg(test)]
@@ -411,7 +476,7 @@ profiles:
             [
                 "  vllm+mtp                                 Total TPS: 15514.15 (success rate 51.6%, not adopted) \
                  Mean TPOT(ms): 0.00 | baseline Total TPS: 9632.01 Mean TPOT(ms): 0.00",
-                "  vllm+fp8                                 Total TPS: 9942.93 (+3.23%) \
+                "  vllm+fp8                                 Total TPS: 9942.93 (+3.23%, better) \
                  Mean TPOT(ms): 0.00 | baseline Total TPS: 9632.01 Mean TPOT(ms): 0.00",
             ]
         );
@@ -447,5 +512,39 @@ profiles:
             "{report}"
         );
         assert_eq!(report.matches("Serving Benchmark Result").count(), 2, "{report}");
+    }
+
+    #[test]
+    fn an_invalid_baseline_is_not_compared() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("store");
+        let run = Run {
+            id: RunId(1),
+            name: "invalid".into(),
+            matrix_file: "m.yaml".into(),
+            matrix_yaml: MATRIX.into(),
+            created_unix_ms: 0,
+            state: crate::model::RunState::Finished,
+            ended_unix_ms: None,
+            note: None,
+            files: Default::default(),
+            runtime_override: None,
+        };
+        let mut base = job(0, 5000.0, 1000);
+        if let Some(s) = base.summary.as_mut() {
+            s.invalid = Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into());
+        }
+        let jobs = [base, job(2, 9942.93, 1000)];
+        store.create_run(&run, &[group(0, &[]), group(2, &["fp8"])], &jobs).expect("create");
+        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
+        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        let report = render(&store, RunId(1)).expect("render");
+        assert!(
+            report.contains(
+                "Total TPS: 9942.93 (baseline run INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms; not compared)"
+            ),
+            "{report}"
+        );
+        assert!(report.contains("One repeat: no confidence intervals."), "{report}");
     }
 }

@@ -14,6 +14,7 @@ pub mod digest;
 pub mod gpu;
 pub mod metrics;
 pub mod record;
+pub mod stats;
 
 pub use block::render_block;
 pub use digest::{Digest, DigestBuilder, Histogram, pool};

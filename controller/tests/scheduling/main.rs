@@ -783,6 +783,16 @@ profiles:
     ] {
         assert!(report.contains(&line), "{line} not in\n{report}");
     }
+    // Each headline number's interval comes from the repeats' own values.
+    let tps: Vec<f64> =
+        (0..3).map(|r| benchfleet_core::summarize(&repeat_records(r), None).total_token_throughput).collect();
+    let e = benchfleet_core::stats::Estimate::of(&tps);
+    let line =
+        format!("  Total token throughput (tok/s):    {:.2} ± {:.2}", e.mean, e.half_width.expect("three repeats"));
+    assert!(
+        report.contains("95% confidence intervals of the 3 repeats' own values (Student's t, 2 degrees of freedom):")
+    );
+    assert!(report.contains(&line), "{line} not in\n{report}");
     // The mean of the repeats' P99s is not what is shown.
     let repeats: Vec<_> = (0..3).map(|r| benchfleet_core::summarize(&repeat_records(r), None)).collect();
     let mean_p99 = repeats.iter().map(|s| s.ttft_ms.p99).sum::<f64>() / 3.0;
