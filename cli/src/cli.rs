@@ -218,24 +218,25 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Report { run_id } => {
-            let text = match &cli.controller {
+            let (text, recommended) = match &cli.controller {
                 Some(url) => {
-                    client::connect(url)
+                    let r = client::connect(url)
                         .await?
                         .get_report(pb::GetReportRequest { run_id: run_id.clone() })
                         .await
                         .map_err(client::status)?
-                        .into_inner()
-                        .text
+                        .into_inner();
+                    (r.text, !r.recommended.is_empty())
                 }
                 None => {
                     let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
                     let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-                    benchfleet_controller::report::render(&store, id)?
+                    let r = benchfleet_controller::report::render(&store, id)?;
+                    (r.text, r.recommended.is_some())
                 }
             };
             print!("{text}");
-            Ok(0)
+            Ok(if recommended { 0 } else { EXIT_FAILED_JOBS })
         }
         Command::Agents => {
             let url = need_controller(&cli)?;
@@ -418,20 +419,22 @@ async fn follow(url: &str, run_id: &str, reconnect_for: Duration, json: bool, re
         bar.finish_and_clear();
     }
     let run = last.run.unwrap_or_default();
+    let mut recommended = true;
     if report {
-        let text = client::connect(url)
+        let r = client::connect(url)
             .await?
             .get_report(pb::GetReportRequest { run_id: run_id.to_owned() })
             .await
             .map_err(client::status)?
-            .into_inner()
-            .text;
-        print!("{text}");
+            .into_inner();
+        print!("{}", r.text);
         println!("run id: {run_id}");
+        recommended = !r.recommended.is_empty();
     } else if !json {
         eprintln!("run {run_id} {}: {}/{} jobs succeeded", run.state, run.jobs_succeeded, run.jobs_total);
     }
-    Ok(if run.jobs_succeeded == run.jobs_total && run.state == "finished" { 0 } else { EXIT_FAILED_JOBS })
+    let all_succeeded = run.jobs_succeeded == run.jobs_total && run.state == "finished";
+    Ok(if all_succeeded && recommended { 0 } else { EXIT_FAILED_JOBS })
 }
 
 /// A bar on a terminal; `None` elsewhere, where plain lines are printed.

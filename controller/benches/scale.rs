@@ -525,7 +525,7 @@ async fn main() {
     );
     // (c) The report: every configuration's repeats pooled from their digests.
     let t0 = Instant::now();
-    let report = benchfleet_controller::report::render(&store, run).expect("report");
+    let report = benchfleet_controller::report::render(&store, run).expect("report").text;
     let took = t0.elapsed().as_secs_f64();
     assert_eq!(report.matches(&format!("({repeats} repeats pooled)")).count(), groups, "{report}");
     println!(

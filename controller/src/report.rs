@@ -19,9 +19,18 @@ use crate::matrix::Strategy;
 use crate::model::{Group, Job, JobState, Progress, RunId};
 use crate::store::{Store, StoreError};
 
+/// A rendered report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub text: String,
+    /// The configuration recommended, if one met the acceptance (validity,
+    /// success rate) on the primary profile.
+    pub recommended: Option<String>,
+}
+
 /// Renders the report of a stored run; the digests it has to build (missing
 /// from the store) are kept in memory only.
-pub fn render(store: &dyn Store, run_id: RunId) -> Result<String, StoreError> {
+pub fn render(store: &dyn Store, run_id: RunId) -> Result<Report, StoreError> {
     render_keeping(store, run_id, &|_, _| {})
 }
 
@@ -31,7 +40,7 @@ pub fn render_keeping(
     store: &dyn Store,
     run_id: RunId,
     keep: &dyn Fn(crate::model::AttemptKey, &Digest),
-) -> Result<String, StoreError> {
+) -> Result<Report, StoreError> {
     let run = store.run(run_id)?.ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
     let all_groups = store.groups(run_id)?;
     // A greedy run measures some configurations again in its final stage,
@@ -171,10 +180,17 @@ pub fn render_keeping(
     let objective = Objective::of(matrix.as_ref().map_or("", |m| m.objective.as_str()));
     let min_effect = matrix.as_ref().map_or(crate::matrix::DEFAULT_MIN_EFFECT, |m| m.min_effect);
     comparison(&mut out, &groups, &jobs, &profiles, (min_success_rate, min_effect), objective);
-    if let Some(m) = &matrix {
-        recommendation(&mut out, &groups, &jobs, m, winner.as_deref());
+    let recommended = match &matrix {
+        Some(m) => recommendation(&mut out, &groups, &jobs, m, winner.as_deref()),
+        None => None,
+    };
+    if recommended.is_none() {
+        let _ = writeln!(
+            out,
+            "## No recommendation\n\nNo configuration met the acceptance (a valid run and the success rate) on the primary profile."
+        );
     }
-    Ok(out)
+    Ok(Report { text: out, recommended })
 }
 
 fn stage_title(stage: u32) -> &'static str {
@@ -353,7 +369,7 @@ fn recommendation(
     jobs: &[Job],
     matrix: &crate::matrix::Matrix,
     winner: Option<&str>,
-) {
+) -> Option<String> {
     let profile = matrix.primary_profile.as_str();
     let candidates = groups.iter().filter(|g| winner.is_none_or(|w| g.config.name == w)).filter_map(|g| {
         let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == profile).collect();
@@ -361,9 +377,7 @@ fn recommendation(
         (s.invalid.is_none() && s.success_rate() >= matrix.min_success_rate).then_some((g, s))
     });
     let objective = Objective::of(&matrix.objective);
-    let Some((best, s)) = candidates.max_by(|a, b| objective.score(&a.1).total_cmp(&objective.score(&b.1))) else {
-        return;
-    };
+    let (best, s) = candidates.max_by(|a, b| objective.score(&a.1).total_cmp(&objective.score(&b.1)))?;
     let _ = writeln!(
         out,
         "## Recommended
@@ -381,6 +395,7 @@ fn recommendation(
         "({}: the best {value} on profile {profile} among the configurations that met the acceptance)",
         best.config.name
     );
+    Some(best.config.name.clone())
 }
 
 #[cfg(test)]
@@ -464,7 +479,7 @@ profiles:
         store.create_run(&run, &groups, &jobs).expect("create");
         let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
         store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
-        let report = render(&store, RunId(1)).expect("render");
+        let report = render(&store, RunId(1)).expect("render").text;
         // mtp has the highest throughput but failed half its requests.
         assert!(
             report.contains("## Recommended\n\nvllm serve m\n\n(vllm+fp8: the best total token throughput"),
@@ -504,7 +519,7 @@ profiles:
         store.create_run(&run, &[group(0, &[])], &jobs).expect("create");
         let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
         store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
-        let report = render(&store, RunId(1)).expect("render");
+        let report = render(&store, RunId(1)).expect("render").text;
         assert!(
             report.contains(
                 "(the 2 repeats cannot be pooled: attempt 0 of job 1/0 has 0 records stored but its summary counts 1000; each is shown alone)"
@@ -538,7 +553,7 @@ profiles:
         store.create_run(&run, &[group(0, &[]), group(2, &["fp8"])], &jobs).expect("create");
         let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
         store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
-        let report = render(&store, RunId(1)).expect("render");
+        let report = render(&store, RunId(1)).expect("render").text;
         assert!(
             report.contains(
                 "Total TPS: 9942.93 (baseline run INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms; not compared)"
@@ -546,5 +561,22 @@ profiles:
             "{report}"
         );
         assert!(report.contains("One repeat: no confidence intervals."), "{report}");
+        assert_eq!(render(&store, RunId(1)).expect("render").recommended.as_deref(), Some("vllm+fp8"));
+
+        // Every configuration INVALID: nothing is recommended, and it says so.
+        let mut fp8 = jobs[1].clone();
+        if let Some(s) = fp8.summary.as_mut() {
+            s.invalid = Some("achieved 1.00 req/s is below 95% of the offered 2.00 req/s".into());
+        }
+        store
+            .commit_records(&crate::store::RecordCommit {
+                summaries: vec![(fp8.key(), fp8.summary.clone().expect("set"))],
+                ..Default::default()
+            })
+            .expect("summary");
+        store.apply(&[crate::model::Write::Job(fp8)]).expect("job");
+        let r = render(&store, RunId(1)).expect("render");
+        assert_eq!(r.recommended, None);
+        assert!(r.text.contains("## No recommendation\n\nNo configuration met the acceptance"), "{}", r.text);
     }
 }

@@ -372,8 +372,11 @@ impl pb::operator_service_server::OperatorService for Services {
         let store = self.0.store().clone();
         let ingest = self.0.ingest.clone();
         let keep = move |key, digest: &benchfleet_core::Digest| ingest.digest(key, digest);
-        let text = blocking(move || Ok(report::render_keeping(store.as_ref(), run, &keep)?)).await?;
-        Ok(Response::new(pb::GetReportResponse { text }))
+        let report = blocking(move || Ok(report::render_keeping(store.as_ref(), run, &keep)?)).await?;
+        Ok(Response::new(pb::GetReportResponse {
+            text: report.text,
+            recommended: report.recommended.unwrap_or_default(),
+        }))
     }
 
     type WatchRunStream = ServerStream<pb::RunProgress>;

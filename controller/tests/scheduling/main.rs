@@ -486,7 +486,7 @@ async fn a_greedy_run_is_scheduled_stage_by_stage_from_its_results() {
     let expected = [("vllm", 1), ("sglang", 1), ("vllm+a", 2), ("vllm+b", 2), ("vllm+c", 2), ("vllm+a+c", 3)];
     assert_eq!(stages[..6], expected.map(|(n, s)| (n.to_owned(), s)));
 
-    let report = benchfleet_controller::report::render(f.store.as_ref(), run_id).expect("report");
+    let report = benchfleet_controller::report::render(f.store.as_ref(), run_id).expect("report").text;
     let section = report.split("## Greedy stages\n\n").nth(1).and_then(|r| r.split("\n\n").next()).expect("stages");
     assert_eq!(
         section,
@@ -773,7 +773,7 @@ profiles:
     }
     // The block is that of the union of the three repeats' samples.
     let union = benchfleet_core::summarize(&all, None);
-    let report = benchfleet_controller::report::render(f.store.as_ref(), run).expect("report");
+    let report = benchfleet_controller::report::render(f.store.as_ref(), run).expect("report").text;
     assert!(report.contains("(3 repeats pooled)"), "{report}");
     for line in [
         format!("Successful requests:                     {}", 180),
