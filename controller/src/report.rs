@@ -371,12 +371,31 @@ fn recommendation(
     winner: Option<&str>,
 ) -> Option<String> {
     let profile = matrix.primary_profile.as_str();
-    let candidates = groups.iter().filter(|g| winner.is_none_or(|w| g.config.name == w)).filter_map(|g| {
-        let js: Vec<&Job> = group_jobs(jobs, g).filter(|j| j.profile.name == profile).collect();
-        let s = pooled(&js)?;
-        (s.invalid.is_none() && s.success_rate() >= matrix.min_success_rate).then_some((g, s))
-    });
     let objective = Objective::of(&matrix.objective);
+    let of = |id: u64| -> Vec<&Job> { jobs.iter().filter(|j| j.group == id && j.profile.name == profile).collect() };
+    let acceptable =
+        |id: u64| pooled(&of(id)).filter(|s| s.invalid.is_none() && s.success_rate() >= matrix.min_success_rate);
+    let candidates = groups.iter().filter(|g| winner.is_none_or(|w| g.config.name == w)).filter_map(|g| {
+        let s = acceptable(g.id)?;
+        // A variant is recommended only when it is better than its engine's
+        // acceptable baseline, beyond noise (the greedy winner already is).
+        let baseline = groups.iter().find(|b| b.config.engine == g.config.engine && b.config.variants.is_empty());
+        if winner.is_none()
+            && !g.config.variants.is_empty()
+            && let Some(b) = baseline.filter(|b| acceptable(b.id).is_some())
+        {
+            let (bj, vj) = (of(b.id), of(g.id));
+            let c = objective.compare(
+                &succeeded(&bj).collect::<Vec<_>>(),
+                &succeeded(&vj).collect::<Vec<_>>(),
+                matrix.min_effect,
+            );
+            if c.verdict != greedy::Verdict::Better {
+                return None;
+            }
+        }
+        Some((g, s))
+    });
     let (best, s) = candidates.max_by(|a, b| objective.score(&a.1).total_cmp(&objective.score(&b.1)))?;
     let _ = writeln!(
         out,
@@ -392,7 +411,7 @@ fn recommendation(
     let value = objective.show(&s);
     let _ = writeln!(
         out,
-        "({}: the best {value} on profile {profile} among the configurations that met the acceptance)",
+        "({}: the best {value} on profile {profile} among the configurations that met the acceptance; a variant within noise of its baseline is not recommended)",
         best.config.name
     );
     Some(best.config.name.clone())
@@ -578,5 +597,31 @@ profiles:
         let r = render(&store, RunId(1)).expect("render");
         assert_eq!(r.recommended, None);
         assert!(r.text.contains("## No recommendation\n\nNo configuration met the acceptance"), "{}", r.text);
+    }
+
+    #[test]
+    fn a_variant_within_noise_of_its_baseline_is_not_recommended() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("store");
+        let run = Run {
+            id: RunId(1),
+            name: "noise".into(),
+            matrix_file: "m.yaml".into(),
+            matrix_yaml: MATRIX.into(),
+            created_unix_ms: 0,
+            state: crate::model::RunState::Finished,
+            ended_unix_ms: None,
+            note: None,
+            files: Default::default(),
+            runtime_override: None,
+        };
+        // +0.01%: the best throughput, but within noise.
+        let jobs = [job(0, 9632.01, 1000), job(2, 9633.0, 1000)];
+        store.create_run(&run, &[group(0, &[]), group(2, &["fp8"])], &jobs).expect("create");
+        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
+        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        let r = render(&store, RunId(1)).expect("render");
+        assert_eq!(r.recommended.as_deref(), Some("vllm"), "{}", r.text);
+        assert!(r.text.contains("(+0.01%, below the 1.00% minimum effect, within noise)"), "{}", r.text);
     }
 }
