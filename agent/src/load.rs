@@ -35,7 +35,9 @@ impl ProcessLoadRunner {
     }
 }
 
-/// loadgen's command line for a job, `vllm bench serve`-style.
+/// loadgen's command line for a job, `vllm bench serve`-style: the one
+/// mapping from a job to a load run (an in-process run parses these same
+/// flags with `benchfleet_loadgen::cli::parse`).
 pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
     let job = &run.job;
     let mut args: Vec<String> = vec![
@@ -56,6 +58,7 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
         args.extend(["--max-concurrency".into(), n.to_string()]);
     }
     match &job.dataset {
+        // The dataset's seed makes the prompts; the profile's, the arrivals.
         LoadDataset::Random { input_tokens, output_tokens, seed } => args.extend([
             "--dataset-name".into(),
             "random".into(),
@@ -65,9 +68,12 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
             output_tokens.to_string(),
             "--seed".into(),
             seed.to_string(),
+            "--arrival-seed".into(),
+            job.seed.to_string(),
         ]),
         LoadDataset::ShareGpt { output_tokens, .. } => {
-            // loadgen has one seed; for ShareGPT it only drives arrivals.
+            // A ShareGPT file has no seed of its own: the profile's drives
+            // the arrivals.
             args.extend(["--dataset-name".into(), "sharegpt".into(), "--seed".into(), job.seed.to_string()]);
             if let Some(path) = &run.dataset_path {
                 args.extend(["--dataset-path".into(), path.display().to_string()]);
@@ -147,5 +153,111 @@ impl LoadRunner for ProcessLoadRunner {
         let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         anyhow::bail!("loadgen failed ({status}): {}", tail.join("\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use benchfleet_loadgen::{Arrival, Dataset, Endpoint};
+
+    use super::*;
+    use crate::job::{Attempt, LoadJob};
+
+    fn run_of(job: LoadJob, dataset_path: Option<PathBuf>) -> LoadRun {
+        LoadRun {
+            job,
+            base_url: "http://127.0.0.1:8123".into(),
+            model: "m".into(),
+            ingest_url: "http://127.0.0.1:7070".into(),
+            dataset_path,
+        }
+    }
+
+    fn job() -> LoadJob {
+        LoadJob {
+            attempt: Attempt { run_id: "17".into(), job: 4, attempt: 2, epoch: 9 },
+            profile: "p".into(),
+            repeat: 3,
+            endpoint: "chat".into(),
+            rate: Some(12.5),
+            arrival: "poisson".into(),
+            requests: 321,
+            max_concurrency: Some(9),
+            seed: 77,
+            dataset: LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 5 },
+        }
+    }
+
+    #[test]
+    fn every_field_of_a_job_reaches_loadgen() {
+        // Every field, by name: one added to the job fails to compile here
+        // until it is mapped (or said not to be loadgen's) and checked.
+        let LoadJob {
+            attempt,
+            profile: _,
+            repeat: _,
+            endpoint,
+            rate,
+            arrival,
+            requests,
+            max_concurrency,
+            seed,
+            dataset,
+        } = job();
+        let (_, config, sink) = benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(job(), None))).expect("flags");
+        assert_eq!((endpoint.as_str(), config.endpoint), ("chat", Endpoint::ChatCompletions));
+        assert_eq!(config.request_rate, rate);
+        assert_eq!((arrival.as_str(), config.arrival), ("poisson", Arrival::Poisson { seed }));
+        assert_eq!(config.num_requests as u64, requests);
+        assert_eq!(config.max_concurrency.map(|n| n as u64), max_concurrency);
+        let LoadDataset::Random { input_tokens, output_tokens, seed: prompts } = dataset else { unreachable!() };
+        assert!(
+            matches!(config.dataset, Dataset::Random { input_tokens: i, output_tokens: o, seed: s } if (i, o, s) == (input_tokens, output_tokens, prompts)),
+            "{:?}",
+            config.dataset
+        );
+        assert_eq!((config.base_url.as_str(), config.model.as_str()), ("http://127.0.0.1:8123", "m"));
+        let sink = sink.expect("records go to the controller");
+        assert_eq!(
+            (sink.url.as_str(), sink.run_id.as_str(), sink.job, sink.attempt, sink.epoch),
+            ("http://127.0.0.1:7070", attempt.run_id.as_str(), attempt.job, attempt.attempt, attempt.epoch)
+        );
+    }
+
+    #[test]
+    fn the_profile_s_seed_drives_arrivals_and_the_dataset_s_the_prompts() {
+        let arrivals =
+            |job: LoadJob| benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(job, None))).expect("flags").1;
+        let other_arrivals = LoadJob { seed: 78, ..job() };
+        let (a, b) = (arrivals(job()), arrivals(other_arrivals));
+        assert_eq!((a.arrival, b.arrival), (Arrival::Poisson { seed: 77 }, Arrival::Poisson { seed: 78 }));
+        // Different arrival seeds, the same prompts; a different dataset
+        // seed, different prompts.
+        let prompts =
+            |c: &benchfleet_loadgen::LoadConfig| benchfleet_loadgen::dataset::prompt_texts(&c.dataset, 5, &c.tokens);
+        assert_eq!(prompts(&a), prompts(&b));
+        let reseeded =
+            LoadJob { dataset: LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 6 }, ..job() };
+        assert_ne!(prompts(&a), prompts(&arrivals(reseeded)));
+        // Constant arrivals need no seed; ShareGPT's only seed is the
+        // profile's.
+        let constant = arrivals(LoadJob { arrival: "constant".into(), ..job() });
+        assert_eq!(constant.arrival, Arrival::Constant);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("d.json");
+        std::fs::write(
+            &file,
+            r#"[{"conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello you"}]}]"#,
+        )
+        .expect("write");
+        let sharegpt = LoadJob {
+            dataset: LoadDataset::ShareGpt { name: "d.json".into(), sha256: String::new(), output_tokens: Some(4) },
+            ..job()
+        };
+        let (_, c, _) = benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(sharegpt, Some(file)))).expect("flags");
+        assert_eq!(c.arrival, Arrival::Poisson { seed: 77 });
+        assert!(matches!(c.dataset, Dataset::ShareGpt { output_tokens: Some(4), .. }));
     }
 }

@@ -256,6 +256,12 @@ const WORDS: &[&str] = &[
     "number", "story", "music", "field",
 ];
 
+/// The text of the prompts a run of `n` requests of `dataset` sends, in
+/// order: what a seed decides.
+pub fn prompt_texts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Vec<String> {
+    prompts(dataset, n, counter).into_iter().map(|p| p.text).collect()
+}
+
 /// The prompts of `n` requests, their tokens counted by `counter`.
 pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Vec<Prompt> {
     let random = |input: Lengths, output: Lengths, seed: u64| {

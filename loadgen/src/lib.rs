@@ -4,11 +4,13 @@
 //! gRPC conversion live in `benchfleet-core` (shared with the controller)
 //! and are re-exported here as `record`, `metrics`, `block` and `convert`;
 //! `output` writes records and summaries as JSONL, JSON and CSV; `sink`
-//! streams records to the controller. A run (`run`) takes its prompts from `dataset`, its send
+//! streams records to the controller; `cli` is the binary's command line
+//! (flags to a run). A run (`run`) takes its prompts from `dataset`, its send
 //! deadlines from `schedule`, sends through `client` (the hot path) and
 //! reads every time from `clock`; `rx` dates each read by when the kernel
 //! received its bytes.
 
+pub mod cli;
 mod client;
 mod clock;
 pub mod dataset;

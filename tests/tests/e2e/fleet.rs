@@ -10,12 +10,11 @@ use std::time::Duration;
 use benchfleet_agent::AgentConfig;
 use benchfleet_agent::engine::{Engine, EngineError, EngineRuntime, engine_command};
 use benchfleet_agent::gpu::SimGpuProbe;
-use benchfleet_agent::job::{EngineLaunch, LoadDataset, LoadRun};
+use benchfleet_agent::job::{EngineLaunch, LoadRun};
 use benchfleet_agent::load::LoadRunner;
 use benchfleet_cli::client;
 use benchfleet_cli::local::LocalFleet;
 use benchfleet_controller::{SledStore, Store};
-use benchfleet_loadgen::{Arrival, Dataset, Endpoint, LoadConfig, SinkConfig};
 use tokio_util::sync::CancellationToken;
 
 pub struct InProcessSim;
@@ -64,29 +63,10 @@ pub struct InProcessLoadgen;
 #[tonic::async_trait]
 impl LoadRunner for InProcessLoadgen {
     async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()> {
-        let job = &run.job;
-        let dataset = match &job.dataset {
-            LoadDataset::Random { input_tokens, output_tokens, seed } => {
-                Dataset::Random { input_tokens: *input_tokens, output_tokens: *output_tokens, seed: *seed }
-            }
-            LoadDataset::ShareGpt { name, output_tokens, .. } => {
-                let path = run.dataset_path.as_ref().ok_or_else(|| anyhow::anyhow!("no dataset file for {name}"))?;
-                Dataset::ShareGpt {
-                    data: benchfleet_loadgen::load_sharegpt(&std::fs::read(path)?, name)?,
-                    output_tokens: *output_tokens,
-                }
-            }
-        };
-        let mut config =
-            LoadConfig::new(run.base_url.clone(), run.model.clone(), dataset, usize::try_from(job.requests)?);
-        config.endpoint = if job.endpoint == "chat" { Endpoint::ChatCompletions } else { Endpoint::Completions };
-        config.request_rate = job.rate;
-        config.arrival = if job.arrival == "poisson" { Arrival::Poisson { seed: job.seed } } else { Arrival::Constant };
-        config.max_concurrency = job.max_concurrency.map(usize::try_from).transpose()?;
+        // The flags the agent gives the binary, parsed as the binary does.
+        let (_, mut config, sink) = benchfleet_loadgen::cli::parse(&benchfleet_agent::load::loadgen_args(run))?;
+        let sink = sink.ok_or_else(|| anyhow::anyhow!("the agent's flags name no controller to report to"))?;
         config.stop = stop.child_token();
-        let mut sink =
-            SinkConfig::new(run.ingest_url.clone(), job.attempt.run_id.clone(), job.attempt.job, job.attempt.attempt);
-        sink.epoch = job.attempt.epoch;
         benchfleet_loadgen::run(config, Some(sink)).await?;
         Ok(())
     }
