@@ -22,7 +22,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::engine::{Engine, EngineError, EngineRuntime, LogTail, engine_command, free_port};
+use crate::engine::{Engine, EngineError, EnginePort, EngineRuntime, LogTail, engine_command, engine_env, free_port};
 use crate::job::EngineLaunch;
 
 /// The label that names the agent owning a container; `remove_orphans`
@@ -257,7 +257,9 @@ impl DockerRuntime {
                 ..Mount::default()
             }]
         });
-        let env = self.options.hf_token.as_ref().map(|t| vec![format!("HF_TOKEN={}", t.expose())]);
+        let mut env: Vec<String> = engine_env(&launch.kind).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.extend(self.options.hf_token.as_ref().map(|t| format!("HF_TOKEN={}", t.expose())));
+        let env = (!env.is_empty()).then_some(env);
         let (ipc_mode, shm_size) = match self.options.shm_size_bytes {
             None => (Some("host".to_owned()), None),
             Some(bytes) => (None, Some(bytes)),
@@ -344,9 +346,9 @@ impl EngineRuntime for DockerRuntime {
             Err(e) => return Err(container_error(format!("inspect the image {}", launch.image), e)),
         };
         let port = free_port()
-            .map_err(|e| EngineError::Container { action: "find a free port".into(), message: e.to_string() })?;
-        let cmd = container_command(&entrypoint, engine_command(launch, "127.0.0.1", port));
-        let name = container_name(launch, port);
+            .map_err(|e| EngineError::Container { action: "take an engine port".into(), message: e.to_string() })?;
+        let cmd = container_command(&entrypoint, engine_command(launch, "127.0.0.1", port.number()));
+        let name = container_name(launch, port.number());
         if let Some(dir) = &self.options.model_cache {
             // A bind mount needs its source to exist; the daemon creates none.
             tokio::fs::create_dir_all(dir).await.map_err(|e| EngineError::Container {
@@ -359,7 +361,7 @@ impl EngineRuntime for DockerRuntime {
             force_remove(&self.docker, &name).await;
             return Err(container_error(format!("start the container {name}"), e));
         }
-        info!(container = %name, image = %launch.image, port, "engine container started");
+        info!(container = %name, image = %launch.image, port = port.number(), "engine container started");
 
         let log = LogTail::default();
         let follower = tokio::spawn(follow_log(self.long.clone(), name.clone(), log.clone()));
@@ -454,7 +456,7 @@ struct DockerEngine {
     docker: Docker,
     long: Docker,
     name: String,
-    port: u16,
+    port: EnginePort,
     log: LogTail,
     /// Set by `watch_exit` once the container has stopped.
     exited: Arc<OnceLock<String>>,
@@ -468,7 +470,7 @@ struct DockerEngine {
 #[tonic::async_trait]
 impl Engine for DockerEngine {
     fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.port.number())
     }
 
     fn log_tail(&self) -> String {
@@ -696,7 +698,7 @@ mod tests {
         assert_eq!(request.capabilities, Some(vec![vec!["gpu".to_owned()]]));
         let mount = &host.mounts.expect("the model cache")[0];
         assert_eq!((mount.source.as_deref(), mount.target.as_deref()), (Some("/srv/hf"), Some(CONTAINER_MODEL_CACHE)));
-        assert_eq!(body.env, Some(vec!["HF_TOKEN=hf_secret".to_owned()]));
+        assert_eq!(body.env, Some(vec!["VLLM_SERVER_DEV_MODE=1".to_owned(), "HF_TOKEN=hf_secret".to_owned()]));
         assert_eq!(body.labels.expect("labels").get(AGENT_LABEL).map(String::as_str), Some("a1"));
         assert_eq!(body.cmd, Some(words("m --port 9")));
     }

@@ -83,6 +83,26 @@ pub fn engine_command(launch: &EngineLaunch, host: &str, port: u16) -> Vec<Strin
     words
 }
 
+/// What empties an engine's prefix cache, by its kind: SGLang's
+/// `POST /flush_cache`; vLLM's `POST /reset_prefix_cache`, which it serves
+/// only among its development endpoints (see [`engine_env`]).
+pub fn cache_reset_path(kind: &str) -> &'static str {
+    match kind {
+        "sglang" => "/flush_cache",
+        _ => "/reset_prefix_cache",
+    }
+}
+
+/// The environment an engine of this kind gets besides the runtime's: for
+/// vLLM, `VLLM_SERVER_DEV_MODE=1`, without which it does not serve
+/// `/reset_prefix_cache` (the engine listens on loopback only).
+pub fn engine_env(kind: &str) -> Vec<(String, String)> {
+    match kind {
+        "sglang" => Vec::new(),
+        _ => vec![("VLLM_SERVER_DEV_MODE".to_owned(), "1".to_owned())],
+    }
+}
+
 /// Runs the engine as a local process on a free loopback port.
 #[derive(Clone, Debug)]
 pub struct ProcessRuntime {
@@ -109,9 +129,10 @@ impl Default for ProcessRuntime {
 #[tonic::async_trait]
 impl EngineRuntime for ProcessRuntime {
     async fn start(&self, launch: &EngineLaunch) -> Result<Box<dyn Engine>, EngineError> {
-        let port = free_port().map_err(|source| EngineError::Spawn { command: "bind 127.0.0.1:0".into(), source })?;
+        let port =
+            free_port().map_err(|source| EngineError::Spawn { command: "take an engine port".into(), source })?;
         let mut words = self.launcher.clone();
-        words.extend(engine_command(launch, "127.0.0.1", port));
+        words.extend(engine_command(launch, "127.0.0.1", port.number()));
         let command = words.join(" ");
         let (program, args) = words.split_first().ok_or_else(|| EngineError::Spawn {
             command: command.clone(),
@@ -119,6 +140,7 @@ impl EngineRuntime for ProcessRuntime {
         })?;
         let mut child = Command::new(program)
             .args(args)
+            .envs(engine_env(&launch.kind))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             // Its own process group, so that stopping it reaches the worker
             // processes an engine forks (vLLM's engine core, SGLang's
@@ -172,9 +194,138 @@ impl EngineRuntime for ProcessRuntime {
     }
 }
 
-/// A free loopback port for an engine to listen on.
-pub(crate) fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// The ports engines listen on, by default: below Linux's default ephemeral
+/// range (32768-60999).
+pub const DEFAULT_ENGINE_PORTS: (u16, u16) = (20000, 29999);
+
+/// The ports engines listen on: a range outside the kernel's ephemeral range
+/// (from which loadgen's connections, and every other outgoing one, take
+/// their local ports, so none can take an engine's port between its check
+/// and the engine's bind). Each port is checked free on loopback and kept
+/// for its engine until the engine is dropped. Ports are the host's, so the
+/// process has one pool ([`EnginePorts::global`]) that every runtime takes
+/// from; it starts at a random place in its range, so that agents sharing a
+/// host (tests, simulations) seldom try the same port at once.
+#[derive(Debug)]
+pub struct EnginePorts {
+    state: std::sync::Mutex<PortsState>,
+}
+
+#[derive(Debug)]
+struct PortsState {
+    first: u16,
+    last: u16,
+    next: u16,
+    taken: std::collections::BTreeSet<u16>,
+}
+
+/// A port kept for one engine; given back when dropped.
+#[derive(Debug)]
+pub struct EnginePort {
+    port: u16,
+    pool: &'static EnginePorts,
+}
+
+impl EnginePort {
+    pub fn number(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for EnginePort {
+    fn drop(&mut self) {
+        self.pool.lock().taken.remove(&self.port);
+    }
+}
+
+impl EnginePorts {
+    /// A pool over `first..=last`.
+    pub fn new(first: u16, last: u16) -> Result<EnginePorts, String> {
+        if first == 0 || first > last {
+            return Err(format!("engine ports {first}-{last} are not a range of ports (from 1 up)"));
+        }
+        let span = u32::from(last - first) + 1;
+        let start = first + (std::process::id() % span) as u16;
+        Ok(EnginePorts {
+            state: std::sync::Mutex::new(PortsState { first, last, next: start, taken: Default::default() }),
+        })
+    }
+
+    /// The process's pool, over [`DEFAULT_ENGINE_PORTS`] until
+    /// [`EnginePorts::set_range`] says otherwise.
+    pub fn global() -> &'static EnginePorts {
+        static POOL: std::sync::OnceLock<EnginePorts> = std::sync::OnceLock::new();
+        POOL.get_or_init(|| {
+            EnginePorts::new(DEFAULT_ENGINE_PORTS.0, DEFAULT_ENGINE_PORTS.1).expect("the default range is one")
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PortsState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes ports from `first..=last` from now on, once checked against the
+    /// kernel's ephemeral range (`ephemeral`, as `ephemeral_range` reads it).
+    pub fn set_range(&self, first: u16, last: u16, ephemeral: Option<(u16, u16)>) -> Result<(), String> {
+        let fresh = EnginePorts::new(first, last)?;
+        if let Some((lo, hi)) = ephemeral
+            && first <= hi
+            && lo <= last
+        {
+            return Err(format!(
+                "engine ports {first}-{last} overlap the kernel's ephemeral range {lo}-{hi} \
+                 (net.ipv4.ip_local_port_range), from which outgoing connections take their ports: \
+                 choose a range outside it"
+            ));
+        }
+        let fresh = fresh.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.lock();
+        (state.first, state.last, state.next) = (fresh.first, fresh.last, fresh.next);
+        Ok(())
+    }
+
+    /// A free port of the range, kept until the returned guard is dropped.
+    pub fn take(&'static self) -> std::io::Result<EnginePort> {
+        let mut state = self.lock();
+        let (first, last) = (state.first, state.last);
+        let span = u32::from(last - first) + 1;
+        for _ in 0..span {
+            let port = state.next;
+            state.next = if port == last { first } else { port + 1 };
+            if state.taken.contains(&port) {
+                continue;
+            }
+            // Free now: nothing listens on it, and no connection of ours can
+            // come to use it (it is outside the ephemeral range).
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                state.taken.insert(port);
+                return Ok(EnginePort { port, pool: self });
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "no free engine port in {first}-{last}: {} kept for engines, the rest in use",
+            state.taken.len()
+        )))
+    }
+
+    /// Parses `FIRST-LAST`, e.g. `20000-29999`.
+    pub fn parse_range(text: &str) -> Result<(u16, u16), String> {
+        let bad = || format!("engine ports must be FIRST-LAST, e.g. 20000-29999, got '{text}'");
+        let (a, b) = text.split_once('-').ok_or_else(bad)?;
+        Ok((a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?))
+    }
+}
+
+/// The kernel's ephemeral port range, where it says.
+pub fn ephemeral_range() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut words = text.split_whitespace().map(|w| w.parse::<u16>().ok());
+    Some((words.next()??, words.next()??))
+}
+
+/// A port for an engine to listen on, from the process's pool.
+pub(crate) fn free_port() -> std::io::Result<EnginePort> {
+    EnginePorts::global().take()
 }
 
 /// The last `LOG_TAIL_LINES` lines of an engine's log, shared between the
@@ -225,7 +376,7 @@ async fn collect_lines(stream: impl AsyncRead + Unpin, log: LogTail) {
 
 struct ProcessEngine {
     child: Child,
-    port: u16,
+    port: EnginePort,
     log: LogTail,
     stop_grace: Duration,
     pid_file: Option<PidFile>,
@@ -239,7 +390,7 @@ struct ProcessEngine {
 #[tonic::async_trait]
 impl Engine for ProcessEngine {
     fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.port.number())
     }
 
     fn log_tail(&self) -> String {
@@ -366,6 +517,61 @@ pub fn classify_exit(status: String, log: &str) -> EngineError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool of its own, outside the default range the other tests' engines
+    /// take from.
+    fn pool(first: u16, last: u16) -> &'static EnginePorts {
+        Box::leak(Box::new(EnginePorts::new(first, last).expect("a range")))
+    }
+
+    #[test]
+    fn engine_ports_come_from_their_range_once_each_until_given_back() {
+        let ports = pool(31100, 31103);
+        let held: Vec<EnginePort> = (0..4).map(|_| ports.take().expect("a free port")).collect();
+        let mut numbers: Vec<u16> = held.iter().map(EnginePort::number).collect();
+        numbers.sort_unstable();
+        assert_eq!(numbers, [31100, 31101, 31102, 31103], "each port once");
+        let full = ports.take().expect_err("all four are kept");
+        assert!(full.to_string().contains("no free engine port in 31100-31103: 4 kept for engines"), "{full}");
+        drop(held);
+        assert!((31100..=31103).contains(&ports.take().expect("given back").number()));
+    }
+
+    #[test]
+    fn a_port_someone_listens_on_is_skipped() {
+        let ports = pool(31110, 31111);
+        let busy = std::net::TcpListener::bind(("127.0.0.1", 31110)).expect("bind");
+        let a = ports.take().expect("the other port");
+        assert_eq!(a.number(), 31111);
+        assert!(ports.take().is_err(), "31110 is in use, 31111 kept");
+        drop(busy);
+        assert_eq!(ports.take().expect("free again").number(), 31110);
+    }
+
+    #[test]
+    fn each_engine_kind_empties_its_cache_its_own_way() {
+        assert_eq!(cache_reset_path("sglang"), "/flush_cache");
+        assert_eq!(cache_reset_path("vllm"), "/reset_prefix_cache");
+        // vLLM serves its reset only in development mode; SGLang always.
+        assert_eq!(engine_env("vllm"), [("VLLM_SERVER_DEV_MODE".to_owned(), "1".to_owned())]);
+        assert!(engine_env("sglang").is_empty());
+    }
+
+    #[test]
+    fn engine_port_ranges_are_checked() {
+        assert_eq!(EnginePorts::parse_range("20000-29999"), Ok((20000, 29999)));
+        assert!(EnginePorts::parse_range("20000").expect_err("no range").contains("FIRST-LAST"));
+        assert!(EnginePorts::parse_range("a-b").is_err());
+        assert!(EnginePorts::new(300, 200).is_err());
+        let ports = pool(31120, 31121);
+        let overlap = ports.set_range(30000, 40000, Some((32768, 60999))).expect_err("overlaps");
+        assert!(overlap.contains("overlap the kernel's ephemeral range 32768-60999"), "{overlap}");
+        ports.set_range(31130, 31130, Some((32768, 60999))).expect("outside");
+        assert_eq!(ports.take().expect("the one port").number(), 31130);
+        // The default range is outside the usual ephemeral range.
+        let (lo, hi) = DEFAULT_ENGINE_PORTS;
+        assert!(hi < 32768 && lo <= hi);
+    }
 
     fn check(log: &str, expected: &str) {
         assert_eq!(classify_exit("exit status: 2".into(), log).to_string(), expected);

@@ -185,9 +185,16 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             continue;
         }
         if i > 0 {
-            // Each profile starts with a cold prefix cache, where the engine
-            // allows it (vLLM and the simulator do).
-            let _ = http.post(format!("{}/reset_prefix_cache", engine.base_url())).send().await;
+            // Each job after the first starts with an empty prefix cache:
+            // the first runs on a fresh engine.
+            let path = crate::engine::cache_reset_path(&group.engine.kind);
+            match http.post(format!("{}{path}", engine.base_url())).send().await {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) => {
+                    warn!(job = job.attempt.job, "the prefix cache may be warm: POST {path} answered {}", r.status())
+                }
+                Err(e) => warn!(job = job.attempt.job, "the prefix cache may be warm: POST {path} failed: {e}"),
+            }
         }
         // Read right before the job: its fingerprint goes with the result,
         // and its error counts are the baseline the job is checked against.

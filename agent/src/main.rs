@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use benchfleet_agent::engine::{EngineRuntime, ExternalRuntime, ProcessRuntime};
+use benchfleet_agent::engine::{EnginePorts, EngineRuntime, ExternalRuntime, ProcessRuntime, ephemeral_range};
 use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe};
 use benchfleet_agent::load::ProcessLoadRunner;
 use benchfleet_agent::nvml::NvmlProbe;
@@ -63,6 +63,10 @@ struct RunArgs {
     /// How long an engine may take to serve.
     #[arg(long, default_value_t = 1800)]
     startup_timeout_s: u64,
+    /// The ports engines listen on (on loopback): FIRST-LAST, outside the
+    /// kernel's ephemeral range (net.ipv4.ip_local_port_range).
+    #[arg(long, value_name = "FIRST-LAST", default_value = "20000-29999")]
+    engine_ports: String,
     /// On SIGTERM, how long running groups may go on before they are given
     /// up (a second SIGTERM or SIGINT stops them at once).
     #[arg(long, default_value_t = 600)]
@@ -196,6 +200,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let loadgen =
         find_binary("benchfleet-loadgen").context("benchfleet-loadgen not found beside this binary or on PATH")?;
+    let (first, last) = EnginePorts::parse_range(&args.engine_ports).map_err(anyhow::Error::msg)?;
+    EnginePorts::global().set_range(first, last, ephemeral_range()).map_err(anyhow::Error::msg)?;
     let pids = PidDir(args.work_dir.join("pids"));
     let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
     runtimes.insert(
