@@ -184,24 +184,40 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             );
             continue;
         }
-        if i > 0 {
-            // Each job after the first starts with an empty prefix cache:
-            // the first runs on a fresh engine.
+        // Each job starts with an empty prefix cache: the first on a fresh
+        // engine, each later one after the engine's own reset.
+        let prefix_cache = if i == 0 {
+            "cold: a freshly started engine".to_owned()
+        } else {
             let path = crate::engine::cache_reset_path(&group.engine.kind);
-            match http.post(format!("{}{path}", engine.base_url())).send().await {
-                Ok(r) if r.status().is_success() => {}
-                Ok(r) => {
-                    warn!(job = job.attempt.job, "the prefix cache may be warm: POST {path} answered {}", r.status())
+            let failed = match http.post(format!("{}{path}", engine.base_url())).send().await {
+                Ok(r) if r.status().is_success() => None,
+                Ok(r) => Some(format!("POST {path} answered {}", r.status())),
+                Err(e) => Some(format!("POST {path} failed: {e}")),
+            };
+            match failed {
+                None => format!("cold: POST {path} before the job"),
+                Some(why) if group.engine.allow_warm_cache => {
+                    warn!(job = job.attempt.job, "the prefix cache may be warm: {why}");
+                    format!("warm: the cache could not be emptied ({why}); the matrix allows warm runs")
                 }
-                Err(e) => warn!(job = job.attempt.job, "the prefix cache may be warm: POST {path} failed: {e}"),
+                Some(why) => {
+                    let error = format!(
+                        "cannot empty the engine's prefix cache before the job: {why} \
+                         (allow_warm_cache: true in the matrix runs it warm instead)"
+                    );
+                    end(JobReport::failed(&job.attempt, Failure::Config, error), &mut ended);
+                    continue;
+                }
             }
-        }
+        };
         // Read right before the job: its fingerprint goes with the result,
         // and its error counts are the baseline the job is checked against.
         let before = probe(&ctx.gpus).await.inspect_err(|e| warn!("cannot read the GPUs before the job: {e:#}")).ok();
         let uuids = attempt_gpus(before.as_deref().unwrap_or_default(), &group.gpu_uuids);
         out.report(JobReport {
             engine_startup_s: Some(startup.as_secs_f64()),
+            prefix_cache,
             gpus: before.iter().flatten().filter(|g| uuids.contains(&g.uuid)).cloned().collect(),
             ..JobReport::new(&job.attempt, Reported::Running)
         });

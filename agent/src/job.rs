@@ -37,6 +37,9 @@ pub struct EngineLaunch {
     pub labels: Vec<(String, String)>,
     /// The GPUs the engine may use, by UUID.
     pub gpu_uuids: Vec<String>,
+    /// A job may run with a warm prefix cache when the engine's cannot be
+    /// emptied; otherwise it fails.
+    pub allow_warm_cache: bool,
 }
 
 /// Where a job's prompts come from.
@@ -138,6 +141,9 @@ pub struct JobReport {
     pub engine_startup_s: Option<f64>,
     pub pull_progress: String,
     pub gpus: Vec<GpuInfo>,
+    /// How the job's prefix cache was made cold ("cold: ..."), or why it may
+    /// be warm ("warm: ..."); empty when not said.
+    pub prefix_cache: String,
 }
 
 impl JobReport {
@@ -150,6 +156,7 @@ impl JobReport {
             engine_startup_s: None,
             pull_progress: String::new(),
             gpus: Vec::new(),
+            prefix_cache: String::new(),
         }
     }
 
@@ -228,6 +235,7 @@ impl From<&JobReport> for pb::JobUpdate {
                 .map(|g| pb::Gpu { usable: true, reasons: Vec::new(), ..gpu_message(g) })
                 .collect(),
             failure: failure as i32,
+            prefix_cache: r.prefix_cache.clone(),
         }
     }
 }
@@ -284,6 +292,7 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                 instance_name: String::new(),
                 labels: Vec::new(),
                 gpu_uuids: Vec::new(),
+                allow_warm_cache: engine.allow_warm_cache,
             },
             jobs,
             ingest_url: g.ingest_url,

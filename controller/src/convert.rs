@@ -23,6 +23,7 @@ pub fn engine_spec(config: &EngineConfig) -> pb::EngineSpec {
         runtime: config.runtime.as_str().to_owned(),
         url: config.url.clone().unwrap_or_default(),
         config_name: config.name.clone(),
+        allow_warm_cache: config.allow_warm_cache,
     }
 }
 
@@ -149,6 +150,7 @@ pub fn update(u: pb::JobUpdate) -> Result<Update, Status> {
         engine_startup_s: (u.engine_startup_s > 0.0).then_some(u.engine_startup_s),
         gpu_fingerprint: u.gpu_fingerprint.into_iter().map(|g| g.fingerprint).collect(),
         pull_progress: text(u.pull_progress),
+        prefix_cache: text(u.prefix_cache),
     })
 }
 

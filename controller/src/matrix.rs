@@ -53,6 +53,10 @@ struct RawMatrix {
     primary_profile: Option<String>,
     #[serde(default)]
     strategy: Option<String>,
+    /// Run a job with a warm prefix cache when the engine's cannot be
+    /// emptied, instead of failing it.
+    #[serde(default)]
+    allow_warm_cache: bool,
 }
 
 fn one() -> i64 {
@@ -197,6 +201,9 @@ pub struct Matrix {
     /// The smallest relative difference (0.01 = 1%) that counts as one: a
     /// smaller one is within noise, whatever its interval.
     pub min_effect: f64,
+    /// Jobs may run with a warm prefix cache when an engine's cannot be
+    /// emptied between them.
+    pub allow_warm_cache: bool,
     pub repeats: u32,
     pub strategy: Strategy,
     /// In file order.
@@ -404,7 +411,7 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
                 .map(|mask| variants.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, v)| v).collect())
                 .collect();
             sets.sort_by_key(Vec::len);
-            configs.extend(sets.iter().map(|set| config(&raw.model, engine, set)));
+            configs.extend(sets.iter().map(|set| config(&raw.model, engine, set, raw.allow_warm_cache)));
         }
     }
 
@@ -417,6 +424,7 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         gpus_per_job,
         min_success_rate,
         min_effect,
+        allow_warm_cache: raw.allow_warm_cache,
         repeats,
         strategy,
         engines,
@@ -433,13 +441,13 @@ impl Matrix {
     /// variants always makes one configuration with one name.
     pub fn config_with(&self, engine: &EngineDef, chosen: &[&str]) -> EngineConfig {
         let set: Vec<&VariantDef> = self.variants.iter().filter(|v| chosen.contains(&v.name.as_str())).collect();
-        config(&self.model, engine, &set)
+        config(&self.model, engine, &set, self.allow_warm_cache)
     }
 }
 
 /// An engine with a set of variants applied: their args after the engine's,
 /// the last variant that names a model serving it.
-fn config(model: &str, engine: &EngineDef, set: &[&VariantDef]) -> EngineConfig {
+fn config(model: &str, engine: &EngineDef, set: &[&VariantDef], allow_warm_cache: bool) -> EngineConfig {
     let mut model = model.to_owned();
     let mut args = engine.args.clone();
     let mut name = engine.name.clone();
@@ -461,6 +469,7 @@ fn config(model: &str, engine: &EngineDef, set: &[&VariantDef]) -> EngineConfig 
         args,
         runtime: engine.runtime,
         url: engine.url.clone(),
+        allow_warm_cache,
     }
 }
 

@@ -225,6 +225,10 @@ pub struct EngineConfig {
     pub runtime: RuntimeKind,
     /// For the external runtime.
     pub url: Option<String>,
+    /// A job may run with a warm prefix cache when the engine's cannot be
+    /// emptied (the matrix's `allow_warm_cache`); otherwise it fails.
+    #[serde(default)]
+    pub allow_warm_cache: bool,
 }
 
 impl EngineConfig {
@@ -478,6 +482,10 @@ pub struct Job {
     /// The last image pull progress the agent reported, while starting.
     #[serde(default)]
     pub pull_progress: Option<String>,
+    /// How the current attempt's prefix cache was made cold ("cold: ..."),
+    /// or why it may have been warm ("warm: ...").
+    #[serde(default)]
+    pub prefix_cache: Option<String>,
     /// Every attempt so far, oldest first.
     #[serde(default)]
     pub attempts: Vec<AttemptInfo>,
@@ -505,6 +513,7 @@ impl Job {
             summary: None,
             gpu_fingerprint: Vec::new(),
             pull_progress: None,
+            prefix_cache: None,
             attempts: Vec::new(),
             retry_base: 0,
         }

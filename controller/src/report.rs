@@ -136,6 +136,11 @@ pub fn render_keeping(
                     }
                 }
             }
+            for j in of_profile.iter().filter(|j| j.state == JobState::Succeeded) {
+                if let Some(warm) = j.prefix_cache.as_deref().filter(|c| c.starts_with("warm")) {
+                    let _ = writeln!(out, "\nrepeat {} ran with its prefix cache {warm}", j.repeat);
+                }
+            }
             for j in of_profile.iter().filter(|j| j.state != JobState::Succeeded) {
                 let _ = writeln!(
                     out,
@@ -449,6 +454,7 @@ profiles:
                 args: Vec::new(),
                 runtime: RuntimeKind::Process,
                 url: None,
+                allow_warm_cache: false,
             },
             gpu: None,
             gpus_per_job: 1,

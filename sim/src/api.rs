@@ -65,6 +65,12 @@ struct Fate {
 }
 
 pub fn router(config: SimConfig, engine: EngineHandle, stopping: CancellationToken) -> Router {
+    // Each engine's own way to empty its prefix cache, and only that one.
+    let reset = match config.engine {
+        _ if config.faults.refuse_cache_reset => None,
+        crate::config::EngineKind::Vllm => Some("/reset_prefix_cache"),
+        crate::config::EngineKind::Sglang => Some("/flush_cache"),
+    };
     let state = AppState {
         ready_at: Instant::now() + config.startup_delay,
         fault_rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed)),
@@ -73,16 +79,17 @@ pub fn router(config: SimConfig, engine: EngineHandle, stopping: CancellationTok
         engine,
         stopping,
     };
-    Router::new()
+    let router = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
-        .route("/metrics", get(metrics))
-        // SGLang calls it /flush_cache.
-        .route("/reset_prefix_cache", post(reset_prefix_cache))
-        .route("/flush_cache", post(reset_prefix_cache))
-        .with_state(Arc::new(state))
+        .route("/metrics", get(metrics));
+    match reset {
+        Some(path) => router.route(path, post(reset_prefix_cache)),
+        None => router,
+    }
+    .with_state(Arc::new(state))
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> StatusCode {

@@ -88,6 +88,9 @@ pub struct Faults {
     pub stall: Duration,
     /// `--sim-disconnect-rate`: fraction of streams whose connection is cut halfway.
     pub disconnect_rate: f64,
+    /// `--sim-refuse-cache-reset`: the prefix cache cannot be emptied (its endpoint answers 404, as vLLM's
+    /// does outside development mode).
+    pub refuse_cache_reset: bool,
 }
 
 impl SimConfig {
@@ -244,6 +247,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (_, "--sim-stall-rate") => config.faults.stall_rate = fraction(name, &value()?)?,
             (_, "--sim-stall-ms") => config.faults.stall = millis(name, &value()?)?,
             (_, "--sim-disconnect-rate") => config.faults.disconnect_rate = fraction(name, &value()?)?,
+            (_, "--sim-refuse-cache-reset") => config.faults.refuse_cache_reset = switch(true)?,
             _ => return Err(ArgError::Unrecognized(arg.into())),
         }
     }

@@ -143,6 +143,8 @@ pub struct Update {
     pub engine_startup_s: Option<f64>,
     pub gpu_fingerprint: Vec<String>,
     pub pull_progress: Option<String>,
+    /// How the job's prefix cache was made cold, or why it may be warm.
+    pub prefix_cache: Option<String>,
 }
 
 impl Update {
@@ -155,6 +157,7 @@ impl Update {
             engine_startup_s: None,
             gpu_fingerprint: Vec::new(),
             pull_progress: None,
+            prefix_cache: None,
         }
     }
 }
@@ -853,6 +856,9 @@ impl Scheduler {
         if !u.gpu_fingerprint.is_empty() {
             job.gpu_fingerprint = u.gpu_fingerprint.clone();
         }
+        if u.prefix_cache.is_some() {
+            job.prefix_cache = u.prefix_cache.clone();
+        }
         match u.state {
             Reported::StartingEngine | Reported::Running => {
                 job.state = if u.state == Reported::Running { JobState::Running } else { JobState::StartingEngine };
@@ -1398,6 +1404,7 @@ impl Scheduler {
             j.engine_startup_s = None;
             j.gpu_fingerprint.clear();
             j.pull_progress = None;
+            j.prefix_cache = None;
             j.attempts.push(AttemptInfo {
                 number: j.attempt,
                 epoch: session,

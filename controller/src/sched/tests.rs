@@ -216,6 +216,7 @@ impl World {
                     args: Vec::new(),
                     runtime: RuntimeKind::Process,
                     url: None,
+                    allow_warm_cache: false,
                 },
                 gpu: (!gpu.is_empty()).then(|| gpu.to_owned()),
                 gpus_per_job: gpus,

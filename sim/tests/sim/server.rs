@@ -248,3 +248,15 @@ fn binary_rejects_bad_command_lines_with_exit_code_2() {
         assert_eq!(String::from_utf8_lossy(&output.stderr).trim(), expected);
     }
 }
+
+#[tokio::test]
+async fn each_engine_kind_empties_its_cache_its_own_way_or_not_at_all() {
+    let vllm = start("vllm serve m").await;
+    assert_eq!(vllm.post("/reset_prefix_cache", json!({})).await.0, StatusCode::OK);
+    assert_eq!(vllm.post("/flush_cache", json!({})).await.0, StatusCode::NOT_FOUND);
+    let sglang = start("python3 -m sglang.launch_server --model-path m").await;
+    assert_eq!(sglang.post("/flush_cache", json!({})).await.0, StatusCode::OK);
+    assert_eq!(sglang.post("/reset_prefix_cache", json!({})).await.0, StatusCode::NOT_FOUND);
+    let refusing = start("vllm serve m --sim-refuse-cache-reset").await;
+    assert_eq!(refusing.post("/reset_prefix_cache", json!({})).await.0, StatusCode::NOT_FOUND);
+}

@@ -124,3 +124,60 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
     assert!(report.contains("vllm serve Qwen/Qwen3.5-9B --max-model-len=8192 --enable-prefix-caching"), "{report}");
     Ok(())
 }
+
+/// Runs a two-profile matrix on one engine and gives its jobs, by profile.
+async fn two_profiles(engine: &str, extra: &str) -> anyhow::Result<(Vec<benchfleet_controller::model::Job>, String)> {
+    let dir = tempfile::tempdir()?;
+    let (fleet, store) = crate::fleet::start(dir.path()).await?;
+    let matrix = dir.path().join("cache.yaml");
+    std::fs::write(
+        &matrix,
+        format!(
+            "name: cache\nmodel: m\nhardware: {{ gpu: H200, gpus_per_job: 1 }}\n{extra}engines:\n  {engine}\n\
+             profiles:\n  a: {{ dataset: {{ random: {{ input_tokens: 64, output_tokens: 4 }} }}, requests: 4 }}\n  \
+             b: {{ dataset: {{ random: {{ input_tokens: 64, output_tokens: 4 }} }}, requests: 4 }}\n"
+        ),
+    )?;
+    let (run_id, _) = crate::fleet::run_matrix(&fleet.url, &matrix, Some("process")).await?;
+    let run = run_id.parse::<RunId>().map_err(anyhow::Error::msg)?;
+    let mut jobs = store.jobs(run)?;
+    jobs.sort_by(|a, b| a.profile.name.cmp(&b.profile.name));
+    let report = benchfleet_controller::report::render(store.as_ref(), run)?.text;
+    fleet.stop().await;
+    Ok((jobs, report))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_job_starts_with_an_empty_prefix_cache_or_says_why_not() -> anyhow::Result<()> {
+    // SGLang's engine is emptied its own way (the simulator serves only
+    // /flush_cache for it, as SGLang does).
+    let (jobs, _) = two_profiles("sglang: { kind: sglang, runtime: process }", "").await?;
+    let cache: Vec<(JobState, Option<&str>)> = jobs.iter().map(|j| (j.state, j.prefix_cache.as_deref())).collect();
+    assert_eq!(
+        cache,
+        [
+            (JobState::Succeeded, Some("cold: a freshly started engine")),
+            (JobState::Succeeded, Some("cold: POST /flush_cache before the job")),
+        ]
+    );
+
+    // An engine whose cache cannot be emptied fails the later job, for good.
+    let refusing = "vllm: { runtime: process, args: [--sim-refuse-cache-reset] }";
+    let (jobs, _) = two_profiles(refusing, "").await?;
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    assert_eq!(jobs[1].state, JobState::Failed);
+    let error = jobs[1].error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("cannot empty the engine's prefix cache before the job: POST /reset_prefix_cache answered 404"),
+        "{error}"
+    );
+    assert_eq!(jobs[1].attempts.len(), 1, "a configuration's failure is not retried");
+
+    // Unless the matrix allows warm runs: then it runs, and says so.
+    let (jobs, report) = two_profiles(refusing, "allow_warm_cache: true\n").await?;
+    assert_eq!(jobs[1].state, JobState::Succeeded);
+    let said = jobs[1].prefix_cache.as_deref().unwrap_or_default();
+    assert!(said.starts_with("warm: the cache could not be emptied (POST /reset_prefix_cache answered 404"), "{said}");
+    assert!(report.contains(&format!("repeat 1 ran with its prefix cache {said}")), "{report}");
+    Ok(())
+}
