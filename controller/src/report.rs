@@ -483,13 +483,11 @@ profiles:
         job
     }
 
-    #[test]
-    fn variants_below_the_acceptance_are_reported_but_not_adopted() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::open(dir.path()).expect("store");
-        let run = Run {
+    /// Run 1 of `MATRIX`, finished.
+    fn finished_run(name: &str) -> Run {
+        Run {
             id: RunId(1),
-            name: "acceptance".into(),
+            name: name.into(),
             matrix_file: "m.yaml".into(),
             matrix_yaml: MATRIX.into(),
             created_unix_ms: 0,
@@ -498,7 +496,14 @@ profiles:
             note: None,
             files: Default::default(),
             runtime_override: None,
-        };
+        }
+    }
+
+    #[test]
+    fn variants_below_the_acceptance_are_reported_but_not_adopted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("store");
+        let run = finished_run("acceptance");
         let groups = [group(0, &[]), group(1, &["mtp"]), group(2, &["fp8"])];
         let jobs = [job(0, 9632.01, 1000), job(1, 15514.15, 516), job(2, 9942.93, 1000)];
         store.create_run(&run, &groups, &jobs).expect("create");
@@ -526,18 +531,7 @@ profiles:
     fn repeats_whose_records_are_missing_are_shown_one_by_one() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::open(dir.path()).expect("store");
-        let run = Run {
-            id: RunId(1),
-            name: "repeats".into(),
-            matrix_file: "m.yaml".into(),
-            matrix_yaml: MATRIX.into(),
-            created_unix_ms: 0,
-            state: crate::model::RunState::Finished,
-            ended_unix_ms: None,
-            note: None,
-            files: Default::default(),
-            runtime_override: None,
-        };
+        let run = finished_run("repeats");
         let (first, mut second) = (job(0, 100.0, 1000), job(0, 200.0, 1000));
         (second.id, second.repeat) = (1, 2);
         let jobs = [first, second];
@@ -558,18 +552,7 @@ profiles:
     fn an_invalid_baseline_is_not_compared() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::open(dir.path()).expect("store");
-        let run = Run {
-            id: RunId(1),
-            name: "invalid".into(),
-            matrix_file: "m.yaml".into(),
-            matrix_yaml: MATRIX.into(),
-            created_unix_ms: 0,
-            state: crate::model::RunState::Finished,
-            ended_unix_ms: None,
-            note: None,
-            files: Default::default(),
-            runtime_override: None,
-        };
+        let run = finished_run("invalid");
         let mut base = job(0, 5000.0, 1000);
         if let Some(s) = base.summary.as_mut() {
             s.invalid = Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into());
@@ -609,18 +592,7 @@ profiles:
     fn a_variant_within_noise_of_its_baseline_is_not_recommended() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::open(dir.path()).expect("store");
-        let run = Run {
-            id: RunId(1),
-            name: "noise".into(),
-            matrix_file: "m.yaml".into(),
-            matrix_yaml: MATRIX.into(),
-            created_unix_ms: 0,
-            state: crate::model::RunState::Finished,
-            ended_unix_ms: None,
-            note: None,
-            files: Default::default(),
-            runtime_override: None,
-        };
+        let run = finished_run("noise");
         // +0.01%: the best throughput, but within noise.
         let jobs = [job(0, 9632.01, 1000), job(2, 9633.0, 1000)];
         store.create_run(&run, &[group(0, &[]), group(2, &["fp8"])], &jobs).expect("create");
