@@ -483,6 +483,17 @@ profiles:
         job
     }
 
+    /// A store holding run 1 of `MATRIX` (finished) with its groups, jobs
+    /// and their summaries.
+    fn stored(name: &str, groups: &[Group], jobs: &[Job]) -> (tempfile::TempDir, SledStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("store");
+        store.create_run(&finished_run(name), groups, jobs).expect("create");
+        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
+        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        (dir, store)
+    }
+
     /// Run 1 of `MATRIX`, finished.
     fn finished_run(name: &str) -> Run {
         Run {
@@ -501,14 +512,9 @@ profiles:
 
     #[test]
     fn variants_below_the_acceptance_are_reported_but_not_adopted() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::open(dir.path()).expect("store");
-        let run = finished_run("acceptance");
         let groups = [group(0, &[]), group(1, &["mtp"]), group(2, &["fp8"])];
         let jobs = [job(0, 9632.01, 1000), job(1, 15514.15, 516), job(2, 9942.93, 1000)];
-        store.create_run(&run, &groups, &jobs).expect("create");
-        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
-        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        let (_dir, store) = stored("acceptance", &groups, &jobs);
         let report = render(&store, RunId(1)).expect("render").text;
         // mtp has the highest throughput but failed half its requests.
         assert!(
@@ -529,15 +535,10 @@ profiles:
 
     #[test]
     fn repeats_whose_records_are_missing_are_shown_one_by_one() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::open(dir.path()).expect("store");
-        let run = finished_run("repeats");
         let (first, mut second) = (job(0, 100.0, 1000), job(0, 200.0, 1000));
         (second.id, second.repeat) = (1, 2);
         let jobs = [first, second];
-        store.create_run(&run, &[group(0, &[])], &jobs).expect("create");
-        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
-        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        let (_dir, store) = stored("repeats", &[group(0, &[])], &jobs);
         let report = render(&store, RunId(1)).expect("render").text;
         assert!(
             report.contains(
@@ -550,17 +551,12 @@ profiles:
 
     #[test]
     fn an_invalid_baseline_is_not_compared() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::open(dir.path()).expect("store");
-        let run = finished_run("invalid");
         let mut base = job(0, 5000.0, 1000);
         if let Some(s) = base.summary.as_mut() {
             s.invalid = Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into());
         }
         let jobs = [base, job(2, 9942.93, 1000)];
-        store.create_run(&run, &[group(0, &[]), group(2, &["fp8"])], &jobs).expect("create");
-        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
-        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        let (_dir, store) = stored("invalid", &[group(0, &[]), group(2, &["fp8"])], &jobs);
         let report = render(&store, RunId(1)).expect("render").text;
         assert!(
             report.contains(
@@ -590,14 +586,9 @@ profiles:
 
     #[test]
     fn a_variant_within_noise_of_its_baseline_is_not_recommended() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::open(dir.path()).expect("store");
-        let run = finished_run("noise");
         // +0.01%: the best throughput, but within noise.
         let jobs = [job(0, 9632.01, 1000), job(2, 9633.0, 1000)];
-        store.create_run(&run, &[group(0, &[]), group(2, &["fp8"])], &jobs).expect("create");
-        let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
-        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        let (_dir, store) = stored("noise", &[group(0, &[]), group(2, &["fp8"])], &jobs);
         let r = render(&store, RunId(1)).expect("render");
         assert_eq!(r.recommended.as_deref(), Some("vllm"), "{}", r.text);
         assert!(r.text.contains("(+0.01%, below the 1.00% minimum effect, within noise)"), "{}", r.text);
