@@ -402,13 +402,32 @@ async fn main() {
     let size0 = dir_size(dir.path());
     let per_stream = ingest_records / streams as u64;
     let batches_per_stream = per_stream.div_ceil(256);
+    // Every stream connected and its batches built before the clock starts:
+    // the bench measures the controller, not its own clients.
+    let mut streams_ready = Vec::new();
+    for (agent, attempt) in held.iter().flat_map(|(a, g)| g.jobs.iter().map(move |j| (a, j.attempt.clone()))) {
+        let channel = Channel::from_shared(url.clone()).expect("url").connect().await.expect("connect");
+        let ingest = pb::ingest_service_client::IngestServiceClient::new(channel);
+        let batches: Vec<pb::RecordBatch> = (0..batches_per_stream)
+            .map(|b| {
+                let first = b * 256;
+                let last = (first + 256).min(per_stream);
+                pb::RecordBatch {
+                    attempt: attempt.clone(),
+                    batch: b,
+                    records: (first..last).map(|s| record(s, 128)).collect(),
+                    summary: (b + 1 == batches_per_stream)
+                        .then(|| pb::Summary { successful: per_stream, ..Default::default() }),
+                    sent: last,
+                }
+            })
+            .collect();
+        streams_ready.push((agent.tx.clone(), attempt, ingest, batches));
+    }
     let (cpu0, _, _) = usage(pid);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for (agent, g, attempt) in held.iter().flat_map(|(a, g)| g.jobs.iter().map(move |j| (a, g, j.attempt.clone()))) {
-        let _ = g;
-        let tx = agent.tx.clone();
-        let url = url.clone();
+    for (tx, attempt, mut ingest, batches) in streams_ready {
         let _ = tx
             .send(msg(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
                 attempt: attempt.clone(),
@@ -417,23 +436,6 @@ async fn main() {
             })))
             .await;
         tasks.push(tokio::spawn(async move {
-            let channel = Channel::from_shared(url).expect("url").connect().await.expect("connect");
-            let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel);
-            // Encoded up front: the bench measures the controller, not this.
-            let batches: Vec<pb::RecordBatch> = (0..batches_per_stream)
-                .map(|b| {
-                    let first = b * 256;
-                    let last = (first + 256).min(per_stream);
-                    pb::RecordBatch {
-                        attempt: attempt.clone(),
-                        batch: b,
-                        records: (first..last).map(|s| record(s, 128)).collect(),
-                        summary: (b + 1 == batches_per_stream)
-                            .then(|| pb::Summary { successful: per_stream, ..Default::default() }),
-                        sent: last,
-                    }
-                })
-                .collect();
             let n = batches.len();
             let mut acks = ingest.records(tokio_stream::iter(batches)).await.expect("stream").into_inner();
             let mut got = 0;
