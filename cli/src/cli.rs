@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use benchfleet_controller::matrix::Strategy;
 use benchfleet_controller::model::RunId;
 use benchfleet_controller::store::{SledStore, Store, data_dir};
 use benchfleet_proto as pb;
@@ -122,17 +123,42 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             follow(url, &submitted.run_id, Duration::from_secs(300), json, true).await
         }
         Command::Validate { matrix } => {
-            let sub = client::submission(matrix, None)?;
-            let parsed =
-                benchfleet_controller::matrix::parse(&sub.request.matrix_name, &sub.request.matrix_yaml, &|p| {
-                    sub.files.iter().find(|f| f.path == p).map(|f| f.sha256.clone())
-                })?;
-            println!(
-                "{}: valid ({} strategy, {} profiles)",
-                matrix.display(),
-                format!("{:?}", parsed.strategy).to_lowercase(),
-                parsed.profiles.len()
-            );
+            let m = client::submission(matrix, None)?.matrix;
+            let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+            let (strategy, shape, jobs) = match m.strategy {
+                Strategy::Grid => {
+                    let jobs = m.configs.len() * m.profiles.len() * m.repeats as usize;
+                    let shape = format!(
+                        "{} x {} x {} = {}",
+                        plural(m.configs.len(), "configuration"),
+                        plural(m.profiles.len(), "profile"),
+                        plural(m.repeats as usize, "repeat"),
+                        plural(jobs, "job")
+                    );
+                    ("grid", shape, Some(jobs))
+                }
+                Strategy::Greedy => {
+                    let shape = format!(
+                        "{}, {}, {}, {}; the jobs are planned stage by stage",
+                        plural(m.engines.len(), "engine"),
+                        plural(m.variants.len(), "variant"),
+                        plural(m.profiles.len(), "profile"),
+                        plural(m.repeats as usize, "repeat")
+                    );
+                    ("greedy", shape, None)
+                }
+            };
+            if json {
+                println!(
+                    "{}",
+                    json!({ "file": m.file, "valid": true, "strategy": strategy, "jobs": jobs, "warnings": m.warnings })
+                );
+            } else {
+                for w in &m.warnings {
+                    eprintln!("warning: {w}");
+                }
+                println!("{}: valid: {strategy} strategy, {shape}", matrix.display());
+            }
             Ok(0)
         }
         Command::Submit { matrix } => {
@@ -352,11 +378,7 @@ async fn interrupted() {
 async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32> {
     // Fail on a bad matrix before starting anything.
     let sub = client::submission(matrix, Some("process"))?;
-    let gpu = benchfleet_controller::matrix::parse(&sub.request.matrix_name, &sub.request.matrix_yaml, &|_| {
-        Some(String::new())
-    })?
-    .gpu
-    .unwrap_or_else(|| "H200".to_owned());
+    let gpu = sub.matrix.gpu.clone().unwrap_or_else(|| "H200".to_owned());
     let store: Arc<dyn Store> = Arc::new(open_store(dir)?);
     eprintln!("data directory: {}", dir.display());
     let work_dir = dir.join("agent");

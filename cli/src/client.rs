@@ -68,6 +68,8 @@ pub struct MatrixFile {
 pub struct Submission {
     pub request: pb::SubmitRunRequest,
     pub files: Vec<MatrixFile>,
+    /// The matrix as this side reads it.
+    pub matrix: matrix::Matrix,
 }
 
 fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
@@ -89,9 +91,17 @@ fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
 /// Reads a matrix file and hashes the files it names (relative to it). A
 /// matrix with an error is reported here, before any connection.
 pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result<Submission> {
-    let yaml =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read the matrix file {}", path.display()))?;
     let name = path.display().to_string();
+    let read = |e: std::io::Error| anyhow::anyhow!("cannot read the matrix file {name}: {e}");
+    // A file far too large is refused before it is read.
+    let size = std::fs::metadata(path).map_err(read)?.len();
+    if size > matrix::MAX_BYTES as u64 {
+        matrix::decode(&name, &vec![0; matrix::MAX_BYTES + 1]).map(drop).map_err(|_| {
+            anyhow::anyhow!("{name}: is {size} bytes; a matrix file may be at most {} bytes (1 MiB)", matrix::MAX_BYTES)
+        })?;
+    }
+    let bytes = std::fs::read(path).map_err(read)?;
+    let yaml = matrix::decode(&name, &bytes)?.to_owned();
     let base = path.parent().unwrap_or(Path::new("."));
     let mut files = Vec::new();
     for f in matrix::referenced_files(&name, &yaml)? {
@@ -101,14 +111,14 @@ pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result
             files.push(MatrixFile { path: f.path, on_disk, sha256, size });
         }
     }
-    matrix::parse(&name, &yaml, &|p| files.iter().find(|f| f.path == p).map(|f| f.sha256.clone()))?;
+    let parsed = matrix::parse(&name, &yaml, &|p| files.iter().find(|f| f.path == p).map(|f| f.sha256.clone()))?;
     let request = pb::SubmitRunRequest {
         matrix_name: name,
         matrix_yaml: yaml,
         runtime_override: runtime_override.unwrap_or_default().to_owned(),
         files: files.iter().map(|f| (f.path.clone(), f.sha256.clone())).collect(),
     };
-    Ok(Submission { request, files })
+    Ok(Submission { request, files, matrix: parsed })
 }
 
 /// Uploads what the controller lacks, then submits.

@@ -221,7 +221,7 @@ fn matrix(gpu: &str, name: &str) -> String {
     let engines: String = (0..5).map(|i| format!("  e{i}: {{ kind: vllm, runtime: process }}\n")).collect();
     let variants: String = (0..10).map(|i| format!("  v{i}: {{ args: [--flag-{i}] }}\n")).collect();
     format!(
-        "name: {name}\nmodel: m\nhardware: {{ gpu: {gpu}, gpus_per_job: 1 }}\nrepeats: 2\nengines:\n{engines}variants:\n{variants}profiles:\n  a: {{ dataset: {{ random: {{ input_tokens: 8, output_tokens: 4 }} }}, requests: 4 }}\n  b: {{ dataset: {{ random: {{ input_tokens: 16, output_tokens: 4 }} }}, requests: 4 }}\n"
+        "name: {name}\nmodel: m\nhardware: {{ gpu: {gpu}, gpus_per_job: 1, allow_other_gpus: true }}\nrepeats: 2\nengines:\n{engines}variants:\n{variants}profiles:\n  a: {{ dataset: {{ random: {{ input_tokens: 8, output_tokens: 4 }} }}, requests: 4 }}\n  b: {{ dataset: {{ random: {{ input_tokens: 16, output_tokens: 4 }} }}, requests: 4 }}\n"
     )
 }
 

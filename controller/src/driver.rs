@@ -379,7 +379,7 @@ impl Driver {
                 now
             }
             Input::Submit(now, prepared, reply) => {
-                let Prepared { run, groups, jobs } = *prepared;
+                let Prepared { run, groups, jobs, .. } = *prepared;
                 let id = run.id;
                 self.sched.submit(now, run, groups, jobs);
                 self.sched.dispatch(now);

@@ -34,10 +34,9 @@ pub struct Prepared {
     pub run: Run,
     pub groups: Vec<Group>,
     pub jobs: Vec<Job>,
+    /// The matrix's warnings, for the operator.
+    pub warnings: Vec<String>,
 }
-
-/// Largest matrix file accepted.
-pub const MAX_MATRIX_BYTES: usize = 1 << 20;
 
 /// Validates a submission and builds its run; nothing is stored. Every file
 /// the matrix names must have been uploaded.
@@ -46,13 +45,6 @@ pub fn prepare(
     sub: &Submission,
     id: impl FnOnce() -> Result<RunId, StoreError>,
 ) -> Result<Prepared, SubmitError> {
-    if sub.matrix_yaml.len() > MAX_MATRIX_BYTES {
-        return Err(SubmitError::Invalid(format!(
-            "{}: the matrix is {} bytes; at most {MAX_MATRIX_BYTES} are accepted",
-            sub.matrix_name,
-            sub.matrix_yaml.len()
-        )));
-    }
     for (path, sha) in &sub.files {
         if !is_sha256(sha) {
             return Err(SubmitError::Invalid(format!("file {path}: '{sha}' is not a SHA-256")));
@@ -96,7 +88,7 @@ pub fn prepare(
         runtime_override,
     };
     let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
-    Ok(Prepared { run, groups, jobs })
+    Ok(Prepared { run, groups, jobs, warnings: matrix.warnings })
 }
 
 /// What follows a run whose jobs all ended.
@@ -113,7 +105,7 @@ pub enum Next {
 /// the next stage if there is one.
 pub fn next(store: &dyn Store, run_id: RunId) -> Result<Next, StoreError> {
     let Some(run) = store.run(run_id)? else { return Ok(Next::Finished) };
-    let matrix = matrix::parse(&run.matrix_file, &run.matrix_yaml, &|path| {
+    let matrix = matrix::reparse(&run.matrix_file, &run.matrix_yaml, &|path| {
         Some(run.files.get(path).cloned().unwrap_or_default())
     })
     .map_err(|e| StoreError::Invalid(format!("the stored matrix of run {run_id} no longer parses: {e}")))?;

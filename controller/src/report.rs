@@ -72,7 +72,7 @@ pub fn render_keeping(
     };
     // The stored matrix was valid when it was submitted; its files are not
     // needed to read its acceptance.
-    let matrix = crate::matrix::parse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new())).ok();
+    let matrix = crate::matrix::reparse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new())).ok();
     let min_success_rate = matrix.as_ref().map_or(1.0, |m| m.min_success_rate);
 
     let mut out = String::new();

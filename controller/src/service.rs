@@ -345,7 +345,8 @@ impl pb::operator_service_server::OperatorService for Services {
         .await?;
         let (run, jobs) = (prepared.run.id, prepared.jobs.len() as u64);
         info!(%run, name = %prepared.run.name, jobs, "run submitted");
-        let warnings = self.0.submit(prepared).await?;
+        let mut warnings = prepared.warnings.clone();
+        warnings.extend(self.0.submit(prepared).await?);
         for w in &warnings {
             warn!(%run, "{w}");
         }

@@ -12,9 +12,34 @@ pub fn model_matches(product_name: &str, model: &str) -> bool {
     !want.is_empty() && name.windows(want.len()).any(|w| w == want.as_slice())
 }
 
+/// Whether a model as a matrix names it is of the H100 or H200 families
+/// benchfleet is made for ("H100", "h200", "H100 NVL", "NVIDIA H200 NVL").
+pub fn supported_family(model: &str) -> bool {
+    model
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| w.eq_ignore_ascii_case("h100") || w.eq_ignore_ascii_case("h200"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_supported_families_are_h100_and_h200() {
+        for (model, expected) in [
+            ("H100", true),
+            ("h200", true),
+            ("H100 NVL", true),
+            ("NVIDIA H200 141GB HBM3e", true),
+            ("A100", false),
+            ("GH200", false),
+            ("H20", false),
+            ("H1000", false),
+            ("", false),
+        ] {
+            assert_eq!(supported_family(model), expected, "{model}");
+        }
+    }
 
     #[test]
     fn model_names_match_whole_words() {

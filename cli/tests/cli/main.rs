@@ -3,6 +3,8 @@
 //! `report` read back from the store, and bad matrices rejected with nothing
 //! stored.
 
+mod inputs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -595,8 +595,11 @@ async fn a_run_no_agent_can_take_says_why_and_can_be_cancelled() {
     let _a1 = agent(dir.path(), "a1", &c.url(), &[]);
     ready(&c.url(), &["a1"]).await;
     let path = matrix(dir.path(), 1, 10, 10, "");
-    std::fs::write(&path, std::fs::read_to_string(&path).expect("matrix").replace("gpu: H200", "gpu: A100"))
-        .expect("write");
+    std::fs::write(
+        &path,
+        std::fs::read_to_string(&path).expect("matrix").replace("gpu: H200", "gpu: A100, allow_other_gpus: true"),
+    )
+    .expect("write");
     let submitted = submit(&c.url(), &path).await;
     assert_eq!(submitted.warnings, ["no agent has an A100"]);
     let mut c1 = operator(&c.url()).await;

@@ -9,6 +9,27 @@ use serde::Deserialize;
 
 use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind};
 
+mod reference;
+mod text;
+
+pub use text::{MAX_BYTES, decode};
+
+/// Most jobs a grid may expand into.
+pub const MAX_JOBS: u64 = 100_000;
+/// Most requests one job may send.
+pub const MAX_REQUESTS: u64 = 1_000_000;
+/// Most prompt tokens one job's requests may hold together, which loadgen
+/// builds before the first request is sent.
+pub const MAX_PROMPT_TOKENS: u64 = 200_000_000;
+/// Most tokens one request's input or output may have.
+pub const MAX_TOKENS: i64 = 1 << 20;
+/// Most repeats of a job.
+pub const MAX_REPEATS: i64 = 100;
+/// Most GPUs one job may ask for (one host's).
+pub const MAX_GPUS_PER_JOB: i64 = 16;
+/// Most engines, and most variants, a matrix may define.
+pub const MAX_DEFINITIONS: usize = 64;
+
 /// A matrix file that cannot be run, and where it is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct MatrixError {
@@ -69,6 +90,9 @@ struct RawHardware {
     gpu: String,
     #[serde(default = "one")]
     gpus_per_job: i64,
+    /// Run on GPUs outside the H100 and H200 families.
+    #[serde(default)]
+    allow_other_gpus: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -216,6 +240,9 @@ pub struct Matrix {
     /// In file order of their names.
     pub profiles: Vec<Profile>,
     pub primary_profile: String,
+    /// What may be wrong but does not stop the run, as `file:line: field:
+    /// message`.
+    pub warnings: Vec<String>,
 }
 
 /// A dataset file a matrix names, which must travel with it.
@@ -230,7 +257,7 @@ pub struct FileRef {
 /// Lists the dataset files a matrix names, without validating the rest, so
 /// that a client can read them before submitting.
 pub fn referenced_files(file: &str, yaml: &str) -> Result<Vec<FileRef>, MatrixError> {
-    let (raw, _) = parse_raw(file, yaml)?;
+    let (raw, _, _) = parse_raw(file, yaml, true)?;
     Ok(raw
         .profiles
         .iter()
@@ -247,16 +274,40 @@ pub fn referenced_files(file: &str, yaml: &str) -> Result<Vec<FileRef>, MatrixEr
 /// dataset file the matrix names (by its path in the matrix), or `None` for
 /// a file that could not be had; such a file is an error.
 pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>) -> Result<Matrix, MatrixError> {
-    let (raw, value) = parse_raw(file, yaml)?;
+    parse_as(file, yaml, file_hash, true)
+}
+
+/// Parses a matrix that was stored with a run: what it means is read as
+/// `parse` reads it, but the limits and checks a new submission must pass
+/// (sizes, names, GPU families, image references, control characters,
+/// context lengths) are not applied again, so that a run accepted under
+/// older rules can still be planned and reported.
+pub fn reparse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>) -> Result<Matrix, MatrixError> {
+    parse_as(file, yaml, file_hash, false)
+}
+
+fn parse_as(
+    file: &str,
+    yaml: &str,
+    file_hash: &dyn Fn(&str) -> Option<String>,
+    strict: bool,
+) -> Result<Matrix, MatrixError> {
+    let (raw, value, plain) = parse_raw(file, yaml, strict)?;
+    // A check a new submission must pass.
+    let admit = |check: Result<(), MatrixError>| if strict { check } else { Ok(()) };
+    let cap = |max: i64| if strict { max } else { i64::MAX };
     let err = |field: &str, message: String| {
         let path: Vec<&str> = field.split('.').collect();
-        MatrixError { file: file.to_owned(), line: locate(yaml, &path), field: field.to_owned(), message }
+        MatrixError { file: file.to_owned(), line: locate(&plain, &path), field: field.to_owned(), message }
     };
+    let mut warnings = Vec::new();
 
     let repeats = u32::try_from(raw.repeats)
         .ok()
-        .filter(|&r| r >= 1)
-        .ok_or_else(|| err("repeats", format!("must be at least 1, got {}", raw.repeats)))?;
+        .filter(|&r| (1..=cap(MAX_REPEATS)).contains(&i64::from(r)))
+        .ok_or_else(|| err("repeats", format!("must be from 1 to {MAX_REPEATS}, got {}", raw.repeats)))?;
+    admit(plain_text(&err, "name", &raw.name))?;
+    admit(plain_text(&err, "model", &raw.model))?;
     let strategy = match raw.strategy.as_deref() {
         None | Some("grid") => Strategy::Grid,
         Some("greedy") => Strategy::Greedy,
@@ -266,10 +317,26 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         Some(h) => {
             let n = u32::try_from(h.gpus_per_job)
                 .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| err("hardware.gpus_per_job", format!("must be at least 1, got {}", h.gpus_per_job)))?;
+                .filter(|&n| (1..=cap(MAX_GPUS_PER_JOB)).contains(&i64::from(n)))
+                .ok_or_else(|| {
+                    err(
+                        "hardware.gpus_per_job",
+                        format!("must be from 1 to {MAX_GPUS_PER_JOB} (one host's GPUs), got {}", h.gpus_per_job),
+                    )
+                })?;
             if h.gpu.trim().is_empty() {
                 return Err(err("hardware.gpu", "must name a GPU model, e.g. H100 or H200".to_owned()));
+            }
+            admit(plain_text(&err, "hardware.gpu", &h.gpu))?;
+            if strict && !h.allow_other_gpus && !benchfleet_core::gpu::supported_family(&h.gpu) {
+                return Err(err(
+                    "hardware.gpu",
+                    format!(
+                        "'{}' is not of the H100 or H200 families benchfleet is made for; \
+                         set hardware.allow_other_gpus: true to run on it anyway",
+                        h.gpu
+                    ),
+                ));
             }
             (Some(h.gpu.clone()), n)
         }
@@ -333,7 +400,7 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
 
     let mut profiles = Vec::new();
     for name in key_order(&value, "profiles") {
-        profiles.push(profile(&name, &raw.profiles[&name], &err, file_hash)?);
+        profiles.push(profile(&name, &raw.profiles[&name], &err, file_hash, strict)?);
     }
     let primary_profile = match raw.primary_profile {
         Some(name) if !raw.profiles.contains_key(&name) => {
@@ -349,10 +416,22 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         None => profiles[0].name.clone(),
     };
 
+    for (section, names) in [("engines", key_order(&value, "engines")), ("variants", key_order(&value, "variants"))] {
+        if strict && names.len() > MAX_DEFINITIONS {
+            return Err(err(section, format!("defines {} entries; at most {MAX_DEFINITIONS}", names.len())));
+        }
+        for name in &names {
+            admit(check_name(&err, &format!("{section}.{name}"), name))?;
+        }
+    }
     for (name, v) in &raw.variants {
         if v.model.is_none() && v.args.is_empty() {
             return Err(err(&format!("variants.{name}"), "changes nothing: give args or a model".to_owned()));
         }
+        if let Some(model) = &v.model {
+            admit(plain_text(&err, &format!("variants.{name}.model"), model))?;
+        }
+        admit(check_args(&err, &format!("variants.{name}.args"), &v.args))?;
     }
 
     let variants: Vec<VariantDef> = key_order(&value, "variants")
@@ -393,6 +472,15 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         if runtime == RuntimeKind::External && e.url.is_none() {
             return Err(err(&format!("{field}.url"), "the external runtime needs the engine's url".to_owned()));
         }
+        if let Some(image) = &e.image {
+            admit(reference::check(image).map_err(|why| {
+                err(&format!("{field}.image"), format!("'{image}' is not an image reference: it {why}"))
+            }))?;
+        }
+        if let Some(url) = &e.url {
+            admit(plain_text(&err, &format!("{field}.url"), url))?;
+        }
+        admit(check_args(&err, &format!("{field}.args"), &e.args))?;
         engines.push(EngineDef {
             name,
             kind,
@@ -405,6 +493,24 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
 
     let mut configs = Vec::new();
     if strategy == Strategy::Grid {
+        let jobs = 1u64
+            .checked_shl(variants.len() as u32)
+            .and_then(|sets| sets.checked_mul(engines.len() as u64))
+            .and_then(|c| c.checked_mul(profiles.len() as u64))
+            .and_then(|j| j.checked_mul(u64::from(repeats)))
+            .filter(|&j| !strict || j <= MAX_JOBS);
+        if jobs.is_none() {
+            return Err(err(
+                "variants",
+                format!(
+                    "the grid of {} engines x 2^{} variant sets x {} profiles x {repeats} repeats is more than \
+                     {MAX_JOBS} jobs; use strategy: greedy, or fewer variants",
+                    engines.len(),
+                    variants.len(),
+                    profiles.len()
+                ),
+            ));
+        }
         for engine in &engines {
             // Every combination of variants, the baseline (no variant) first.
             let mut sets: Vec<Vec<&VariantDef>> = (0u64..1 << variants.len())
@@ -412,6 +518,53 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
                 .collect();
             sets.sort_by_key(Vec::len);
             configs.extend(sets.iter().map(|set| config(&raw.model, engine, set, raw.allow_warm_cache)));
+        }
+    }
+    // Every configuration the run may build: the grid's, or for greedy each
+    // engine alone and with each variant.
+    let checked: Vec<EngineConfig> = match strategy {
+        Strategy::Grid => configs.clone(),
+        Strategy::Greedy => {
+            let model = raw.model.as_str();
+            let variants = &variants;
+            engines
+                .iter()
+                .flat_map(|e| {
+                    std::iter::once(config(model, e, &[], false))
+                        .chain(variants.iter().map(move |v| config(model, e, &[v], false)))
+                })
+                .collect()
+        }
+    };
+    for c in checked.iter().filter(|_| strict) {
+        let Some((flag, limit)) = context_limit(c) else { continue };
+        for p in &profiles {
+            let Dataset::Random { input_tokens, output_tokens, .. } = p.dataset else { continue };
+            let field = format!("profiles.{}.dataset.random", p.name);
+            if u64::from(input_tokens) > limit {
+                return Err(err(
+                    &format!("{field}.input_tokens"),
+                    format!(
+                        "{input_tokens} input tokens do not fit the context of {} ({flag}={limit}): \
+                         every request would be refused",
+                        c.name
+                    ),
+                ));
+            }
+            if u64::from(input_tokens) + u64::from(output_tokens) > limit {
+                let e = err(
+                    &field,
+                    format!(
+                        "{input_tokens} input + {output_tokens} output tokens exceed the context of {} \
+                         ({flag}={limit}): replies will stop short of {output_tokens} tokens",
+                        c.name
+                    ),
+                );
+                let text = e.to_string();
+                if !warnings.contains(&text) {
+                    warnings.push(text);
+                }
+            }
         }
     }
 
@@ -432,7 +585,96 @@ pub fn parse(file: &str, yaml: &str, file_hash: &dyn Fn(&str) -> Option<String>)
         configs,
         profiles,
         primary_profile,
+        warnings,
     })
+}
+
+/// The context length a configuration's flags set (the last one wins, as
+/// in the engines' own parsers), with the flag: vLLM's `--max-model-len`,
+/// SGLang's `--context-length`. `1k` is 1,000 and `1K` 1,024, as vLLM reads
+/// them; a value neither engine would read as a number is left to the engine.
+fn context_limit(c: &EngineConfig) -> Option<(&'static str, u64)> {
+    let flags: &[&'static str] = match c.kind {
+        EngineKind::Vllm => &["--max-model-len"],
+        EngineKind::Sglang => &["--context-length"],
+    };
+    let mut found = None;
+    for (i, arg) in c.args.iter().enumerate() {
+        for &flag in flags {
+            let value = match arg.strip_prefix(flag) {
+                Some(rest) if rest.starts_with('=') => Some(&rest[1..]),
+                Some("") => c.args.get(i + 1).map(String::as_str),
+                _ => None,
+            };
+            if let Some(v) = value {
+                found = human_number(v.trim()).map(|n| (flag, n));
+            }
+        }
+    }
+    found
+}
+
+fn human_number(v: &str) -> Option<u64> {
+    let (digits, scale) = match v.char_indices().last() {
+        Some((i, 'k')) => (&v[..i], 1_000),
+        Some((i, 'K')) => (&v[..i], 1_024),
+        Some((i, 'm')) => (&v[..i], 1_000_000),
+        Some((i, 'M')) => (&v[..i], 1_048_576),
+        _ => (v, 1),
+    };
+    digits.parse::<u64>().ok().filter(|&n| n > 0).and_then(|n| n.checked_mul(scale))
+}
+
+/// A name of an engine, a variant or a profile: it becomes part of
+/// configuration names (`vllm+fp8`), file names and report headings.
+fn check_name(err: &dyn Fn(&str, String) -> MatrixError, field: &str, name: &str) -> Result<(), MatrixError> {
+    let ok = name.len() <= 64
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        return Ok(());
+    }
+    Err(err(
+        field,
+        format!(
+            "the name '{}' may hold only letters, digits, '-', '_' and '.', begin with a letter or digit, \
+             and be at most 64 characters",
+            name.escape_debug()
+        ),
+    ))
+}
+
+/// Text that reaches an engine, a report or a log as it is: no control
+/// characters (line breaks, tabs, escapes).
+fn plain_text(err: &dyn Fn(&str, String) -> MatrixError, field: &str, text: &str) -> Result<(), MatrixError> {
+    match text.char_indices().find(|(_, c)| c.is_control()) {
+        None => Ok(()),
+        Some((at, c)) => Err(err(
+            field,
+            format!(
+                "holds the control character U+{:04X} at position {} ('{}'); line breaks, tabs and escapes \
+                 are not allowed",
+                u32::from(c),
+                text[..at].chars().count() + 1,
+                text.escape_debug()
+            ),
+        )),
+    }
+}
+
+/// Engine arguments: each is passed to the engine as one argument (never
+/// through a shell), and none may hold a control character.
+fn check_args(err: &dyn Fn(&str, String) -> MatrixError, field: &str, args: &[String]) -> Result<(), MatrixError> {
+    for (i, arg) in args.iter().enumerate() {
+        plain_text(err, field, arg).map_err(|mut e| {
+            e.message = format!("argument {}: {}", i + 1, e.message);
+            e
+        })?;
+        if arg.is_empty() {
+            return Err(err(field, format!("argument {} is empty", i + 1)));
+        }
+    }
+    Ok(())
 }
 
 impl Matrix {
@@ -478,8 +720,12 @@ fn profile(
     p: &RawProfile,
     err: &dyn Fn(&str, String) -> MatrixError,
     file_hash: &dyn Fn(&str) -> Option<String>,
+    strict: bool,
 ) -> Result<Profile, MatrixError> {
     let field = |f: &str| format!("profiles.{name}.{f}");
+    let admit = |check: Result<(), MatrixError>| if strict { check } else { Ok(()) };
+    let cap = |max: i64| if strict { max } else { i64::MAX };
+    admit(check_name(err, &format!("profiles.{name}"), name))?;
     let rate = match &p.rate {
         None => None,
         Some(RawRate::Word(w)) if w == "inf" => None,
@@ -493,8 +739,13 @@ fn profile(
     };
     let requests = u64::try_from(p.requests)
         .ok()
-        .filter(|&n| n >= 1)
-        .ok_or_else(|| err(&field("requests"), format!("must be at least 1, got {}", p.requests)))?;
+        .filter(|&n| (1..=cap(MAX_REQUESTS as i64) as u64).contains(&n))
+        .ok_or_else(|| {
+            err(
+                &field("requests"),
+                format!("must be from 1 to {MAX_REQUESTS} (split more into repeats or profiles), got {}", p.requests),
+            )
+        })?;
     let max_concurrency = match p.max_concurrency {
         None => None,
         Some(n) if n >= 1 => Some(n as u64),
@@ -514,46 +765,54 @@ fn profile(
             return Err(err(&field("endpoint"), format!("unknown endpoint '{other}'; expected completions or chat")));
         }
     };
-    let dataset =
-        match (&p.dataset.random, &p.dataset.sharegpt) {
-            (Some(_), Some(_)) | (None, None) => {
-                return Err(err(&field("dataset"), "give exactly one of random or sharegpt".to_owned()));
+    let dataset = match (&p.dataset.random, &p.dataset.sharegpt) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(err(&field("dataset"), "give exactly one of random or sharegpt".to_owned()));
+        }
+        (Some(r), None) => {
+            if p.dataset.output_tokens.is_some() {
+                return Err(err(
+                    &field("dataset.output_tokens"),
+                    "applies to sharegpt; a random dataset sets random.output_tokens".to_owned(),
+                ));
             }
-            (Some(r), None) => {
-                if p.dataset.output_tokens.is_some() {
-                    return Err(err(
-                        &field("dataset.output_tokens"),
-                        "applies to sharegpt; a random dataset sets random.output_tokens".to_owned(),
-                    ));
+            let count = |f: &str, v: i64| {
+                u32::try_from(v).ok().filter(|&n| (1..=cap(MAX_TOKENS)).contains(&i64::from(n))).ok_or_else(|| {
+                    err(&field(&format!("dataset.random.{f}")), format!("must be from 1 to {MAX_TOKENS}, got {v}"))
+                })
+            };
+            let input_tokens = count("input_tokens", r.input_tokens)?;
+            let prompt_tokens = u64::from(input_tokens) * requests;
+            if strict && prompt_tokens > MAX_PROMPT_TOKENS {
+                return Err(err(
+                    &field("dataset.random.input_tokens"),
+                    format!(
+                        "{requests} requests of {input_tokens} input tokens are {prompt_tokens} prompt tokens; \
+                             a job may hold at most {MAX_PROMPT_TOKENS}"
+                    ),
+                ));
+            }
+            Dataset::Random { input_tokens, output_tokens: count("output_tokens", r.output_tokens)?, seed: r.seed }
+        }
+        (None, Some(path)) => {
+            let output_tokens = match p.dataset.output_tokens {
+                None => None,
+                Some(n) => {
+                    Some(u32::try_from(n).ok().filter(|&n| (1..=cap(MAX_TOKENS)).contains(&i64::from(n))).ok_or_else(
+                        || err(&field("dataset.output_tokens"), format!("must be from 1 to {MAX_TOKENS}, got {n}")),
+                    )?)
                 }
-                let count = |f: &str, v: i64| {
-                    u32::try_from(v).ok().filter(|&n| n >= 1).ok_or_else(|| {
-                        err(&field(&format!("dataset.random.{f}")), format!("must be at least 1, got {v}"))
-                    })
-                };
-                Dataset::Random {
-                    input_tokens: count("input_tokens", r.input_tokens)?,
-                    output_tokens: count("output_tokens", r.output_tokens)?,
-                    seed: r.seed,
-                }
-            }
-            (None, Some(path)) => {
-                let output_tokens =
-                    match p.dataset.output_tokens {
-                        None => None,
-                        Some(n) => Some(u32::try_from(n).ok().filter(|&n| n >= 1).ok_or_else(|| {
-                            err(&field("dataset.output_tokens"), format!("must be at least 1, got {n}"))
-                        })?),
-                    };
-                let sha256 = file_hash(path).ok_or_else(|| {
-                    err(
-                        &field("dataset.sharegpt"),
-                        format!("cannot read the ShareGPT file '{path}' (paths are relative to the matrix file)"),
-                    )
-                })?;
-                Dataset::Sharegpt { file: path.clone(), sha256, output_tokens }
-            }
-        };
+            };
+            admit(plain_text(err, &field("dataset.sharegpt"), path))?;
+            let sha256 = file_hash(path).ok_or_else(|| {
+                err(
+                    &field("dataset.sharegpt"),
+                    format!("cannot read the ShareGPT file '{path}' (paths are relative to the matrix file)"),
+                )
+            })?;
+            Dataset::Sharegpt { file: path.clone(), sha256, output_tokens }
+        }
+    };
     Ok(Profile {
         name: name.to_owned(),
         dataset,
@@ -566,27 +825,34 @@ fn profile(
     })
 }
 
-/// Parses the YAML into the raw shape. Duplicate keys are an error: the
-/// YAML crates silently keep the last one when deserializing into a map.
-fn parse_raw(file: &str, yaml: &str) -> Result<(RawMatrix, serde_yaml_ng::Value), MatrixError> {
-    let yaml_err = |e: serde_yaml_ng::Error| {
-        let text = e.to_string();
-        // The crate appends " at line L column C"; we report the line ourselves.
-        let message = text.split(" at line ").next().unwrap_or(&text).to_owned();
-        let (field, message) = match message.split_once(": ") {
-            Some((path, rest)) if !path.contains(' ') => (path.to_owned(), rest.to_owned()),
-            _ => (String::new(), message),
-        };
-        // The parser places a duplicate key at its mapping's start; point
-        // at the key's second appearance instead.
-        let line = match message.strip_prefix("duplicate entry with key ") {
-            Some(key) => second_key_line(yaml, key.trim_matches('"')),
-            None => None,
-        };
-        MatrixError { file: file.to_owned(), line: line.or(e.location().map(|l| l.line())), field, message }
-    };
-    let value = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml).map_err(yaml_err)?;
-    Ok((serde_yaml_ng::from_str::<RawMatrix>(yaml).map_err(yaml_err)?, value))
+/// Parses the YAML into the raw shape, with the text's comments blanked
+/// (for locating fields). Duplicate keys are an error: the YAML crates
+/// silently keep the last one when deserializing into a map.
+fn parse_raw(file: &str, yaml: &str, strict: bool) -> Result<(RawMatrix, serde_yaml_ng::Value, String), MatrixError> {
+    let plain = text::without_comments(yaml);
+    if strict {
+        text::check(file, &plain)?;
+    }
+    text::walk(file, yaml, &plain)?;
+    let value =
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml).map_err(|e| text::from_yaml(file, &plain, &e, false))?;
+    let top = |message: String| MatrixError { file: file.to_owned(), line: None, field: String::new(), message };
+    match &value {
+        serde_yaml_ng::Value::Null => {
+            return Err(top("is empty: it holds no YAML, only comments or blank lines".to_owned()));
+        }
+        serde_yaml_ng::Value::Mapping(_) => {}
+        other => {
+            let what = match other {
+                serde_yaml_ng::Value::Sequence(_) => "a sequence",
+                serde_yaml_ng::Value::Tagged(_) => "a tagged value",
+                _ => "a single value",
+            };
+            return Err(top(format!("must be a mapping of fields (name, model, engines, profiles, ...), not {what}")));
+        }
+    }
+    let raw = serde_yaml_ng::from_str::<RawMatrix>(yaml).map_err(|e| text::from_yaml(file, &plain, &e, false))?;
+    Ok((raw, value, plain))
 }
 
 /// The keys of a top-level mapping in file order (the typed maps are sorted).
@@ -610,7 +876,7 @@ fn locate(yaml: &str, path: &[&str]) -> Option<usize> {
 }
 
 /// The line of the second place `key` stands as a key.
-fn second_key_line(yaml: &str, key: &str) -> Option<usize> {
+pub(crate) fn second_key_line(yaml: &str, key: &str) -> Option<usize> {
     let first = find_key(yaml, key)?;
     let second = first + find_key(&yaml[first..], key)?;
     Some(yaml[..second].matches('\n').count() + 1)
@@ -715,7 +981,7 @@ profiles:
     fn flow_style_fields_are_located_too() {
         check_err(
             &GOOD.replace("requests: 10 }", "requests: 0 }"),
-            "m.yaml:16: profiles.chat.requests: must be at least 1, got 0",
+            "m.yaml:16: profiles.chat.requests: must be from 1 to 1000000 (split more into repeats or profiles), got 0",
         );
     }
 
@@ -741,16 +1007,16 @@ profiles:
     #[test]
     fn duplicate_keys_are_an_error() {
         let e = parse("m.yaml", &format!("{GOOD}repeats: 3\n"), &hash).expect_err("duplicate");
-        assert!(e.to_string().contains("duplicate"), "{e}");
+        assert!(e.to_string().contains("the key 'repeats' appears twice"), "{e}");
         assert_eq!(e.line, Some(17));
     }
 
     #[test]
     fn other_range_checks() {
-        check_err(&GOOD.replace("repeats: 2", "repeats: 0"), "m.yaml:4: repeats: must be at least 1, got 0");
+        check_err(&GOOD.replace("repeats: 2", "repeats: 0"), "m.yaml:4: repeats: must be from 1 to 100, got 0");
         check_err(
             &GOOD.replace("input_tokens: 1024", "input_tokens: -1"),
-            "m.yaml:13: profiles.throughput.dataset.random.input_tokens: must be at least 1, got -1",
+            "m.yaml:13: profiles.throughput.dataset.random.input_tokens: must be from 1 to 1048576, got -1",
         );
         check_err(
             &GOOD.replace("  sglang: {", "  tgi: {"),
@@ -799,9 +1065,23 @@ profiles:
 
     #[test]
     fn the_greedy_example_is_valid() {
-        let yaml = include_str!("../../examples/greedy.yaml");
+        let yaml = include_str!("../../../examples/greedy.yaml");
         let m = parse("greedy.yaml", yaml, &|_| Some(String::new())).expect("valid matrix");
         assert_eq!((m.strategy, m.engines.len(), m.variants.len()), (Strategy::Greedy, 2, 2));
+    }
+
+    #[test]
+    fn a_stored_matrix_is_read_back_without_the_admission_limits() {
+        let older = GOOD
+            .replace("gpu: H200", "gpu: A100")
+            .replace("repeats: 2", "repeats: 500")
+            .replace("prefix-caching: {", "prefix+caching: {");
+        let e = parse("m.yaml", &older, &hash).expect_err("a new submission is refused");
+        assert!(e.to_string().contains("repeats: must be from 1 to 100"), "{e}");
+        let m = reparse("m.yaml", &older, &hash).expect("a stored one still reads");
+        assert_eq!((m.gpu.as_deref(), m.repeats, m.variants[0].name.as_str()), (Some("A100"), 500, "prefix+caching"));
+        // What it means is unchanged: the same configurations.
+        assert_eq!(m.configs.len(), parse("m.yaml", GOOD, &hash).expect("valid").configs.len());
     }
 
     #[test]
