@@ -150,6 +150,10 @@ impl LoadRunner for ProcessLoadRunner {
         if status.success() {
             return Ok(());
         }
+        // loadgen's last word is its error; without one, its last lines.
+        if let Some(error) = stderr.lines().rev().find(|l| l.starts_with("error: ")) {
+            anyhow::bail!("loadgen failed ({status}): {error}");
+        }
         let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         anyhow::bail!("loadgen failed ({status}): {}", tail.join("\n"))

@@ -24,7 +24,8 @@ pub enum Outcome {
     /// The connection ended (or broke) after the response began, before
     /// the server said it was done.
     Disconnected,
-    /// Bad chunked framing, or a chunk or body that is not the JSON expected.
+    /// Bad chunked framing, a chunk or body that is not the JSON expected, a
+    /// streamed reply that is not an event stream, or a reply without text.
     Malformed,
     /// The connection could not be made or broke.
     TransportError,

@@ -13,7 +13,14 @@ use clap::{Parser, ValueEnum};
 use crate::{Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCounter, Window, read_sharegpt};
 
 #[derive(Parser, Debug)]
-#[command(name = "benchfleet-loadgen", version, about = "OpenAI-compatible streaming load generator")]
+#[command(
+    name = "benchfleet-loadgen",
+    version,
+    about = "OpenAI-compatible streaming load generator",
+    after_help = "Exit status: 0 when the run completed; 1 on an error (bad flags, a server that cannot be \
+                  reached, a dataset that cannot be read); 3 with --fail-on-invalid when the run is INVALID; 4 when \
+                  requests were sent and none succeeded."
+)]
 pub struct Args {
     /// The server's root URL.
     #[arg(long, default_value = "http://127.0.0.1:8000")]

@@ -559,6 +559,22 @@ impl Response {
                 rec.record.http_status = Some(head.status);
                 self.head = Some(head);
                 self.body = Decoder::new(head.body);
+                // A proxy's or a web server's page is not a reply.
+                let streamed = rec.target.stream && (200..300).contains(&head.status);
+                if streamed && head.media != http1::Media::EventStream {
+                    return Err(fail(
+                        Outcome::Malformed,
+                        format!(
+                            "malformed response: a streamed request got http {} with {}, not an event stream \
+                             (text/event-stream)",
+                            head.status,
+                            match head.media {
+                                http1::Media::Missing => "no content-type".to_owned(),
+                                m => format!("content-type {}", m.as_str()),
+                            }
+                        ),
+                    ));
+                }
             }
         }
         let failed = self.failed();
@@ -711,6 +727,9 @@ struct Recorder {
     pending: Vec<u8>,
     /// The data lines of the event being read.
     data: Vec<u8>,
+    /// The bytes so far ended with a CR: an LF that comes next is the rest
+    /// of a CRLF, not a blank line.
+    after_cr: bool,
     usage: Option<Usage>,
     /// The reply's text, kept only when a tokenizer must count it.
     text: Option<String>,
@@ -746,6 +765,7 @@ impl Recorder {
             timer_due: now,
             pending: Vec::new(),
             data: Vec::new(),
+            after_cr: false,
             usage: None,
             text: target.counter.needs_text().then(String::new),
             target,
@@ -830,13 +850,16 @@ impl Recorder {
     }
 
     /// The SSE lines in `body`: how many bytes were whole lines, and whether
-    /// `[DONE]` came.
+    /// `[DONE]` came. As the SSE specification says, CRLF, a lone LF and a
+    /// lone CR each end a line.
     fn lines(&mut self, body: &[u8], at_ns: i64) -> Result<(usize, bool), Failure> {
         let mut consumed = 0;
-        while let Some(nl) = memchr::memchr(b'\n', &body[consumed..]) {
-            let line = &body[consumed..consumed + nl];
-            consumed += nl + 1;
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if !body.is_empty() && std::mem::take(&mut self.after_cr) && body[0] == b'\n' {
+            consumed = 1;
+        }
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', &body[consumed..]) {
+            let line = &body[consumed..consumed + end];
+            consumed += end + self.line_end(&body[consumed + end..]);
             if line.is_empty() {
                 if !self.data.is_empty() {
                     let data = std::mem::take(&mut self.data);
@@ -853,8 +876,7 @@ impl Recorder {
                 // here: parsed where it lies, not copied.
                 let rest = &body[consumed..];
                 let blank = match rest {
-                    [b'\n', ..] => 1,
-                    [b'\r', b'\n', ..] => 2,
+                    [b'\n' | b'\r', ..] => self.line_end(rest),
                     _ => 0,
                 };
                 if blank > 0 && self.data.is_empty() {
@@ -872,6 +894,20 @@ impl Recorder {
             // Other fields (event, id, retry) and comments carry nothing we use.
         }
         Ok((consumed, false))
+    }
+
+    /// How long the line end at the start of `rest` is (it begins with CR
+    /// or LF). A CR that ends the bytes so far may be the first half of a
+    /// CRLF: its LF is skipped when it comes.
+    fn line_end(&mut self, rest: &[u8]) -> usize {
+        match rest {
+            [b'\r', b'\n', ..] => 2,
+            [b'\r'] => {
+                self.after_cr = true;
+                1
+            }
+            _ => 1,
+        }
     }
 
     /// One SSE event's data; `Ok(true)` for `[DONE]`.
@@ -934,6 +970,16 @@ impl Recorder {
         }
         r.completed_ns = completed_ns;
         (r.outcome, r.error) = match outcome {
+            // As vLLM's bench counts it: a reply without a token has no
+            // TTFT and is no success.
+            Ok(()) if r.first_token_ns.is_none() => fail(
+                Outcome::Malformed,
+                if self.target.stream {
+                    "no tokens: the stream ended without any text"
+                } else {
+                    "no tokens: the response holds no text"
+                },
+            ),
             Ok(()) => (Outcome::Ok, None),
             Err(failure) => failure,
         };

@@ -50,6 +50,7 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
     });
 
     let mut invalid = false;
+    let mut none_succeeded = None;
     if args.profile == Some(ProfileName::Sweep) {
         if sink.is_some() {
             bail!("--profile sweep makes several runs and cannot stream them to --report-to: run each rate as a job");
@@ -79,6 +80,7 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
         }
         for (i, (name, result)) in results.iter().enumerate() {
             invalid |= result.summary.invalid.is_some();
+            none_succeeded = none_succeeded.or_else(|| result.none_succeeded().map(|why| format!("{name}: {why}")));
             save(&args, result, Some(i))?;
             summaries.push(serde_json::json!({ "step": name, "summary": result.summary }));
         }
@@ -94,6 +96,11 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
             std::fs::write(path, json).with_context(|| format!("cannot write the summary to {}", path.display()))?;
         }
         invalid = result.summary.invalid.is_some();
+        none_succeeded = result.none_succeeded();
+    }
+    if let Some(why) = none_succeeded {
+        eprintln!("error: {why}");
+        return Ok(ExitCode::from(4));
     }
     Ok(if invalid && args.fail_on_invalid { ExitCode::from(3) } else { ExitCode::SUCCESS })
 }

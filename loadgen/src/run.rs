@@ -163,6 +163,33 @@ pub struct LoadResult {
     pub summary: Summary,
 }
 
+impl LoadResult {
+    /// What to say of a run in which requests were sent and none succeeded:
+    /// it measured nothing, whatever its block shows.
+    pub fn none_succeeded(&self) -> Option<String> {
+        let s = &self.summary;
+        if s.successful > 0 || s.failed == 0 {
+            return None;
+        }
+        let f = &s.failures;
+        let counts: Vec<String> = [
+            ("http_error", f.http_error),
+            ("timeout", f.timeout),
+            ("cancelled", f.cancelled),
+            ("incomplete", f.incomplete),
+            ("transport_error", f.transport_error),
+            ("disconnected", f.disconnected),
+            ("malformed", f.malformed),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{what} {n}"))
+        .collect();
+        let first = self.records.iter().find_map(|r| r.error.as_deref()).unwrap_or("no error was recorded");
+        Some(format!("all {} requests failed ({}); the first: {first}", s.failed, counts.join(", ")))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("invalid load configuration: {0}")]

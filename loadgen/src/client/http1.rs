@@ -65,6 +65,50 @@ pub(crate) struct Head {
     pub keep_alive: bool,
     /// Bytes the head took.
     pub len: usize,
+    /// What its content-type says the body is.
+    pub media: Media,
+}
+
+/// A response body's media type, as far as a client of inference servers
+/// tells them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Media {
+    EventStream,
+    Json,
+    Html,
+    Text,
+    Other,
+    /// No content-type header.
+    Missing,
+}
+
+impl Media {
+    fn of(value: &str) -> Media {
+        let essence = value.split(';').next().unwrap_or_default().trim();
+        let is = |t: &str| essence.eq_ignore_ascii_case(t);
+        if is("text/event-stream") {
+            Media::EventStream
+        } else if is("application/json") {
+            Media::Json
+        } else if is("text/html") {
+            Media::Html
+        } else if is("text/plain") {
+            Media::Text
+        } else {
+            Media::Other
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Media::EventStream => "text/event-stream",
+            Media::Json => "application/json",
+            Media::Html => "text/html",
+            Media::Text => "text/plain",
+            Media::Other => "another media type",
+            Media::Missing => "no content-type",
+        }
+    }
 }
 
 /// How a response's body is delimited.
@@ -92,6 +136,7 @@ pub(crate) fn parse_head(bytes: &[u8]) -> Result<Option<Head>, String> {
     let status = response.code.unwrap_or_default();
     let http11 = response.version == Some(1);
     let (mut chunked, mut length, mut close, mut keep_alive_token) = (false, None, false, false);
+    let mut media = Media::Missing;
     for header in response.headers.iter() {
         let value = std::str::from_utf8(header.value).unwrap_or_default().trim();
         if header.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -103,6 +148,8 @@ pub(crate) fn parse_head(bytes: &[u8]) -> Result<Option<Head>, String> {
                 return Err("bad response head: two different content-length values".to_owned());
             }
             length = Some(n);
+        } else if header.name.eq_ignore_ascii_case("content-type") {
+            media = Media::of(value);
         } else if header.name.eq_ignore_ascii_case("connection") {
             for token in value.split(',').map(str::trim) {
                 close |= token.eq_ignore_ascii_case("close");
@@ -120,7 +167,7 @@ pub(crate) fn parse_head(bytes: &[u8]) -> Result<Option<Head>, String> {
         Framing::UntilClose
     };
     let keep_alive = !close && (http11 || keep_alive_token) && body != Framing::UntilClose;
-    Ok(Some(Head { status, body, keep_alive, len }))
+    Ok(Some(Head { status, body, keep_alive, len, media }))
 }
 
 /// Where a body's decoding stands.
@@ -332,6 +379,14 @@ mod tests {
         assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").is_err());
         assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n").is_err());
         assert!(parse_head(b"SMTP ready\r\n\r\n").is_err());
+        let media = |head: &str| parse_head(head.as_bytes()).expect("parses").expect("whole").media;
+        assert_eq!(
+            media("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n\r\n"),
+            Media::EventStream
+        );
+        assert_eq!(media("HTTP/1.1 200 OK\r\ncontent-type: Text/HTML\r\n\r\n"), Media::Html);
+        assert_eq!(media("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n"), Media::Json);
+        assert_eq!(media("HTTP/1.1 200 OK\r\n\r\n"), Media::Missing);
     }
 
     #[test]

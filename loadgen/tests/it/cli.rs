@@ -114,3 +114,23 @@ async fn failures_exit_1_with_an_error_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("error: cannot read dataset /nonexistent/share.json: "), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_run_in_which_no_request_succeeded_exits_4_saying_why() {
+    let url = fake_openai::start(QUICK).await;
+    let output = loadgen()
+        .args(["--base-url", &url, "--model", "http-500", "--num-prompts", "3", "--quiet"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(4));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("error: all 3 requests failed (http_error 3); the first: http 500"), "{stderr}");
+    // Some failed, some did not: a result, with its failures counted.
+    let output = loadgen()
+        .args(["--base-url", &url, "--model", "every-4th-fails", "--num-prompts", "8", "--quiet"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}

@@ -67,7 +67,11 @@ impl LoadRunner for InProcessLoadgen {
         let (_, mut config, sink) = benchfleet_loadgen::cli::parse(&benchfleet_agent::load::loadgen_args(run))?;
         let sink = sink.ok_or_else(|| anyhow::anyhow!("the agent's flags name no controller to report to"))?;
         config.stop = stop.child_token();
-        benchfleet_loadgen::run(config, Some(sink)).await?;
+        let result = benchfleet_loadgen::run(config, Some(sink)).await?;
+        // As the binary does: it exits 4 with this on its last line.
+        if let Some(why) = result.none_succeeded() {
+            anyhow::bail!("loadgen failed (exit status: 4): error: {why}");
+        }
         Ok(())
     }
 }

@@ -181,3 +181,14 @@ async fn every_job_starts_with_an_empty_prefix_cache_or_says_why_not() -> anyhow
     assert!(report.contains(&format!("repeat 1 ran with its prefix cache {said}")), "{report}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_every_request_failed_is_a_failed_job() -> anyhow::Result<()> {
+    let (jobs, _) = two_profiles("vllm: { runtime: process, args: [--sim-fail-rate=1] }", "").await?;
+    for job in &jobs {
+        assert_eq!(job.state, JobState::Failed, "{job:?}");
+        let error = job.error.as_deref().unwrap_or_default();
+        assert!(error.contains("all 4 requests failed (http_error 4); the first: http 500"), "{error}");
+    }
+    Ok(())
+}
