@@ -74,6 +74,10 @@ pub struct LoadJob {
     pub max_concurrency: Option<u64>,
     pub seed: u64,
     pub dataset: LoadDataset,
+    /// The P99 dispatch lag limit, ms; `None`: the one the load kind gives.
+    pub lag_limit_ms: Option<f64>,
+    /// The share of the offered rate the achieved rate may fall short by.
+    pub rate_tolerance: Option<f64>,
 }
 
 /// A group of jobs on one engine, in the order they run.
@@ -273,6 +277,8 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                     requests: load.requests,
                     max_concurrency: (load.max_concurrency != 0).then_some(u64::from(load.max_concurrency)),
                     seed: load.seed,
+                    lag_limit_ms: load.lag_limit_ms,
+                    rate_tolerance: load.rate_tolerance,
                     dataset,
                 })
             })

@@ -57,6 +57,12 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
     if let Some(n) = job.max_concurrency {
         args.extend(["--max-concurrency".into(), n.to_string()]);
     }
+    if let Some(ms) = job.lag_limit_ms {
+        args.extend(["--lag-limit-ms".into(), ms.to_string()]);
+    }
+    if let Some(share) = job.rate_tolerance {
+        args.extend(["--rate-tolerance".into(), share.to_string()]);
+    }
     match &job.dataset {
         // The dataset's seed makes the prompts; the profile's, the arrivals.
         LoadDataset::Random { input_tokens, output_tokens, seed } => args.extend([
@@ -191,6 +197,8 @@ mod tests {
             max_concurrency: Some(9),
             seed: 77,
             dataset: LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 5 },
+            lag_limit_ms: Some(12.5),
+            rate_tolerance: Some(0.025),
         }
     }
 
@@ -209,6 +217,8 @@ mod tests {
             max_concurrency,
             seed,
             dataset,
+            lag_limit_ms,
+            rate_tolerance,
         } = job();
         let (_, config, sink) = benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(job(), None))).expect("flags");
         assert_eq!((endpoint.as_str(), config.endpoint), ("chat", Endpoint::ChatCompletions));
@@ -216,6 +226,7 @@ mod tests {
         assert_eq!((arrival.as_str(), config.arrival), ("poisson", Arrival::Poisson { seed }));
         assert_eq!(config.num_requests as u64, requests);
         assert_eq!(config.max_concurrency.map(|n| n as u64), max_concurrency);
+        assert_eq!((config.lag_limit_ms, Some(config.rate_tolerance)), (lag_limit_ms, rate_tolerance));
         let LoadDataset::Random { input_tokens, output_tokens, seed: prompts } = dataset else { unreachable!() };
         assert!(
             matches!(config.dataset, Dataset::Random { input_tokens: i, output_tokens: o, seed: s } if (i, o, s) == (input_tokens, output_tokens, prompts)),
@@ -262,6 +273,7 @@ mod tests {
         };
         let (_, c, _) = benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(sharegpt, Some(file)))).expect("flags");
         assert_eq!(c.arrival, Arrival::Poisson { seed: 77 });
-        assert!(matches!(c.dataset, Dataset::ShareGpt { output_tokens: Some(4), .. }));
+        // The profile's seed also orders the conversations, as vLLM's does.
+        assert!(matches!(c.dataset, Dataset::ShareGpt { output_tokens: Some(4), shuffle: Some(77), .. }));
     }
 }

@@ -117,13 +117,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run { matrix, local: false } => {
             let url = need_controller(&cli)?;
             let sub = client::submission(matrix, None)?;
+            note_datasets(&sub);
             let mut c = client::connect(url).await?;
             let submitted = client::submit(&mut c, sub).await?;
             announce(&submitted);
             follow(url, &submitted.run_id, Duration::from_secs(300), json, true).await
         }
         Command::Validate { matrix } => {
-            let m = client::submission(matrix, None)?.matrix;
+            let sub = client::submission(matrix, None)?;
+            let m = &sub.matrix;
+            let warnings: Vec<&String> = m.warnings.iter().chain(&sub.dataset_notes).collect();
             let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
             let (strategy, shape, jobs) = match m.strategy {
                 Strategy::Grid => {
@@ -151,10 +154,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             if json {
                 println!(
                     "{}",
-                    json!({ "file": m.file, "valid": true, "strategy": strategy, "jobs": jobs, "warnings": m.warnings })
+                    json!({ "file": m.file, "valid": true, "strategy": strategy, "jobs": jobs, "warnings": warnings })
                 );
             } else {
-                for w in &m.warnings {
+                for w in &warnings {
                     eprintln!("warning: {w}");
                 }
                 println!("{}: valid: {strategy} strategy, {shape}", matrix.display());
@@ -164,6 +167,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Submit { matrix } => {
             let url = need_controller(&cli)?;
             let sub = client::submission(matrix, None)?;
+            note_datasets(&sub);
             let submitted = client::submit(&mut client::connect(url).await?, sub).await?;
             if json {
                 println!(
@@ -348,6 +352,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+/// What the matrix's dataset files hold that the operator should know; the
+/// controller repeats the matrix's own warnings when it accepts the run.
+fn note_datasets(sub: &client::Submission) {
+    for note in &sub.dataset_notes {
+        eprintln!("warning: {note}");
+    }
+}
+
 fn open_store(dir: &Path) -> anyhow::Result<SledStore> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create the data directory {}", dir.display()))?;
     Ok(SledStore::open(&dir.join("store"))?)
@@ -378,6 +390,7 @@ async fn interrupted() {
 async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32> {
     // Fail on a bad matrix before starting anything.
     let sub = client::submission(matrix, Some("process"))?;
+    note_datasets(&sub);
     let gpu = sub.matrix.gpu.clone().unwrap_or_else(|| "H200".to_owned());
     let store: Arc<dyn Store> = Arc::new(open_store(dir)?);
     eprintln!("data directory: {}", dir.display());

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use benchfleet_controller::matrix;
+use benchfleet_controller::model::Dataset;
+use benchfleet_core::sharegpt::{self, ShareGpt};
 use benchfleet_proto as pb;
 use sha2::Digest as _;
 use tokio_stream::StreamExt;
@@ -70,6 +72,9 @@ pub struct Submission {
     pub files: Vec<MatrixFile>,
     /// The matrix as this side reads it.
     pub matrix: matrix::Matrix,
+    /// What reading its dataset files found worth saying: entries skipped,
+    /// prompts sent more than once.
+    pub dataset_notes: Vec<String>,
 }
 
 fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
@@ -112,13 +117,34 @@ pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result
         }
     }
     let parsed = matrix::parse(&name, &yaml, &|p| files.iter().find(|f| f.path == p).map(|f| f.sha256.clone()))?;
+    // Each dataset file is read as loadgen will read it, before anything is
+    // submitted: a broken one is the matrix's error, naming the file.
+    let mut dataset_notes = Vec::new();
+    let mut read: Vec<(String, ShareGpt)> = Vec::new();
+    for profile in &parsed.profiles {
+        let Dataset::Sharegpt { file, .. } = &profile.dataset else { continue };
+        let field = format!("profiles.{}.dataset.sharegpt", profile.name);
+        if !read.iter().any(|(path, _)| path == file) {
+            let on_disk = base.join(file);
+            let data = sharegpt::read(&on_disk, file)
+                .map_err(|e| matrix::field_error(&name, &yaml, &field, format!("{:#}", anyhow::Error::new(e))))?;
+            if data.skipped.total() > 0 {
+                dataset_notes.push(format!("{file}: {}", data.describe()));
+            }
+            read.push((file.clone(), data));
+        }
+        let data = &read.iter().find(|(path, _)| path == file).expect("read above").1;
+        if let Some(reuse) = data.reuse(profile.requests as usize) {
+            dataset_notes.push(format!("{field}: {reuse}"));
+        }
+    }
     let request = pb::SubmitRunRequest {
         matrix_name: name,
         matrix_yaml: yaml,
         runtime_override: runtime_override.unwrap_or_default().to_owned(),
         files: files.iter().map(|f| (f.path.clone(), f.sha256.clone())).collect(),
     };
-    Ok(Submission { request, files, matrix: parsed })
+    Ok(Submission { request, files, matrix: parsed, dataset_notes })
 }
 
 /// Uploads what the controller lacks, then submits.

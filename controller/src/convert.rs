@@ -59,6 +59,8 @@ pub fn load_profile(profile: &Profile) -> pb::LoadProfile {
             Endpoint::Chat => "chat",
         }
         .to_owned(),
+        lag_limit_ms: profile.lag_limit_ms,
+        rate_tolerance: profile.rate_tolerance,
     }
 }
 

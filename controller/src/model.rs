@@ -290,6 +290,13 @@ pub struct Profile {
     pub max_concurrency: Option<u64>,
     pub endpoint: Endpoint,
     pub seed: u64,
+    /// The P99 dispatch lag limit, ms; `None`: the one the load kind gives.
+    #[serde(default)]
+    pub lag_limit_ms: Option<f64>,
+    /// The share of the offered rate the achieved rate may fall short by;
+    /// `None`: loadgen's default (5%).
+    #[serde(default)]
+    pub rate_tolerance: Option<f64>,
 }
 
 /// The engine configuration that one agent starts once and runs jobs on.

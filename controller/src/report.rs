@@ -475,6 +475,8 @@ profiles:
             max_concurrency: None,
             endpoint: Endpoint::Completions,
             seed: 0,
+            lag_limit_ms: None,
+            rate_tolerance: None,
         };
         let mut job = Job::new(RunId(1), group, group, profile, 1);
         job.state = JobState::Succeeded;

@@ -170,6 +170,7 @@ impl From<&Summary> for pb::Summary {
             achieved_rate: s.achieved_rate,
             cap_waits: s.cap_waits,
             lag_limit_ms: s.lag_limit_ms,
+            rate_tolerance: s.rate_tolerance,
             client_cpu_s: s.client_cpu_s,
             invalid: s.invalid.clone(),
         }
@@ -214,6 +215,11 @@ impl From<pb::Summary> for Summary {
             cap_waits: s.cap_waits,
             // A summary from before the limit was recorded had the default.
             lag_limit_ms: if s.lag_limit_ms > 0.0 { s.lag_limit_ms } else { crate::metrics::DEFAULT_LAG_LIMIT_MS },
+            rate_tolerance: if s.rate_tolerance > 0.0 {
+                s.rate_tolerance
+            } else {
+                crate::metrics::DEFAULT_RATE_TOLERANCE
+            },
             client_cpu_s: s.client_cpu_s,
             invalid: s.invalid,
         }
@@ -277,6 +283,7 @@ mod tests {
             achieved_rate: 31.5,
             cap_waits: 32,
             lag_limit_ms: 33.5,
+            rate_tolerance: 0.1,
             client_cpu_s: Some(34.5),
             invalid: Some("p99 dispatch lag 9.00 ms above 5.00 ms".into()),
         };

@@ -380,6 +380,7 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         achieved_rate: mean(&|s| s.achieved_rate),
         cap_waits: sum(&|s| s.cap_waits),
         lag_limit_ms: first.lag_limit_ms,
+        rate_tolerance: first.rate_tolerance,
         client_cpu_s: repeats.iter().map(|s| s.client_cpu_s).sum(),
         invalid: (!invalid.is_empty()).then(|| invalid.join("; ")),
     })

@@ -5,7 +5,7 @@
 //! self-check), producing a `Summary`; `block` renders a summary as the
 //! "Serving Benchmark Result" block; `digest` keeps a run's distributions as
 //! histograms that merge, and pools repeats into one block; `gpu` matches GPU models to product
-//! names; `convert` is the one place records and summaries cross to and
+//! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `convert` is the one place records and summaries cross to and
 //! from their gRPC form.
 
 pub mod block;
@@ -14,6 +14,7 @@ pub mod digest;
 pub mod gpu;
 pub mod metrics;
 pub mod record;
+pub mod sharegpt;
 pub mod stats;
 
 pub use block::render_block;

@@ -295,9 +295,14 @@ pub struct Summary {
     /// binding and the achieved rate may rightly fall short of the offered one.
     #[serde(default)]
     pub cap_waits: u64,
-    /// The P99 dispatch lag above which the run is invalid, ms.
+    /// The P99 dispatch lag above which the run is invalid, ms: the one
+    /// asked for, or the one its load kind gives (see `lag_limit_for`).
     #[serde(default = "default_lag_limit_ms")]
     pub lag_limit_ms: f64,
+    /// The share of the offered rate the achieved rate may fall short by
+    /// (with no binding cap) before the run is invalid.
+    #[serde(default = "default_rate_tolerance")]
+    pub rate_tolerance: f64,
     /// CPU time (user + system) the load generator used during the run, s.
     #[serde(default)]
     pub client_cpu_s: Option<f64>,
@@ -307,15 +312,40 @@ pub struct Summary {
     pub invalid: Option<String>,
 }
 
-/// The default P99 dispatch lag limit, ms.
+/// The P99 dispatch lag limit of summaries recorded before the limit
+/// followed the load, ms: what reading one of them assumes.
 pub const DEFAULT_LAG_LIMIT_MS: f64 = 5.0;
 
 fn default_lag_limit_ms() -> f64 {
     DEFAULT_LAG_LIMIT_MS
 }
 
-/// Below this share of the offered rate (with no binding cap) a run is invalid.
-pub const MIN_ACHIEVED_SHARE: f64 = 0.95;
+/// A closed loop's P99 dispatch lag may be this share of its median TTFT.
+pub const LAG_SHARE_OF_TTFT: f64 = 0.10;
+
+/// No lag limit is below this, ms: the resolution of the client's timers.
+pub const MIN_LAG_LIMIT_MS: f64 = 1.0;
+
+/// The achieved rate may fall this share short of the offered one (with no
+/// binding cap) before a run is invalid.
+pub const DEFAULT_RATE_TOLERANCE: f64 = 0.05;
+
+fn default_rate_tolerance() -> f64 {
+    DEFAULT_RATE_TOLERANCE
+}
+
+/// The P99 dispatch lag limit a run's load kind gives, ms, and what it is.
+/// Open loop (a rate): one mean inter-arrival gap, past which the client has
+/// fallen a request behind and the arrivals are no longer the ones offered.
+/// Closed loop (a concurrency, or everything at once): a tenth of the median
+/// TTFT, past which the client's own delay is a visible part of each
+/// request's cycle. Neither below [`MIN_LAG_LIMIT_MS`].
+pub fn lag_limit_for(offered_rate: Option<f64>, median_ttft_ms: f64) -> (f64, &'static str) {
+    match offered_rate {
+        Some(rate) if rate > 0.0 => ((1000.0 / rate).max(MIN_LAG_LIMIT_MS), "one mean inter-arrival gap"),
+        _ => ((LAG_SHARE_OF_TTFT * median_ttft_ms).max(MIN_LAG_LIMIT_MS), "a tenth of the median TTFT"),
+    }
+}
 
 impl Summary {
     /// Successful / sent, in 0..=1.
@@ -330,8 +360,11 @@ impl Summary {
 pub struct SummaryOptions {
     /// The configured concurrency cap, if one was set.
     pub max_concurrency: Option<u64>,
-    /// The P99 dispatch lag above which the run is invalid, ms.
-    pub lag_limit_ms: f64,
+    /// The P99 dispatch lag above which the run is invalid, ms; `None`:
+    /// the one the load kind gives (`lag_limit_for`).
+    pub lag_limit_ms: Option<f64>,
+    /// The share of the offered rate the achieved rate may fall short by.
+    pub rate_tolerance: f64,
     /// The percentiles (0..=100) every distribution carries.
     pub percentiles: Vec<f64>,
 }
@@ -340,7 +373,8 @@ impl SummaryOptions {
     pub fn new(max_concurrency: Option<u64>) -> SummaryOptions {
         SummaryOptions {
             max_concurrency,
-            lag_limit_ms: DEFAULT_LAG_LIMIT_MS,
+            lag_limit_ms: None,
+            rate_tolerance: DEFAULT_RATE_TOLERANCE,
             percentiles: DEFAULT_PERCENTILES.to_vec(),
         }
     }
@@ -351,7 +385,8 @@ impl SummaryOptions {
         let asked = &summary.latency_s.percentiles;
         SummaryOptions {
             max_concurrency: summary.max_concurrency,
-            lag_limit_ms: summary.lag_limit_ms,
+            lag_limit_ms: Some(summary.lag_limit_ms),
+            rate_tolerance: summary.rate_tolerance,
             percentiles: if asked.is_empty() {
                 DEFAULT_PERCENTILES.to_vec()
             } else {
@@ -361,8 +396,8 @@ impl SummaryOptions {
     }
 }
 
-/// Computes the block's numbers from a run's records, with the default lag
-/// limit.
+/// Computes the block's numbers from a run's records, with the limits its
+/// load kind gives.
 pub fn summarize(records: &[RequestRecord], max_concurrency: Option<u64>) -> Summary {
     summarize_with(records, SummaryOptions::new(max_concurrency))
 }
@@ -435,32 +470,39 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
         offered_rate: rate_of(records.iter().map(|r| r.scheduled_ns)),
         achieved_rate: rate_of(records.iter().map(|r| r.sent_ns)).unwrap_or(0.0),
         cap_waits: records.iter().filter(|r| r.slot_ns.is_some()).count() as u64,
-        lag_limit_ms: options.lag_limit_ms,
+        lag_limit_ms: 0.0,
+        rate_tolerance: options.rate_tolerance,
         client_cpu_s: None,
         invalid: None,
     };
-    summary.invalid = validity(&summary);
+    let (limit, basis) = match options.lag_limit_ms {
+        Some(limit) => (limit, "the limit asked for"),
+        None => lag_limit_for(summary.offered_rate, summary.ttft_ms.median),
+    };
+    summary.lag_limit_ms = limit;
+    summary.invalid = validity(&summary, basis);
     summary
 }
 
 /// Why a run is not to be trusted: the client lagged behind its schedule, or
 /// (with no binding cap to explain it) sent slower than offered.
-fn validity(s: &Summary) -> Option<String> {
+fn validity(s: &Summary, basis: &str) -> Option<String> {
     let mut reasons = Vec::new();
     if s.dispatch_lag_ms.count > 0 && s.dispatch_lag_ms.p99 > s.lag_limit_ms {
         reasons.push(format!(
-            "p99 dispatch lag {:.2} ms exceeds {:.2} ms: the load generator could not keep its schedule",
+            "p99 dispatch lag {:.2} ms exceeds {:.2} ms ({basis}): the load generator could not keep its schedule",
             s.dispatch_lag_ms.p99, s.lag_limit_ms
         ));
     }
+    let share = 1.0 - s.rate_tolerance;
     if let Some(offered) = s.offered_rate
         && s.cap_waits == 0
-        && s.achieved_rate < MIN_ACHIEVED_SHARE * offered
+        && s.achieved_rate < share * offered
     {
         reasons.push(format!(
-            "achieved {:.2} req/s is below {:.0}% of the offered {:.2} req/s and the concurrency cap was not binding",
+            "achieved {:.2} req/s is below {}% of the offered {:.2} req/s and the concurrency cap was not binding",
             s.achieved_rate,
-            MIN_ACHIEVED_SHARE * 100.0,
+            (share * 1000.0).round() / 10.0,
             offered
         ));
     }
@@ -768,8 +810,17 @@ mod tests {
         assert!(close(s.dispatch_lag_ms.p99, 1.0));
         assert!(close(s.offered_rate.expect("rate"), 100.0) && close(s.achieved_rate, 100.0));
 
+        // At a rate, the limit is one mean inter-arrival gap: 10 ms here.
         let s = summarize(&at_rate(100, 8, 10), None);
-        assert!(s.invalid.as_deref().is_some_and(|r| r.contains("p99 dispatch lag 8.00 ms exceeds 5.00 ms")));
+        assert!(s.invalid.is_none(), "{:?}", s.invalid);
+        assert!(close(s.lag_limit_ms, 10.0));
+        let s = summarize(&at_rate(100, 12, 10), None);
+        let said = s.invalid.as_deref().unwrap_or_default();
+        assert!(said.contains("p99 dispatch lag 12.00 ms exceeds 10.00 ms (one mean inter-arrival gap)"), "{said}");
+        // A limit asked for replaces it.
+        let asked = SummaryOptions { lag_limit_ms: Some(5.0), ..SummaryOptions::new(None) };
+        let said = summarize_with(&at_rate(100, 8, 10), asked).invalid.unwrap_or_default();
+        assert!(said.contains("p99 dispatch lag 8.00 ms exceeds 5.00 ms (the limit asked for)"), "{said}");
 
         // Sent every 11 ms for a 10 ms schedule: 91% of the offered rate.
         let mut slow = at_rate(100, 0, 11);
@@ -783,10 +834,47 @@ mod tests {
         assert_eq!(s.cap_waits, 100);
         assert!(s.invalid.is_none(), "{:?}", s.invalid);
         assert!(
-            summarize_with(&at_rate(100, 8, 10), SummaryOptions { lag_limit_ms: 10.0, ..SummaryOptions::new(None) })
-                .invalid
-                .is_none()
+            summarize_with(
+                &at_rate(100, 8, 10),
+                SummaryOptions { lag_limit_ms: Some(10.0), ..SummaryOptions::new(None) }
+            )
+            .invalid
+            .is_none()
         );
+        // A tolerance of 10% lets 91% of the offered rate through.
+        // (Its lag grows to 99 ms: a limit it keeps, to look at the rate alone.)
+        let tolerant = SummaryOptions { rate_tolerance: 0.10, lag_limit_ms: Some(1e3), ..SummaryOptions::new(None) };
+        assert!(summarize_with(&at_rate(100, 0, 11), tolerant).invalid.is_none());
+        let strict = SummaryOptions { rate_tolerance: 0.025, lag_limit_ms: Some(1e3), ..SummaryOptions::new(None) };
+        let said = summarize_with(&at_rate(100, 0, 11), strict).invalid.unwrap_or_default();
+        assert!(said.contains("below 97.5% of the offered"), "{said}");
+    }
+
+    /// A closed loop: each request takes its slot when the one before it
+    /// ends, and is sent `lag_ms` after.
+    fn closed_loop(n: u64, ttft_ms: i64, lag_ms: i64) -> Vec<RequestRecord> {
+        let mut at = 0;
+        (0..n)
+            .map(|i| {
+                let mut r = streamed(i, at + lag_ms, ttft_ms, 10, 3);
+                r.scheduled_ns = 0;
+                r.slot_ns = (i > 0).then_some(at * 1_000_000);
+                at = r.completed_ns / 1_000_000;
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_closed_loop_s_lag_is_held_to_a_tenth_of_its_ttft() {
+        // TTFT 200 ms: a lag of 15 ms is within 20 ms, one of 30 is not.
+        let s = summarize(&closed_loop(50, 200, 15), Some(1));
+        assert_eq!(s.offered_rate, None);
+        assert!(close(s.lag_limit_ms, 20.0) && s.invalid.is_none(), "{s:?}");
+        let said = summarize(&closed_loop(50, 200, 30), Some(1)).invalid.unwrap_or_default();
+        assert!(said.contains("p99 dispatch lag 30.00 ms exceeds 20.00 ms (a tenth of the median TTFT)"), "{said}");
+        // Never below a millisecond, however fast the server.
+        assert!(close(summarize(&closed_loop(50, 2, 0), Some(1)).lag_limit_ms, 1.0));
     }
 
     #[test]

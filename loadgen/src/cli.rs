@@ -76,10 +76,15 @@ pub struct Args {
     /// Output tokens of each ShareGPT request, instead of the recorded reply's.
     #[arg(long)]
     pub sharegpt_output_len: Option<u32>,
-    /// Seed of the prompts (random and prefix datasets) and, without
-    /// --arrival-seed, of the Poisson arrivals.
+    /// Seed of the prompts (random and prefix datasets; the order of a
+    /// ShareGPT file's conversations) and, without --arrival-seed, of the
+    /// Poisson arrivals.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Send a ShareGPT file's conversations in file order, not shuffled by
+    /// --seed.
+    #[arg(long)]
+    pub disable_shuffle: bool,
     /// Seed of the Poisson arrivals, when it differs from --seed.
     #[arg(long)]
     pub arrival_seed: Option<u64>,
@@ -131,8 +136,15 @@ pub struct Args {
     #[arg(long)]
     pub extra_body: Option<String>,
     /// The P99 dispatch lag (ms) above which the run is marked INVALID.
-    #[arg(long, default_value_t = 5.0)]
-    pub lag_limit_ms: f64,
+    /// Without it, the load kind decides: one mean inter-arrival gap at a
+    /// rate, a tenth of the median TTFT in a closed loop (never below 1 ms).
+    #[arg(long)]
+    pub lag_limit_ms: Option<f64>,
+    /// How far (a share, 0.05 = 5%) the achieved rate may fall short of the
+    /// offered one, with no binding concurrency cap, before the run is
+    /// marked INVALID.
+    #[arg(long, default_value_t = crate::metrics::DEFAULT_RATE_TOLERANCE)]
+    pub rate_tolerance: f64,
     /// Percentiles (0 to 100) of latency, TTFT, TPOT and ITL to report, e.g.
     /// 50,90,95,99. The block shows P95 and P99 (N/A when not asked); the
     /// JSON summary and --save-summary-csv carry every one.
@@ -263,7 +275,12 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
         },
         DatasetName::Sharegpt => {
             let path = args.dataset_path.as_deref().context("--dataset-name sharegpt needs --dataset-path")?;
-            Dataset::ShareGpt { data: read_sharegpt(path)?, output_tokens: args.sharegpt_output_len }
+            let data = read_sharegpt(path)?;
+            if let Some(warning) = data.reuse(args.num_prompts) {
+                tracing::warn!("{warning}");
+            }
+            let shuffle = (!args.disable_shuffle).then_some(args.seed);
+            Dataset::ShareGpt { data, output_tokens: args.sharegpt_output_len, shuffle }
         }
     };
     let rate = args.request_rate.is_finite().then_some(args.request_rate);
@@ -316,6 +333,7 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
         config.extra_body.insert("ignore_eos".into(), serde_json::Value::Bool(true));
     }
     config.lag_limit_ms = args.lag_limit_ms;
+    config.rate_tolerance = args.rate_tolerance;
     config.percentiles = args.percentiles.clone();
     config.tokens = tokens;
     Ok(config)

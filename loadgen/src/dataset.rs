@@ -9,9 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use benchfleet_core::sharegpt::{ShareGpt, ShareGptError};
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Deserialize;
 
 /// The prompts of a load run.
 #[derive(Clone, Debug)]
@@ -19,10 +20,12 @@ pub enum Dataset {
     /// Prompts of exactly `input_tokens` words drawn from a seed; every
     /// response is asked for exactly `output_tokens` tokens (`ignore_eos`).
     Random { input_tokens: u32, output_tokens: u32, seed: u64 },
-    /// The first exchange of each conversation, in file order, cycled when
-    /// there are fewer entries than requests. `output_tokens` overrides the
-    /// length of the recorded reply.
-    ShareGpt { data: ShareGpt, output_tokens: Option<u32> },
+    /// The usable exchanges of a ShareGPT file (`benchfleet_core::sharegpt`
+    /// says which), shuffled by `shuffle`'s seed as vLLM's bench does, or in
+    /// file order without one; cycled in that order when there are fewer
+    /// than requests. `output_tokens` overrides the length of the recorded
+    /// reply.
+    ShareGpt { data: ShareGpt, output_tokens: Option<u32>, shuffle: Option<u64> },
     /// Random prompts whose lengths spread around a mean.
     RandomSpread { input: Lengths, output: Lengths, seed: u64 },
     /// `groups` prefixes of `prefix_tokens` each; request i uses prefix
@@ -126,110 +129,24 @@ impl TokenCounter {
     }
 }
 
-/// The usable entries of a ShareGPT file.
-#[derive(Clone, Debug)]
-pub struct ShareGpt {
-    /// The file's name, for messages.
-    pub name: String,
-    pub entries: Vec<ShareGptEntry>,
-    /// Entries without a human turn followed by a reply.
-    pub skipped: usize,
-}
-
-/// One usable ShareGPT exchange.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShareGptEntry {
-    /// The first human turn.
-    pub prompt: String,
-    /// Words in the reply that followed it, at least 1.
-    pub output_tokens: u32,
-    /// The reply, so that a tokenizer can count its tokens.
-    pub reply: String,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
-    #[error("cannot read dataset {path}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("dataset {name} is not a ShareGPT JSON array of conversations")]
-    Parse {
-        name: String,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    ShareGpt(#[from] ShareGptError),
     #[error("cannot load the tokenizer {path}: {reason}")]
     Tokenizer { path: String, reason: String },
-    #[error(
-        "dataset {name} has no usable conversation ({skipped} skipped: each needs a human turn followed by a gpt reply)"
-    )]
-    Empty { name: String, skipped: usize },
 }
 
-/// Parses a ShareGPT file's bytes (`name` is only for messages). Broken
-/// entries are skipped and counted, with a warning.
-pub fn load_sharegpt(bytes: &[u8], name: &str) -> Result<ShareGpt, DatasetError> {
-    let raw: Vec<RawEntry> =
-        serde_json::from_slice(bytes).map_err(|source| DatasetError::Parse { name: name.to_owned(), source })?;
-    let total = raw.len();
-    let entries: Vec<ShareGptEntry> = raw.into_iter().filter_map(RawEntry::exchange).collect();
-    let skipped = total - entries.len();
-    if entries.is_empty() {
-        return Err(DatasetError::Empty { name: name.to_owned(), skipped });
-    }
-    if skipped > 0 {
-        tracing::warn!(
-            dataset = name,
-            skipped,
-            used = entries.len(),
-            "skipped ShareGPT entries without a human turn followed by a gpt reply"
-        );
-    }
-    Ok(ShareGpt { name: name.to_owned(), entries, skipped })
-}
-
-/// Reads and parses a ShareGPT file.
+/// Reads a ShareGPT file, saying what it used and skipped.
 pub fn read_sharegpt(path: &Path) -> Result<ShareGpt, DatasetError> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| DatasetError::Read { path: name.clone(), source })?;
-    load_sharegpt(&bytes, &name)
-}
-
-/// An entry as found in the file. Anything malformed inside one entry makes
-/// it `Broken` instead of failing the whole file.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawEntry {
-    Conversation { conversations: Vec<Turn> },
-    Broken(serde::de::IgnoredAny),
-}
-
-#[derive(Deserialize)]
-struct Turn {
-    from: String,
-    value: String,
-}
-
-impl RawEntry {
-    fn exchange(self) -> Option<ShareGptEntry> {
-        let RawEntry::Conversation { conversations } = self else {
-            return None;
-        };
-        let human = conversations.iter().position(|t| t.from == "human")?;
-        let reply = conversations.get(human + 1).filter(|t| t.from == "gpt")?;
-        let prompt = &conversations[human].value;
-        if prompt.trim().is_empty() {
-            return None;
-        }
-        Some(ShareGptEntry {
-            prompt: prompt.clone(),
-            output_tokens: word_count(&reply.value).max(1),
-            reply: reply.value.clone(),
-        })
+    let data = benchfleet_core::sharegpt::read(path, &name)?;
+    if data.skipped.total() > 0 {
+        tracing::warn!(dataset = %name, "{}", data.describe());
+    } else {
+        tracing::info!(dataset = %name, "{}", data.describe());
     }
+    Ok(data)
 }
 
 pub(crate) fn word_count(text: &str) -> u32 {
@@ -291,21 +208,26 @@ pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Ve
                 })
                 .collect()
         }
-        Dataset::ShareGpt { data, output_tokens } => data
-            .entries
-            .iter()
-            .cycle()
-            .take(if data.entries.is_empty() { 0 } else { n })
-            .map(|e| Prompt {
-                text: e.prompt.clone(),
-                tokens: counter.count(&e.prompt),
-                max_tokens: output_tokens.unwrap_or_else(|| match counter {
-                    TokenCounter::Words => e.output_tokens,
-                    TokenCounter::Tokenizer(_) => counter.count(&e.reply).max(1),
-                }),
-                ignore_eos: output_tokens.is_some(),
-            })
-            .collect(),
+        Dataset::ShareGpt { data, output_tokens, shuffle } => {
+            let mut order: Vec<usize> = (0..data.entries.len()).collect();
+            if let Some(seed) = shuffle {
+                order.shuffle(&mut ChaCha8Rng::seed_from_u64(*seed));
+            }
+            order
+                .iter()
+                .cycle()
+                .take(if order.is_empty() { 0 } else { n })
+                .map(|&i| {
+                    let e = &data.entries[i];
+                    Prompt {
+                        text: e.prompt.clone(),
+                        tokens: counter.count(&e.prompt),
+                        max_tokens: output_tokens.unwrap_or_else(|| counter.count(&e.reply).max(1)),
+                        ignore_eos: output_tokens.is_some(),
+                    }
+                })
+                .collect()
+        }
     }
 }
 
@@ -327,29 +249,54 @@ mod tests {
     const SHAREGPT: &str = r#"[
         {"id": "a", "conversations": [{"from": "human", "value": "hello there you"}, {"from": "gpt", "value": "hi  friend"}]},
         {"id": "no-reply", "conversations": [{"from": "human", "value": "anyone?"}]},
-        {"id": "reply-first", "conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "y"}]},
-        {"id": "no-conversations"},
-        {"id": "wrong-type", "conversations": "nope"},
-        {"id": "b", "conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": "why"}, {"from": "gpt", "value": ""}]}
+        {"id": "b", "conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": "why"}, {"from": "gpt", "value": "because"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "one more"}, {"from": "gpt", "value": "a b c"}]}
     ]"#;
 
-    #[test]
-    fn sharegpt_skips_and_counts_broken_entries() {
-        let data = load_sharegpt(SHAREGPT.as_bytes(), "test.json").expect("parses");
-        assert_eq!(data.skipped, 4);
-        let expected = [("hello there you", 2), ("why", 1)];
-        let got: Vec<(&str, u32)> = data.entries.iter().map(|e| (e.prompt.as_str(), e.output_tokens)).collect();
-        assert_eq!(got, expected);
+    fn sharegpt() -> ShareGpt {
+        benchfleet_core::sharegpt::parse_bytes(SHAREGPT.as_bytes(), "test.json").expect("parses")
     }
 
     #[test]
     fn sharegpt_prompts_cycle_and_take_the_override() {
-        let data = load_sharegpt(SHAREGPT.as_bytes(), "test.json").expect("parses");
-        let cycled = prompts(&Dataset::ShareGpt { data: data.clone(), output_tokens: None }, 3, &TokenCounter::Words);
+        let data = sharegpt();
+        let d = Dataset::ShareGpt { data: data.clone(), output_tokens: None, shuffle: None };
+        let cycled = prompts(&d, 4, &TokenCounter::Words);
         let got: Vec<(&str, u32, u32)> = cycled.iter().map(|p| (p.text.as_str(), p.tokens, p.max_tokens)).collect();
-        assert_eq!(got, [("hello there you", 3, 2), ("why", 1, 1), ("hello there you", 3, 2)]);
-        let fixed = prompts(&Dataset::ShareGpt { data, output_tokens: Some(9) }, 2, &TokenCounter::Words);
-        assert!(fixed.iter().all(|p| p.max_tokens == 9));
+        assert_eq!(got, [("hello there you", 3, 2), ("why", 1, 1), ("one more", 2, 3), ("hello there you", 3, 2)]);
+        let fixed =
+            prompts(&Dataset::ShareGpt { data, output_tokens: Some(9), shuffle: None }, 2, &TokenCounter::Words);
+        assert!(fixed.iter().all(|p| p.max_tokens == 9 && p.ignore_eos));
+    }
+
+    #[test]
+    fn sharegpt_prompts_are_shuffled_by_the_seed() {
+        let texts = |shuffle| {
+            let d = Dataset::ShareGpt { data: sharegpt(), output_tokens: None, shuffle };
+            prompt_texts(&d, 6, &TokenCounter::Words)
+        };
+        let seeds: Vec<Vec<String>> = (0..8).map(|s| texts(Some(s))).collect();
+        // Each order holds every exchange once before any repeats.
+        for order in &seeds {
+            let mut first: Vec<&String> = order[..3].iter().collect();
+            first.sort();
+            assert_eq!(first, ["hello there you", "one more", "why"]);
+            assert_eq!(order[..3], order[3..], "cycled in the same order");
+        }
+        assert_eq!(texts(Some(3)), seeds[3], "a seed gives one order");
+        assert!(seeds.iter().any(|o| o[..3] != seeds[0][..3]), "seeds give different orders");
+    }
+
+    #[test]
+    fn asking_for_more_prompts_than_the_file_has_says_how_they_are_reused() {
+        let data = sharegpt();
+        assert_eq!(data.reuse(3), None);
+        let said = data.reuse(7).expect("a warning");
+        assert_eq!(
+            said,
+            "7 prompts asked of test.json, which has 3 usable conversations: each is sent 2 or 3 times, in the same order"
+        );
+        assert!(data.reuse(6).expect("a warning").contains("each is sent 2 times"));
     }
 
     fn fixture_tokenizer() -> TokenCounter {
@@ -390,28 +337,16 @@ mod tests {
     }
 
     #[test]
-    fn a_sharegpt_file_with_broken_entries_is_read_with_them_skipped() {
+    fn a_sharegpt_file_is_read_from_disk_and_errors_name_it() {
         let dir = std::env::temp_dir().join(format!("loadgen-sharegpt-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("share.json");
         std::fs::write(&path, SHAREGPT).expect("write");
         let data = read_sharegpt(&path).expect("reads");
-        assert_eq!((data.entries.len(), data.skipped), (2, 4));
+        assert_eq!((data.entries.len(), data.skipped.no_reply), (3, 1));
+        std::fs::write(&path, "{not json").expect("write");
+        let e = read_sharegpt(&path).expect_err("refused");
+        assert!(e.to_string().contains(&format!("{} is not", path.display())), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn unusable_datasets_are_errors_that_name_the_file() {
-        let check = |bytes: &[u8], expected: &str| {
-            let err = load_sharegpt(bytes, "data/share.json").expect_err("must fail");
-            assert!(err.to_string().contains(expected), "{err}");
-            assert!(err.to_string().contains("data/share.json"), "{err}");
-        };
-        check(b"{not json", "is not a ShareGPT JSON array");
-        check(b"{\"an\": \"object\"}", "is not a ShareGPT JSON array");
-        check(br#"[{"conversations": []}]"#, "no usable conversation (1 skipped");
-
-        let missing = read_sharegpt(Path::new("/nonexistent/share.json")).expect_err("must fail");
-        assert_eq!(missing.to_string(), "cannot read dataset /nonexistent/share.json");
     }
 }

@@ -20,14 +20,12 @@ pub mod rx;
 pub mod schedule;
 pub mod sink;
 
-pub use benchfleet_core::{block, convert, metrics, record};
+pub use benchfleet_core::{block, convert, metrics, record, sharegpt};
 
 pub use block::render_block;
 pub use client::{Endpoint, Timeouts};
 pub use clock::cpu_time;
-pub use dataset::{
-    Dataset, DatasetError, Lengths, ShareGpt, ShareGptEntry, TokenCounter, load_sharegpt, read_sharegpt,
-};
+pub use dataset::{Dataset, DatasetError, Lengths, TokenCounter, read_sharegpt};
 pub use metrics::{
     DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryOptions, summarize, summarize_with,
 };

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::{self, BodyOptions, Conn, Endpoint, Request, RequestHead, Target, Timeouts, Tls, Transport};
 use crate::clock::{self, Clock};
 use crate::dataset::{self, Dataset, TokenCounter};
-use crate::metrics::{DEFAULT_LAG_LIMIT_MS, DEFAULT_PERCENTILES, Summary, SummaryOptions, summarize_with};
+use crate::metrics::{DEFAULT_PERCENTILES, DEFAULT_RATE_TOLERANCE, Summary, SummaryOptions, summarize_with};
 use crate::record::{Phase, RequestRecord};
 use crate::schedule::{Arrival, send_times};
 use crate::sink::{Sink, SinkConfig, SinkError};
@@ -72,8 +72,12 @@ pub struct LoadConfig {
     /// Stop sending after this long; requests still in flight then are
     /// cancelled (and recorded as such).
     pub max_duration: Option<Duration>,
-    /// The P99 dispatch lag above which the run is marked invalid, ms.
-    pub lag_limit_ms: f64,
+    /// The P99 dispatch lag above which the run is marked invalid, ms;
+    /// `None`: the one its load kind gives (`metrics::lag_limit_for`).
+    pub lag_limit_ms: Option<f64>,
+    /// The share of the offered rate the achieved rate may fall short by
+    /// (with no binding cap) before the run is marked invalid.
+    pub rate_tolerance: f64,
     /// The percentiles (0..=100) every distribution of the summary carries.
     pub percentiles: Vec<f64>,
     /// Cancelling it ends the run early: nothing more is sent, requests in
@@ -122,7 +126,8 @@ impl LoadConfig {
             warmup: Window::None,
             cooldown: Window::None,
             max_duration: None,
-            lag_limit_ms: DEFAULT_LAG_LIMIT_MS,
+            lag_limit_ms: None,
+            rate_tolerance: DEFAULT_RATE_TOLERANCE,
             percentiles: DEFAULT_PERCENTILES.to_vec(),
             stop: CancellationToken::new(),
             progress: None,
@@ -284,8 +289,12 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     let cpu = cpu_before.zip(clock::cpu_time()).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
 
     let cap = config.max_concurrency.map(|n| n as u64);
-    let options =
-        SummaryOptions { max_concurrency: cap, lag_limit_ms: config.lag_limit_ms, percentiles: config.percentiles };
+    let options = SummaryOptions {
+        max_concurrency: cap,
+        lag_limit_ms: config.lag_limit_ms,
+        rate_tolerance: config.rate_tolerance,
+        percentiles: config.percentiles,
+    };
     let mut summary = summarize_with(&records, options);
     summary.client_cpu_s = cpu;
     if let Some(sink) = sink {
@@ -313,8 +322,11 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     if config.max_concurrency == Some(0) {
         return bad("the concurrency cap must be at least 1");
     }
-    if config.lag_limit_ms.is_nan() || config.lag_limit_ms <= 0.0 {
+    if config.lag_limit_ms.is_some_and(|l| l.is_nan() || l <= 0.0) {
         return bad("the dispatch lag limit must be positive");
+    }
+    if !(0.0..1.0).contains(&config.rate_tolerance) {
+        return bad("the rate tolerance must be from 0 to 1 (a share of the offered rate)");
     }
     if let Some(p) = config.percentiles.iter().find(|p| !(0.0..=100.0).contains(*p)) {
         return Err(LoadError::Config(format!("percentile {p} is not between 0 and 100")));

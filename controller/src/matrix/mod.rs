@@ -151,6 +151,12 @@ struct RawProfile {
     endpoint: Option<String>,
     #[serde(default)]
     seed: Option<u64>,
+    /// The P99 dispatch lag limit, ms (default: the load kind's).
+    #[serde(default)]
+    lag_limit_ms: Option<f64>,
+    /// A fraction (0.05) or a percentage ("5%").
+    #[serde(default)]
+    rate_tolerance: Option<serde_yaml_ng::Value>,
 }
 
 /// A rate is a number of requests per second, or `inf` for all at once.
@@ -354,28 +360,7 @@ fn parse_as(
     };
     let min_effect = match raw.acceptance.as_ref().and_then(|a| a.min_effect.as_ref()) {
         None => DEFAULT_MIN_EFFECT,
-        Some(v) => {
-            let bad = || {
-                err(
-                    "acceptance.min_effect",
-                    format!(
-                        "must be a fraction from 0 to 1 (0.01) or a percentage (1%), got {}",
-                        serde_yaml_ng::to_string(v).unwrap_or_default().trim()
-                    ),
-                )
-            };
-            let fraction = match v {
-                serde_yaml_ng::Value::Number(n) => n.as_f64(),
-                serde_yaml_ng::Value::String(text) => {
-                    text.trim().strip_suffix('%').and_then(|p| p.trim().parse::<f64>().ok()).map(|p| p / 100.0)
-                }
-                _ => None,
-            };
-            match fraction {
-                Some(f) if (0.0..1.0).contains(&f) => f,
-                _ => return Err(bad()),
-            }
-        }
+        Some(v) => fraction(&err, "acceptance.min_effect", v)?,
     };
     match raw.objective.as_deref() {
         None | Some("total_token_throughput" | "output_throughput" | "mean_latency") => {}
@@ -589,6 +574,14 @@ fn parse_as(
     })
 }
 
+/// An error in `field` of a matrix, located as parsing locates its own:
+/// for what is found wrong outside the matrix (a dataset file it names).
+pub fn field_error(file: &str, yaml: &str, field: &str, message: String) -> MatrixError {
+    let path: Vec<&str> = field.split('.').collect();
+    let line = locate(&text::without_comments(yaml), &path);
+    MatrixError { file: file.to_owned(), line, field: field.to_owned(), message }
+}
+
 /// The context length a configuration's flags set (the last one wins, as
 /// in the engines' own parsers), with the flag: vLLM's `--max-model-len`,
 /// SGLang's `--context-length`. `1k` is 1,000 and `1K` 1,024, as vLLM reads
@@ -623,6 +616,32 @@ fn human_number(v: &str) -> Option<u64> {
         _ => (v, 1),
     };
     digits.parse::<u64>().ok().filter(|&n| n > 0).and_then(|n| n.checked_mul(scale))
+}
+
+/// A share written as a fraction from 0 to 1 (`0.01`) or a percentage
+/// (`1%`).
+fn fraction(
+    err: &dyn Fn(&str, String) -> MatrixError,
+    field: &str,
+    v: &serde_yaml_ng::Value,
+) -> Result<f64, MatrixError> {
+    let share = match v {
+        serde_yaml_ng::Value::Number(n) => n.as_f64(),
+        serde_yaml_ng::Value::String(text) => {
+            text.trim().strip_suffix('%').and_then(|p| p.trim().parse::<f64>().ok()).map(|p| p / 100.0)
+        }
+        _ => None,
+    };
+    match share {
+        Some(f) if (0.0..1.0).contains(&f) => Ok(f),
+        _ => Err(err(
+            field,
+            format!(
+                "must be a fraction from 0 to 1 (0.01) or a percentage (1%), got {}",
+                serde_yaml_ng::to_string(v).unwrap_or_default().trim()
+            ),
+        )),
+    }
 }
 
 /// A name of an engine, a variant or a profile: it becomes part of
@@ -822,6 +841,16 @@ fn profile(
         max_concurrency,
         endpoint,
         seed: p.seed.unwrap_or(0),
+        lag_limit_ms: match p.lag_limit_ms {
+            Some(ms) if !ms.is_finite() || ms <= 0.0 => {
+                return Err(err(
+                    &field("lag_limit_ms"),
+                    format!("must be a positive number of milliseconds, got {ms}"),
+                ));
+            }
+            ms => ms,
+        },
+        rate_tolerance: p.rate_tolerance.as_ref().map(|v| fraction(err, &field("rate_tolerance"), v)).transpose()?,
     })
 }
 
@@ -965,7 +994,7 @@ profiles:
     fn unknown_field_is_named_with_its_line() {
         check_err(
             &GOOD.replace("rate: 20", "rte: 20"),
-            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`",
+            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`",
         );
     }
 
@@ -1068,6 +1097,14 @@ profiles:
         let yaml = include_str!("../../../examples/greedy.yaml");
         let m = parse("greedy.yaml", yaml, &|_| Some(String::new())).expect("valid matrix");
         assert_eq!((m.strategy, m.engines.len(), m.variants.len()), (Strategy::Greedy, 2, 2));
+    }
+
+    #[test]
+    fn a_profile_may_set_its_own_lag_limit_and_rate_tolerance() {
+        let yaml = GOOD.replace("rate: 20", "rate: 20\n    lag_limit_ms: 20\n    rate_tolerance: 2.5%");
+        let m = parse("m.yaml", &yaml, &hash).expect("valid");
+        assert_eq!((m.profiles[0].lag_limit_ms, m.profiles[0].rate_tolerance), (Some(20.0), Some(0.025)));
+        assert_eq!((m.profiles[1].lag_limit_ms, m.profiles[1].rate_tolerance), (None, None));
     }
 
     #[test]

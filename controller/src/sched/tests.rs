@@ -300,6 +300,8 @@ fn profile() -> Profile {
         max_concurrency: None,
         endpoint: Endpoint::Completions,
         seed: 0,
+        lag_limit_ms: None,
+        rate_tolerance: None,
     }
 }
 

@@ -15,6 +15,8 @@ fn job(run: RunId, id: u64) -> Job {
         max_concurrency: None,
         endpoint: Endpoint::Completions,
         seed: 0,
+        lag_limit_ms: None,
+        rate_tolerance: None,
     };
     Job::new(run, id, 0, profile, 1)
 }

@@ -112,7 +112,7 @@ async fn failures_exit_1_with_an_error_line() {
         .expect("runs");
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("error: cannot read dataset /nonexistent/share.json: "), "{stderr}");
+    assert!(stderr.contains("error: cannot read the ShareGPT file /nonexistent/share.json: No such file"), "{stderr}");
 }
 
 #[tokio::test]
