@@ -236,7 +236,7 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
                     }
                 }
             }
-            LoadDataset::Random { .. } => None,
+            LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
         };
         let run = LoadRun {
             job: job.clone(),

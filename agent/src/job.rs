@@ -56,6 +56,20 @@ pub enum LoadDataset {
         sha256: String,
         output_tokens: Option<u32>,
     },
+    SharedPrefix {
+        groups: u32,
+        prefix_tokens: u32,
+        suffix_tokens: u32,
+        output_tokens: u32,
+        seed: u64,
+    },
+}
+
+/// Requests, or seconds, sent and recorded but not measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LoadWindow {
+    Requests(u64),
+    Seconds(f64),
 }
 
 /// One job: the traffic loadgen sends to the engine.
@@ -78,6 +92,12 @@ pub struct LoadJob {
     pub lag_limit_ms: Option<f64>,
     /// The share of the offered rate the achieved rate may fall short by.
     pub rate_tolerance: Option<f64>,
+    pub warmup: Option<LoadWindow>,
+    pub cooldown: Option<LoadWindow>,
+    pub max_duration_s: Option<f64>,
+    pub ignore_eos: bool,
+    /// A JSON object merged into every request body.
+    pub extra_body: Option<String>,
 }
 
 /// A group of jobs on one engine, in the order they run.
@@ -266,6 +286,16 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                         sha256: s.sha256,
                         output_tokens: (s.output_tokens != 0).then_some(s.output_tokens),
                     },
+                    pb::load_profile::Dataset::SharedPrefix(p) => LoadDataset::SharedPrefix {
+                        groups: p.groups,
+                        prefix_tokens: p.prefix_tokens,
+                        suffix_tokens: p.suffix_tokens,
+                        output_tokens: p.output_tokens,
+                        seed: p.seed,
+                    },
+                };
+                let window = |requests: Option<u64>, seconds: Option<f64>| {
+                    requests.map(LoadWindow::Requests).or(seconds.map(LoadWindow::Seconds))
                 };
                 Ok(LoadJob {
                     attempt,
@@ -279,6 +309,11 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                     seed: load.seed,
                     lag_limit_ms: load.lag_limit_ms,
                     rate_tolerance: load.rate_tolerance,
+                    warmup: window(load.warmup_requests, load.warmup_s),
+                    cooldown: window(load.cooldown_requests, load.cooldown_s),
+                    max_duration_s: load.max_duration_s,
+                    ignore_eos: load.ignore_eos,
+                    extra_body: (!load.extra_body.is_empty()).then_some(load.extra_body),
                     dataset,
                 })
             })

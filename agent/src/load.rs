@@ -11,7 +11,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::job::{LoadDataset, LoadRun};
+use crate::job::{LoadDataset, LoadRun, LoadWindow};
 use crate::procs::{PidDir, stop_group};
 
 #[tonic::async_trait]
@@ -63,6 +63,24 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
     if let Some(share) = job.rate_tolerance {
         args.extend(["--rate-tolerance".into(), share.to_string()]);
     }
+    for (window, requests, seconds) in
+        [(job.warmup, "--warmup", "--warmup-time"), (job.cooldown, "--cooldown", "--cooldown-time")]
+    {
+        match window {
+            Some(LoadWindow::Requests(n)) => args.extend([requests.into(), n.to_string()]),
+            Some(LoadWindow::Seconds(s)) => args.extend([seconds.into(), s.to_string()]),
+            None => {}
+        }
+    }
+    if let Some(s) = job.max_duration_s {
+        args.extend(["--max-duration".into(), s.to_string()]);
+    }
+    if job.ignore_eos {
+        args.push("--ignore-eos".into());
+    }
+    if let Some(body) = &job.extra_body {
+        args.extend(["--extra-body".into(), body.clone()]);
+    }
     match &job.dataset {
         // The dataset's seed makes the prompts; the profile's, the arrivals.
         LoadDataset::Random { input_tokens, output_tokens, seed } => args.extend([
@@ -70,6 +88,22 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
             "random".into(),
             "--random-input-len".into(),
             input_tokens.to_string(),
+            "--random-output-len".into(),
+            output_tokens.to_string(),
+            "--seed".into(),
+            seed.to_string(),
+            "--arrival-seed".into(),
+            job.seed.to_string(),
+        ]),
+        LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => args.extend([
+            "--dataset-name".into(),
+            "prefix".into(),
+            "--prefix-groups".into(),
+            groups.to_string(),
+            "--prefix-len".into(),
+            prefix_tokens.to_string(),
+            "--random-input-len".into(),
+            suffix_tokens.to_string(),
             "--random-output-len".into(),
             output_tokens.to_string(),
             "--seed".into(),
@@ -170,7 +204,7 @@ impl LoadRunner for ProcessLoadRunner {
 mod tests {
     use std::path::PathBuf;
 
-    use benchfleet_loadgen::{Arrival, Dataset, Endpoint};
+    use benchfleet_loadgen::{Arrival, Dataset, Endpoint, Window};
 
     use super::*;
     use crate::job::{Attempt, LoadJob};
@@ -199,6 +233,11 @@ mod tests {
             dataset: LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 5 },
             lag_limit_ms: Some(12.5),
             rate_tolerance: Some(0.025),
+            warmup: Some(LoadWindow::Requests(7)),
+            cooldown: Some(LoadWindow::Seconds(2.5)),
+            max_duration_s: Some(90.0),
+            ignore_eos: true,
+            extra_body: Some(r#"{"temperature":0}"#.into()),
         }
     }
 
@@ -219,6 +258,11 @@ mod tests {
             dataset,
             lag_limit_ms,
             rate_tolerance,
+            warmup,
+            cooldown,
+            max_duration_s,
+            ignore_eos,
+            extra_body,
         } = job();
         let (_, config, sink) = benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(job(), None))).expect("flags");
         assert_eq!((endpoint.as_str(), config.endpoint), ("chat", Endpoint::ChatCompletions));
@@ -227,6 +271,15 @@ mod tests {
         assert_eq!(config.num_requests as u64, requests);
         assert_eq!(config.max_concurrency.map(|n| n as u64), max_concurrency);
         assert_eq!((config.lag_limit_ms, Some(config.rate_tolerance)), (lag_limit_ms, rate_tolerance));
+        assert_eq!((warmup, config.warmup), (Some(LoadWindow::Requests(7)), Window::Requests(7)));
+        assert_eq!(
+            (cooldown, config.cooldown),
+            (Some(LoadWindow::Seconds(2.5)), Window::Time(Duration::from_millis(2500)))
+        );
+        assert_eq!(config.max_duration.map(|d| d.as_secs_f64()), max_duration_s);
+        assert!(ignore_eos && config.extra_body.get("ignore_eos") == Some(&serde_json::Value::Bool(true)));
+        let body: serde_json::Value = serde_json::from_str(extra_body.as_deref().unwrap_or_default()).expect("json");
+        assert_eq!(config.extra_body.get("temperature"), body.get("temperature"));
         let LoadDataset::Random { input_tokens, output_tokens, seed: prompts } = dataset else { unreachable!() };
         assert!(
             matches!(config.dataset, Dataset::Random { input_tokens: i, output_tokens: o, seed: s } if (i, o, s) == (input_tokens, output_tokens, prompts)),

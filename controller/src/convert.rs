@@ -9,7 +9,7 @@ use tonic::Status;
 use crate::driver::{Outbound, Progress};
 use crate::model::{
     AgentId, Arrival, AttemptKey, AttemptStats, Dataset, Endpoint, EngineConfig, FailureKind, GpuState, Group, Job,
-    Profile, Progress as Counts, Run, RunId, RunState,
+    Profile, Progress as Counts, Run, RunId, RunState, Window,
 };
 use crate::plan::Submission;
 use crate::sched::{AgentView, Assignment, Claim, Fence, Hello, Reported, ToAgent, Update};
@@ -42,6 +42,23 @@ pub fn load_profile(profile: &Profile) -> pb::LoadProfile {
                 output_tokens: output_tokens.unwrap_or(0),
             })
         }
+        Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
+            pb::load_profile::Dataset::SharedPrefix(pb::SharedPrefixDataset {
+                groups: *groups,
+                prefix_tokens: *prefix_tokens,
+                suffix_tokens: *suffix_tokens,
+                output_tokens: *output_tokens,
+                seed: *seed,
+            })
+        }
+    };
+    let requests = |w: Option<Window>| match w {
+        Some(Window::Requests(n)) => Some(n),
+        _ => None,
+    };
+    let seconds = |w: Option<Window>| match w {
+        Some(Window::Seconds(s)) => Some(s),
+        _ => None,
     };
     pb::LoadProfile {
         rate: profile.rate.unwrap_or(0.0),
@@ -61,6 +78,13 @@ pub fn load_profile(profile: &Profile) -> pb::LoadProfile {
         .to_owned(),
         lag_limit_ms: profile.lag_limit_ms,
         rate_tolerance: profile.rate_tolerance,
+        warmup_requests: requests(profile.warmup),
+        warmup_s: seconds(profile.warmup),
+        cooldown_requests: requests(profile.cooldown),
+        cooldown_s: seconds(profile.cooldown),
+        max_duration_s: profile.max_duration_s,
+        ignore_eos: profile.ignore_eos,
+        extra_body: profile.extra_body.clone().unwrap_or_default(),
     }
 }
 

@@ -276,6 +276,43 @@ pub enum Dataset {
         sha256: String,
         output_tokens: Option<u32>,
     },
+    /// `groups` random prefixes; request i sends prefix i mod groups and a
+    /// suffix of its own (prefix caching's workload).
+    SharedPrefix {
+        groups: u32,
+        prefix_tokens: u32,
+        suffix_tokens: u32,
+        output_tokens: u32,
+        seed: u64,
+    },
+}
+
+impl Dataset {
+    /// Tokens of each prompt, when the dataset fixes them.
+    pub fn input_tokens(&self) -> Option<u32> {
+        match self {
+            Dataset::Random { input_tokens, .. } => Some(*input_tokens),
+            Dataset::SharedPrefix { prefix_tokens, suffix_tokens, .. } => Some(prefix_tokens + suffix_tokens),
+            Dataset::Sharegpt { .. } => None,
+        }
+    }
+
+    /// Tokens of each reply, when the dataset fixes them.
+    pub fn output_tokens(&self) -> Option<u32> {
+        match self {
+            Dataset::Random { output_tokens, .. } | Dataset::SharedPrefix { output_tokens, .. } => Some(*output_tokens),
+            Dataset::Sharegpt { output_tokens, .. } => *output_tokens,
+        }
+    }
+}
+
+/// A stretch at the start or the end of a job whose requests are sent and
+/// recorded but not measured.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Window {
+    Requests(u64),
+    Seconds(f64),
 }
 
 /// A load profile: the traffic one job sends.
@@ -297,6 +334,19 @@ pub struct Profile {
     /// `None`: loadgen's default (5%).
     #[serde(default)]
     pub rate_tolerance: Option<f64>,
+    #[serde(default)]
+    pub warmup: Option<Window>,
+    #[serde(default)]
+    pub cooldown: Option<Window>,
+    /// Sending stops after this long; requests in flight are cancelled.
+    #[serde(default)]
+    pub max_duration_s: Option<f64>,
+    /// Every reply runs to its max_tokens (random datasets always do).
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// A JSON object merged into every request body.
+    #[serde(default)]
+    pub extra_body: Option<String>,
 }
 
 /// The engine configuration that one agent starts once and runs jobs on.

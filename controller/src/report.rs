@@ -477,6 +477,11 @@ profiles:
             seed: 0,
             lag_limit_ms: None,
             rate_tolerance: None,
+            warmup: None,
+            cooldown: None,
+            max_duration_s: None,
+            ignore_eos: false,
+            extra_body: None,
         };
         let mut job = Job::new(RunId(1), group, group, profile, 1);
         job.state = JobState::Succeeded;

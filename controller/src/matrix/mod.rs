@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind};
+use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind, Window};
 
 mod reference;
 mod text;
@@ -157,6 +157,22 @@ struct RawProfile {
     /// A fraction (0.05) or a percentage ("5%").
     #[serde(default)]
     rate_tolerance: Option<serde_yaml_ng::Value>,
+    /// `synchronous` (one request at a time) or `throughput` (all at
+    /// once), instead of a rate and a concurrency.
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    warmup: Option<RawWindow>,
+    #[serde(default)]
+    cooldown: Option<RawWindow>,
+    /// Seconds (a number, `300s` or `5m`).
+    #[serde(default)]
+    max_duration: Option<serde_yaml_ng::Value>,
+    #[serde(default)]
+    ignore_eos: bool,
+    /// Fields merged into every request body.
+    #[serde(default)]
+    extra_body: Option<serde_yaml_ng::Value>,
 }
 
 /// A rate is a number of requests per second, or `inf` for all at once.
@@ -175,9 +191,30 @@ struct RawDataset {
     random: Option<RawRandom>,
     #[serde(default)]
     sharegpt: Option<String>,
+    #[serde(default)]
+    shared_prefix: Option<RawSharedPrefix>,
     /// Overrides the ShareGPT replies' lengths as output lengths.
     #[serde(default)]
     output_tokens: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSharedPrefix {
+    groups: i64,
+    prefix_tokens: i64,
+    suffix_tokens: i64,
+    output_tokens: i64,
+    #[serde(default)]
+    seed: u64,
+}
+
+/// Requests (a number) or seconds (`30s`, `2m`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawWindow {
+    Requests(i64),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -524,11 +561,21 @@ fn parse_as(
     for c in checked.iter().filter(|_| strict) {
         let Some((flag, limit)) = context_limit(c) else { continue };
         for p in &profiles {
-            let Dataset::Random { input_tokens, output_tokens, .. } = p.dataset else { continue };
-            let field = format!("profiles.{}.dataset.random", p.name);
+            let Some(input_tokens) = p.dataset.input_tokens() else { continue };
+            let output_tokens = p.dataset.output_tokens().unwrap_or(0);
+            let (field, input_field) = match p.dataset {
+                Dataset::Random { .. } => {
+                    let f = format!("profiles.{}.dataset.random", p.name);
+                    (f.clone(), format!("{f}.input_tokens"))
+                }
+                _ => {
+                    let f = format!("profiles.{}.dataset.shared_prefix", p.name);
+                    (f.clone(), f)
+                }
+            };
             if u64::from(input_tokens) > limit {
                 return Err(err(
-                    &format!("{field}.input_tokens"),
+                    &input_field,
                     format!(
                         "{input_tokens} input tokens do not fit the context of {} ({flag}={limit}): \
                          every request would be refused",
@@ -784,44 +831,34 @@ fn profile(
             return Err(err(&field("endpoint"), format!("unknown endpoint '{other}'; expected completions or chat")));
         }
     };
-    let dataset = match (&p.dataset.random, &p.dataset.sharegpt) {
-        (Some(_), Some(_)) | (None, None) => {
-            return Err(err(&field("dataset"), "give exactly one of random or sharegpt".to_owned()));
-        }
-        (Some(r), None) => {
-            if p.dataset.output_tokens.is_some() {
-                return Err(err(
-                    &field("dataset.output_tokens"),
-                    "applies to sharegpt; a random dataset sets random.output_tokens".to_owned(),
-                ));
-            }
-            let count = |f: &str, v: i64| {
-                u32::try_from(v).ok().filter(|&n| (1..=cap(MAX_TOKENS)).contains(&i64::from(n))).ok_or_else(|| {
-                    err(&field(&format!("dataset.random.{f}")), format!("must be from 1 to {MAX_TOKENS}, got {v}"))
-                })
-            };
-            let input_tokens = count("input_tokens", r.input_tokens)?;
-            let prompt_tokens = u64::from(input_tokens) * requests;
-            if strict && prompt_tokens > MAX_PROMPT_TOKENS {
-                return Err(err(
-                    &field("dataset.random.input_tokens"),
-                    format!(
-                        "{requests} requests of {input_tokens} input tokens are {prompt_tokens} prompt tokens; \
-                             a job may hold at most {MAX_PROMPT_TOKENS}"
-                    ),
-                ));
-            }
-            Dataset::Random { input_tokens, output_tokens: count("output_tokens", r.output_tokens)?, seed: r.seed }
-        }
-        (None, Some(path)) => {
-            let output_tokens = match p.dataset.output_tokens {
-                None => None,
-                Some(n) => {
-                    Some(u32::try_from(n).ok().filter(|&n| (1..=cap(MAX_TOKENS)).contains(&i64::from(n))).ok_or_else(
-                        || err(&field("dataset.output_tokens"), format!("must be from 1 to {MAX_TOKENS}, got {n}")),
-                    )?)
-                }
-            };
+    let d = &p.dataset;
+    let count = |f: &str, v: i64| {
+        u32::try_from(v)
+            .ok()
+            .filter(|&n| (1..=cap(MAX_TOKENS)).contains(&i64::from(n)))
+            .ok_or_else(|| err(&field(&format!("dataset.{f}")), format!("must be from 1 to {MAX_TOKENS}, got {v}")))
+    };
+    if d.output_tokens.is_some() && d.sharegpt.is_none() {
+        return Err(err(
+            &field("dataset.output_tokens"),
+            "applies to sharegpt; the other datasets set their own output_tokens".to_owned(),
+        ));
+    }
+    let dataset = match (&d.random, &d.sharegpt, &d.shared_prefix) {
+        (Some(r), None, None) => Dataset::Random {
+            input_tokens: count("random.input_tokens", r.input_tokens)?,
+            output_tokens: count("random.output_tokens", r.output_tokens)?,
+            seed: r.seed,
+        },
+        (None, None, Some(s)) => Dataset::SharedPrefix {
+            groups: count("shared_prefix.groups", s.groups)?,
+            prefix_tokens: count("shared_prefix.prefix_tokens", s.prefix_tokens)?,
+            suffix_tokens: count("shared_prefix.suffix_tokens", s.suffix_tokens)?,
+            output_tokens: count("shared_prefix.output_tokens", s.output_tokens)?,
+            seed: s.seed,
+        },
+        (None, Some(path), None) => {
+            let output_tokens = d.output_tokens.map(|n| count("output_tokens", n)).transpose()?;
             admit(plain_text(err, &field("dataset.sharegpt"), path))?;
             let sha256 = file_hash(path).ok_or_else(|| {
                 err(
@@ -830,6 +867,91 @@ fn profile(
                 )
             })?;
             Dataset::Sharegpt { file: path.clone(), sha256, output_tokens }
+        }
+        _ => {
+            return Err(err(&field("dataset"), "give exactly one of random, sharegpt or shared_prefix".to_owned()));
+        }
+    };
+    if let Some(input) = dataset.input_tokens() {
+        let prompt_tokens = u64::from(input) * requests;
+        if strict && prompt_tokens > MAX_PROMPT_TOKENS {
+            return Err(err(
+                &field("dataset"),
+                format!(
+                    "{requests} requests of {input} input tokens are {prompt_tokens} prompt tokens; \
+                     a job may hold at most {MAX_PROMPT_TOKENS}"
+                ),
+            ));
+        }
+    }
+    let (rate, max_concurrency) = match p.mode.as_deref() {
+        None => (rate, max_concurrency),
+        Some(_) if p.rate.is_some() || p.max_concurrency.is_some() => {
+            return Err(err(
+                &field("mode"),
+                "sets the rate and the concurrency: give mode, or rate and max_concurrency, not both".to_owned(),
+            ));
+        }
+        Some("synchronous") => (None, Some(1)),
+        Some("throughput") => (None, None),
+        Some(other) => {
+            return Err(err(&field("mode"), format!("unknown mode '{other}'; expected synchronous or throughput")));
+        }
+    };
+    let window = |f: &str, w: &Option<RawWindow>| -> Result<Option<Window>, MatrixError> {
+        match w {
+            None => Ok(None),
+            Some(RawWindow::Requests(n)) => match u64::try_from(*n) {
+                Ok(n) if n < requests => Ok(Some(Window::Requests(n))),
+                _ => Err(err(
+                    &field(f),
+                    format!("must be fewer requests than the profile's {requests}, or seconds ('30s'), got {n}"),
+                )),
+            },
+            Some(RawWindow::Text(t)) => seconds_of(t).map(|s| Some(Window::Seconds(s))).ok_or_else(|| {
+                err(&field(f), format!("must be a number of requests or seconds ('30s', '2m'), got '{t}'"))
+            }),
+        }
+    };
+    let warmup = window("warmup", &p.warmup)?;
+    let cooldown = window("cooldown", &p.cooldown)?;
+    if let (Some(Window::Requests(a)), Some(Window::Requests(b))) = (warmup, cooldown)
+        && a + b >= requests
+    {
+        return Err(err(
+            &field("cooldown"),
+            format!("{a} warm-up and {b} cool-down requests leave none of the {requests} to measure"),
+        ));
+    }
+    let max_duration_s = match &p.max_duration {
+        None => None,
+        Some(v) => {
+            let s = match v {
+                serde_yaml_ng::Value::Number(n) => n.as_f64().filter(|s| s.is_finite() && *s > 0.0),
+                serde_yaml_ng::Value::String(t) => seconds_of(t),
+                _ => None,
+            };
+            Some(s.ok_or_else(|| {
+                err(
+                    &field("max_duration"),
+                    format!(
+                        "must be seconds (300, '300s' or '5m'), got {}",
+                        serde_yaml_ng::to_string(v).unwrap_or_default().trim()
+                    ),
+                )
+            })?)
+        }
+    };
+    let extra_body = match &p.extra_body {
+        None => None,
+        Some(v @ serde_yaml_ng::Value::Mapping(_)) => {
+            let json = serde_json::to_value(v).ok().filter(serde_json::Value::is_object).ok_or_else(|| {
+                err(&field("extra_body"), "must be a mapping with string keys, as a JSON object has".to_owned())
+            })?;
+            Some(json.to_string())
+        }
+        Some(_) => {
+            return Err(err(&field("extra_body"), "must be a mapping of fields, e.g. { temperature: 0 }".to_owned()));
         }
     };
     Ok(Profile {
@@ -851,7 +973,29 @@ fn profile(
             ms => ms,
         },
         rate_tolerance: p.rate_tolerance.as_ref().map(|v| fraction(err, &field("rate_tolerance"), v)).transpose()?,
+        warmup,
+        cooldown,
+        max_duration_s,
+        ignore_eos: p.ignore_eos,
+        extra_body,
     })
+}
+
+/// Seconds written as `30s`, `2m` or `1h`, positive.
+fn seconds_of(text: &str) -> Option<f64> {
+    let t = text.trim();
+    let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        return None;
+    };
+    number.trim().parse::<f64>().ok().map(|n| n * scale).filter(|s| s.is_finite() && *s > 0.0)
 }
 
 /// Parses the YAML into the raw shape, with the text's comments blanked
@@ -994,7 +1138,7 @@ profiles:
     fn unknown_field_is_named_with_its_line() {
         check_err(
             &GOOD.replace("rate: 20", "rte: 20"),
-            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`",
+            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`, `mode`, `warmup`, `cooldown`, `max_duration`, `ignore_eos`, `extra_body`",
         );
     }
 
@@ -1105,6 +1249,31 @@ profiles:
         let m = parse("m.yaml", &yaml, &hash).expect("valid");
         assert_eq!((m.profiles[0].lag_limit_ms, m.profiles[0].rate_tolerance), (Some(20.0), Some(0.025)));
         assert_eq!((m.profiles[1].lag_limit_ms, m.profiles[1].rate_tolerance), (None, None));
+    }
+
+    #[test]
+    fn what_loadgen_can_do_a_profile_can_say() {
+        let yaml = GOOD.replace(
+            "    rate: 20\n",
+            "    mode: synchronous\n    warmup: 10s\n    cooldown: 5\n    max_duration: 2m\n    ignore_eos: true\n    \
+             extra_body: { temperature: 0, stop: [x] }\n",
+        );
+        let m = parse("m.yaml", &yaml, &hash).expect("valid");
+        let p = &m.profiles[0];
+        assert_eq!((p.rate, p.max_concurrency), (None, Some(1)));
+        assert_eq!((p.warmup, p.cooldown), (Some(Window::Seconds(10.0)), Some(Window::Requests(5))));
+        assert_eq!((p.max_duration_s, p.ignore_eos), (Some(120.0), true));
+        assert_eq!(p.extra_body.as_deref(), Some(r#"{"stop":["x"],"temperature":0}"#));
+        let yaml = GOOD.replace(
+            "dataset: { random: { input_tokens: 1024, output_tokens: 128, seed: 42 } }",
+            "dataset: { shared_prefix: { groups: 4, prefix_tokens: 512, suffix_tokens: 64, output_tokens: 16, seed: 3 } }",
+        );
+        let m = parse("m.yaml", &yaml, &hash).expect("valid");
+        assert_eq!(
+            m.profiles[0].dataset,
+            Dataset::SharedPrefix { groups: 4, prefix_tokens: 512, suffix_tokens: 64, output_tokens: 16, seed: 3 }
+        );
+        assert_eq!(m.profiles[0].dataset.input_tokens(), Some(576));
     }
 
     #[test]

@@ -302,6 +302,11 @@ fn profile() -> Profile {
         seed: 0,
         lag_limit_ms: None,
         rate_tolerance: None,
+        warmup: None,
+        cooldown: None,
+        max_duration_s: None,
+        ignore_eos: false,
+        extra_body: None,
     }
 }
 

@@ -17,6 +17,11 @@ fn job(run: RunId, id: u64) -> Job {
         seed: 0,
         lag_limit_ms: None,
         rate_tolerance: None,
+        warmup: None,
+        cooldown: None,
+        max_duration_s: None,
+        ignore_eos: false,
+        extra_body: None,
     };
     Job::new(run, id, 0, profile, 1)
 }

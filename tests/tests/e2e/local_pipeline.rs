@@ -192,3 +192,30 @@ async fn a_job_whose_every_request_failed_is_a_failed_job() -> anyhow::Result<()
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_loadgen_can_do_the_matrix_can_say() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (fleet, store) = crate::fleet::start(dir.path()).await?;
+    let matrix = dir.path().join("say.yaml");
+    std::fs::write(
+        &matrix,
+        "name: say\nmodel: m\nhardware: { gpu: H200 }\nengines:\n  vllm: { runtime: process }\nprofiles:\n  \
+         prefixes:\n    dataset: { shared_prefix: { groups: 2, prefix_tokens: 32, suffix_tokens: 8, output_tokens: 3 } }\n    \
+         mode: synchronous\n    requests: 10\n    warmup: 2\n    cooldown: 1\n    ignore_eos: true\n    \
+         extra_body: { temperature: 0 }\n    max_duration: 5m\n",
+    )?;
+    let (run_id, _) = crate::fleet::run_matrix(&fleet.url, &matrix, Some("process")).await?;
+    let run = run_id.parse::<RunId>().map_err(anyhow::Error::msg)?;
+    let jobs = store.jobs(run)?;
+    fleet.stop().await;
+    let job = &jobs[0];
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    let s = job.summary.as_ref().expect("a summary");
+    // Warm-up and cool-down are sent and recorded, not measured; one at a
+    // time; every prompt 40 tokens, every reply 3.
+    assert_eq!((s.successful, s.excluded, s.max_concurrency), (7, 3, Some(1)));
+    assert_eq!((s.total_input_tokens, s.total_output_tokens), (7 * 40, 7 * 3));
+    assert!(s.peak_concurrent <= 1, "{s:?}");
+    Ok(())
+}
