@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use benchfleet_core::Summary;
 use benchfleet_core::stats::Difference;
 
-use crate::matrix::{EngineDef, Matrix};
+use crate::matrix::{EngineDef, Matrix, VariantDef};
 use crate::model::{EngineConfig, Group, Job, JobState, Profile};
 
 /// The stage that measures the winner and the baseline on every profile.
@@ -174,9 +174,11 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
         );
     };
 
-    // Stage 2: each variant alone on top of the chosen engine.
+    // Stage 2: each variant that applies to the chosen engine, alone on top
+    // of it.
+    let applicable: Vec<&VariantDef> = matrix.variants.iter().filter(|v| v.applies_to(&engine.name)).collect();
     let singles: Vec<EngineConfig> =
-        matrix.variants.iter().map(|v| matrix.config_with(engine, &[v.name.as_str()])).collect();
+        applicable.iter().map(|v| matrix.config_with(engine, &[v.name.as_str()])).collect();
     let missing = untried(&singles);
     if !missing.is_empty() {
         return next(2, missing, decisions);
@@ -188,15 +190,15 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
             matrix.min_effect,
         )
     };
-    let mut helping: Vec<(&str, &Summary)> = Vec::new();
-    for (v, config) in matrix.variants.iter().zip(&singles) {
+    let mut helping: Vec<(&VariantDef, &Summary)> = Vec::new();
+    for (v, config) in applicable.iter().zip(&singles) {
         let verdict = match acceptable(&config.name) {
             Err(why) => why,
             Ok(s) => {
                 let c = compare((&baseline.name, base), (&config.name, s));
                 match c.verdict {
                     Verdict::Better => {
-                        helping.push((&v.name, s));
+                        helping.push((v, s));
                         format!("{}, helps", c.shown)
                     }
                     Verdict::WithinNoise => format!("{}, within noise, not adopted", c.shown),
@@ -223,7 +225,7 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
     let mut current = base;
     let mut current_name = baseline.name.clone();
     if let Some((first, s)) = helping.first() {
-        chosen.push(first);
+        chosen.push(&first.name);
         current = s;
         current_name = matrix.config_with(engine, &chosen).name;
         decisions.push(Decision {
@@ -233,8 +235,22 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
         });
     }
     for (variant, _) in helping.iter().skip(1) {
+        // One of a group of alternatives at a time: the most helpful of it
+        // came first.
+        let taken = variant.group.as_ref().and_then(|g| {
+            chosen.iter().find(|c| matrix.variants.iter().any(|v| v.name == **c && v.group.as_ref() == Some(g)))
+        });
+        if let Some(other) = taken {
+            let group = variant.group.as_deref().unwrap_or_default();
+            decisions.push(Decision {
+                stage: 3,
+                config: matrix.config_with(engine, &[variant.name.as_str()]).name,
+                verdict: format!("an alternative to {other} (group {group}), which is kept; not combined"),
+            });
+            continue;
+        }
         let mut candidate = chosen.clone();
-        candidate.push(variant);
+        candidate.push(&variant.name);
         let config = matrix.config_with(engine, &candidate);
         if !results.primary.contains_key(&config.name) {
             return next(3, vec![config], decisions);
@@ -566,6 +582,37 @@ done: None (None): stage 1: no engine met the acceptance at its defaults on prof
 2 vllm+c: +5.00%, helps
 3 vllm+a: +10.00%, the best single variant, kept
 next 3 on p: vllm+a+c",
+        );
+    }
+
+    #[test]
+    fn alternatives_of_a_group_are_never_combined_and_engine_bound_variants_stay_on_their_engine() {
+        let yaml = MATRIX
+            .replace("  a: { args: [--a] }", "  a: { args: [--seqs=512], group: seqs }")
+            .replace("  b: { args: [--b] }", "  b: { args: [--seqs=1024], group: seqs }")
+            .replace("  c: { args: [--c] }", "  c: { args: [--c] }\n  s: { args: [--sglang-only], engines: [sglang] }");
+        let of = [
+            ("vllm", Some((100.0, OK, false))),
+            ("sglang", Some((90.0, OK, false))),
+            ("vllm+a", Some((110.0, OK, false))),
+            ("vllm+b", Some((120.0, OK, false))),
+            ("vllm+c", Some((105.0, OK, false))),
+            ("vllm+b+c", Some((125.0, OK, false))),
+        ];
+        check_with(
+            &yaml,
+            &of,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, helps
+2 vllm+b: +20.00%, helps
+2 vllm+c: +5.00%, helps
+3 vllm+b: +20.00%, the best single variant, kept
+3 vllm+a: an alternative to b (group seqs), which is kept; not combined
+3 vllm+b+c: +25.00%, kept
+next 4 on q: vllm+b+c, vllm",
         );
     }
 

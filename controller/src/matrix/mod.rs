@@ -134,6 +134,12 @@ struct RawVariant {
     model: Option<String>,
     #[serde(default)]
     args: Vec<String>,
+    /// The engines it applies to (by name); absent: every engine.
+    #[serde(default)]
+    engines: Option<Vec<String>>,
+    /// Variants of one group are alternatives: at most one applies at once.
+    #[serde(default)]
+    group: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -253,6 +259,56 @@ pub struct VariantDef {
     pub name: String,
     pub model: Option<String>,
     pub args: Vec<String>,
+    /// The engines it applies to, by name; `None`: every engine.
+    pub engines: Option<Vec<String>>,
+    /// Variants of one group are alternatives: at most one applies at once.
+    pub group: Option<String>,
+}
+
+impl VariantDef {
+    pub fn applies_to(&self, engine: &str) -> bool {
+        self.engines.as_ref().is_none_or(|names| names.iter().any(|n| n == engine))
+    }
+}
+
+/// The variant sets of an engine, the baseline (no variant) first, then by
+/// size, in a stable order: each group of alternatives (and each variant
+/// outside a group) contributes none or one of its variants.
+fn variant_sets<'a>(variants: &'a [VariantDef], engine: &str) -> Vec<Vec<&'a VariantDef>> {
+    let slots = variant_slots(variants, engine);
+    let mut sets = Vec::new();
+    let mut choice = vec![0usize; slots.len()];
+    loop {
+        let mut set: Vec<&VariantDef> =
+            slots.iter().zip(&choice).filter(|(_, c)| **c > 0).map(|(slot, c)| slot[*c - 1]).collect();
+        // Applied in file order, whatever the slots' order.
+        set.sort_by_key(|v| variants.iter().position(|w| w.name == v.name));
+        sets.push(set);
+        // The next choice: the first slot turns fastest.
+        let Some(i) = (0..slots.len()).find(|&i| choice[i] < slots[i].len()) else { break };
+        choice[i] += 1;
+        choice[..i].iter_mut().for_each(|c| *c = 0);
+    }
+    sets.sort_by_key(Vec::len);
+    sets
+}
+
+/// The variants that apply to an engine, as slots: a group's alternatives
+/// together, every other variant alone; in the file order of their first.
+fn variant_slots<'a>(variants: &'a [VariantDef], engine: &str) -> Vec<Vec<&'a VariantDef>> {
+    let mut slots: Vec<Vec<&VariantDef>> = Vec::new();
+    for v in variants.iter().filter(|v| v.applies_to(engine)) {
+        match slots.iter_mut().find(|s| v.group.is_some() && s[0].group == v.group) {
+            Some(slot) => slot.push(v),
+            None => slots.push(vec![v]),
+        }
+    }
+    slots
+}
+
+/// How many variant sets an engine has, if it can be counted in a u64.
+fn variant_set_count(variants: &[VariantDef], engine: &str) -> Option<u64> {
+    variant_slots(variants, engine).iter().try_fold(1u64, |n, slot| n.checked_mul(slot.len() as u64 + 1))
 }
 
 /// A validated matrix.
@@ -460,9 +516,35 @@ fn parse_as(
         .into_iter()
         .map(|name| {
             let v = &raw.variants[&name];
-            VariantDef { model: v.model.clone(), args: v.args.clone(), name }
+            VariantDef {
+                model: v.model.clone(),
+                args: v.args.clone(),
+                engines: v.engines.clone(),
+                group: v.group.clone(),
+                name,
+            }
         })
         .collect();
+    for v in &variants {
+        if let Some(names) = &v.engines {
+            let field = format!("variants.{}.engines", v.name);
+            if names.is_empty() {
+                return Err(err(
+                    &field,
+                    "names no engine; leave it out to apply the variant to every engine".to_owned(),
+                ));
+            }
+            if let Some(unknown) = names.iter().find(|n| !raw.engines.contains_key(*n)) {
+                return Err(err(
+                    &field,
+                    format!("no engine named '{unknown}'; engines are: {}", key_order(&value, "engines").join(", ")),
+                ));
+            }
+        }
+        if let Some(group) = &v.group {
+            admit(check_name(&err, &format!("variants.{}.group", v.name), group))?;
+        }
+    }
     let mut engines = Vec::new();
     for name in key_order(&value, "engines") {
         let e = &raw.engines[&name];
@@ -515,30 +597,27 @@ fn parse_as(
 
     let mut configs = Vec::new();
     if strategy == Strategy::Grid {
-        let jobs = 1u64
-            .checked_shl(variants.len() as u32)
-            .and_then(|sets| sets.checked_mul(engines.len() as u64))
+        // Counted before anything is built: 64 variants are 2^64 sets.
+        let sets = engines.iter().try_fold(0u64, |n, e| n.checked_add(variant_set_count(&variants, &e.name)?));
+        let jobs = sets
             .and_then(|c| c.checked_mul(profiles.len() as u64))
             .and_then(|j| j.checked_mul(u64::from(repeats)))
             .filter(|&j| !strict || j <= MAX_JOBS);
         if jobs.is_none() {
+            let sets = sets.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string());
             return Err(err(
                 "variants",
                 format!(
-                    "the grid of {} engines x 2^{} variant sets x {} profiles x {repeats} repeats is more than \
-                     {MAX_JOBS} jobs; use strategy: greedy, or fewer variants",
+                    "the grid of {sets} configurations ({} engines with every set of their variants) x {} \
+                     profiles x {repeats} repeats is more than {MAX_JOBS} jobs; use strategy: greedy, fewer \
+                     variants, or groups of alternatives",
                     engines.len(),
-                    variants.len(),
                     profiles.len()
                 ),
             ));
         }
         for engine in &engines {
-            // Every combination of variants, the baseline (no variant) first.
-            let mut sets: Vec<Vec<&VariantDef>> = (0u64..1 << variants.len())
-                .map(|mask| variants.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, v)| v).collect())
-                .collect();
-            sets.sort_by_key(Vec::len);
+            let sets = variant_sets(&variants, &engine.name);
             configs.extend(sets.iter().map(|set| config(&raw.model, engine, set, raw.allow_warm_cache)));
         }
     }
@@ -552,8 +631,9 @@ fn parse_as(
             engines
                 .iter()
                 .flat_map(|e| {
-                    std::iter::once(config(model, e, &[], false))
-                        .chain(variants.iter().map(move |v| config(model, e, &[v], false)))
+                    std::iter::once(config(model, e, &[], false)).chain(
+                        variants.iter().filter(|v| v.applies_to(&e.name)).map(move |v| config(model, e, &[v], false)),
+                    )
                 })
                 .collect()
         }
@@ -1249,6 +1329,37 @@ profiles:
         let m = parse("m.yaml", &yaml, &hash).expect("valid");
         assert_eq!((m.profiles[0].lag_limit_ms, m.profiles[0].rate_tolerance), (Some(20.0), Some(0.025)));
         assert_eq!((m.profiles[1].lag_limit_ms, m.profiles[1].rate_tolerance), (None, None));
+    }
+
+    #[test]
+    fn alternatives_are_applied_one_at_a_time_and_variants_stay_on_their_engines() {
+        let yaml = GOOD.replace(
+            "variants:\n  prefix-caching: { args: [--enable-prefix-caching] }\n  fp8: { model: Qwen/Qwen3.5-9B-FP8 }\n",
+            "variants:\n  prefix-caching: { args: [--enable-prefix-caching] }\n  \
+             seqs-512: { args: [--max-num-seqs=512], group: max-num-seqs, engines: [vllm] }\n  \
+             seqs-1024: { args: [--max-num-seqs=1024], group: max-num-seqs, engines: [vllm] }\n",
+        );
+        let m = parse("m.yaml", &yaml, &hash).expect("valid matrix");
+        let names: Vec<&str> = m.configs.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "vllm",
+                "vllm+prefix-caching",
+                "vllm+seqs-512",
+                "vllm+seqs-1024",
+                "vllm+prefix-caching+seqs-512",
+                "vllm+prefix-caching+seqs-1024",
+                "sglang",
+                "sglang+prefix-caching",
+            ]
+        );
+        assert!(m.configs.iter().all(|c| c.args.iter().filter(|a| a.starts_with("--max-num-seqs")).count() <= 1));
+        let bad = yaml.replace("engines: [vllm] }\n  seqs-1024", "engines: [vlm] }\n  seqs-1024");
+        check_err(&bad, "m.yaml:10: variants.seqs-512.engines: no engine named 'vlm'; engines are: vllm, sglang");
+        let none = yaml.replace("engines: [vllm] }\n  seqs-1024", "engines: [] }\n  seqs-1024");
+        let e = parse("m.yaml", &none, &hash).expect_err("an empty list");
+        assert!(e.to_string().contains("names no engine"), "{e}");
     }
 
     #[test]
