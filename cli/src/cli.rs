@@ -55,7 +55,13 @@ pub enum Command {
     /// Check a matrix file without running it.
     Validate { matrix: PathBuf },
     /// Submit a matrix; prints the run id at once.
-    Submit { matrix: PathBuf },
+    Submit {
+        matrix: PathBuf,
+        /// Print the jobs and where the controller would place each group
+        /// on its fleet now; submit nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Follow a run until it ends (re-attaching if the controller restarts).
     Watch {
         run_id: String,
@@ -164,7 +170,36 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Command::Submit { matrix } => {
+        Command::Submit { matrix, dry_run: true } => {
+            let url = need_controller(&cli)?;
+            let sub = client::submission(matrix, None)?;
+            note_datasets(&sub);
+            let plan = client::plan(&mut client::connect(url).await?, sub).await?;
+            if json {
+                let groups: Vec<serde_json::Value> = plan
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        json!({
+                            "group": g.group, "config": g.config, "stage": g.stage,
+                            "agent": (!g.agent.is_empty()).then_some(&g.agent), "gpus": g.gpus,
+                            "jobs": g.jobs.iter().map(|j| json!({ "job": j.job, "profile": j.profile, "repeat": j.repeat })).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    json!({ "strategy": plan.strategy, "groups": groups, "waiting": plan.waiting, "warnings": plan.warnings })
+                );
+            } else {
+                for w in &plan.warnings {
+                    eprintln!("warning: {w}");
+                }
+                print!("{}", client::plan_text(&plan));
+            }
+            Ok(0)
+        }
+        Command::Submit { matrix, dry_run: false } => {
             let url = need_controller(&cli)?;
             let sub = client::submission(matrix, None)?;
             note_datasets(&sub);

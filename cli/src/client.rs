@@ -158,6 +158,44 @@ pub async fn submit(client: &mut OperatorClient, sub: Submission) -> anyhow::Res
     Ok(client.submit_run(sub.request).await.map_err(status)?.into_inner())
 }
 
+/// What submitting would do on the controller's fleet now; nothing is
+/// uploaded or stored.
+pub async fn plan(client: &mut OperatorClient, sub: Submission) -> anyhow::Result<pb::PlanRunResponse> {
+    Ok(client.plan_run(sub.request).await.map_err(status)?.into_inner())
+}
+
+/// The plan as an operator reads it: each group, where it would run (or
+/// that it would wait), and its jobs.
+pub fn plan_text(plan: &pb::PlanRunResponse) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let jobs: usize = plan.groups.iter().map(|g| g.jobs.len()).sum();
+    let placed = plan.groups.iter().filter(|g| !g.agent.is_empty()).count();
+    let _ = writeln!(
+        out,
+        "{} strategy: {} groups, {jobs} jobs{}; {placed} of the groups would start now",
+        plan.strategy,
+        plan.groups.len(),
+        if plan.strategy == "greedy" { " in its first stage (the next are planned from its results)" } else { "" },
+    );
+    for g in &plan.groups {
+        let at = if g.agent.is_empty() {
+            "waits".to_owned()
+        } else {
+            let gpus: Vec<String> = g.gpus.iter().map(u32::to_string).collect();
+            format!("on {} (GPU {})", g.agent, gpus.join(", "))
+        };
+        let _ = writeln!(out, "group {} {}: {at}", g.group, g.config);
+        for j in &g.jobs {
+            let _ = writeln!(out, "  job {} {} repeat {}", j.job, j.profile, j.repeat);
+        }
+    }
+    for w in &plan.waiting {
+        let _ = writeln!(out, "waiting: {w}");
+    }
+    out
+}
+
 /// Streams a file in chunks: memory stays at a few chunks whatever its size.
 async fn upload(client: &mut OperatorClient, f: &MatrixFile) -> anyhow::Result<()> {
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::FileChunk>(4);

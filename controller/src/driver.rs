@@ -81,6 +81,7 @@ enum Input {
     Event(Now, Event),
     Hello(Now, Box<Hello>, SessionHandle, oneshot::Sender<Result<Welcome, Refused>>),
     Submit(Now, Box<Prepared>, oneshot::Sender<Vec<String>>),
+    DryRun(Now, Box<Prepared>, oneshot::Sender<crate::sched::DryRun>),
     Cancel(Now, RunId, Note, oneshot::Sender<Result<(), String>>),
     Retry(Now, RunId, oneshot::Sender<Result<u64, String>>),
     Drain(Now, String, Option<Note>, oneshot::Sender<Result<AgentId, String>>),
@@ -215,6 +216,11 @@ impl Controller {
     /// Queues a stored run; answers with warnings for the operator.
     pub async fn submit(&self, prepared: Prepared) -> Result<Vec<String>, Stopped> {
         self.ask(|r| Input::Submit(now(), Box::new(prepared), r)).await
+    }
+
+    /// Where a prepared run would be placed now; nothing is stored or sent.
+    pub async fn dry_run(&self, prepared: Prepared) -> Result<crate::sched::DryRun, Stopped> {
+        self.ask(|r| Input::DryRun(now(), Box::new(prepared), r)).await
     }
 
     pub async fn cancel(&self, run: RunId, note: Note) -> Result<Result<(), String>, Stopped> {
@@ -386,6 +392,14 @@ impl Driver {
                 let warnings = self.sched.submit_warnings(id, now);
                 replies.push(Box::new(move || {
                     let _ = reply.send(warnings);
+                }));
+                now
+            }
+            Input::DryRun(now, prepared, reply) => {
+                let Prepared { run, groups, jobs, .. } = *prepared;
+                let answer = self.sched.dry_run(now, run, groups, jobs);
+                replies.push(Box::new(move || {
+                    let _ = reply.send(answer);
                 }));
                 now
             }

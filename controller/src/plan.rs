@@ -36,6 +36,9 @@ pub struct Prepared {
     pub jobs: Vec<Job>,
     /// The matrix's warnings, for the operator.
     pub warnings: Vec<String>,
+    /// The greedy strategy: these are its first stage, the rest is planned
+    /// from their results.
+    pub greedy: bool,
 }
 
 /// Validates a submission and builds its run; nothing is stored. Every file
@@ -45,11 +48,27 @@ pub fn prepare(
     sub: &Submission,
     id: impl FnOnce() -> Result<RunId, StoreError>,
 ) -> Result<Prepared, SubmitError> {
+    prepare_as(Some(store), sub, id)
+}
+
+/// As `prepare`, for a plan that is only shown: the files need not have
+/// been uploaded.
+pub fn prepare_dry(sub: &Submission, id: impl FnOnce() -> Result<RunId, StoreError>) -> Result<Prepared, SubmitError> {
+    prepare_as(None, sub, id)
+}
+
+fn prepare_as(
+    store: Option<&dyn Store>,
+    sub: &Submission,
+    id: impl FnOnce() -> Result<RunId, StoreError>,
+) -> Result<Prepared, SubmitError> {
     for (path, sha) in &sub.files {
         if !is_sha256(sha) {
             return Err(SubmitError::Invalid(format!("file {path}: '{sha}' is not a SHA-256")));
         }
-        if !store.has_file(sha)? {
+        if let Some(store) = store
+            && !store.has_file(sha)?
+        {
             return Err(SubmitError::Invalid(format!(
                 "file {path} (SHA-256 {sha}) was not uploaded; upload it first (the CLI does)"
             )));
@@ -88,7 +107,8 @@ pub fn prepare(
         runtime_override,
     };
     let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
-    Ok(Prepared { run, groups, jobs, warnings: matrix.warnings })
+    let greedy = matrix.strategy == Strategy::Greedy;
+    Ok(Prepared { run, groups, jobs, warnings: matrix.warnings, greedy })
 }
 
 /// What follows a run whose jobs all ended.

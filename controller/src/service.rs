@@ -353,6 +353,49 @@ impl pb::operator_service_server::OperatorService for Services {
         Ok(Response::new(pb::SubmitRunResponse { run_id: run.to_string(), jobs, warnings }))
     }
 
+    async fn plan_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::PlanRunResponse>, Status> {
+        let submission = convert::submission(req.into_inner());
+        // A run id no stored run has: the plan is never stored.
+        let prepared = blocking(move || {
+            plan::prepare_dry(&submission, || Ok(RunId(u64::MAX))).map_err(|e| match e {
+                SubmitError::Invalid(why) => Status::invalid_argument(why),
+                SubmitError::Store(e) => e.into(),
+            })
+        })
+        .await?;
+        let strategy = if prepared.greedy { "greedy" } else { "grid" };
+        let groups: Vec<pb::PlannedGroup> = prepared
+            .groups
+            .iter()
+            .map(|g| pb::PlannedGroup {
+                group: g.id,
+                config: g.config.name.clone(),
+                stage: g.stage,
+                jobs: prepared
+                    .jobs
+                    .iter()
+                    .filter(|j| j.group == g.id)
+                    .map(|j| pb::PlannedJob { job: j.id, profile: j.profile.name.clone(), repeat: j.repeat })
+                    .collect(),
+                agent: String::new(),
+                gpus: Vec::new(),
+            })
+            .collect();
+        let warnings = prepared.warnings.clone();
+        let dry = self.0.dry_run(prepared).await?;
+        let groups = groups
+            .into_iter()
+            .map(|mut g| {
+                if let Some(p) = dry.placed.iter().find(|p| p.group == g.group) {
+                    g.agent = p.agent.clone();
+                    g.gpus = p.gpus.clone();
+                }
+                g
+            })
+            .collect();
+        Ok(Response::new(pb::PlanRunResponse { strategy: strategy.to_owned(), groups, warnings, waiting: dry.waiting }))
+    }
+
     async fn list_runs(&self, _: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
         let store = self.0.store().clone();
         let runs = blocking(move || {

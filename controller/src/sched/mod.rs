@@ -351,6 +351,7 @@ enum Charge {
     Nobody,
 }
 
+#[derive(Clone)]
 pub struct Scheduler {
     config: SchedConfig,
     counters: Counters,
@@ -1444,6 +1445,33 @@ impl Scheduler {
         self.waits(run, now).into_iter().map(|(why, _)| why).collect()
     }
 
+    /// Where a run's groups would go if it were submitted now, on a copy of
+    /// the scheduler (nothing here changes, nothing is sent): each group's
+    /// agent and GPU indices, or why it would wait, after the groups already
+    /// queued took their turn.
+    pub fn dry_run(&self, now: Now, run: Run, groups: Vec<Group>, jobs: Vec<Job>) -> DryRun {
+        let id = run.id;
+        let mut copy = self.clone();
+        copy.out.clear();
+        copy.submit(now, run, groups, jobs);
+        copy.dispatch(now);
+        let mut placed = Vec::new();
+        for command in &copy.out {
+            if let Command::Send { agent, msg: ToAgent::Assign(a), .. } = command
+                && a.run == id
+                && let Some(entry) = copy.agents.get(agent)
+            {
+                let gpus = a
+                    .gpus
+                    .iter()
+                    .filter_map(|uuid| entry.rec.gpus.iter().find(|g| &g.uuid == uuid).map(|g| g.index))
+                    .collect();
+                placed.push(DryPlacement { group: a.group, agent: entry.rec.name.clone(), gpus });
+            }
+        }
+        DryRun { placed, waiting: copy.waiting(id, now) }
+    }
+
     /// Warnings for a run just submitted: groups that no agent can take now
     /// for another reason than that their GPUs are busy.
     pub fn submit_warnings(&self, run: RunId, now: Now) -> Vec<String> {
@@ -1577,6 +1605,22 @@ pub struct AgentView {
 }
 
 /// A duration as an operator reads it.
+/// What submitting a run now would do (`Scheduler::dry_run`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DryRun {
+    pub placed: Vec<DryPlacement>,
+    /// Why the groups not placed would wait.
+    pub waiting: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DryPlacement {
+    pub group: u64,
+    pub agent: String,
+    /// GPU indices on the agent.
+    pub gpus: Vec<u32>,
+}
+
 pub fn human(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s < 60.0 {

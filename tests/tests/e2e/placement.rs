@@ -49,3 +49,42 @@ async fn two_groups_run_at_once_on_their_own_gpus() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_shows_where_each_group_would_go_and_stores_nothing() -> anyhow::Result<()> {
+    use benchfleet_cli::client;
+    let dir = tempfile::tempdir()?;
+    let (fleet, store) = crate::fleet::start_with_gpus(dir.path(), 2).await?;
+    let matrix = dir.path().join("side-by-side.yaml");
+    std::fs::write(&matrix, MATRIX)?;
+    let mut operator = client::connect(&fleet.url).await?;
+    // The agent has registered and reported its GPUs.
+    for _ in 0..300 {
+        let agents = operator.list_agents(benchfleet_proto::ListAgentsRequest {}).await?.into_inner().agents;
+        if agents.iter().any(|a| a.state == "ready" && a.gpus.len() == 2) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let plan = client::plan(&mut operator, client::submission(&matrix, Some("process"))?).await?;
+    let text = client::plan_text(&plan);
+    assert_eq!(
+        text,
+        "grid strategy: 2 groups, 2 jobs; 2 of the groups would start now\n\
+         group 0 vllm: on in-process (GPU 0)\n  job 0 short repeat 1\n\
+         group 1 vllm+throughput-mode: on in-process (GPU 1)\n  job 1 short repeat 1\n"
+    );
+    // Hardware no agent has: every group would wait, and says why.
+    std::fs::write(&matrix, MATRIX.replace("gpu: H200", "gpu: H100"))?;
+    let plan = client::plan(&mut operator, client::submission(&matrix, Some("process"))?).await?;
+    assert!(plan.groups.iter().all(|g| g.agent.is_empty()), "{plan:?}");
+    assert_eq!(plan.waiting, ["no agent has an H100"]);
+    assert!(client::plan_text(&plan).ends_with("waiting: no agent has an H100\n"));
+    // Nothing was stored, and the fleet is as free as it was.
+    assert!(store.runs()?.is_empty());
+    std::fs::write(&matrix, MATRIX)?;
+    let (_, run) = crate::fleet::run_matrix(&fleet.url, &matrix, Some("process")).await?;
+    fleet.stop().await;
+    assert_eq!((run.jobs_done, run.jobs_failed), (2, 0));
+    Ok(())
+}
