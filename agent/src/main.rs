@@ -22,7 +22,12 @@ use clap::{Parser, Subcommand};
     name = "benchfleet-agent",
     version,
     about = "benchfleet's GPU host daemon",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    after_help = "Environment: the flags' variables (shown with each), HF_TOKEN (given to engine containers), \
+                  RUST_LOG (the log filter), PATH (where benchfleet-loadgen and benchfleet-sim are found, beside \
+                  the agent's own binary first).\n\nExit status: run: 0 after SIGINT or SIGTERM once its engines \
+                  are stopped, 1 on an error; verify: 0 when every GPU is usable, 1 when one is not, 2 when the GPUs \
+                  cannot be read."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -95,8 +100,8 @@ impl GpuArgs {
             Some(path) => Policy::from_file(path)?,
             None => Policy::default(),
         };
-        if require.is_some() {
-            policy.require_model = require;
+        if let Some(list) = require {
+            policy.require_model = benchfleet_agent::verdict::models_of(&list);
         }
         Ok(NvmlProbe::new(self.nvml_lib.as_deref(), policy)?)
     }
@@ -109,8 +114,9 @@ struct VerifyArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// The model every GPU must be, matched on the product name, e.g. H200.
-    #[arg(long, value_name = "MODEL")]
+    /// The models a GPU may be, matched on the product name, e.g. H200 or "H100,H200" (default: the config's
+    /// require_model, else H100 and H200); "" accepts any GPU.
+    #[arg(long, value_name = "MODELS")]
     require: Option<String>,
     /// Also watch the GPUs' XID events for this long before reading them: a GPU that reports one (other than those
     /// the config's ignore_xids lists) is not usable.

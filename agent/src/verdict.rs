@@ -16,9 +16,12 @@ use benchfleet_core::gpu::model_matches;
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Policy {
-    /// A model every GPU must be, matched on the product name's words, e.g.
-    /// "H200". Jobs name their model too; this is for hosts meant for one.
-    pub require_model: Option<String>,
+    /// The models a GPU may be, matched on the product name's words: one
+    /// of them must match. By default the H100 and H200 families benchfleet
+    /// is made for; `["H200"]` for hosts meant for one model, `[]` for any
+    /// GPU. A string is a list of one.
+    #[serde(deserialize_with = "one_or_many")]
+    pub require_model: Vec<String>,
     /// Uncorrectable ECC errors since the driver loaded.
     pub max_ecc_uncorrectable: u64,
     /// Uncorrectable ECC errors over the GPU's life; unset: not checked
@@ -49,7 +52,7 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Policy {
-            require_model: None,
+            require_model: DEFAULT_MODELS.map(str::to_owned).to_vec(),
             max_ecc_uncorrectable: 0,
             max_ecc_uncorrectable_aggregate: None,
             require_ecc: true,
@@ -73,6 +76,28 @@ impl Default for Policy {
             ignore_xids: Vec::new(),
         }
     }
+}
+
+/// The GPU families a host may have when its policy names none.
+pub const DEFAULT_MODELS: [&str; 2] = ["H100", "H200"];
+
+/// `"H200"` or `["H100", "H200"]`.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(model) => vec![model],
+        OneOrMany::Many(models) => models,
+    })
+}
+
+/// `"H200"` or `"H100, H200"`: the models of a `--require` flag.
+pub fn models_of(list: &str) -> Vec<String> {
+    list.split(',').map(|m| m.trim().to_owned()).filter(|m| !m.is_empty()).collect()
 }
 
 /// A config file whose GPU policy cannot be used.
@@ -128,8 +153,11 @@ impl Policy {
                 format!("unknown reason `{unknown}`; known: {}", known.join(", ")),
             ));
         }
-        if self.require_model.as_deref().is_some_and(|m| m.trim().is_empty()) {
-            return Err(("require_model", "is empty; name a model such as \"H200\" or remove the key".to_owned()));
+        if self.require_model.iter().any(|m| m.trim().is_empty()) {
+            return Err((
+                "require_model",
+                "holds an empty name; name models such as \"H200\", or give [] to accept any GPU".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -145,10 +173,9 @@ pub fn apply(gpus: &mut [GpuInfo], policy: &Policy) {
 /// Why a GPU must not be used under `policy`; empty when it may.
 pub fn reasons(gpu: &GpuInfo, policy: &Policy) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(model) = &policy.require_model
-        && !model_matches(&gpu.name, model)
-    {
-        out.push(format!("not an {model}: {}", gpu.name));
+    let models = &policy.require_model;
+    if !models.is_empty() && !models.iter().any(|m| model_matches(&gpu.name, m)) {
+        out.push(format!("not an {}: {}", models.join(" or "), gpu.name));
     }
     if gpu.mig_enabled == Some(true) && !policy.allow_mig {
         out.push("MIG enabled".to_owned());
@@ -372,10 +399,21 @@ mod tests {
 
     #[test]
     fn model() {
-        let h200 = Policy { require_model: Some("H200".into()), ..Policy::default() };
+        let h200 = Policy { require_model: vec!["H200".into()], ..Policy::default() };
         check_with(&h200, |_| {}, &[]);
         check_with(&h200, |g| g.name = "NVIDIA A100-SXM4-80GB".into(), &["not an H200: NVIDIA A100-SXM4-80GB"]);
         check_with(&h200, |g| g.name = "NVIDIA GH200 480GB".into(), &["not an H200: NVIDIA GH200 480GB"]);
+        // By default the H100 and H200 families, nothing else.
+        let default = Policy::default();
+        check_with(&default, |g| g.name = "NVIDIA H100 80GB HBM3".into(), &[]);
+        check_with(
+            &default,
+            |g| g.name = "NVIDIA A100-SXM4-80GB".into(),
+            &["not an H100 or H200: NVIDIA A100-SXM4-80GB"],
+        );
+        // An empty list takes any GPU.
+        let any = Policy { require_model: Vec::new(), ..Policy::default() };
+        check_with(&any, |g| g.name = "NVIDIA A100-SXM4-80GB".into(), &[]);
     }
 
     #[test]
@@ -498,7 +536,12 @@ mod tests {
         assert_eq!(ok(""), Policy::default());
         assert_eq!(ok("[docker]\nsocket = \"x\"\n"), Policy::default(), "other tables are other modules' business");
         let p = ok("[gpu]\nrequire_model = \"H200\"\nallow_mig = true\nmax_foreign_memory_mib = 0\n");
-        assert_eq!((p.require_model.as_deref(), p.allow_mig, p.max_foreign_memory_mib), (Some("H200"), true, 0));
+        assert_eq!(
+            (p.require_model.as_slice(), p.allow_mig, p.max_foreign_memory_mib),
+            (&["H200".to_owned()][..], true, 0)
+        );
+        assert_eq!(ok("[gpu]\nrequire_model = [\"H100 NVL\", \"H200\"]\n").require_model, ["H100 NVL", "H200"]);
+        assert!(ok("[gpu]\nrequire_model = []\n").require_model.is_empty());
         assert_eq!(
             ok("[gpu]\nallowed_throttle_reasons = []\n").allowed_throttle_reasons,
             Vec::<String>::new(),
@@ -509,7 +552,7 @@ mod tests {
             ("[gpu]\nmax_ecc_uncorrectable = -1\n", "max_ecc_uncorrectable"),
             ("[gpu]\nmin_pcie_width_fraction = 2.0\n", "[gpu] min_pcie_width_fraction: 2 is not a fraction"),
             ("[gpu]\nallowed_throttle_reasons = [\"idle\"]\n", "unknown reason `idle`; known: gpu_idle,"),
-            ("[gpu]\nrequire_model = \" \"\n", "[gpu] require_model: is empty"),
+            ("[gpu]\nrequire_model = \" \"\n", "[gpu] require_model: holds an empty name"),
         ] {
             let message = err(text);
             assert!(message.starts_with("the agent config agent.toml"), "{message}");

@@ -27,7 +27,16 @@ pub const EXIT_UNREACHABLE: i32 = 3;
 pub const EXIT_INTERRUPTED: i32 = 130;
 
 #[derive(Parser, Debug)]
-#[command(name = "benchfleet", version, about = "Benchmark LLM inference engines across a fleet of GPU hosts")]
+#[command(
+    name = "benchfleet",
+    version,
+    about = "Benchmark LLM inference engines across a fleet of GPU hosts",
+    after_help = "Environment: BENCHFLEET_CONTROLLER and BENCHFLEET_DATA_DIR (as their flags), RUST_LOG (the log \
+                  filter), USER (who cancelled or drained, in the notes).\n\nExit status: 0 on success; 1 when a \
+                  run's jobs failed or its report recommends nothing (run, watch, report); 2 for bad input (a \
+                  matrix, a flag, an unknown run or agent); 3 when the controller cannot be reached; 130 when \
+                  interrupted."
+)]
 pub struct Cli {
     /// Where the local store lives (runs, jobs, request records).
     #[arg(long, global = true, env = "BENCHFLEET_DATA_DIR")]

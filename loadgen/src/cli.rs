@@ -17,7 +17,7 @@ use crate::{Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCo
     name = "benchfleet-loadgen",
     version,
     about = "OpenAI-compatible streaming load generator",
-    after_help = "Exit status: 0 when the run completed; 1 on an error (bad flags, a server that cannot be \
+    after_help = "Environment: OPENAI_API_KEY (as --api-key), RUST_LOG (the log filter).\n\nExit status: 0 when the run completed; 1 on an error (bad flags, a server that cannot be \
                   reached, a dataset that cannot be read); 3 with --fail-on-invalid when the run is INVALID; 4 when \
                   requests were sent and none succeeded."
 )]

@@ -11,6 +11,47 @@ use crate::profile::{self, COEFFICIENTS, EngineCosts, Gpu, ModelShape};
 /// The environment variable an agent sets to tell the simulator which GPU it stands in for.
 pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
 
+/// The simulator's own flags, beside the engines': each with a sample
+/// value (empty for a switch) and what it does. `--help` prints them; a
+/// test checks the parser takes every one.
+pub const SIM_FLAGS: [(&str, &str, &str); 10] = [
+    ("--sim-gpu", "H100", "the GPU simulated: H100 or H200 (else $BENCHFLEET_SIM_GPU, else H200)"),
+    ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
+    ("--sim-speedup", "10", "divide every simulated step time, for quick demos and tests (1: real time)"),
+    ("--sim-spec-acceptance", "0.7", "the speculative draft acceptance probability, instead of the method's"),
+    ("--sim-fail-rate", "0.1", "the share of requests answered with HTTP 500"),
+    ("--sim-crash-after", "100", "die once this many requests have completed"),
+    ("--sim-stall-rate", "0.1", "the share of streams that stop halfway, holding the connection"),
+    ("--sim-stall-ms", "60000", "how long a stalled stream holds before going on"),
+    ("--sim-disconnect-rate", "0.1", "the share of streams whose connection is cut halfway"),
+    ("--sim-refuse-cache-reset", "", "the prefix cache cannot be emptied (its endpoint answers 404)"),
+];
+
+/// What `benchfleet-sim --help` prints.
+pub fn help() -> String {
+    let mut out = String::from(
+        "benchfleet-sim: a simulated vLLM or SGLang server, on its command line\n\n\
+         Usage:\n  benchfleet-sim vllm serve MODEL [vLLM flags] [--sim-* flags]\n  \
+         benchfleet-sim sglang serve --model-path MODEL [SGLang flags] [--sim-* flags]\n  \
+         benchfleet-sim python3 -m sglang.launch_server --model-path MODEL [...]\n\n\
+         The engines' own flags are taken as they take them (--flag value or --flag=value); one the engine\n\
+         would not know is an error, as it would be on a GPU. It serves the OpenAI API (/v1/completions,\n\
+         /v1/chat/completions, /v1/models), /health, /metrics, and the engine's own cache reset\n\
+         (vLLM: POST /reset_prefix_cache, SGLang: POST /flush_cache).\n\nSimulator flags:\n",
+    );
+    for (flag, sample, what) in SIM_FLAGS {
+        let shown = if sample.is_empty() { flag.to_owned() } else { format!("{flag} {sample}") };
+        out.push_str(&format!("  {shown:<28} {what}\n"));
+    }
+    out.push_str(
+        "\nEnvironment:\n  BENCHFLEET_SIM_GPU           the GPU simulated when --sim-gpu is not given\n  \
+         RUST_LOG                     the log filter (default info)\n\n\
+         Exit status: 0 after SIGINT or SIGTERM; 1 when the engine fails as a real one would (out of memory,\n\
+         a crash, a port in use); 2 for a command line the engine would refuse.\n",
+    );
+    out
+}
+
 /// vLLM's `--kv-cache-dtype` choices.
 const KV_CACHE_DTYPES: [&str; 6] = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"];
 const PERFORMANCE_MODES: [&str; 3] = ["balanced", "interactivity", "throughput"];

@@ -29,7 +29,9 @@ use std::future::Future;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{ArgError, EngineKind, Faults, GPU_ENV, SimConfig, parse_command_line, parse_command_line_with_gpu};
+pub use config::{
+    ArgError, EngineKind, Faults, GPU_ENV, SIM_FLAGS, SimConfig, help, parse_command_line, parse_command_line_with_gpu,
+};
 pub use engine::EngineCrashed;
 pub use scheduler::{Counters, Scheduler, StartupError};
 

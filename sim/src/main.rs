@@ -10,6 +10,15 @@ use tracing_subscriber::EnvFilter;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    // As argparse does, --help anywhere prints the usage and exits 0.
+    if args.is_empty() || args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{}", benchfleet_sim::help());
+        return if args.is_empty() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+    }
+    if args.iter().any(|a| a == "--version" || a == "-V") {
+        println!("benchfleet-sim {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let config = match parse_command_line(&args) {
         Ok(config) => config,
         Err(err) => {

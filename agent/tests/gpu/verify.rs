@@ -79,8 +79,13 @@ fn an_a100_is_not_an_h200() {
     let (code, report) = verify_json(scenario, &["--require", "H200"]);
     assert_eq!(code, 1);
     assert_eq!(reasons(&report), [["not an H200: NVIDIA A100-SXM4-80GB"]]);
-    // Without a required model, an A100 is a fine GPU.
-    assert_eq!(verify_json(scenario, &[]).0, 0);
+    // By default only the H100 and H200 families may be benchmarked on;
+    // an empty list takes any GPU, and a list names several.
+    let (code, report) = verify_json(scenario, &[]);
+    assert_eq!(code, 1);
+    assert_eq!(reasons(&report), [["not an H100 or H200: NVIDIA A100-SXM4-80GB"]]);
+    assert_eq!(verify_json(scenario, &["--require", ""]).0, 0);
+    assert_eq!(verify_json(scenario, &["--require", "H200, A100"]).0, 0);
     // The config file can require it too.
     let s = Scenario::new(scenario);
     let config = s.file("agent.toml", "[gpu]\nrequire_model = \"H200\"\n");

@@ -9,7 +9,14 @@ use benchfleet_controller::{Controller, ControllerConfig, SledStore};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(name = "benchfleet-controller", version, about = "benchfleet's controller")]
+#[command(
+    name = "benchfleet-controller",
+    version,
+    about = "benchfleet's controller",
+    after_help = "Environment: the flags' variables (shown with each), RUST_LOG (the log filter), XDG_DATA_HOME and \
+                  HOME (where the store lives without --data-dir).\n\nExit status: 0 after SIGINT or SIGTERM once \
+                  what was acknowledged is stored; 1 on an error (a store it cannot open, an address in use)."
+)]
 struct Args {
     /// Address to serve gRPC on.
     #[arg(long, env = "BENCHFLEET_LISTEN", default_value = "127.0.0.1:7070")]

@@ -235,6 +235,27 @@ fn binary_exits_1_with_the_engines_message_when_the_kv_cache_is_too_small() {
 }
 
 #[test]
+fn help_lists_every_simulator_flag_and_each_one_is_taken() {
+    for args in [&["--help"][..], &["vllm", "serve", "m", "--help"][..], &["-h"][..]] {
+        let output =
+            std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-sim")).args(args).output().expect("runs");
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(help.contains("Usage:") && help.contains("Exit status:") && help.contains("BENCHFLEET_SIM_GPU"));
+        for (flag, _, _) in benchfleet_sim::SIM_FLAGS {
+            assert!(help.contains(flag), "{flag} is not in --help");
+        }
+    }
+    for (flag, sample, _) in benchfleet_sim::SIM_FLAGS {
+        let mut line = vec!["vllm".to_owned(), "serve".to_owned(), "m".to_owned(), flag.to_owned()];
+        if !sample.is_empty() {
+            line.push(sample.to_owned());
+        }
+        benchfleet_sim::parse_command_line(&line).unwrap_or_else(|e| panic!("{flag} {sample}: {e}"));
+    }
+}
+
+#[test]
 fn binary_rejects_bad_command_lines_with_exit_code_2() {
     for (args, expected) in [
         (&["vllm", "serve", "m", "--bogus"][..], "error: unrecognized arguments: --bogus"),

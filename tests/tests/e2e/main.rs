@@ -5,5 +5,6 @@
 mod docker;
 mod faults;
 mod fleet;
+mod help;
 mod local_pipeline;
 mod placement;
