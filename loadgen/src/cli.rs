@@ -207,6 +207,103 @@ pub struct Args {
     /// No progress on stderr.
     #[arg(long)]
     pub quiet: bool,
+
+    // `vllm bench serve`'s names for what loadgen does (docs/loadgen.md).
+    /// The server's host, with --port, instead of --base-url (vLLM's flags).
+    #[arg(long, conflicts_with = "base_url")]
+    pub host: Option<String>,
+    /// The server's port, with --host.
+    #[arg(long, conflicts_with = "base_url")]
+    pub port: Option<u16>,
+    /// vLLM's --backend (or --endpoint-type): openai or vllm (completions), openai-chat (chat completions).
+    #[arg(long, visible_alias = "endpoint-type")]
+    pub backend: Option<String>,
+    /// vLLM's name for --processor.
+    #[arg(long, conflicts_with = "processor")]
+    pub tokenizer: Option<PathBuf>,
+    /// vLLM's name for --percentiles (comma-separated, e.g. 99 or 50,90,99).
+    #[arg(long, value_delimiter = ',', conflicts_with = "percentiles")]
+    pub metric_percentiles: Option<Vec<f64>>,
+    /// The metrics whose percentiles the --save-result file holds: of ttft, tpot, itl, e2el.
+    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl")]
+    pub percentile_metrics: Vec<String>,
+    /// Write the result as `vllm bench serve --save-result` does, in its JSON schema.
+    #[arg(long)]
+    pub save_result: bool,
+    /// The directory of the --save-result file (default: here).
+    #[arg(long)]
+    pub result_dir: Option<PathBuf>,
+    /// The --save-result file's name (default: vLLM's, from the backend, the rate, the model and the time).
+    #[arg(long)]
+    pub result_filename: Option<String>,
+    /// The label vLLM puts in the result and its file name (default: the backend).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// vLLM's gamma-distributed arrivals: loadgen has only 1.0 (Poisson); another value is refused.
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// vLLM's uniform spread of random lengths: loadgen has only 0; use --random-input-std instead.
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    /// vLLM's goodput SLOs: loadgen does not compute goodput, and refuses the flag rather than ignore it.
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<String>,
+}
+
+impl Args {
+    /// The flags of `vllm bench serve` that loadgen takes but cannot honour
+    /// as asked: an error that names each, never a silent difference.
+    pub fn refused(&self) -> Option<String> {
+        if !self.goodput.is_empty() {
+            return Some(
+                "--goodput: loadgen does not compute goodput (vLLM's requests within SLOs); leave it out".into(),
+            );
+        }
+        if self.burstiness != 1.0 {
+            return Some(format!(
+                "--burstiness {}: loadgen's arrivals are Poisson (vLLM's burstiness 1.0) or constant; leave it out or use \
+                 --arrival constant",
+                self.burstiness
+            ));
+        }
+        if self.random_range_ratio != 0.0 {
+            return Some(format!(
+                "--random-range-ratio {}: loadgen spreads random lengths normally, not uniformly; use --random-input-std \
+                 and --random-input-min/max",
+                self.random_range_ratio
+            ));
+        }
+        if let Some(bad) =
+            self.percentile_metrics.iter().find(|m| !["ttft", "tpot", "itl", "e2el"].contains(&m.as_str()))
+        {
+            return Some(format!("--percentile-metrics: unknown metric '{bad}'; use ttft, tpot, itl and e2el"));
+        }
+        None
+    }
+
+    /// The API path, with vLLM's --backend taken into account.
+    pub fn endpoint_path(&self) -> anyhow::Result<&str> {
+        match self.backend.as_deref() {
+            None | Some("openai" | "vllm") => Ok(&self.endpoint),
+            Some("openai-chat") => Ok("/v1/chat/completions"),
+            Some(other) => {
+                bail!("--backend {other}: loadgen speaks the OpenAI API; use openai, vllm or openai-chat")
+            }
+        }
+    }
+
+    /// The backend as vLLM's result names it: openai or openai-chat.
+    pub fn backend_name(&self) -> &'static str {
+        if self.endpoint_path().is_ok_and(|e| e.contains("chat")) { "openai-chat" } else { "openai" }
+    }
+
+    /// The server's root URL: --base-url, or vLLM's --host and --port.
+    pub fn server_url(&self) -> String {
+        match (&self.host, self.port) {
+            (None, None) => self.base_url.clone(),
+            (host, port) => format!("http://{}:{}", host.as_deref().unwrap_or("127.0.0.1"), port.unwrap_or(8000)),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -231,10 +328,13 @@ pub enum ArrivalName {
 
 /// The run the flags describe.
 pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
-    let Some(endpoint) = Endpoint::from_path(&args.endpoint) else {
+    if let Some(why) = args.refused() {
+        bail!("{why}");
+    }
+    let Some(endpoint) = Endpoint::from_path(args.endpoint_path()?) else {
         bail!("unknown endpoint {}: use /v1/completions or /v1/chat/completions", args.endpoint);
     };
-    let tokens = match &args.processor {
+    let tokens = match args.processor.as_ref().or(args.tokenizer.as_ref()) {
         Some(path) => TokenCounter::load(path)?,
         None => TokenCounter::Words,
     };
@@ -294,7 +394,7 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
             .filter(|d| !d.is_zero())
             .with_context(|| format!("{name} must be positive seconds, got {s}"))
     };
-    let mut config = LoadConfig::new(args.base_url.clone(), args.model.clone(), dataset, args.num_prompts);
+    let mut config = LoadConfig::new(args.server_url(), args.model.clone(), dataset, args.num_prompts);
     config.endpoint = endpoint;
     config.request_rate = rate;
     config.arrival = arrival;
@@ -334,7 +434,7 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
     }
     config.lag_limit_ms = args.lag_limit_ms;
     config.rate_tolerance = args.rate_tolerance;
-    config.percentiles = args.percentiles.clone();
+    config.percentiles = args.metric_percentiles.clone().unwrap_or_else(|| args.percentiles.clone());
     config.tokens = tokens;
     Ok(config)
 }

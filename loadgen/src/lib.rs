@@ -19,6 +19,7 @@ mod run;
 pub mod rx;
 pub mod schedule;
 pub mod sink;
+pub mod vllm;
 
 pub use benchfleet_core::{block, convert, metrics, record, sharegpt};
 

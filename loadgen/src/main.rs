@@ -141,6 +141,31 @@ fn save(args: &Args, result: &LoadResult, step: Option<usize>) -> anyhow::Result
             .and_then(|f| write_csv(&mut BufWriter::new(f), &result.records))
             .with_context(|| format!("cannot write the CSV to {}", path.display()))?;
     }
+    if args.save_result {
+        let meta = benchfleet_loadgen::vllm::ResultMeta {
+            backend: args.backend_name().to_owned(),
+            label: args.label.clone(),
+            model_id: args.model.clone(),
+            tokenizer_id: args
+                .processor
+                .as_ref()
+                .or(args.tokenizer.as_ref())
+                .map_or_else(|| args.model.clone(), |p| p.display().to_string()),
+            num_prompts: args.num_prompts,
+            request_rate: args.request_rate.is_finite().then_some(args.request_rate),
+            max_concurrency: args.max_concurrency,
+            percentiles: result.summary.latency_s.percentiles.iter().map(|q| q.p).collect(),
+            metrics: args.percentile_metrics.clone(),
+            date: benchfleet_loadgen::vllm::date_of(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64),
+            ),
+        };
+        let name = args.result_filename.clone().unwrap_or_else(|| benchfleet_loadgen::vllm::default_filename(&meta));
+        let path = named(&args.result_dir.clone().unwrap_or_default().join(name));
+        let json = serde_json::to_vec_pretty(&benchfleet_loadgen::vllm::result_json(result, &meta))
+            .context("cannot encode the result")?;
+        std::fs::write(&path, json).with_context(|| format!("cannot write the result to {}", path.display()))?;
+    }
     if let Some(path) = args.save_summary_csv.as_deref().map(named) {
         std::fs::File::create(&path)
             .and_then(|f| write_summary_csv(&mut BufWriter::new(f), &result.summary))

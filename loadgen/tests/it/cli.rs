@@ -134,3 +134,74 @@ async fn a_run_in_which_no_request_succeeded_exits_4_saying_why() {
         .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
+
+#[tokio::test]
+async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result() {
+    let url = fake_openai::start(QUICK).await;
+    let port = url.rsplit(':').next().expect("a port").to_owned();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vllm_line = [
+        "--backend",
+        "vllm",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--model",
+        "good",
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--num-prompts",
+        "5",
+        "--request-rate",
+        "50",
+        "--ignore-eos",
+        "--save-result",
+        "--result-dir",
+        dir.path().to_str().expect("utf-8"),
+        "--result-filename",
+        "r.json",
+        "--metric-percentiles",
+        "50,99",
+        "--percentile-metrics",
+        "ttft,e2el",
+        "--seed",
+        "7",
+        "--quiet",
+    ];
+    let output = loadgen().args(vllm_line).output().await.expect("runs");
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let result: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).expect("the result file")).expect("json");
+    assert_eq!((result["completed"].as_u64(), result["failed"].as_u64()), (Some(5), Some(0)));
+    assert_eq!((result["backend"].as_str(), result["request_rate"].as_f64()), (Some("openai"), Some(50.0)));
+    assert_eq!(result["input_lens"].as_array().map(Vec::len), Some(5));
+    assert_eq!(result["output_lens"], serde_json::json!([4, 4, 4, 4, 4]));
+    for key in ["mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "p99_e2el_ms"] {
+        assert!(result[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {}", result[key]);
+    }
+    assert!(result.get("mean_tpot_ms").is_none(), "only the metrics asked for");
+    assert!(result["total_token_throughput"].as_f64().is_some_and(|v| v > 0.0));
+
+    // What loadgen cannot honour as vLLM would is refused, naming the flag.
+    for (extra, said) in [
+        (&["--goodput", "ttft:200"][..], "--goodput: loadgen does not compute goodput"),
+        (&["--burstiness", "0.5"][..], "--burstiness 0.5: loadgen's arrivals are Poisson"),
+        (&["--random-range-ratio", "0.1"][..], "--random-range-ratio 0.1: loadgen spreads random lengths normally"),
+        (&["--backend", "tgi"][..], "--backend tgi: loadgen speaks the OpenAI API"),
+    ] {
+        let output = loadgen()
+            .args(["--base-url", &url, "--model", "good", "--num-prompts", "1"])
+            .args(extra)
+            .output()
+            .await
+            .expect("runs");
+        assert_eq!(output.status.code(), Some(1), "{extra:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(said), "{extra:?}: {stderr}");
+    }
+}
