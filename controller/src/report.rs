@@ -140,6 +140,9 @@ pub fn render_keeping(
                 if let Some(warm) = j.prefix_cache.as_deref().filter(|c| c.starts_with("warm")) {
                     let _ = writeln!(out, "\nrepeat {} ran with its prefix cache {warm}", j.repeat);
                 }
+                if let Some(said) = j.summary.as_ref().and_then(|s| s.usage_check).and_then(|u| u.describe()) {
+                    let _ = writeln!(out, "\nrepeat {}: token counts disagree: {said}", j.repeat);
+                }
             }
             for j in of_profile.iter().filter(|j| j.state != JobState::Succeeded) {
                 let _ = writeln!(

@@ -66,6 +66,13 @@ pub fn render_self_check(s: &Summary) -> String {
     line("Mean ITL per token (ms):", format!("{:.2}", d.mean));
     line("Median ITL per token (ms):", format!("{:.2}", d.median));
     line("P99 ITL per token (ms):", format!("{:.2}", d.p99));
+    if let Some(u) = &s.usage_check {
+        line("Prompt tokens, server off / compared:", format!("{} / {}", u.prompts_off, u.prompts_compared));
+        line("Output tokens, server off / compared:", format!("{} / {}", u.outputs_off, u.outputs_compared));
+        if let Some(said) = u.describe() {
+            line("Token counts:", format!("DISAGREE: {said}"));
+        }
+    }
     match &s.invalid {
         None => line("Run:", format!("VALID (p99 lag limit {:.2} ms)", s.lag_limit_ms)),
         Some(reason) => line("Run:", format!("INVALID: {reason}")),

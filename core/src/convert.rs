@@ -173,6 +173,14 @@ impl From<&Summary> for pb::Summary {
             rate_tolerance: s.rate_tolerance,
             client_cpu_s: s.client_cpu_s,
             invalid: s.invalid.clone(),
+            usage_check: s.usage_check.map(|u| pb::UsageCheck {
+                prompts_compared: u.prompts_compared,
+                prompts_off: u.prompts_off,
+                prompt_ratio: u.prompt_ratio,
+                outputs_compared: u.outputs_compared,
+                outputs_off: u.outputs_off,
+                output_ratio: u.output_ratio,
+            }),
         }
     }
 }
@@ -222,6 +230,14 @@ impl From<pb::Summary> for Summary {
             },
             client_cpu_s: s.client_cpu_s,
             invalid: s.invalid,
+            usage_check: s.usage_check.map(|u| crate::metrics::UsageCheck {
+                prompts_compared: u.prompts_compared,
+                prompts_off: u.prompts_off,
+                prompt_ratio: u.prompt_ratio,
+                outputs_compared: u.outputs_compared,
+                outputs_off: u.outputs_off,
+                output_ratio: u.output_ratio,
+            }),
         }
     }
 }
@@ -284,6 +300,14 @@ mod tests {
             cap_waits: 32,
             lag_limit_ms: 33.5,
             rate_tolerance: 0.1,
+            usage_check: Some(crate::metrics::UsageCheck {
+                prompts_compared: 40,
+                prompts_off: 41,
+                prompt_ratio: 0.42,
+                outputs_compared: 43,
+                outputs_off: 44,
+                output_ratio: 0.45,
+            }),
             client_cpu_s: Some(34.5),
             invalid: Some("p99 dispatch lag 9.00 ms above 5.00 ms".into()),
         };

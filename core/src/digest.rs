@@ -383,6 +383,28 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         rate_tolerance: first.rate_tolerance,
         client_cpu_s: repeats.iter().map(|s| s.client_cpu_s).sum(),
         invalid: (!invalid.is_empty()).then(|| invalid.join("; ")),
+        usage_check: pool_usage(repeats),
+    })
+}
+
+/// The repeats' token-count checks together: counts summed, ratios weighted
+/// by what each compared.
+fn pool_usage(repeats: &[&Summary]) -> Option<crate::metrics::UsageCheck> {
+    let checks: Vec<&crate::metrics::UsageCheck> = repeats.iter().filter_map(|s| s.usage_check.as_ref()).collect();
+    if checks.is_empty() {
+        return None;
+    }
+    let weighted = |n: &dyn Fn(&crate::metrics::UsageCheck) -> u64, r: &dyn Fn(&crate::metrics::UsageCheck) -> f64| {
+        let total: u64 = checks.iter().map(|c| n(c)).sum();
+        if total == 0 { 0.0 } else { checks.iter().map(|c| r(c) * n(c) as f64).sum::<f64>() / total as f64 }
+    };
+    Some(crate::metrics::UsageCheck {
+        prompts_compared: checks.iter().map(|c| c.prompts_compared).sum(),
+        prompts_off: checks.iter().map(|c| c.prompts_off).sum(),
+        prompt_ratio: weighted(&|c| c.prompts_compared, &|c| c.prompt_ratio),
+        outputs_compared: checks.iter().map(|c| c.outputs_compared).sum(),
+        outputs_off: checks.iter().map(|c| c.outputs_off).sum(),
+        output_ratio: weighted(&|c| c.outputs_compared, &|c| c.output_ratio),
     })
 }
 

@@ -310,6 +310,59 @@ pub struct Summary {
     /// its own schedule.
     #[serde(default)]
     pub invalid: Option<String>,
+    /// The server's token counts against the tokenizer's, when loadgen had
+    /// one; like the CPU time, loadgen's own account, not the records'.
+    #[serde(default)]
+    pub usage_check: Option<UsageCheck>,
+}
+
+/// The server's token counts (its `usage`) against the tokenizer's, over the
+/// measured successful requests. Prompts are compared on the completions
+/// endpoint only (a chat template adds tokens of its own); a count is off
+/// when it differs by more than [`USAGE_TOLERANCE`] and 2 tokens (a BOS, an
+/// EOS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageCheck {
+    pub prompts_compared: u64,
+    pub prompts_off: u64,
+    /// The server's prompt tokens over the tokenizer's, all compared.
+    pub prompt_ratio: f64,
+    pub outputs_compared: u64,
+    pub outputs_off: u64,
+    /// The server's completion tokens over the tokenizer's count of the
+    /// streamed text, all compared.
+    pub output_ratio: f64,
+}
+
+/// How far a server's token count may be from the tokenizer's.
+pub const USAGE_TOLERANCE: f64 = 0.05;
+
+impl UsageCheck {
+    /// Whether a server's count is off from the tokenizer's.
+    pub fn off(server: u32, tokenizer: u32) -> bool {
+        let diff = f64::from(server.abs_diff(tokenizer));
+        diff > 2.0 && diff > USAGE_TOLERANCE * f64::from(tokenizer)
+    }
+
+    /// What to tell the reader, when any count was off.
+    pub fn describe(&self) -> Option<String> {
+        let mut said = Vec::new();
+        if self.prompts_off > 0 {
+            said.push(format!(
+                "the server's prompt token counts differ from the tokenizer's on {} of {} requests (server / \
+                 tokenizer {:.2}): is --processor the served model's tokenizer, and does the server count tokens?",
+                self.prompts_off, self.prompts_compared, self.prompt_ratio
+            ));
+        }
+        if self.outputs_off > 0 {
+            said.push(format!(
+                "the server's completion token counts differ from the streamed text's on {} of {} requests \
+                 (server / tokenizer {:.2})",
+                self.outputs_off, self.outputs_compared, self.output_ratio
+            ));
+        }
+        (!said.is_empty()).then(|| said.join("; "))
+    }
 }
 
 /// The P99 dispatch lag limit of summaries recorded before the limit
@@ -474,6 +527,7 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
         rate_tolerance: options.rate_tolerance,
         client_cpu_s: None,
         invalid: None,
+        usage_check: None,
     };
     let (limit, basis) = match options.lag_limit_ms {
         Some(limit) => (limit, "the limit asked for"),

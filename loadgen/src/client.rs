@@ -19,6 +19,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -141,6 +142,38 @@ pub(crate) struct Target {
     pub counter: TokenCounter,
     /// Fired at the end of the run: requests still going are cancelled.
     pub cancel: CancellationToken,
+    /// The server's token counts against the tokenizer's; `None` without
+    /// a tokenizer. Whether prompts are compared (the completions endpoint).
+    pub usage: Option<(UsageTally, bool)>,
+}
+
+/// The running account behind `UsageCheck`.
+#[derive(Default)]
+pub(crate) struct UsageTally {
+    prompts: [AtomicU64; 4],
+    outputs: [AtomicU64; 4],
+}
+
+impl UsageTally {
+    fn add(counts: &[AtomicU64; 4], server: u32, tokenizer: u32) {
+        counts[0].fetch_add(1, Ordering::Relaxed);
+        counts[1].fetch_add(u64::from(benchfleet_core::metrics::UsageCheck::off(server, tokenizer)), Ordering::Relaxed);
+        counts[2].fetch_add(u64::from(server), Ordering::Relaxed);
+        counts[3].fetch_add(u64::from(tokenizer), Ordering::Relaxed);
+    }
+
+    pub fn check(&self) -> benchfleet_core::metrics::UsageCheck {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let ratio = |c: &[AtomicU64; 4]| if get(&c[3]) == 0 { 0.0 } else { get(&c[2]) as f64 / get(&c[3]) as f64 };
+        benchfleet_core::metrics::UsageCheck {
+            prompts_compared: get(&self.prompts[0]),
+            prompts_off: get(&self.prompts[1]),
+            prompt_ratio: ratio(&self.prompts),
+            outputs_compared: get(&self.outputs[0]),
+            outputs_off: get(&self.outputs[1]),
+            output_ratio: ratio(&self.outputs),
+        }
+    }
 }
 
 /// An open keep-alive connection: its socket and, for https, its TLS state
@@ -995,6 +1028,17 @@ impl Recorder {
             (None, Some(text)) if !text.is_empty() => self.target.counter.count(text),
             (None, _) => counted,
         };
+        if let (Some((tally, prompts)), Some(usage)) = (&self.target.usage, self.usage)
+            && r.outcome.is_ok()
+            && r.phase == benchfleet_core::record::Phase::Measured
+        {
+            if let (true, Some(server)) = (*prompts, usage.prompt_tokens) {
+                UsageTally::add(&tally.prompts, server, r.prompt_tokens);
+            }
+            if let (Some(server), Some(text)) = (usage.completion_tokens, &self.text) {
+                UsageTally::add(&tally.outputs, server, self.target.counter.count(text));
+            }
+        }
         if let Some(prompt) = self.usage.and_then(|u| u.prompt_tokens) {
             r.prompt_tokens = prompt;
         }

@@ -19,7 +19,9 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{self, BodyOptions, Conn, Endpoint, Request, RequestHead, Target, Timeouts, Tls, Transport};
+use crate::client::{
+    self, BodyOptions, Conn, Endpoint, Request, RequestHead, Target, Timeouts, Tls, Transport, UsageTally,
+};
 use crate::clock::{self, Clock};
 use crate::dataset::{self, Dataset, TokenCounter};
 use crate::metrics::{DEFAULT_PERCENTILES, DEFAULT_RATE_TOLERANCE, Summary, SummaryOptions, summarize_with};
@@ -275,6 +277,7 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
         clock: Clock::start(),
         counter: config.tokens.clone(),
         cancel: cancel.clone(),
+        usage: config.tokens.needs_text().then(|| (UsageTally::default(), config.endpoint == Endpoint::Completions)),
     };
     let idle = open_connections(&target, first_wave).await?;
     let sink = match sink {
@@ -285,7 +288,9 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     let cpu_before = clock::cpu_time();
     target.clock = Clock::start();
     let phases = Phases::new(&config, &deadlines);
-    let records = dispatch(Arc::new(target), &config, requests, &deadlines, phases, idle, sink.as_ref()).await;
+    let target = Arc::new(target);
+    let records = dispatch(Arc::clone(&target), &config, requests, &deadlines, phases, idle, sink.as_ref()).await;
+    let target_usage = target.usage.as_ref().map(|(tally, _)| tally.check());
     let cpu = cpu_before.zip(clock::cpu_time()).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
 
     let cap = config.max_concurrency.map(|n| n as u64);
@@ -297,6 +302,7 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
     };
     let mut summary = summarize_with(&records, options);
     summary.client_cpu_s = cpu;
+    summary.usage_check = target_usage;
     if let Some(sink) = sink {
         sink.finish(summary.clone()).await.map_err(|source| match source {
             // Not a matter of acknowledgements: the attempt is over.

@@ -541,3 +541,28 @@ async fn every_line_end_the_sse_specification_allows_reads_the_same_and_a_reply_
         }
     }
 }
+
+/// A server that counts prompt tokens its own way (5 whatever the prompt):
+/// with a tokenizer, loadgen says so in its summary and its check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_token_counts_disagree_with_the_tokenizer_is_told() {
+    let server = start(Reply::Chunked, Pace::AtOnce).await;
+    let mut config = one_at_a_time(&server, 3, true);
+    config.dataset = benchfleet_loadgen::Dataset::Random { input_tokens: 40, output_tokens: 3, seed: 1 };
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    config.tokens = benchfleet_loadgen::TokenCounter::load(&fixture).expect("the fixture tokenizer");
+    let result = run(config, None).await.expect("run");
+    let check = result.summary.usage_check.expect("compared, with a tokenizer");
+    assert_eq!((check.prompts_compared, check.prompts_off), (3, 3));
+    assert!((check.prompt_ratio - 5.0 / 40.0).abs() < 1e-9, "{check:?}");
+    // "one two three": three tokens, as the server says.
+    assert_eq!((check.outputs_compared, check.outputs_off, check.output_ratio), (3, 0, 1.0));
+    let said = check.describe().expect("a disagreement");
+    assert!(
+        said.contains("prompt token counts differ from the tokenizer's on 3 of 3 requests (server / tokenizer 0.12)")
+    );
+    assert!(benchfleet_loadgen::block::render_self_check(&result.summary).contains("Token counts:"));
+    // Without a tokenizer nothing is compared: words are not tokens.
+    let result = run(one_at_a_time(&server, 1, true), None).await.expect("run");
+    assert_eq!(result.summary.usage_check, None);
+}
