@@ -81,36 +81,40 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
     if let Some(body) = &job.extra_body {
         args.extend(["--extra-body".into(), body.clone()]);
     }
+    // The dataset's seed makes the prompts; the profile's, the arrivals.
+    let generated = |output_tokens: &u32, seed: &u64| -> [String; 6] {
+        [
+            "--random-output-len".into(),
+            output_tokens.to_string(),
+            "--seed".into(),
+            seed.to_string(),
+            "--arrival-seed".into(),
+            job.seed.to_string(),
+        ]
+    };
     match &job.dataset {
-        // The dataset's seed makes the prompts; the profile's, the arrivals.
-        LoadDataset::Random { input_tokens, output_tokens, seed } => args.extend([
-            "--dataset-name".into(),
-            "random".into(),
-            "--random-input-len".into(),
-            input_tokens.to_string(),
-            "--random-output-len".into(),
-            output_tokens.to_string(),
-            "--seed".into(),
-            seed.to_string(),
-            "--arrival-seed".into(),
-            job.seed.to_string(),
-        ]),
-        LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => args.extend([
-            "--dataset-name".into(),
-            "prefix".into(),
-            "--prefix-groups".into(),
-            groups.to_string(),
-            "--prefix-len".into(),
-            prefix_tokens.to_string(),
-            "--random-input-len".into(),
-            suffix_tokens.to_string(),
-            "--random-output-len".into(),
-            output_tokens.to_string(),
-            "--seed".into(),
-            seed.to_string(),
-            "--arrival-seed".into(),
-            job.seed.to_string(),
-        ]),
+        LoadDataset::Random { input_tokens, output_tokens, seed } => {
+            args.extend([
+                "--dataset-name".into(),
+                "random".into(),
+                "--random-input-len".into(),
+                input_tokens.to_string(),
+            ]);
+            args.extend(generated(output_tokens, seed));
+        }
+        LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
+            args.extend([
+                "--dataset-name".into(),
+                "prefix".into(),
+                "--prefix-groups".into(),
+                groups.to_string(),
+                "--prefix-len".into(),
+                prefix_tokens.to_string(),
+                "--random-input-len".into(),
+                suffix_tokens.to_string(),
+            ]);
+            args.extend(generated(output_tokens, seed));
+        }
         LoadDataset::ShareGpt { output_tokens, .. } => {
             // A ShareGPT file has no seed of its own: the profile's drives
             // the arrivals.

@@ -349,6 +349,31 @@ pub struct Profile {
     pub extra_body: Option<String>,
 }
 
+impl Profile {
+    /// `requests` of `dataset` all at once to the completions endpoint,
+    /// with every other field at its default: what a matrix profile with
+    /// only those fields makes.
+    pub fn new(name: &str, dataset: Dataset, requests: u64) -> Profile {
+        Profile {
+            name: name.to_owned(),
+            dataset,
+            rate: None,
+            arrival: Arrival::Constant,
+            requests,
+            max_concurrency: None,
+            endpoint: Endpoint::Completions,
+            seed: 0,
+            lag_limit_ms: None,
+            rate_tolerance: None,
+            warmup: None,
+            cooldown: None,
+            max_duration_s: None,
+            ignore_eos: false,
+            extra_body: None,
+        }
+    }
+}
+
 /// The engine configuration that one agent starts once and runs jobs on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Group {

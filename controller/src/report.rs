@@ -428,7 +428,7 @@ fn recommendation(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, Run, RuntimeKind};
+    use crate::model::{Dataset, EngineConfig, EngineKind, Profile, Run, RuntimeKind};
     use crate::store::SledStore;
 
     const MATRIX: &str = "\
@@ -469,23 +469,7 @@ profiles:
     }
 
     fn job(group: u64, tps: f64, successful: u64) -> Job {
-        let profile = Profile {
-            name: "p".into(),
-            dataset: Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 },
-            rate: None,
-            arrival: Arrival::Constant,
-            requests: 1000,
-            max_concurrency: None,
-            endpoint: Endpoint::Completions,
-            seed: 0,
-            lag_limit_ms: None,
-            rate_tolerance: None,
-            warmup: None,
-            cooldown: None,
-            max_duration_s: None,
-            ignore_eos: false,
-            extra_body: None,
-        };
+        let profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 }, 1000);
         let mut job = Job::new(RunId(1), group, group, profile, 1);
         job.state = JobState::Succeeded;
         job.summary =

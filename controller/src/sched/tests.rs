@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
-use crate::model::{Arrival, Dataset, Endpoint, EngineKind};
+use crate::model::{Dataset, EngineKind};
 
 /// A scheduler in virtual time, and a store that keeps what it asked to
 /// write.
@@ -291,23 +291,7 @@ impl World {
 }
 
 fn profile() -> Profile {
-    Profile {
-        name: "p".into(),
-        dataset: Dataset::Random { input_tokens: 4, output_tokens: 2, seed: 0 },
-        rate: None,
-        arrival: Arrival::Constant,
-        requests: 1,
-        max_concurrency: None,
-        endpoint: Endpoint::Completions,
-        seed: 0,
-        lag_limit_ms: None,
-        rate_tolerance: None,
-        warmup: None,
-        cooldown: None,
-        max_duration_s: None,
-        ignore_eos: false,
-        extra_body: None,
-    }
+    Profile::new("p", Dataset::Random { input_tokens: 4, output_tokens: 2, seed: 0 }, 1)
 }
 
 pub(super) fn gpu(index: u32, name: &str) -> GpuState {

@@ -2,26 +2,13 @@
 //! batches stored once, purges, files, and the migration from schema 1.
 
 use super::*;
-use crate::model::{Arrival, Dataset, Endpoint, Profile, RunState};
+use crate::model::{Dataset, Profile, RunState};
 use benchfleet_core::{Chunk, Outcome};
 
 fn job(run: RunId, id: u64) -> Job {
     let profile = Profile {
-        name: "p".to_owned(),
-        dataset: Dataset::Random { input_tokens: 8, output_tokens: 4, seed: 1 },
         rate: Some(1.0),
-        arrival: Arrival::Constant,
-        requests: 1,
-        max_concurrency: None,
-        endpoint: Endpoint::Completions,
-        seed: 0,
-        lag_limit_ms: None,
-        rate_tolerance: None,
-        warmup: None,
-        cooldown: None,
-        max_duration_s: None,
-        ignore_eos: false,
-        extra_body: None,
+        ..Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 4, seed: 1 }, 1)
     };
     Job::new(run, id, 0, profile, 1)
 }
