@@ -238,12 +238,30 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             }
             LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
         };
+        let processor_path = match &job.processor {
+            None => None,
+            Some((name, sha256)) => {
+                let fetched = tokio::select! {
+                    () = stop.stopped() => break,
+                    r = ctx.files.fetch(sha256, name) => r,
+                };
+                match fetched {
+                    Ok(path) => Some(path),
+                    Err(e) => {
+                        let error = format!("cannot fetch the tokenizer {name}: {e:#}");
+                        end(JobReport::failed(&job.attempt, Failure::Attempt, error), &mut ended);
+                        continue;
+                    }
+                }
+            }
+        };
         let run = LoadRun {
             job: job.clone(),
             base_url: engine.base_url(),
             model: group.engine.model.clone(),
             ingest_url: group.ingest_url.clone(),
             dataset_path,
+            processor_path,
         };
         // The runner stops loadgen itself when `stop` fires, and waits for it.
         let result = ctx.loadgen.run(&run, stop.token()).await;

@@ -98,6 +98,8 @@ pub struct LoadJob {
     pub ignore_eos: bool,
     /// A JSON object merged into every request body.
     pub extra_body: Option<String>,
+    /// The model's tokenizer.json, fetched by its hash: (name, sha256).
+    pub processor: Option<(String, String)>,
 }
 
 /// A group of jobs on one engine, in the order they run.
@@ -133,6 +135,8 @@ pub struct LoadRun {
     pub ingest_url: String,
     /// The dataset file on disk, for ShareGPT jobs.
     pub dataset_path: Option<PathBuf>,
+    /// The tokenizer file on disk, when the job names one.
+    pub processor_path: Option<PathBuf>,
 }
 
 /// A job's state as the agent reports it.
@@ -314,6 +318,7 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                     max_duration_s: load.max_duration_s,
                     ignore_eos: load.ignore_eos,
                     extra_body: (!load.extra_body.is_empty()).then_some(load.extra_body),
+                    processor: load.processor.map(|f| (f.name, f.sha256)),
                     dataset,
                 })
             })

@@ -81,6 +81,9 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
     if let Some(body) = &job.extra_body {
         args.extend(["--extra-body".into(), body.clone()]);
     }
+    if let Some(path) = &run.processor_path {
+        args.extend(["--processor".into(), path.display().to_string()]);
+    }
     // The dataset's seed makes the prompts; the profile's, the arrivals.
     let generated = |output_tokens: &u32, seed: &u64| -> [String; 6] {
         [
@@ -220,6 +223,7 @@ mod tests {
             model: "m".into(),
             ingest_url: "http://127.0.0.1:7070".into(),
             dataset_path,
+            processor_path: None,
         }
     }
 
@@ -242,6 +246,7 @@ mod tests {
             max_duration_s: Some(90.0),
             ignore_eos: true,
             extra_body: Some(r#"{"temperature":0}"#.into()),
+            processor: Some(("tokenizer.json".into(), "ab".repeat(32))),
         }
     }
 
@@ -267,8 +272,16 @@ mod tests {
             max_duration_s,
             ignore_eos,
             extra_body,
+            processor,
         } = job();
-        let (_, config, sink) = benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(job(), None))).expect("flags");
+        // The tokenizer, fetched by its hash, is passed as the file on disk.
+        let tokenizer =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadgen/tests/fixtures/tokenizer.json");
+        assert!(processor.is_some());
+        let run = LoadRun { processor_path: Some(tokenizer.clone()), ..run_of(job(), None) };
+        let (args, config, sink) = benchfleet_loadgen::cli::parse(&loadgen_args(&run)).expect("flags");
+        assert_eq!(args.processor.as_deref(), Some(tokenizer.as_path()));
+        assert!(matches!(config.tokens, benchfleet_loadgen::TokenCounter::Tokenizer(_)));
         assert_eq!((endpoint.as_str(), config.endpoint), ("chat", Endpoint::ChatCompletions));
         assert_eq!(config.request_rate, rate);
         assert_eq!((arrival.as_str(), config.arrival), ("poisson", Arrival::Poisson { seed }));

@@ -85,6 +85,10 @@ pub fn load_profile(profile: &Profile) -> pb::LoadProfile {
         max_duration_s: profile.max_duration_s,
         ignore_eos: profile.ignore_eos,
         extra_body: profile.extra_body.clone().unwrap_or_default(),
+        processor: profile
+            .processor
+            .as_ref()
+            .map(|f| pb::StoredFile { name: f.file.clone(), sha256: f.sha256.clone() }),
     }
 }
 

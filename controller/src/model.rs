@@ -347,6 +347,18 @@ pub struct Profile {
     /// A JSON object merged into every request body.
     #[serde(default)]
     pub extra_body: Option<String>,
+    /// The model's tokenizer (`tokenizer.json`), stored by the controller
+    /// under its SHA-256: exact token counts for prompts and replies.
+    #[serde(default)]
+    pub processor: Option<StoredFile>,
+}
+
+/// A file a matrix names, as the controller stores it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredFile {
+    /// As the matrix names it.
+    pub file: String,
+    pub sha256: String,
 }
 
 impl Profile {
@@ -370,6 +382,7 @@ impl Profile {
             max_duration_s: None,
             ignore_eos: false,
             extra_body: None,
+            processor: None,
         }
     }
 }

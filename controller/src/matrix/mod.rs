@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind, Window};
+use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind, StoredFile, Window};
 
 mod reference;
 mod text;
@@ -78,6 +78,9 @@ struct RawMatrix {
     /// emptied, instead of failing it.
     #[serde(default)]
     allow_warm_cache: bool,
+    /// The model's tokenizer.json, relative to the matrix.
+    #[serde(default)]
+    processor: Option<String>,
 }
 
 fn one() -> i64 {
@@ -357,6 +360,7 @@ pub struct FileRef {
 /// that a client can read them before submitting.
 pub fn referenced_files(file: &str, yaml: &str) -> Result<Vec<FileRef>, MatrixError> {
     let (raw, _, _) = parse_raw(file, yaml, true)?;
+    let processor = raw.processor.iter().map(|path| FileRef { path: path.clone(), field: "processor".to_owned() });
     Ok(raw
         .profiles
         .iter()
@@ -366,6 +370,7 @@ pub fn referenced_files(file: &str, yaml: &str) -> Result<Vec<FileRef>, MatrixEr
                 .as_ref()
                 .map(|path| FileRef { path: path.clone(), field: format!("profiles.{name}.dataset.sharegpt") })
         })
+        .chain(processor)
         .collect())
 }
 
@@ -476,9 +481,24 @@ fn parse_as(
         return Err(err("profiles", "at least one profile is required".to_owned()));
     }
 
+    let processor = match &raw.processor {
+        None => None,
+        Some(path) => {
+            admit(plain_text(&err, "processor", path))?;
+            let sha256 = file_hash(path).ok_or_else(|| {
+                err(
+                    "processor",
+                    format!("cannot read the tokenizer file '{path}' (paths are relative to the matrix file)"),
+                )
+            })?;
+            Some(StoredFile { file: path.clone(), sha256 })
+        }
+    };
     let mut profiles = Vec::new();
     for name in key_order(&value, "profiles") {
-        profiles.push(profile(&name, &raw.profiles[&name], &err, file_hash, strict)?);
+        let mut p = profile(&name, &raw.profiles[&name], &err, file_hash, strict)?;
+        p.processor = processor.clone();
+        profiles.push(p);
     }
     let primary_profile = match raw.primary_profile {
         Some(name) if !raw.profiles.contains_key(&name) => {
@@ -1058,6 +1078,7 @@ fn profile(
         max_duration_s,
         ignore_eos: p.ignore_eos,
         extra_body,
+        processor: None,
     })
 }
 

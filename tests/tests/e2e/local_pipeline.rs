@@ -219,3 +219,29 @@ async fn what_loadgen_can_do_the_matrix_can_say() -> anyhow::Result<()> {
     assert!(s.peak_concurrent <= 1, "{s:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenizer_file_travels_like_a_dataset_and_loadgen_counts_with_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (fleet, store) = crate::fleet::start(dir.path()).await?;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadgen/tests/fixtures/tokenizer.json");
+    std::fs::copy(&fixture, dir.path().join("tokenizer.json"))?;
+    let matrix = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &matrix,
+        "name: tokens\nmodel: m\nprocessor: tokenizer.json\nhardware: { gpu: H200 }\nengines:\n  vllm: { runtime: process }\n\
+         profiles:\n  a: { dataset: { random: { input_tokens: 32, output_tokens: 4 } }, requests: 4 }\n",
+    )?;
+    let (run_id, _) = crate::fleet::run_matrix(&fleet.url, &matrix, Some("process")).await?;
+    let run = run_id.parse::<RunId>().map_err(anyhow::Error::msg)?;
+    let jobs = store.jobs(run)?;
+    fleet.stop().await;
+    let job = &jobs[0];
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    let sha = job.profile.processor.as_ref().map(|f| f.sha256.clone()).expect("the job names the tokenizer");
+    assert!(store.has_file(&sha)?, "uploaded once, stored by its hash");
+    // Only a run with a tokenizer holds the server's counts against it.
+    let check = job.summary.as_ref().and_then(|s| s.usage_check).expect("loadgen had the tokenizer");
+    assert_eq!((check.prompts_compared, check.outputs_compared), (4, 4));
+    Ok(())
+}
