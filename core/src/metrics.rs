@@ -388,16 +388,19 @@ fn default_rate_tolerance() -> f64 {
 }
 
 /// The P99 dispatch lag limit a run's load kind gives, ms, and what it is.
-/// Open loop (a rate): one mean inter-arrival gap, past which the client has
-/// fallen a request behind and the arrivals are no longer the ones offered.
-/// Closed loop (a concurrency, or everything at once): a tenth of the median
-/// TTFT, past which the client's own delay is a visible part of each
-/// request's cycle. Neither below [`MIN_LAG_LIMIT_MS`].
+/// A tenth of the median TTFT, past which the client's own delay is a
+/// visible part of what each request measures and, in a closed loop, of its
+/// cycle. An open loop (a rate) may also lag up to one mean inter-arrival
+/// gap, within which the arrivals keep the order and spacing offered: at a
+/// low rate the gap is the larger, at a high rate the TTFT. Never below
+/// [`MIN_LAG_LIMIT_MS`].
 pub fn lag_limit_for(offered_rate: Option<f64>, median_ttft_ms: f64) -> (f64, &'static str) {
-    match offered_rate {
-        Some(rate) if rate > 0.0 => ((1000.0 / rate).max(MIN_LAG_LIMIT_MS), "one mean inter-arrival gap"),
-        _ => ((LAG_SHARE_OF_TTFT * median_ttft_ms).max(MIN_LAG_LIMIT_MS), "a tenth of the median TTFT"),
-    }
+    let ttft = (LAG_SHARE_OF_TTFT * median_ttft_ms, "a tenth of the median TTFT");
+    let (limit, basis) = match offered_rate {
+        Some(rate) if rate > 0.0 && 1000.0 / rate > ttft.0 => (1000.0 / rate, "one mean inter-arrival gap"),
+        _ => ttft,
+    };
+    if limit < MIN_LAG_LIMIT_MS { (MIN_LAG_LIMIT_MS, "the client's timer resolution") } else { (limit, basis) }
 }
 
 impl Summary {
@@ -871,6 +874,17 @@ mod tests {
         let s = summarize(&at_rate(100, 12, 10), None);
         let said = s.invalid.as_deref().unwrap_or_default();
         assert!(said.contains("p99 dispatch lag 12.00 ms exceeds 10.00 ms (one mean inter-arrival gap)"), "{said}");
+        // At a high rate a tenth of the TTFT is the larger: a 3 ms lag at
+        // 1,000 req/s against a 50 ms TTFT is within it.
+        let fast: Vec<RequestRecord> = (0..200)
+            .map(|i| {
+                let mut r = streamed(i, i as i64 + 3, 50, 10, 3);
+                r.scheduled_ns = i as i64 * 1_000_000;
+                r
+            })
+            .collect();
+        let s = summarize(&fast, None);
+        assert!(close(s.lag_limit_ms, 5.0) && s.invalid.is_none(), "{:?} {:?}", s.lag_limit_ms, s.invalid);
         // A limit asked for replaces it.
         let asked = SummaryOptions { lag_limit_ms: Some(5.0), ..SummaryOptions::new(None) };
         let said = summarize_with(&at_rate(100, 8, 10), asked).invalid.unwrap_or_default();
