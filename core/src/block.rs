@@ -19,7 +19,10 @@ pub fn render_block(s: &Summary) -> String {
     line("Total generated tokens:", s.total_output_tokens.to_string());
     line("Request throughput (req/s):", format!("{:.2}", s.request_throughput));
     line("Output token throughput (tok/s):", format!("{:.2}", s.output_throughput));
-    line("Peak output token throughput (tok/s):", format!("{:.2}", s.peak_output_throughput));
+    line(
+        "Peak output token throughput (tok/s):",
+        s.peak_output_throughput.map_or_else(|| "not measurable (run under 1 s)".to_owned(), |p| format!("{p:.2}")),
+    );
     line("Peak concurrent requests:", format!("{:.2}", s.peak_concurrent as f64));
     line("Total Token throughput (tok/s):", format!("{:.2}", s.total_token_throughput));
     section(&mut out, "----------------------Latency---------------------", "Latency(s):", " ", &s.latency_s);
@@ -159,7 +162,7 @@ P99 ITL (ms):                            132.49
             total_output_tokens: 281412,
             request_throughput: 14.14,
             output_throughput: 4347.55,
-            peak_output_throughput: 30810010.86,
+            peak_output_throughput: Some(30810010.86),
             peak_concurrent: 512,
             total_token_throughput: 9632.01,
             latency_s: dist(30.19, 27.48, 60.73, 65.37),
@@ -198,6 +201,12 @@ P99 ITL (ms):                            132.49
                 "P95 ITL (ms):                            1.00\nP99 ITL (ms):                            N/A\n"
             )
         );
+    }
+
+    #[test]
+    fn a_run_under_the_peak_window_has_no_peak() {
+        let block = render_block(&Summary { peak_output_throughput: None, ..Summary::default() });
+        assert!(block.contains("Peak output token throughput (tok/s):    not measurable (run under 1 s)"), "{block}");
     }
 
     #[test]

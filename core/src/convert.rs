@@ -273,7 +273,7 @@ mod tests {
             total_output_tokens: 7,
             request_throughput: 8.5,
             output_throughput: 9.5,
-            peak_output_throughput: 10.5,
+            peak_output_throughput: Some(10.5),
             peak_concurrent: 11,
             total_token_throughput: 12.5,
             latency_s: dist(13.0),

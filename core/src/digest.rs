@@ -354,7 +354,7 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         total_output_tokens: output,
         request_throughput: per_second(successful as f64),
         output_throughput: per_second(output as f64),
-        peak_output_throughput: repeats.iter().map(|s| s.peak_output_throughput).fold(0.0, f64::max),
+        peak_output_throughput: repeats.iter().filter_map(|s| s.peak_output_throughput).reduce(f64::max),
         peak_concurrent: repeats.iter().map(|s| s.peak_concurrent).max().unwrap_or(0),
         total_token_throughput: per_second((input + output) as f64),
         latency_s: dist(&|x| &x.latency_s, &|d| &d.latency, s),

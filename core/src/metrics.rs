@@ -250,8 +250,10 @@ pub struct Summary {
     pub total_output_tokens: u64,
     pub request_throughput: f64,
     pub output_throughput: f64,
-    /// Most output tokens that arrived in any 1-second window.
-    pub peak_output_throughput: f64,
+    /// Most output tokens that arrived in any 1-second window; `None` for a
+    /// run shorter than the window, whose every token would fit in it (a
+    /// "peak" below the mean).
+    pub peak_output_throughput: Option<f64>,
     /// Most requests in flight at once.
     pub peak_concurrent: u64,
     pub total_token_throughput: f64,
@@ -505,7 +507,7 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
         total_output_tokens,
         request_throughput: per_second(ok.len() as f64),
         output_throughput: per_second(total_output_tokens as f64),
-        peak_output_throughput: peak_tokens_per_second(&ok),
+        peak_output_throughput: (duration_s >= 1.0).then(|| peak_tokens_per_second(&ok)),
         peak_concurrent: peak_concurrency(&records),
         total_token_throughput: per_second((total_input_tokens + total_output_tokens) as f64),
         latency_s: dist(ok.iter().map(|r| r.latency_ns() as f64 / NS_PER_S).collect()),
@@ -794,7 +796,8 @@ mod tests {
         assert!(close(s.duration_s, 0.25));
         assert!(close(s.latency_s.mean, 0.2));
         assert_eq!(s.peak_concurrent, 2);
-        assert!(close(s.peak_output_throughput, 22.0));
+        // A quarter of a second: every token would fit in the 1 s window.
+        assert_eq!(s.peak_output_throughput, None);
         assert_eq!(s.max_concurrency, Some(4));
     }
 
@@ -811,7 +814,7 @@ mod tests {
         r.chunks = r.chunks.iter().map(|c| Chunk { tokens: 4, ..c }).collect();
         r.output_tokens = 120;
         // 30 chunks 100 ms apart: 10 fit in a 1-second window, 40 tokens.
-        assert!(close(summarize(&[r], None).peak_output_throughput, 40.0));
+        assert!(close(summarize(&[r], None).peak_output_throughput.expect("measurable"), 40.0));
     }
 
     #[test]
@@ -967,7 +970,14 @@ mod tests {
         // counted means each counted token is worth two.
         r.output_tokens = 80;
         let s = summarize(&[r], None);
-        assert!(close(s.itl_per_token_ms.mean, 5.0) && close(s.peak_output_throughput, 80.0));
+        assert!(close(s.itl_per_token_ms.mean, 5.0));
+        // The peak counts the same way, over a run long enough to have one:
+        // chunks 400 ms apart, at most 3 in a second, 4 counted tokens each
+        // worth two.
+        let mut long = streamed(0, 0, 100, 400, 10);
+        long.chunks = long.chunks.iter().map(|c| Chunk { tokens: 4, ..c }).collect();
+        long.output_tokens = 80;
+        assert!(close(summarize(&[long], None).peak_output_throughput.expect("measurable"), 24.0));
     }
 
     #[test]

@@ -20,12 +20,13 @@ fn assert_same(stored: &Summary, recomputed: &Summary) {
     assert_eq!(stored.total_input_tokens, recomputed.total_input_tokens);
     assert_eq!(stored.total_output_tokens, recomputed.total_output_tokens);
     assert_eq!(stored.peak_concurrent, recomputed.peak_concurrent);
+    assert_eq!(stored.peak_output_throughput.is_some(), recomputed.peak_output_throughput.is_some());
     for (a, b) in [
         (stored.duration_s, recomputed.duration_s),
         (stored.request_throughput, recomputed.request_throughput),
         (stored.output_throughput, recomputed.output_throughput),
         (stored.total_token_throughput, recomputed.total_token_throughput),
-        (stored.peak_output_throughput, recomputed.peak_output_throughput),
+        (stored.peak_output_throughput.unwrap_or(0.0), recomputed.peak_output_throughput.unwrap_or(0.0)),
         (stored.latency_s.mean, recomputed.latency_s.mean),
         (stored.latency_s.p99, recomputed.latency_s.p99),
         (stored.ttft_ms.mean, recomputed.ttft_ms.mean),
