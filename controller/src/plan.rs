@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::greedy::{self, Plan};
 use crate::matrix::{self, Matrix, Strategy};
-use crate::model::{EngineConfig, Group, Job, Profile, Run, RunId, RunState, RuntimeKind};
+use crate::model::{Dataset, EngineConfig, Group, Job, Profile, Run, RunId, RunState, RuntimeKind};
 use crate::store::{Store, StoreError, is_sha256};
 
 /// A submission as the operator sends it: the matrix, and the SHA-256 of
@@ -76,6 +76,9 @@ fn prepare_as(
     }
     let matrix = matrix::parse(&sub.matrix_name, &sub.matrix_yaml, &|path| sub.files.get(path).cloned())
         .map_err(|e| SubmitError::Invalid(e.to_string()))?;
+    if let Some(store) = store {
+        check_datasets(store, sub, &matrix)?;
+    }
     let runtime_override = match sub.runtime_override.as_str() {
         "" => None,
         "process" => Some(RuntimeKind::Process),
@@ -109,6 +112,35 @@ fn prepare_as(
     let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
     let greedy = matrix.strategy == Strategy::Greedy;
     Ok(Prepared { run, groups, jobs, warnings: matrix.warnings, greedy })
+}
+
+/// Reads each ShareGPT file the matrix names, as stored, with the parser
+/// loadgen uses: a broken one is the matrix's error, at the profile that
+/// names it, before anything is stored (a client other than the CLI, which
+/// checks them too, would otherwise meet it on an agent, with an engine
+/// started).
+fn check_datasets(store: &dyn Store, sub: &Submission, matrix: &Matrix) -> Result<(), SubmitError> {
+    let mut checked: Vec<&str> = Vec::new();
+    for p in &matrix.profiles {
+        let Dataset::Sharegpt { file, sha256, .. } = &p.dataset else { continue };
+        if checked.contains(&sha256.as_str()) {
+            continue;
+        }
+        checked.push(sha256);
+        let Some((stored, _)) = store.open_file(sha256)? else {
+            return Err(SubmitError::Invalid(format!("file {file} (SHA-256 {sha256}) was not uploaded")));
+        };
+        if let Err(e) = benchfleet_core::sharegpt::parse(std::io::BufReader::with_capacity(1 << 20, stored), file) {
+            let mut message = e.to_string();
+            if let Some(source) = std::error::Error::source(&e) {
+                message = format!("{message}: {source}");
+            }
+            let field = format!("profiles.{}.dataset.sharegpt", p.name);
+            let e = matrix::field_error(&sub.matrix_name, &sub.matrix_yaml, &field, message);
+            return Err(SubmitError::Invalid(e.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// What follows a run whose jobs all ended.
@@ -195,4 +227,46 @@ pub fn expand(
 
 pub fn unix_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SledStore;
+
+    fn stored(store: &SledStore, bytes: &[u8]) -> String {
+        use sha2::Digest as _;
+        let sha: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let mut w = store.new_file().expect("a file");
+        w.write(bytes).expect("written");
+        w.finish(&sha, bytes.len() as u64).expect("stored");
+        sha
+    }
+
+    #[test]
+    fn a_broken_dataset_is_the_matrix_s_error_before_anything_is_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(&dir.path().join("store")).expect("store");
+        let yaml = "name: d\nmodel: m\nhardware: { gpu: H200 }\nengines:\n  vllm: {}\nprofiles:\n  \
+                    chat: { dataset: { sharegpt: chat.json }, requests: 2 }\n";
+        let submission = |sha: String| Submission {
+            matrix_name: "d.yaml".into(),
+            matrix_yaml: yaml.into(),
+            runtime_override: String::new(),
+            files: [("chat.json".to_owned(), sha)].into_iter().collect(),
+        };
+        let good = br#"[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]"#;
+        assert!(prepare(&store, &submission(stored(&store, good)), || Ok(RunId(1))).is_ok());
+        let broken = stored(&store, b"[{\"conversations\": [}]");
+        match prepare(&store, &submission(broken), || Ok(RunId(2))) {
+            Err(SubmitError::Invalid(why)) => assert!(
+                why.starts_with(
+                    "d.yaml:7: profiles.chat.dataset.sharegpt: the ShareGPT file chat.json is not valid JSON at line 1"
+                ),
+                "{why}"
+            ),
+            other => panic!("accepted: {:?}", other.map(|p| p.run.id)),
+        }
+        assert!(store.runs().expect("runs").is_empty(), "nothing stored");
+    }
 }
