@@ -1604,7 +1604,6 @@ pub struct AgentView {
     pub groups: Vec<GroupKey>,
 }
 
-/// A duration as an operator reads it.
 /// What submitting a run now would do (`Scheduler::dry_run`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DryRun {
@@ -1621,6 +1620,7 @@ pub struct DryPlacement {
     pub gpus: Vec<u32>,
 }
 
+/// A duration as an operator reads it.
 pub fn human(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s < 60.0 {
