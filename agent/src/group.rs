@@ -221,40 +221,37 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             gpus: before.iter().flatten().filter(|g| uuids.contains(&g.uuid)).cloned().collect(),
             ..JobReport::new(&job.attempt, Reported::Running)
         });
-        let dataset_path = match &job.dataset {
-            LoadDataset::ShareGpt { sha256, name, .. } => {
-                let fetched = tokio::select! {
-                    () = stop.stopped() => break,
-                    r = ctx.files.fetch(sha256, name) => r,
-                };
-                match fetched {
-                    Ok(path) => Some(path),
-                    Err(e) => {
-                        let error = format!("cannot fetch the dataset {name}: {e:#}");
-                        end(JobReport::failed(&job.attempt, Failure::Attempt, error), &mut ended);
-                        continue;
-                    }
-                }
-            }
+        // The files the job names, fetched by their hashes: (name, sha256, what).
+        let dataset = match &job.dataset {
+            LoadDataset::ShareGpt { sha256, name, .. } => Some((name, sha256, "dataset")),
             LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
         };
-        let processor_path = match &job.processor {
-            None => None,
-            Some((name, sha256)) => {
-                let fetched = tokio::select! {
-                    () = stop.stopped() => break,
-                    r = ctx.files.fetch(sha256, name) => r,
-                };
-                match fetched {
-                    Ok(path) => Some(path),
-                    Err(e) => {
-                        let error = format!("cannot fetch the tokenizer {name}: {e:#}");
-                        end(JobReport::failed(&job.attempt, Failure::Attempt, error), &mut ended);
-                        continue;
-                    }
+        let processor = job.processor.as_ref().map(|(name, sha256)| (name, sha256, "tokenizer"));
+        let mut paths = [None, None];
+        let mut failed = None;
+        for (slot, (name, sha256, what)) in
+            paths.iter_mut().zip([dataset, processor]).filter_map(|(s, f)| Some((s, f?)))
+        {
+            let fetched = tokio::select! {
+                () = stop.stopped() => break,
+                r = ctx.files.fetch(sha256, name) => r,
+            };
+            match fetched {
+                Ok(path) => *slot = Some(path),
+                Err(e) => {
+                    failed = Some(format!("cannot fetch the {what} {name}: {e:#}"));
+                    break;
                 }
             }
-        };
+        }
+        if stop.is_stopped() {
+            break;
+        }
+        if let Some(error) = failed {
+            end(JobReport::failed(&job.attempt, Failure::Attempt, error), &mut ended);
+            continue;
+        }
+        let [dataset_path, processor_path] = paths;
         let run = LoadRun {
             job: job.clone(),
             base_url: engine.base_url(),

@@ -194,22 +194,36 @@ async fn a_job_whose_every_request_failed_is_a_failed_job() -> anyhow::Result<()
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_loadgen_can_do_the_matrix_can_say() -> anyhow::Result<()> {
+/// A run's jobs, the store they are in, and the directory that holds it.
+type Ran =
+    (Vec<benchfleet_controller::model::Job>, std::sync::Arc<dyn benchfleet_controller::Store>, tempfile::TempDir);
+
+/// Runs `yaml` (with `files` beside it) on a one-GPU fleet to its end.
+async fn run_alone(yaml: &str, files: &[(&str, &std::path::Path)]) -> anyhow::Result<Ran> {
     let dir = tempfile::tempdir()?;
     let (fleet, store) = crate::fleet::start(dir.path()).await?;
-    let matrix = dir.path().join("say.yaml");
-    std::fs::write(
-        &matrix,
-        "name: say\nmodel: m\nhardware: { gpu: H200 }\nengines:\n  vllm: { runtime: process }\nprofiles:\n  \
-         prefixes:\n    dataset: { shared_prefix: { groups: 2, prefix_tokens: 32, suffix_tokens: 8, output_tokens: 3 } }\n    \
-         mode: synchronous\n    requests: 10\n    warmup: 2\n    cooldown: 1\n    ignore_eos: true\n    \
-         extra_body: { temperature: 0 }\n    max_duration: 5m\n",
-    )?;
+    for (name, from) in files {
+        std::fs::copy(from, dir.path().join(name))?;
+    }
+    let matrix = dir.path().join("matrix.yaml");
+    std::fs::write(&matrix, yaml)?;
     let (run_id, _) = crate::fleet::run_matrix(&fleet.url, &matrix, Some("process")).await?;
     let run = run_id.parse::<RunId>().map_err(anyhow::Error::msg)?;
     let jobs = store.jobs(run)?;
     fleet.stop().await;
+    Ok((jobs, store, dir))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_loadgen_can_do_the_matrix_can_say() -> anyhow::Result<()> {
+    let (jobs, _, _dir) = run_alone(
+        "name: say\nmodel: m\nhardware: { gpu: H200 }\nengines:\n  vllm: { runtime: process }\nprofiles:\n  \
+         prefixes:\n    dataset: { shared_prefix: { groups: 2, prefix_tokens: 32, suffix_tokens: 8, output_tokens: 3 } }\n    \
+         mode: synchronous\n    requests: 10\n    warmup: 2\n    cooldown: 1\n    ignore_eos: true\n    \
+         extra_body: { temperature: 0 }\n    max_duration: 5m\n",
+        &[],
+    )
+    .await?;
     let job = &jobs[0];
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let s = job.summary.as_ref().expect("a summary");
@@ -223,20 +237,13 @@ async fn what_loadgen_can_do_the_matrix_can_say() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tokenizer_file_travels_like_a_dataset_and_loadgen_counts_with_it() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let (fleet, store) = crate::fleet::start(dir.path()).await?;
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadgen/tests/fixtures/tokenizer.json");
-    std::fs::copy(&fixture, dir.path().join("tokenizer.json"))?;
-    let matrix = dir.path().join("tokens.yaml");
-    std::fs::write(
-        &matrix,
+    let (jobs, store, _dir) = run_alone(
         "name: tokens\nmodel: m\nprocessor: tokenizer.json\nhardware: { gpu: H200 }\nengines:\n  vllm: { runtime: process }\n\
          profiles:\n  a: { dataset: { random: { input_tokens: 32, output_tokens: 4 } }, requests: 4 }\n",
-    )?;
-    let (run_id, _) = crate::fleet::run_matrix(&fleet.url, &matrix, Some("process")).await?;
-    let run = run_id.parse::<RunId>().map_err(anyhow::Error::msg)?;
-    let jobs = store.jobs(run)?;
-    fleet.stop().await;
+        &[("tokenizer.json", &fixture)],
+    )
+    .await?;
     let job = &jobs[0];
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let sha = job.profile.processor.as_ref().map(|f| f.sha256.clone()).expect("the job names the tokenizer");
