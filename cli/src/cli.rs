@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use benchfleet_controller::matrix::Strategy;
 use benchfleet_controller::model::RunId;
+use benchfleet_controller::report::{self, Format, compare, doc::ReportDoc};
 use benchfleet_controller::store::{SledStore, Store, data_dir};
 use benchfleet_proto as pb;
 use clap::{Parser, Subcommand};
@@ -83,7 +84,29 @@ pub enum Command {
     /// A run's jobs: state, agent, error, and every attempt with the records it stored.
     Jobs { run_id: String },
     /// Print a run's report.
-    Report { run_id: String },
+    Report {
+        run_id: String,
+        /// console, markdown (the reference document), json (docs/report-json.md), csv (a row per configuration,
+        /// profile and repeat) or html (one page with charts); --json means json.
+        #[arg(long, default_value = "console")]
+        format: String,
+        /// Write the report to this file instead of standard output.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Compare run B with run A: each headline number's change with its 95% interval; exit 1 on a significant
+    /// regression of a gated metric, 0 otherwise. A or B may be a JSON report file (`report --format json`).
+    Compare {
+        run_a: String,
+        run_b: String,
+        /// The change a gated metric may worsen by before it is a regression: 5% or 0.05.
+        #[arg(long, default_value = "5%")]
+        threshold: String,
+        /// A metric that gates (repeatable): e.g. total_token_throughput, mean_ttft_ms, p99_itl_ms. Default: A's
+        /// objective, mean_ttft_ms and mean_tpot_ms.
+        #[arg(long = "metric")]
+        metrics: Vec<String>,
+    },
     /// List the agents, their leases and their GPUs.
     Agents,
     /// Cancel a run: queued jobs never start, running ones are stopped.
@@ -291,26 +314,26 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Command::Report { run_id } => {
-            let (text, recommended) = match &cli.controller {
-                Some(url) => {
-                    let r = client::connect(url)
-                        .await?
-                        .get_report(pb::GetReportRequest { run_id: run_id.clone() })
-                        .await
-                        .map_err(client::status)?
-                        .into_inner();
-                    (r.text, !r.recommended.is_empty())
+        Command::Report { run_id, format, output } => {
+            let format = if json { Format::Json } else { Format::parse(format).map_err(anyhow::Error::msg)? };
+            let (text, recommended) = report_text(&cli, run_id, format).await?;
+            match output {
+                Some(path) => {
+                    std::fs::write(path, &text).with_context(|| format!("cannot write {}", path.display()))?
                 }
-                None => {
-                    let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
-                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-                    let r = benchfleet_controller::report::render(&store, id)?;
-                    (r.text, r.recommended.is_some())
-                }
-            };
-            print!("{text}");
+                None => print!("{text}"),
+            }
             Ok(if recommended { 0 } else { EXIT_FAILED_JOBS })
+        }
+        Command::Compare { run_a, run_b, threshold, metrics } => {
+            let threshold = compare::parse_threshold(threshold).map_err(anyhow::Error::msg)?;
+            compare::check_metrics(metrics).map_err(anyhow::Error::msg)?;
+            let a = report_doc(&cli, run_a).await?;
+            let b = report_doc(&cli, run_b).await?;
+            let gate = if metrics.is_empty() { compare::default_gate(&a) } else { metrics.clone() };
+            let c = compare::compare(&a, &b, threshold, &gate);
+            print!("{}", compare::render(&c, &a, &b, threshold));
+            Ok(if c.passed() { 0 } else { EXIT_FAILED_JOBS })
         }
         Command::Agents => {
             let url = need_controller(&cli)?;
@@ -470,6 +493,53 @@ async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32>
     Ok(code)
 }
 
+/// A run's report in a format, from the controller or the local store, and
+/// whether it recommends a configuration.
+async fn report_text(cli: &Cli, run_id: &str, format: Format) -> anyhow::Result<(String, bool)> {
+    Ok(match &cli.controller {
+        Some(url) => {
+            let name = match format {
+                Format::Console => "console",
+                Format::Markdown => "markdown",
+                Format::Json => "json",
+                Format::Csv => "csv",
+                Format::Html => "html",
+            };
+            let r = client::connect(url)
+                .await?
+                .get_report(pb::GetReportRequest { run_id: run_id.to_owned(), format: name.to_owned() })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            (r.text, !r.recommended.is_empty())
+        }
+        None => {
+            let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
+            let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+            let doc = report::document(&store, id, &|_, _| {})?;
+            (report::render_as(&doc, format), doc.recommendation.is_some())
+        }
+    })
+}
+
+/// A run's report as data: from a JSON report file when `run` names one,
+/// else from the controller or the local store.
+async fn report_doc(cli: &Cli, run: &str) -> anyhow::Result<ReportDoc> {
+    let path = Path::new(run);
+    let (text, from) = if path.is_file() {
+        (std::fs::read_to_string(path).with_context(|| format!("cannot read {run}"))?, run.to_owned())
+    } else {
+        (report_text(cli, run, Format::Json).await?.0, format!("run {run}'s report"))
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{from} is not a JSON report"))?;
+    let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
+    if schema != report::doc::SCHEMA {
+        anyhow::bail!("{from} has schema {schema:?}; this benchfleet reads {:?}", report::doc::SCHEMA);
+    }
+    serde_json::from_value(value).with_context(|| format!("{from} does not match {}", report::doc::SCHEMA))
+}
+
 /// Watches a run to its end, then (with `report`) prints its report; the
 /// exit code says how it ended.
 async fn follow(url: &str, run_id: &str, reconnect_for: Duration, json: bool, report: bool) -> anyhow::Result<i32> {
@@ -502,7 +572,7 @@ async fn follow(url: &str, run_id: &str, reconnect_for: Duration, json: bool, re
     if report {
         let r = client::connect(url)
             .await?
-            .get_report(pb::GetReportRequest { run_id: run_id.to_owned() })
+            .get_report(pb::GetReportRequest { run_id: run_id.to_owned(), format: String::new() })
             .await
             .map_err(client::status)?
             .into_inner();

@@ -389,6 +389,15 @@ impl Objective {
         self.score(s) > self.score(than)
     }
 
+    /// The matrix's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::TotalTokenThroughput => "total_token_throughput",
+            Objective::OutputThroughput => "output_throughput",
+            Objective::MeanLatency => "mean_latency",
+        }
+    }
+
     /// The value with its name, e.g. `total token throughput 9632.01 tok/s`.
     pub fn show(self, s: &Summary) -> String {
         match self {

@@ -412,14 +412,16 @@ impl pb::operator_service_server::OperatorService for Services {
     }
 
     async fn get_report(&self, req: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
-        let run = convert::run_id(&req.into_inner().run_id)?;
+        let req = req.into_inner();
+        let run = convert::run_id(&req.run_id)?;
+        let format = report::Format::parse(&req.format).map_err(Status::invalid_argument)?;
         let store = self.0.store().clone();
         let ingest = self.0.ingest.clone();
         let keep = move |key, digest: &benchfleet_core::Digest| ingest.digest(key, digest);
-        let report = blocking(move || Ok(report::render_keeping(store.as_ref(), run, &keep)?)).await?;
+        let doc = blocking(move || Ok(report::document(store.as_ref(), run, &keep)?)).await?;
         Ok(Response::new(pb::GetReportResponse {
-            text: report.text,
-            recommended: report.recommended.unwrap_or_default(),
+            text: report::render_as(&doc, format),
+            recommended: doc.recommendation.map(|r| r.config).unwrap_or_default(),
         }))
     }
 

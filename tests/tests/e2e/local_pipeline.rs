@@ -58,7 +58,7 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
     assert_eq!((run.jobs_done, run.jobs_failed, run.jobs_total), (4, 0, 4));
     assert!(seen.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {seen:?}");
     let report = operator
-        .get_report(benchfleet_proto::GetReportRequest { run_id: submitted.run_id.clone() })
+        .get_report(benchfleet_proto::GetReportRequest { run_id: submitted.run_id.clone(), format: String::new() })
         .await?
         .into_inner()
         .text;

@@ -1,0 +1,265 @@
+//! Two runs side by side (`benchfleet compare A B`): each configuration and
+//! profile both ran, each headline number's change from A to B with Welch's
+//! 95% interval over the repeats, and whether B regressed, as a CI gate.
+//!
+//! A gated metric regresses when B is worse than A by more than the
+//! threshold and, when both have two repeats or more, the interval of the
+//! difference excludes zero (with fewer there is no interval: the threshold
+//! alone decides, and the table says so). A block that succeeded in A and
+//! has no successful repeat in B fails the gate, as does an INVALID block
+//! in B: neither can show that nothing regressed.
+
+use std::fmt::Write as _;
+
+use benchfleet_core::Summary;
+use benchfleet_core::stats::Difference;
+
+use super::HEADLINE;
+use super::doc::{Block, ReportDoc};
+
+/// The headline numbers by the names `--metric` takes, each with whether
+/// higher is better; in `HEADLINE`'s order.
+pub const METRICS: [(&str, bool); 15] = [
+    ("request_throughput", true),
+    ("output_throughput", true),
+    ("total_token_throughput", true),
+    ("mean_latency_ms", false),
+    ("median_latency_ms", false),
+    ("p99_latency_ms", false),
+    ("mean_ttft_ms", false),
+    ("median_ttft_ms", false),
+    ("p99_ttft_ms", false),
+    ("mean_tpot_ms", false),
+    ("median_tpot_ms", false),
+    ("p99_tpot_ms", false),
+    ("mean_itl_ms", false),
+    ("median_itl_ms", false),
+    ("p99_itl_ms", false),
+];
+
+/// The metrics gated when none is named: A's objective, and the mean TTFT
+/// and TPOT.
+pub fn default_gate(a: &ReportDoc) -> Vec<String> {
+    let objective = match a.run.objective.as_str() {
+        "mean_latency" => "mean_latency_ms",
+        "output_throughput" => "output_throughput",
+        _ => "total_token_throughput",
+    };
+    vec![objective.to_owned(), "mean_ttft_ms".to_owned(), "mean_tpot_ms".to_owned()]
+}
+
+/// Checks `--metric` names.
+pub fn check_metrics(names: &[String]) -> Result<(), String> {
+    for n in names {
+        if !METRICS.iter().any(|(m, _)| m == n) {
+            let known: Vec<&str> = METRICS.iter().map(|(m, _)| *m).collect();
+            return Err(format!("unknown metric {n:?}: use one of {}", known.join(", ")));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Worse beyond the threshold (and the interval).
+    Regression,
+    Improvement,
+    /// Within the threshold, or the interval holds zero.
+    WithinNoise,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub config: String,
+    pub profile: String,
+    pub metric: &'static str,
+    pub gated: bool,
+    pub a: f64,
+    pub b: f64,
+    /// (b - a) / a.
+    pub relative: f64,
+    /// Welch's 95% half-width, relative to a; `None` without repeats enough.
+    pub half_width: Option<f64>,
+    pub change: Change,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Comparison {
+    pub rows: Vec<Row>,
+    /// Blocks that fail the gate without a number: no successful repeat in
+    /// B, or INVALID.
+    pub failures: Vec<String>,
+    /// What could not be compared and does not fail the gate.
+    pub notes: Vec<String>,
+}
+
+impl Comparison {
+    pub fn regressions(&self) -> usize {
+        self.rows.iter().filter(|r| r.gated && r.change == Change::Regression).count()
+    }
+
+    /// Whether the gate holds.
+    pub fn passed(&self) -> bool {
+        self.regressions() == 0 && self.failures.is_empty()
+    }
+}
+
+/// Compares B with A: every configuration and profile of A that B has too
+/// (by their names), each headline number; `gate` names the metrics that
+/// can fail it, `threshold` is a fraction.
+pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) -> Comparison {
+    let mut out = Comparison::default();
+    for ca in &a.configurations {
+        let Some(cb) = b.configurations.iter().find(|c| c.name == ca.name) else {
+            out.notes.push(format!("{} is not in run {}", ca.name, b.run.id));
+            continue;
+        };
+        for ba in &ca.blocks {
+            let Some(bb) = cb.block(&ba.profile) else {
+                out.notes.push(format!("{} on {} is not in run {}", ca.name, ba.profile, b.run.id));
+                continue;
+            };
+            let what = format!("{} on {}", ca.name, ba.profile);
+            let (ra, rb): (Vec<&Summary>, Vec<&Summary>) = (ba.summaries().collect(), bb.summaries().collect());
+            if ra.is_empty() {
+                out.notes.push(format!("{what}: no successful repeat in run {}", a.run.id));
+                continue;
+            }
+            if rb.is_empty() {
+                out.failures
+                    .push(format!("{what}: no successful repeat in run {} (run {} had one)", b.run.id, a.run.id));
+                continue;
+            }
+            if let Some(why) = invalid(bb) {
+                out.failures.push(format!(
+                    "{what}: run {} is INVALID ({why}); it cannot show there is no regression",
+                    b.run.id
+                ));
+                continue;
+            }
+            if let Some(why) = invalid(ba) {
+                out.notes.push(format!("{what}: run {} is INVALID ({why}); not compared", a.run.id));
+                continue;
+            }
+            for (i, (metric, higher_is_better)) in METRICS.iter().enumerate() {
+                let value = HEADLINE[i].1;
+                let (va, vb): (Vec<f64>, Vec<f64>) =
+                    (ra.iter().map(|s| value(s)).collect(), rb.iter().map(|s| value(s)).collect());
+                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+                let (ma, mb) = (mean(&va), mean(&vb));
+                let d = Difference::welch(&vb, &va);
+                let relative = if ma == 0.0 { 0.0 } else { (mb - ma) / ma.abs() };
+                let gain = if *higher_is_better { relative } else { -relative };
+                let change = if gain.abs() <= threshold || d.contains_zero() == Some(true) {
+                    Change::WithinNoise
+                } else if gain < 0.0 {
+                    Change::Regression
+                } else {
+                    Change::Improvement
+                };
+                out.rows.push(Row {
+                    config: ca.name.clone(),
+                    profile: ba.profile.clone(),
+                    metric,
+                    gated: gate.iter().any(|g| g == metric),
+                    a: ma,
+                    b: mb,
+                    relative,
+                    half_width: d.half_width.filter(|_| ma != 0.0).map(|h| h / ma.abs()),
+                    change,
+                });
+            }
+        }
+    }
+    for cb in &b.configurations {
+        if !a.configurations.iter().any(|c| c.name == cb.name) {
+            out.notes.push(format!("{} is only in run {}", cb.name, b.run.id));
+        }
+    }
+    out
+}
+
+fn invalid(b: &Block) -> Option<&str> {
+    b.pooled.as_ref().and_then(|s| s.invalid.as_deref())
+}
+
+/// The comparison as a table, the gated rows marked, then the failures and
+/// notes and the verdict.
+pub fn render(c: &Comparison, a: &ReportDoc, b: &ReportDoc, threshold: f64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Run {} ({}) against run {} ({}); threshold {:.2}%, 95% intervals (Welch) over the repeats\n",
+        b.run.id,
+        b.run.name,
+        a.run.id,
+        a.run.name,
+        threshold * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "{:<32} {:<16} {:<24} {:>14} {:>14} {:>20}  verdict",
+        "configuration",
+        "profile",
+        "metric",
+        format!("run {}", a.run.id),
+        format!("run {}", b.run.id),
+        "change"
+    );
+    for r in &c.rows {
+        let change = match r.half_width {
+            Some(h) => format!("{:+.2}% ± {:.2}%", r.relative * 100.0, h * 100.0),
+            None => format!("{:+.2}% (no interval)", r.relative * 100.0),
+        };
+        let verdict = match r.change {
+            Change::Regression if r.gated => "REGRESSION",
+            Change::Regression => "worse (not gated)",
+            Change::Improvement => "better",
+            Change::WithinNoise => "within noise",
+        };
+        let _ = writeln!(
+            out,
+            "{:<32} {:<16} {:<24} {:>14.2} {:>14.2} {:>20}  {verdict}",
+            r.config,
+            r.profile,
+            format!("{}{}", r.metric, if r.gated { " *" } else { "" }),
+            r.a,
+            r.b,
+            change
+        );
+    }
+    let _ = writeln!(out, "\n* gated metric");
+    for f in &c.failures {
+        let _ = writeln!(out, "FAILED: {f}");
+    }
+    for n in &c.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    if c.passed() {
+        let _ = writeln!(out, "\nNo significant regression.");
+    } else {
+        let _ = writeln!(
+            out,
+            "\n{} significant regression(s), {} block(s) without a trustworthy result in run {}.",
+            c.regressions(),
+            c.failures.len(),
+            b.run.id
+        );
+    }
+    out
+}
+
+/// `5%`, `0.05` or `5` (percent when above 1).
+pub fn parse_threshold(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, pct) = match t.strip_suffix('%') {
+        Some(n) => (n.trim(), true),
+        None => (t, false),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("threshold {s:?} is not a number like 5% or 0.05"))?;
+    let v = if pct || v > 1.0 { v / 100.0 } else { v };
+    if !(0.0..1.0).contains(&v) || !v.is_finite() {
+        return Err(format!("threshold {s:?} must be between 0% and 100%"));
+    }
+    Ok(v)
+}

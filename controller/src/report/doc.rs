@@ -1,0 +1,312 @@
+//! The report as data: everything any format shows, gathered from the store
+//! once (`report::document`). Every renderer reads this and nothing else,
+//! so the console text, the Markdown document, the CSV rows, the HTML page
+//! and the JSON (this type, serialized) always say the same thing.
+//!
+//! The JSON form is a versioned schema (`docs/report-json.md`): fields are
+//! only ever added within a version; a reader checks `schema`.
+
+use benchfleet_core::Summary;
+use benchfleet_core::metrics::Percentile;
+use serde::{Deserialize, Serialize};
+
+/// The schema every JSON report names; a change that removes or retypes a
+/// field takes the next number.
+pub const SCHEMA: &str = "benchfleet.report/v1";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReportDoc {
+    /// [`SCHEMA`].
+    pub schema: String,
+    /// The benchfleet version that wrote it.
+    pub generated_by: String,
+    pub run: RunInfo,
+    pub setup: Setup,
+    /// In the order the matrix gives them.
+    pub profiles: Vec<ProfileInfo>,
+    /// Each engine configuration once, in the order they were planned.
+    pub configurations: Vec<Configuration>,
+    /// A greedy run's stages, in order; empty for a grid.
+    #[serde(default)]
+    pub stages: Vec<StageInfo>,
+    /// A greedy run's outcome so far.
+    #[serde(default)]
+    pub greedy: Option<GreedyOutcome>,
+    /// Every variant configuration against its engine's baseline, per profile.
+    #[serde(default)]
+    pub comparisons: Vec<ComparisonRow>,
+    pub recommendation: Option<Recommendation>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub id: u64,
+    pub name: String,
+    pub matrix_file: String,
+    /// running, finished or cancelled.
+    pub state: String,
+    pub created_unix_ms: i64,
+    pub ended_unix_ms: Option<i64>,
+    pub jobs_total: u64,
+    pub jobs_succeeded: u64,
+    pub jobs_failed: u64,
+    /// grid or greedy.
+    pub strategy: String,
+    /// total_token_throughput, output_throughput or mean_latency.
+    pub objective: String,
+    pub primary_profile: String,
+    pub min_success_rate: f64,
+    /// The smallest relative gain that counts as one (a fraction).
+    pub min_effect: f64,
+    pub repeats: u32,
+}
+
+/// What the numbers were measured with.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Setup {
+    pub models: Vec<String>,
+    /// The GPU fingerprints of every job (model, memory, driver, ...).
+    pub gpus: Vec<String>,
+    pub hosts: Vec<String>,
+    pub engines: Vec<EngineInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineInfo {
+    /// The matrix's name for it.
+    pub name: String,
+    /// vllm or sglang.
+    pub kind: String,
+    /// process, docker or external.
+    pub runtime: String,
+    pub images: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProfileInfo {
+    pub name: String,
+    pub primary: bool,
+    /// E.g. `random: 256 input / 64 output tokens, seed 42`.
+    pub dataset: String,
+    /// The offered rate, requests per second; `None`: all at once.
+    pub rate: Option<f64>,
+    /// constant or poisson.
+    pub arrival: String,
+    pub requests: u64,
+    pub max_concurrency: Option<u64>,
+    /// completions or chat.
+    pub endpoint: String,
+    /// The arrivals' seed.
+    pub seed: u64,
+    /// The profile as the references list it: `dataset_name: ShareGPT`,
+    /// `request_rate: 8`, `total_requests: 1000`, ...
+    pub parameters: Vec<(String, String)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Configuration {
+    pub name: String,
+    pub engine: String,
+    pub kind: String,
+    pub variants: Vec<String>,
+    /// The greedy stage it was planned in (1 for a grid).
+    pub stage: u32,
+    pub model: String,
+    pub image: String,
+    pub runtime: String,
+    /// The engine's arguments, one a line as the references show them.
+    pub args: Vec<String>,
+    /// The command line that serves it.
+    pub serve_command: String,
+    pub blocks: Vec<Block>,
+}
+
+impl Configuration {
+    pub fn is_baseline(&self) -> bool {
+        self.variants.is_empty()
+    }
+
+    pub fn block(&self, profile: &str) -> Option<&Block> {
+        self.blocks.iter().find(|b| b.profile == profile)
+    }
+}
+
+/// One configuration on one profile: its repeats and their pooled
+/// "Serving Benchmark Result" block.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    pub profile: String,
+    /// The successful repeats pooled (percentiles of the union of their
+    /// samples); `None` when none succeeded or they cannot be pooled.
+    pub pooled: Option<Summary>,
+    /// Why the successful repeats could not be pooled (each is then shown
+    /// alone).
+    pub not_pooled: Option<String>,
+    /// Each headline number's 95% interval over the repeats; empty with
+    /// fewer than two successful repeats.
+    pub intervals: Vec<Interval>,
+    /// Percentiles 1 to 99.9 of the pooled TTFT and ITL, ms (for charts);
+    /// empty when the samples are not stored.
+    #[serde(default)]
+    pub ttft_ms: Vec<Percentile>,
+    #[serde(default)]
+    pub itl_ms: Vec<Percentile>,
+    pub repeats: Vec<Repeat>,
+}
+
+impl Block {
+    /// The successful repeats' own summaries.
+    pub fn summaries(&self) -> impl Iterator<Item = &Summary> {
+        self.repeats.iter().filter(|r| r.state == "succeeded").filter_map(|r| r.summary.as_ref())
+    }
+
+    pub fn succeeded(&self) -> usize {
+        self.summaries().count()
+    }
+}
+
+/// A headline number's mean over the repeats with its 95% interval
+/// (Student's t, n - 1 degrees of freedom).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Interval {
+    /// As the block names it: `Total token throughput (tok/s)`.
+    pub metric: String,
+    pub mean: f64,
+    pub half_width: Option<f64>,
+}
+
+/// One job: a repeat of a configuration on a profile, with where and how it
+/// was measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Repeat {
+    pub job: u64,
+    pub repeat: u32,
+    /// The job's state: succeeded, failed, cancelled, ...
+    pub state: String,
+    pub summary: Option<Summary>,
+    pub error: Option<String>,
+    /// The engine's last log lines, for a failure.
+    pub log_tail: Option<String>,
+    pub provenance: Provenance,
+}
+
+/// Where a repeat's numbers came from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// The agent that ran its last attempt.
+    pub host: Option<String>,
+    pub attempt: u32,
+    pub started_unix_ms: Option<i64>,
+    pub ended_unix_ms: Option<i64>,
+    /// The GPUs' fingerprints.
+    pub gpus: Vec<String>,
+    /// Engine start to serving, s.
+    pub engine_startup_s: Option<f64>,
+    /// How the engine's prefix cache was emptied before the job, or why it
+    /// was warm.
+    pub prefix_cache: Option<String>,
+    pub dataset: String,
+    /// The rate and the arrivals: `8 req/s, poisson, seed 0`.
+    pub load: String,
+    /// Why the numbers cannot be trusted, when they cannot.
+    pub invalid: Option<String>,
+    /// The server's token counts against the tokenizer's, when they differ.
+    pub token_counts: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageInfo {
+    pub number: u32,
+    pub title: String,
+    pub decisions: Vec<Decision>,
+    /// The configurations this stage measured, in order.
+    pub configurations: Vec<String>,
+    /// The stage in a sentence: `vllm Total TPS = 9632.01, sglang Total TPS
+    /// = 4995.66, vllm higher by 4,636.35 tok/s (92.8%)`.
+    pub summary: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub config: String,
+    pub verdict: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GreedyOutcome {
+    /// The stage still running, when the run is not over.
+    pub running_stage: Option<u32>,
+    pub chosen: Option<String>,
+    pub reason: String,
+}
+
+/// What a comparison with the baseline concluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Better,
+    Worse,
+    WithinNoise,
+    /// The variant's own run is INVALID.
+    Invalid,
+    /// The baseline's run is INVALID: not compared.
+    BaselineInvalid,
+    /// The variant's success rate is below the acceptance.
+    BelowAcceptance,
+    /// One side has no successful repeat.
+    NoResult,
+}
+
+impl Verdict {
+    /// Whether the configuration can be adopted on this evidence.
+    pub fn adopted(self) -> bool {
+        self == Verdict::Better
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ComparisonRow {
+    pub profile: String,
+    pub config: String,
+    pub baseline: String,
+    /// The objective as the references name it: `Total TPS`, `Output TPS`,
+    /// `Mean latency (s)`.
+    pub metric: String,
+    pub value: Option<f64>,
+    pub baseline_value: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub baseline_tpot_ms: Option<f64>,
+    pub verdict: Verdict,
+    /// The conclusion in words: `+3.23%, better`, `1.26x faster (2.09 s vs
+    /// 1.65 s), better`, `success rate 51.6%, not adopted`.
+    pub said: String,
+    /// Variant minus baseline, with Welch's 95% half-width when both have
+    /// two repeats or more.
+    pub difference: Option<f64>,
+    pub half_width: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    pub config: String,
+    /// The command that serves it, on one line.
+    pub serve_command: String,
+    /// The primary profile it was chosen on.
+    pub profile: String,
+    /// Why: `the best total token throughput 9942.93 tok/s on profile p`.
+    pub why: String,
+    /// The engine's baseline configuration, when the recommendation is a
+    /// variant of it.
+    pub baseline: Option<String>,
+    /// Before and after, per profile.
+    pub table: Vec<BeforeAfter>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BeforeAfter {
+    pub profile: String,
+    /// `Total TPS: 9632.01, Mean TPOT(ms): 25.89` or `Mean latency: 2.09s/req`.
+    pub baseline: Option<String>,
+    /// The same with the change: `Total TPS: 10570.88 (+9.75%), Mean TPOT(ms): 24.71`.
+    pub optimized: Option<String>,
+}

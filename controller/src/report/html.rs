@@ -1,0 +1,437 @@
+//! The report as one self-contained HTML page: the conclusion, charts drawn
+//! as inline SVG (no script, no stylesheet or font to fetch: it opens from
+//! a file with no network), the comparison table and every block.
+//!
+//! Charts: the objective per configuration on each profile with its 95%
+//! interval; throughput against latency across the profiles (one line per
+//! configuration, in the order of the profiles' rates); and the TTFT and
+//! ITL distributions on the primary profile (percentiles of the pooled
+//! samples).
+
+use std::fmt::Write as _;
+
+use benchfleet_core::render_block;
+use benchfleet_core::{Summary, pool};
+
+use super::doc::*;
+
+const PALETTE: [&str; 8] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const WIDTH: f64 = 720.0;
+const HEIGHT: f64 = 320.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 30.0;
+const BOTTOM: f64 = 60.0;
+
+pub fn render(doc: &ReportDoc) -> String {
+    let mut out = String::new();
+    let title = format!("{}: run {}", doc.run.name, doc.run.id);
+    let _ = writeln!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>\n\
+         body {{ font-family: sans-serif; margin: 2em; max-width: 1100px; }}\n\
+         pre {{ background: #f6f6f6; padding: 0.8em; overflow-x: auto; }}\n\
+         table {{ border-collapse: collapse; margin: 1em 0; }}\n\
+         td, th {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }}\n\
+         svg text {{ font-size: 11px; }}\n.invalid {{ color: #b00; font-weight: bold; }}\n</style>\n</head>\n<body>",
+        esc(&title)
+    );
+    let _ = writeln!(out, "<h1>{}</h1>", esc(&title));
+    let _ = writeln!(
+        out,
+        "<p>{} (<code>{}</code>): {} of {} jobs succeeded, {} failed. Objective: {}. Written by {}.</p>",
+        esc(&doc.run.state),
+        esc(&doc.run.matrix_file),
+        doc.run.jobs_succeeded,
+        doc.run.jobs_total,
+        doc.run.jobs_failed,
+        esc(&doc.run.objective),
+        esc(&doc.generated_by)
+    );
+
+    let _ = writeln!(out, "<h2>Conclusion</h2>");
+    match &doc.recommendation {
+        Some(r) => {
+            let _ = writeln!(out, "<p>Recommended: <code>{}</code>, {}.</p>", esc(&r.config), esc(&r.why));
+            let _ = writeln!(out, "<pre>{}</pre>", esc(&r.serve_command));
+            if let Some(base) = &r.baseline {
+                let _ = writeln!(
+                    out,
+                    "<table><tr><th>Profile</th><th>Baseline ({})</th><th>Optimized ({})</th></tr>",
+                    esc(base),
+                    esc(&r.config)
+                );
+                for row in &r.table {
+                    let _ = writeln!(
+                        out,
+                        "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                        esc(&row.profile),
+                        esc(row.baseline.as_deref().unwrap_or("no result")),
+                        esc(row.optimized.as_deref().unwrap_or("no result"))
+                    );
+                }
+                let _ = writeln!(out, "</table>");
+            }
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "<p>No configuration met the acceptance on the primary profile: nothing is recommended.</p>"
+            );
+        }
+    }
+
+    let _ = writeln!(out, "<h2>Charts</h2>");
+    for p in &doc.profiles {
+        out.push_str(&objective_chart(doc, &p.name));
+    }
+    out.push_str(&throughput_latency_chart(doc));
+    let primary = doc.run.primary_profile.as_str();
+    out.push_str(&distribution_chart(doc, primary, "TTFT", |b| &b.ttft_ms));
+    out.push_str(&distribution_chart(doc, primary, "ITL", |b| &b.itl_ms));
+
+    if !doc.comparisons.is_empty() {
+        let _ = writeln!(out, "<h2>Against the baseline</h2>");
+        let _ = writeln!(
+            out,
+            "<table><tr><th>Profile</th><th>Configuration</th><th>Value</th><th>Baseline</th><th>Conclusion</th></tr>"
+        );
+        for r in &doc.comparisons {
+            let v = |x: Option<f64>| x.map_or("no result".to_owned(), |x| format!("{x:.2}"));
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.profile),
+                esc(&r.config),
+                esc(&r.metric),
+                v(r.value),
+                v(r.baseline_value),
+                esc(&r.said)
+            );
+        }
+        let _ = writeln!(out, "</table>");
+    }
+
+    let _ = writeln!(out, "<h2>Results</h2>");
+    for c in &doc.configurations {
+        let _ = writeln!(out, "<h3>{}</h3>\n<pre>{}</pre>", esc(&c.name), esc(&c.serve_command));
+        for b in &c.blocks {
+            let _ = writeln!(out, "<h4>Profile {}</h4>", esc(&b.profile));
+            match (&b.pooled, &b.not_pooled) {
+                (Some(s), _) => {
+                    if let Some(why) = &s.invalid {
+                        let _ = writeln!(out, "<p class=\"invalid\">INVALID: {}</p>", esc(why));
+                    }
+                    let _ = writeln!(out, "<pre>{}</pre>", esc(&render_block(s)));
+                }
+                (None, Some(why)) => {
+                    let _ = writeln!(out, "<p>The repeats cannot be pooled: {}.</p>", esc(why));
+                }
+                (None, None) => {
+                    let _ = writeln!(out, "<p>No successful repeat.</p>");
+                }
+            }
+            for r in b.repeats.iter().filter(|r| r.state != "succeeded") {
+                let _ = writeln!(
+                    out,
+                    "<p>Repeat {} {}: {}</p>",
+                    r.repeat,
+                    esc(&r.state),
+                    esc(r.error.as_deref().unwrap_or("no reason given"))
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "</body>\n</html>");
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Round steps for an axis from 0 (or `lo`) to `hi`.
+fn ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let span = (hi - lo).max(f64::MIN_POSITIVE);
+    let raw = span / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| span / s <= 6.0).unwrap_or(10.0 * mag);
+    let mut t = (lo / step).ceil() * step;
+    let mut out = Vec::new();
+    while t <= hi + step * 1e-9 && out.len() < 20 {
+        out.push(t);
+        t += step;
+    }
+    out
+}
+
+fn label(x: f64) -> String {
+    if x.abs() >= 1000.0 || x == x.trunc() { format!("{x:.0}") } else { format!("{x:.2}") }
+}
+
+/// The frame of a chart: axes, ticks, labels; returns the SVG so far and
+/// the two scales.
+struct Frame {
+    svg: String,
+    x: (f64, f64),
+    y: (f64, f64),
+}
+
+impl Frame {
+    fn new(title: &str, x_label: &str, y_label: &str, x: (f64, f64), y: (f64, f64)) -> Frame {
+        let mut svg = format!(
+            "<figure><svg role=\"img\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\">\n\
+             <title>{}</title>\n<text x=\"{LEFT}\" y=\"18\" font-weight=\"bold\">{}</text>\n",
+            esc(title),
+            esc(title)
+        );
+        let f = Frame { svg: String::new(), x, y };
+        let (x0, y0, x1, y1) = (LEFT, HEIGHT - BOTTOM, WIDTH - RIGHT, TOP);
+        let _ = writeln!(svg, "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x1}\" y2=\"{y0}\" stroke=\"#333\"/>");
+        let _ = writeln!(svg, "<line x1=\"{x0}\" y1=\"{y0}\" x2=\"{x0}\" y2=\"{y1}\" stroke=\"#333\"/>");
+        for t in ticks(y.0, y.1) {
+            let py = f.py(t);
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{x0}\" y1=\"{py:.1}\" x2=\"{x1}\" y2=\"{py:.1}\" stroke=\"#eee\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                x0 - 4.0,
+                py + 4.0,
+                label(t)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n\
+             <text transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
+            (x0 + x1) / 2.0,
+            HEIGHT - 8.0,
+            esc(x_label),
+            (y0 + y1) / 2.0,
+            esc(y_label)
+        );
+        Frame { svg, ..f }
+    }
+
+    fn px(&self, v: f64) -> f64 {
+        let span = (self.x.1 - self.x.0).max(f64::MIN_POSITIVE);
+        LEFT + (v - self.x.0) / span * (WIDTH - LEFT - RIGHT)
+    }
+
+    fn py(&self, v: f64) -> f64 {
+        let span = (self.y.1 - self.y.0).max(f64::MIN_POSITIVE);
+        HEIGHT - BOTTOM - (v - self.y.0) / span * (HEIGHT - TOP - BOTTOM)
+    }
+
+    fn x_ticks(&mut self) {
+        for t in ticks(self.x.0, self.x.1) {
+            let px = self.px(t);
+            let _ = writeln!(
+                self.svg,
+                "<text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+                HEIGHT - BOTTOM + 16.0,
+                label(t)
+            );
+        }
+    }
+
+    fn legend(&mut self, names: &[&str]) {
+        for (i, n) in names.iter().enumerate() {
+            let (x, y) = (WIDTH - RIGHT - 200.0, TOP + 14.0 * i as f64);
+            let _ = writeln!(
+                self.svg,
+                "<rect x=\"{x}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                y - 9.0,
+                PALETTE[i % PALETTE.len()],
+                x + 14.0,
+                y,
+                esc(n)
+            );
+        }
+    }
+
+    fn end(mut self, caption: &str) -> String {
+        let _ = writeln!(self.svg, "</svg><figcaption>{}</figcaption></figure>", esc(caption));
+        self.svg
+    }
+}
+
+/// The objective's metric name in a block's intervals and its value.
+fn objective_of(doc: &ReportDoc) -> (&'static str, &'static str, fn(&Summary) -> f64) {
+    match doc.run.objective.as_str() {
+        "mean_latency" => ("Mean E2E latency (ms)", "Mean E2E latency (ms)", |s| s.latency_s.mean * 1e3),
+        "output_throughput" => {
+            ("Output token throughput (tok/s)", "Output token throughput (tok/s)", |s| s.output_throughput)
+        }
+        _ => ("Total token throughput (tok/s)", "Total token throughput (tok/s)", |s| s.total_token_throughput),
+    }
+}
+
+/// Bars of the objective per configuration on one profile, with the 95%
+/// interval over the repeats as a whisker where there is one.
+fn objective_chart(doc: &ReportDoc, profile: &str) -> String {
+    let (metric, axis, value) = objective_of(doc);
+    let bars: Vec<(&str, f64, Option<f64>, bool)> = doc
+        .configurations
+        .iter()
+        .filter_map(|c| {
+            let b = c.block(profile)?;
+            let s = b.pooled.as_ref()?;
+            let half = b.intervals.iter().find(|i| i.metric == metric).and_then(|i| i.half_width);
+            Some((c.name.as_str(), value(s), half, s.invalid.is_some()))
+        })
+        .collect();
+    if bars.is_empty() {
+        return String::new();
+    }
+    let top = bars.iter().map(|(_, v, h, _)| v + h.unwrap_or(0.0)).fold(0.0, f64::max) * 1.1;
+    let mut f =
+        Frame::new(&format!("{axis} on {profile}"), "configuration", axis, (0.0, bars.len() as f64), (0.0, top));
+    let slot = (WIDTH - LEFT - RIGHT) / bars.len() as f64;
+    for (i, (name, v, half, invalid)) in bars.iter().enumerate() {
+        let x = LEFT + slot * i as f64 + slot * 0.15;
+        let (y, base) = (f.py(*v), f.py(0.0));
+        let fill = if *invalid { "#bbbbbb" } else { PALETTE[i % PALETTE.len()] };
+        let _ = writeln!(
+            f.svg,
+            "<rect class=\"bar\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{fill}\">\
+             <title>{}: {v:.2}{}</title></rect>",
+            slot * 0.7,
+            (base - y).max(0.0),
+            esc(name),
+            half.map_or(String::new(), |h| format!(" ± {h:.2}"))
+        );
+        if let Some(h) = half {
+            let cx = x + slot * 0.35;
+            let _ = writeln!(
+                f.svg,
+                "<line class=\"interval\" x1=\"{cx:.1}\" y1=\"{:.1}\" x2=\"{cx:.1}\" y2=\"{:.1}\" stroke=\"#000\"/>",
+                f.py(v - h),
+                f.py(v + h)
+            );
+        }
+        let _ = writeln!(
+            f.svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}{}</text>",
+            x + slot * 0.35,
+            HEIGHT - BOTTOM + 16.0,
+            esc(name),
+            if *invalid { " (INVALID)" } else { "" }
+        );
+    }
+    f.end("Whiskers: 95% interval over the repeats (none with one repeat). Grey: INVALID runs.")
+}
+
+/// Total token throughput against mean latency, one point per profile and
+/// a line per configuration in the order of the profiles' offered rates.
+fn throughput_latency_chart(doc: &ReportDoc) -> String {
+    let mut order: Vec<&ProfileInfo> = doc.profiles.iter().collect();
+    order.sort_by(|a, b| a.rate.unwrap_or(f64::INFINITY).total_cmp(&b.rate.unwrap_or(f64::INFINITY)));
+    // (configuration, [(throughput, latency, profile)]).
+    type Line<'a> = (&'a str, Vec<(f64, f64, &'a str)>);
+    let lines: Vec<Line> = doc
+        .configurations
+        .iter()
+        .map(|c| {
+            let points = order
+                .iter()
+                .filter_map(|p| {
+                    let b = c.block(&p.name)?;
+                    let s = pool(&b.summaries().collect::<Vec<_>>(), None)?;
+                    Some((s.total_token_throughput, s.latency_s.mean, p.name.as_str()))
+                })
+                .collect();
+            (c.name.as_str(), points)
+        })
+        .filter(|(_, p): &(&str, Vec<_>)| !p.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let xmax = lines.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(0.0, f64::max) * 1.1;
+    let ymax = lines.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max) * 1.1;
+    let mut f = Frame::new(
+        "Throughput against latency across the profiles",
+        "total token throughput (tok/s)",
+        "mean E2E latency (s)",
+        (0.0, xmax),
+        (0.0, ymax),
+    );
+    f.x_ticks();
+    for (i, (name, points)) in lines.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let path: Vec<String> = points.iter().map(|(x, y, _)| format!("{:.1},{:.1}", f.px(*x), f.py(*y))).collect();
+        let _ = writeln!(f.svg, "<polyline fill=\"none\" stroke=\"{color}\" points=\"{}\"/>", path.join(" "));
+        for (x, y, profile) in points {
+            let _ = writeln!(
+                f.svg,
+                "<circle class=\"point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{color}\">\
+                 <title>{} on {}: {x:.2} tok/s, {y:.3} s</title></circle>",
+                f.px(*x),
+                f.py(*y),
+                esc(name),
+                esc(profile)
+            );
+        }
+    }
+    let names: Vec<&str> = lines.iter().map(|(n, _)| *n).collect();
+    f.legend(&names);
+    f.end("One point per profile, joined in the order of the profiles' offered rates.")
+}
+
+/// A distribution on one profile as its percentile curve (percentile on x,
+/// the value on y), one line per configuration.
+fn distribution_chart(doc: &ReportDoc, profile: &str, name: &str, of: fn(&Block) -> &Vec<Percentile>) -> String {
+    let lines: Vec<(&str, &Vec<Percentile>)> = doc
+        .configurations
+        .iter()
+        .filter_map(|c| c.block(profile).map(|b| (c.name.as_str(), of(b))))
+        .filter(|(_, p)| !p.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let ymax = lines.iter().flat_map(|(_, p)| p.iter()).map(|p| p.value).fold(0.0, f64::max) * 1.1;
+    let mut f = Frame::new(
+        &format!("{name} distribution on {profile}"),
+        "percentile",
+        &format!("{name} (ms)"),
+        (0.0, 100.0),
+        (0.0, if ymax > 0.0 { ymax } else { 1.0 }),
+    );
+    f.x_ticks();
+    for (i, (config, points)) in lines.iter().enumerate() {
+        let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", f.px(p.p), f.py(p.value))).collect();
+        let _ = writeln!(
+            f.svg,
+            "<polyline class=\"distribution\" fill=\"none\" stroke=\"{}\" points=\"{}\"><title>{}</title></polyline>",
+            PALETTE[i % PALETTE.len()],
+            path.join(" "),
+            esc(config)
+        );
+    }
+    let names: Vec<&str> = lines.iter().map(|(n, _)| *n).collect();
+    f.legend(&names);
+    f.end(&format!("The {name} of every request of the pooled repeats, by percentile."))
+}
+
+use benchfleet_core::metrics::Percentile;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_and_cover_the_range() {
+        assert_eq!(ticks(0.0, 10.0), [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+        assert_eq!(ticks(0.0, 9632.0), [0.0, 2000.0, 4000.0, 6000.0, 8000.0]);
+        let t = ticks(0.0, 0.37);
+        assert!(t.len() >= 3 && t.len() <= 7, "{t:?}");
+    }
+
+    #[test]
+    fn text_is_escaped() {
+        assert_eq!(esc("<a href=\"x\">&</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;");
+    }
+}

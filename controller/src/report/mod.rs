@@ -1,0 +1,681 @@
+//! The run report: one "Serving Benchmark Result" block per (engine
+//! configuration, profile), each variant against its engine's baseline (a
+//! variant below the matrix's acceptance is reported, never adopted), and
+//! every failure with its reason; for a greedy run, the stages and the
+//! choice made at each. Built from the store alone (`document`), so that
+//! `benchfleet report` says the same long after the run, then rendered in
+//! one of the formats: console text, the Markdown document of the
+//! reference reports, JSON (`doc::ReportDoc`, a versioned schema), CSV
+//! rows and a self-contained HTML page with charts.
+//!
+//! A configuration's repeats on a profile make one block, pooled
+//! (`benchfleet_core::pool`): the percentiles of the union of their samples,
+//! from the attempts' stored digests; never a mean of percentiles.
+
+pub mod compare;
+mod console;
+mod csv;
+pub mod doc;
+mod html;
+mod markdown;
+mod words;
+
+use std::collections::HashMap;
+
+use benchfleet_core::stats::Estimate;
+use benchfleet_core::{Digest, Summary, pool};
+
+use crate::greedy::{self, Objective, Plan};
+use crate::matrix::Strategy;
+use crate::model::{AttemptKey, Dataset, Group, Job, JobState, Profile, Progress, RunId};
+use crate::store::{Store, StoreError};
+use doc::*;
+
+/// A rendered console report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub text: String,
+    /// The configuration recommended, if one met the acceptance (validity,
+    /// success rate) on the primary profile.
+    pub recommended: Option<String>,
+}
+
+/// The formats a report is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Console,
+    Markdown,
+    Json,
+    Csv,
+    Html,
+}
+
+impl Format {
+    pub const NAMES: &'static str = "console, markdown, json, csv or html";
+
+    pub fn parse(name: &str) -> Result<Format, String> {
+        match name.to_ascii_lowercase().as_str() {
+            "" | "console" | "text" => Ok(Format::Console),
+            "markdown" | "md" => Ok(Format::Markdown),
+            "json" => Ok(Format::Json),
+            "csv" => Ok(Format::Csv),
+            "html" => Ok(Format::Html),
+            other => Err(format!("unknown report format {other:?}: use {}", Format::NAMES)),
+        }
+    }
+}
+
+/// Renders the console report of a stored run; the digests it has to build
+/// (missing from the store) are kept in memory only.
+pub fn render(store: &dyn Store, run_id: RunId) -> Result<Report, StoreError> {
+    render_keeping(store, run_id, &|_, _| {})
+}
+
+/// Renders the console report of a stored run, handing each digest it had
+/// to build from records to `keep` (the controller stores them).
+pub fn render_keeping(
+    store: &dyn Store,
+    run_id: RunId,
+    keep: &dyn Fn(AttemptKey, &Digest),
+) -> Result<Report, StoreError> {
+    let doc = document(store, run_id, keep)?;
+    Ok(Report { text: console::render(&doc), recommended: doc.recommendation.as_ref().map(|r| r.config.clone()) })
+}
+
+/// The report in a format.
+pub fn render_as(doc: &ReportDoc, format: Format) -> String {
+    match format {
+        Format::Console => console::render(doc),
+        Format::Markdown => markdown::render(doc),
+        Format::Json => serde_json::to_string_pretty(doc).expect("a report serializes") + "\n",
+        Format::Csv => csv::render(doc),
+        Format::Html => html::render(doc),
+    }
+}
+
+/// Everything the report of a stored run says, gathered once.
+pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Digest)) -> Result<ReportDoc, StoreError> {
+    let run = store.run(run_id)?.ok_or_else(|| StoreError::NotFound(format!("run {run_id}")))?;
+    let all_groups = store.groups(run_id)?;
+    // A greedy run measures some configurations again in its final stage,
+    // in groups of their own: the report shows each configuration once.
+    let mut groups: Vec<Group> = Vec::new();
+    for g in &all_groups {
+        if !groups.iter().any(|seen| seen.config.name == g.config.name) {
+            groups.push(g.clone());
+        }
+    }
+    let group_of: HashMap<u64, u64> = all_groups
+        .iter()
+        .map(|g| (g.id, groups.iter().find(|seen| seen.config.name == g.config.name).map_or(g.id, |seen| seen.id)))
+        .collect();
+    let stored_jobs = store.jobs(run_id)?;
+    let progress = Progress::of(&stored_jobs);
+    let jobs: Vec<Job> = stored_jobs
+        .iter()
+        .cloned()
+        .map(|mut j| {
+            j.group = group_of.get(&j.group).copied().unwrap_or(j.group);
+            j
+        })
+        .collect();
+    // The stored matrix was valid when it was submitted; its files are not
+    // needed to read its acceptance.
+    let matrix = crate::matrix::reparse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new())).ok();
+    let objective = Objective::of(matrix.as_ref().map_or("", |m| m.objective.as_str()));
+    let min_success_rate = matrix.as_ref().map_or(1.0, |m| m.min_success_rate);
+    let min_effect = matrix.as_ref().map_or(crate::matrix::DEFAULT_MIN_EFFECT, |m| m.min_effect);
+
+    let mut profile_list: Vec<&Profile> = Vec::new();
+    for j in &jobs {
+        if !profile_list.iter().any(|p| p.name == j.profile.name) {
+            profile_list.push(&j.profile);
+        }
+    }
+    let primary = matrix
+        .as_ref()
+        .map(|m| m.primary_profile.clone())
+        .or_else(|| profile_list.first().map(|p| p.name.clone()))
+        .unwrap_or_default();
+    let profiles: Vec<ProfileInfo> = profile_list.iter().map(|p| profile_info(p, p.name == primary)).collect();
+
+    let mut configurations = Vec::with_capacity(groups.len());
+    for group in &groups {
+        let mut blocks = Vec::new();
+        for profile in &profiles {
+            let of_profile: Vec<&Job> =
+                jobs.iter().filter(|j| j.group == group.id && j.profile.name == profile.name).collect();
+            if !of_profile.is_empty() {
+                blocks.push(block(store, group, &profile.name, &of_profile, keep)?);
+            }
+        }
+        let c = &group.config;
+        configurations.push(Configuration {
+            name: c.name.clone(),
+            engine: c.engine.clone(),
+            kind: c.kind.as_str().to_owned(),
+            variants: c.variants.clone(),
+            stage: group.stage,
+            model: c.model.clone(),
+            image: c.image.clone(),
+            runtime: c.runtime.as_str().to_owned(),
+            args: c.args.clone(),
+            serve_command: c.serve_command(),
+            blocks,
+        });
+    }
+
+    let mut stages = Vec::new();
+    let mut greedy_outcome = None;
+    if let Some(m) = matrix.as_ref().filter(|m| m.strategy == Strategy::Greedy) {
+        let planned = greedy::plan(m, &greedy::Results::of(&all_groups, &stored_jobs, &m.primary_profile));
+        for d in &planned.decisions {
+            if stages.last().is_none_or(|s: &StageInfo| s.number != d.stage) {
+                let mut measured: Vec<String> = Vec::new();
+                for g in all_groups.iter().filter(|g| g.stage == d.stage) {
+                    if !measured.contains(&g.config.name) {
+                        measured.push(g.config.name.clone());
+                    }
+                }
+                stages.push(StageInfo {
+                    number: d.stage,
+                    title: stage_title(d.stage).to_owned(),
+                    decisions: Vec::new(),
+                    configurations: measured,
+                    summary: None,
+                });
+            }
+            if let Some(s) = stages.last_mut() {
+                s.decisions.push(Decision { config: d.config.clone(), verdict: d.verdict.clone() });
+            }
+        }
+        greedy_outcome = Some(match planned.plan {
+            Plan::Next(next) => GreedyOutcome { running_stage: Some(next.number), chosen: None, reason: String::new() },
+            Plan::Done(outcome) => {
+                GreedyOutcome { running_stage: None, chosen: outcome.winner, reason: outcome.reason }
+            }
+        });
+        for s in &mut stages {
+            s.summary =
+                words::stage_sentence(objective, &configurations, &s.configurations, &primary, min_success_rate);
+        }
+    }
+
+    let comparisons = comparisons(&configurations, &profiles, (min_success_rate, min_effect), objective);
+    let winner = greedy_outcome.as_ref().and_then(|g| g.chosen.as_deref());
+    let recommendation = matrix.as_ref().and_then(|m| {
+        recommendation(&configurations, &profiles, &primary, (m.min_success_rate, m.min_effect), objective, winner)
+    });
+
+    let mut setup = Setup::default();
+    for c in &configurations {
+        push_new(&mut setup.models, &c.model);
+        match setup.engines.iter_mut().find(|e| e.name == c.engine) {
+            Some(e) => {
+                if !c.image.is_empty() {
+                    push_new(&mut e.images, &c.image);
+                }
+            }
+            None => setup.engines.push(EngineInfo {
+                name: c.engine.clone(),
+                kind: c.kind.clone(),
+                runtime: c.runtime.clone(),
+                images: if c.image.is_empty() { Vec::new() } else { vec![c.image.clone()] },
+            }),
+        }
+        for r in c.blocks.iter().flat_map(|b| &b.repeats) {
+            for g in &r.provenance.gpus {
+                push_new(&mut setup.gpus, g);
+            }
+            if let Some(h) = &r.provenance.host {
+                push_new(&mut setup.hosts, h);
+            }
+        }
+    }
+
+    Ok(ReportDoc {
+        schema: SCHEMA.to_owned(),
+        generated_by: format!("benchfleet {}", env!("CARGO_PKG_VERSION")),
+        run: RunInfo {
+            id: run.id.0,
+            name: run.name.clone(),
+            matrix_file: run.matrix_file.clone(),
+            state: match run.state {
+                crate::model::RunState::Running => "running",
+                crate::model::RunState::Finished => "finished",
+                crate::model::RunState::Cancelled => "cancelled",
+            }
+            .to_owned(),
+            created_unix_ms: run.created_unix_ms,
+            ended_unix_ms: run.ended_unix_ms,
+            jobs_total: progress.total,
+            jobs_succeeded: progress.succeeded,
+            jobs_failed: progress.failed,
+            strategy: match matrix.as_ref().map(|m| m.strategy) {
+                Some(Strategy::Greedy) => "greedy",
+                _ => "grid",
+            }
+            .to_owned(),
+            objective: objective.name().to_owned(),
+            primary_profile: primary,
+            min_success_rate,
+            min_effect,
+            repeats: matrix.as_ref().map_or(1, |m| m.repeats),
+        },
+        setup,
+        profiles,
+        configurations,
+        stages,
+        greedy: greedy_outcome,
+        comparisons,
+        recommendation,
+    })
+}
+
+fn push_new(list: &mut Vec<String>, item: &str) {
+    if !list.iter().any(|s| s == item) {
+        list.push(item.to_owned());
+    }
+}
+
+fn stage_title(stage: u32) -> &'static str {
+    match stage {
+        1 => "each engine at its defaults",
+        2 => "each variant alone",
+        3 => "the helping variants combined",
+        _ => "the winner and the baseline on every profile",
+    }
+}
+
+/// The percentiles of the distributions a block keeps for charts.
+const CHART_PERCENTILES: [f64; 22] = [
+    1.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0, 60.0, 65.0, 70.0, 75.0, 80.0, 85.0, 90.0,
+    95.0, 99.0, 99.9,
+];
+
+/// One configuration on one profile: every repeat with its provenance,
+/// and the successful ones pooled from their digests (each repeat's read
+/// from the store, or built from its records).
+fn block(
+    store: &dyn Store,
+    group: &Group,
+    profile: &str,
+    jobs: &[&Job],
+    keep: &dyn Fn(AttemptKey, &Digest),
+) -> Result<Block, StoreError> {
+    let done: Vec<(&Job, &Summary)> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Succeeded)
+        .filter_map(|j| j.summary.as_ref().map(|s| (*j, s)))
+        .collect();
+    let summaries: Vec<&Summary> = done.iter().map(|(_, s)| *s).collect();
+    // The inner error says why the repeats cannot be pooled (a repeat's
+    // records are not all stored); the outer one is the store's.
+    let mut digests = Vec::with_capacity(done.len());
+    let mut missing = None;
+    for (j, s) in &done {
+        match crate::digests::get_or_build(store, &j.key(), s, keep) {
+            Ok(d) => digests.push(d),
+            Err(StoreError::Invalid(why)) => {
+                missing = Some(why);
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let (pooled, not_pooled) = match (&missing, summaries.len()) {
+        // One repeat is its own block, digest or not.
+        (_, 0 | 1) => (pool(&summaries, None), None),
+        (Some(why), _) => (None, Some(why.clone())),
+        (None, _) => (pool(&summaries, Some(&digests.iter().collect::<Vec<_>>())), None),
+    };
+    let (mut ttft_ms, mut itl_ms) = (Vec::new(), Vec::new());
+    if missing.is_none()
+        && let Some(first) = digests.first()
+    {
+        let mut all = first.clone();
+        for d in &digests[1..] {
+            all.merge(d);
+        }
+        ttft_ms = all.ttft.distribution(1e6, &CHART_PERCENTILES).percentiles;
+        itl_ms = all.itl.distribution(1e6, &CHART_PERCENTILES).percentiles;
+    }
+    let repeats = jobs
+        .iter()
+        .map(|j| Repeat {
+            job: j.id,
+            repeat: j.repeat,
+            state: j.state.as_str().to_owned(),
+            summary: j.summary.clone().filter(|_| j.state == JobState::Succeeded),
+            error: j.error.clone().filter(|_| j.state != JobState::Succeeded),
+            log_tail: j.log_tail.clone().filter(|_| j.state != JobState::Succeeded),
+            provenance: provenance(group, j),
+        })
+        .collect();
+    Ok(Block {
+        profile: profile.to_owned(),
+        pooled,
+        not_pooled,
+        intervals: intervals(&summaries),
+        ttft_ms,
+        itl_ms,
+        repeats,
+    })
+}
+
+fn provenance(group: &Group, j: &Job) -> Provenance {
+    let attempt = j.current();
+    let p = &j.profile;
+    let rate = p.rate.map_or("all at once".to_owned(), |r| format!("{} req/s", words::number(r)));
+    let arrival = match p.arrival {
+        crate::model::Arrival::Constant => "constant",
+        crate::model::Arrival::Poisson => "poisson",
+    };
+    let mut load = format!("{rate}, {arrival} arrivals, seed {}", p.seed);
+    if let Some(c) = p.max_concurrency {
+        load.push_str(&format!(", at most {c} in flight"));
+    }
+    let _ = group;
+    Provenance {
+        host: attempt.map(|a| a.agent_name.clone()).filter(|n| !n.is_empty()),
+        attempt: j.attempt,
+        started_unix_ms: attempt.map(|a| a.started_unix_ms),
+        ended_unix_ms: attempt.and_then(|a| a.ended_unix_ms),
+        gpus: j.gpu_fingerprint.clone(),
+        engine_startup_s: j.engine_startup_s,
+        prefix_cache: j.prefix_cache.clone(),
+        dataset: dataset_words(&p.dataset),
+        load,
+        invalid: j.summary.as_ref().and_then(|s| s.invalid.clone()),
+        token_counts: j.summary.as_ref().and_then(|s| s.usage_check).and_then(|u| u.describe()),
+    }
+}
+
+fn dataset_words(d: &Dataset) -> String {
+    match d {
+        Dataset::Random { input_tokens, output_tokens, seed } => {
+            format!("random: {input_tokens} input / {output_tokens} output tokens, seed {seed}")
+        }
+        Dataset::Sharegpt { file, sha256, output_tokens } => {
+            let out = output_tokens.map_or(String::new(), |o| format!(", {o} output tokens"));
+            format!("ShareGPT {file} (sha256 {sha256}){out}")
+        }
+        Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => format!(
+            "shared prefix: {groups} prefixes of {prefix_tokens} tokens, {suffix_tokens}-token suffixes, \
+             {output_tokens} output tokens, seed {seed}"
+        ),
+    }
+}
+
+fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
+    let mut parameters: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: String| parameters.push((k.to_owned(), v));
+    match &p.dataset {
+        Dataset::Random { input_tokens, output_tokens, seed } => {
+            set("dataset_name", "random".into());
+            set("input_tokens", input_tokens.to_string());
+            set("output_tokens", output_tokens.to_string());
+            set("dataset_seed", seed.to_string());
+        }
+        Dataset::Sharegpt { file, output_tokens, .. } => {
+            set("dataset_name", "ShareGPT".into());
+            set("dataset_file", file.clone());
+            if let Some(o) = output_tokens {
+                set("output_tokens", o.to_string());
+            }
+        }
+        Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
+            set("dataset_name", "shared_prefix".into());
+            set("prefix_groups", groups.to_string());
+            set("prefix_tokens", prefix_tokens.to_string());
+            set("suffix_tokens", suffix_tokens.to_string());
+            set("output_tokens", output_tokens.to_string());
+            set("dataset_seed", seed.to_string());
+        }
+    }
+    set("request_rate", p.rate.map_or("inf".to_owned(), words::number));
+    if p.rate.is_some() {
+        set(
+            "arrival",
+            match p.arrival {
+                crate::model::Arrival::Constant => "constant",
+                crate::model::Arrival::Poisson => "poisson",
+            }
+            .into(),
+        );
+    }
+    set("total_requests", p.requests.to_string());
+    if let Some(c) = p.max_concurrency {
+        set("max_concurrency", c.to_string());
+    }
+    set(
+        "endpoint",
+        match p.endpoint {
+            crate::model::Endpoint::Completions => "completions",
+            crate::model::Endpoint::Chat => "chat",
+        }
+        .into(),
+    );
+    set("seed", p.seed.to_string());
+    let window = |w: &crate::model::Window| match w {
+        crate::model::Window::Requests(n) => format!("{n} requests"),
+        crate::model::Window::Seconds(s) => format!("{}s", words::number(*s)),
+    };
+    if let Some(w) = &p.warmup {
+        set("warmup", window(w));
+    }
+    if let Some(w) = &p.cooldown {
+        set("cooldown", window(w));
+    }
+    if let Some(d) = p.max_duration_s {
+        set("max_duration", format!("{}s", words::number(d)));
+    }
+    if p.ignore_eos {
+        set("ignore_eos", "true".into());
+    }
+    if let Some(b) = &p.extra_body {
+        set("extra_body", b.clone());
+    }
+    if let Some(t) = &p.processor {
+        set("processor", t.file.clone());
+    }
+    ProfileInfo {
+        name: p.name.clone(),
+        primary,
+        dataset: dataset_words(&p.dataset),
+        rate: p.rate,
+        arrival: match p.arrival {
+            crate::model::Arrival::Constant => "constant",
+            crate::model::Arrival::Poisson => "poisson",
+        }
+        .to_owned(),
+        requests: p.requests,
+        max_concurrency: p.max_concurrency,
+        endpoint: match p.endpoint {
+            crate::model::Endpoint::Completions => "completions",
+            crate::model::Endpoint::Chat => "chat",
+        }
+        .to_owned(),
+        seed: p.seed,
+        parameters,
+    }
+}
+
+/// The successful repeats pooled for their throughputs, means and success
+/// rate (no percentiles: no digest is read).
+pub fn pooled(jobs: &[&Job]) -> Option<Summary> {
+    let summaries: Vec<&Summary> =
+        jobs.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.as_ref()).collect();
+    pool(&summaries, None)
+}
+
+type Number = (&'static str, fn(&Summary) -> f64);
+
+/// The headline numbers, as blocks name them.
+pub const HEADLINE: [Number; 15] = [
+    ("Request throughput (req/s)", |s| s.request_throughput),
+    ("Output token throughput (tok/s)", |s| s.output_throughput),
+    ("Total token throughput (tok/s)", |s| s.total_token_throughput),
+    ("Mean E2E latency (ms)", |s| s.latency_s.mean * 1e3),
+    ("Median E2E latency (ms)", |s| s.latency_s.median * 1e3),
+    ("P99 E2E latency (ms)", |s| s.latency_s.p99 * 1e3),
+    ("Mean TTFT (ms)", |s| s.ttft_ms.mean),
+    ("Median TTFT (ms)", |s| s.ttft_ms.median),
+    ("P99 TTFT (ms)", |s| s.ttft_ms.p99),
+    ("Mean TPOT (ms)", |s| s.tpot_ms.mean),
+    ("Median TPOT (ms)", |s| s.tpot_ms.median),
+    ("P99 TPOT (ms)", |s| s.tpot_ms.p99),
+    ("Mean ITL (ms)", |s| s.itl_ms.mean),
+    ("Median ITL (ms)", |s| s.itl_ms.median),
+    ("P99 ITL (ms)", |s| s.itl_ms.p99),
+];
+
+/// Each headline number's 95% confidence interval over the repeats: the
+/// mean of the repeats' own values, Student's t with n - 1 degrees of
+/// freedom. One repeat has none.
+fn intervals(repeats: &[&Summary]) -> Vec<Interval> {
+    if repeats.len() < 2 {
+        return Vec::new();
+    }
+    HEADLINE
+        .iter()
+        .map(|(name, value)| {
+            let values: Vec<f64> = repeats.iter().map(|s| value(s)).collect();
+            let e = Estimate::of(&values);
+            Interval { metric: (*name).to_owned(), mean: e.mean, half_width: e.half_width }
+        })
+        .collect()
+}
+
+/// The objective's name and value as the references' tables show them.
+pub(crate) fn objective_metric(objective: Objective) -> (&'static str, fn(&Summary) -> f64) {
+    match objective {
+        Objective::MeanLatency => ("Mean latency (s)", |s| s.latency_s.mean),
+        Objective::OutputThroughput => ("Output TPS", |s| s.output_throughput),
+        Objective::TotalTokenThroughput => ("Total TPS", |s| s.total_token_throughput),
+    }
+}
+
+/// The baseline a variant configuration is compared with: its engine's
+/// configuration without variants.
+fn baseline_of<'a>(configs: &'a [Configuration], c: &Configuration) -> Option<&'a Configuration> {
+    configs.iter().find(|b| b.engine == c.engine && b.is_baseline())
+}
+
+fn comparisons(
+    configs: &[Configuration],
+    profiles: &[ProfileInfo],
+    (min_success_rate, min_effect): (f64, f64),
+    objective: Objective,
+) -> Vec<ComparisonRow> {
+    let (metric, value) = objective_metric(objective);
+    let mut rows = Vec::new();
+    for profile in profiles {
+        for v in configs.iter().filter(|c| !c.is_baseline()) {
+            let Some(base) = baseline_of(configs, v) else { continue };
+            let (b, s) = (base.block(&profile.name), v.block(&profile.name));
+            let pooled = |blk: Option<&Block>| blk.and_then(|b| pool(&b.summaries().collect::<Vec<_>>(), None));
+            let mut row = ComparisonRow {
+                profile: profile.name.clone(),
+                config: v.name.clone(),
+                baseline: base.name.clone(),
+                metric: metric.to_owned(),
+                value: None,
+                baseline_value: None,
+                tpot_ms: None,
+                baseline_tpot_ms: None,
+                verdict: Verdict::NoResult,
+                said: "no result to compare".to_owned(),
+                difference: None,
+                half_width: None,
+            };
+            if let (Some(bs), Some(ss), Some(bb), Some(sb)) = (pooled(b), pooled(s), b, s) {
+                (row.value, row.baseline_value) = (Some(value(&ss)), Some(value(&bs)));
+                (row.tpot_ms, row.baseline_tpot_ms) = (Some(ss.tpot_ms.mean), Some(bs.tpot_ms.mean));
+                (row.verdict, row.said) = if let Some(why) = &ss.invalid {
+                    (Verdict::Invalid, format!("run INVALID: {why}; not adopted"))
+                } else if ss.success_rate() < min_success_rate {
+                    (Verdict::BelowAcceptance, format!("success rate {:.1}%, not adopted", ss.success_rate() * 100.0))
+                } else if let Some(why) = &bs.invalid {
+                    (Verdict::BaselineInvalid, format!("baseline run INVALID: {why}; not compared"))
+                } else {
+                    let c = objective.compare(
+                        &bb.summaries().collect::<Vec<_>>(),
+                        &sb.summaries().collect::<Vec<_>>(),
+                        min_effect,
+                    );
+                    (row.difference, row.half_width) = (Some(c.difference.diff), c.difference.half_width);
+                    match c.verdict {
+                        greedy::Verdict::Better => (Verdict::Better, format!("{}, better", c.shown)),
+                        greedy::Verdict::WithinNoise => (Verdict::WithinNoise, format!("{}, within noise", c.shown)),
+                        greedy::Verdict::Worse => (Verdict::Worse, format!("{}, worse", c.shown)),
+                    }
+                };
+            }
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+/// The configuration to serve: the best on the primary profile by the
+/// matrix's objective, among those whose runs were valid and met the
+/// acceptance; for a greedy run, the procedure's winner (which is that best,
+/// up to ties). A variant is recommended only when it is better than its
+/// engine's acceptable baseline, beyond noise (the greedy winner already is).
+fn recommendation(
+    configs: &[Configuration],
+    profiles: &[ProfileInfo],
+    primary: &str,
+    (min_success_rate, min_effect): (f64, f64),
+    objective: Objective,
+    winner: Option<&str>,
+) -> Option<Recommendation> {
+    let summaries = |c: &Configuration, profile: &str| -> Vec<Summary> {
+        c.block(profile).map(|b| b.summaries().cloned().collect()).unwrap_or_default()
+    };
+    let acceptable = |c: &Configuration| {
+        pool(&summaries(c, primary).iter().collect::<Vec<_>>(), None)
+            .filter(|s| s.invalid.is_none() && s.success_rate() >= min_success_rate)
+    };
+    let candidates = configs.iter().filter(|c| winner.is_none_or(|w| c.name == w)).filter_map(|c| {
+        let s = acceptable(c)?;
+        if winner.is_none()
+            && !c.is_baseline()
+            && let Some(b) = baseline_of(configs, c).filter(|b| acceptable(b).is_some())
+        {
+            let (bs, vs) = (summaries(b, primary), summaries(c, primary));
+            let cmp = objective.compare(&bs.iter().collect::<Vec<_>>(), &vs.iter().collect::<Vec<_>>(), min_effect);
+            if cmp.verdict != greedy::Verdict::Better {
+                return None;
+            }
+        }
+        Some((c, s))
+    });
+    let (best, s) = candidates.max_by(|a, b| objective.score(&a.1).total_cmp(&objective.score(&b.1)))?;
+    let baseline = baseline_of(configs, best).filter(|b| b.name != best.name);
+    let table = profiles
+        .iter()
+        .map(|p| {
+            let of = |c: &Configuration| pool(&summaries(c, &p.name).iter().collect::<Vec<_>>(), None);
+            let base = baseline.and_then(of);
+            let opt = of(best);
+            BeforeAfter {
+                profile: p.name.clone(),
+                baseline: base.as_ref().map(|b| words::headline(objective, b, None)),
+                optimized: opt.as_ref().map(|o| words::headline(objective, o, base.as_ref())),
+            }
+        })
+        .collect();
+    Some(Recommendation {
+        config: best.name.clone(),
+        serve_command: best.serve_command.clone(),
+        profile: primary.to_owned(),
+        why: format!("the best {} on profile {primary}", objective.show(&s)),
+        baseline: baseline.map(|b| b.name.clone()),
+        table,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+use super::*;
+use crate::model::{Dataset, EngineConfig, EngineKind, Profile, Run, RuntimeKind};
+use crate::store::SledStore;
+
+const MATRIX: &str = "\
+name: acceptance
+model: m
+acceptance: { min_success_rate: 0.99 }
+engines: { vllm: {} }
+variants:
+  mtp: { args: [--mtp] }
+  fp8: { model: m-fp8 }
+profiles:
+  p: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 1000 }
+";
+
+fn group(id: u64, variants: &[&str]) -> Group {
+    Group {
+        run: RunId(1),
+        id,
+        config: EngineConfig {
+            name: std::iter::once("vllm").chain(variants.iter().copied()).collect::<Vec<_>>().join("+"),
+            engine: "vllm".into(),
+            kind: EngineKind::Vllm,
+            variants: variants.iter().map(|v| v.to_string()).collect(),
+            model: "m".into(),
+            image: String::new(),
+            args: Vec::new(),
+            runtime: RuntimeKind::Process,
+            url: None,
+            allow_warm_cache: false,
+        },
+        gpu: None,
+        gpus_per_job: 1,
+        jobs: vec![id],
+        stage: 1,
+        placement: None,
+        failed_on: Vec::new(),
+    }
+}
+
+fn job(group: u64, tps: f64, successful: u64) -> Job {
+    let profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 }, 1000);
+    let mut job = Job::new(RunId(1), group, group, profile, 1);
+    job.state = JobState::Succeeded;
+    job.summary =
+        Some(Summary { successful, failed: 1000 - successful, total_token_throughput: tps, ..Summary::default() });
+    job
+}
+
+/// A store holding run 1 of `MATRIX` (finished) with its groups, jobs
+/// and their summaries.
+fn stored(name: &str, groups: &[Group], jobs: &[Job]) -> (tempfile::TempDir, SledStore) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("store");
+    store.create_run(&finished_run(name), groups, jobs).expect("create");
+    let summaries = jobs.iter().map(|j| (j.key(), j.summary.clone().expect("set above"))).collect();
+    store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+    (dir, store)
+}
+
+/// Run 1 of `MATRIX`, finished.
+fn finished_run(name: &str) -> Run {
+    Run {
+        id: RunId(1),
+        name: name.into(),
+        matrix_file: "m.yaml".into(),
+        matrix_yaml: MATRIX.into(),
+        created_unix_ms: 0,
+        state: crate::model::RunState::Finished,
+        ended_unix_ms: None,
+        note: None,
+        files: Default::default(),
+        runtime_override: None,
+    }
+}
+
+#[test]
+fn variants_below_the_acceptance_are_reported_but_not_adopted() {
+    let groups = [group(0, &[]), group(1, &["mtp"]), group(2, &["fp8"])];
+    let jobs = [job(0, 9632.01, 1000), job(1, 15514.15, 516), job(2, 9942.93, 1000)];
+    let (_dir, store) = stored("acceptance", &groups, &jobs);
+    let report = render(&store, RunId(1)).expect("render").text;
+    // mtp has the highest throughput but failed half its requests.
+    assert!(
+        report.contains("## Recommended\n\nvllm serve m\n\n(vllm+fp8: the best total token throughput"),
+        "{report}"
+    );
+    let lines: Vec<&str> = report.lines().filter(|l| l.contains("| baseline")).collect();
+    assert_eq!(
+        lines,
+        [
+            "  vllm+mtp                                 Total TPS: 15514.15 (success rate 51.6%, not adopted) \
+             Mean TPOT(ms): 0.00 | baseline Total TPS: 9632.01 Mean TPOT(ms): 0.00",
+            "  vllm+fp8                                 Total TPS: 9942.93 (+3.23%, better) \
+             Mean TPOT(ms): 0.00 | baseline Total TPS: 9632.01 Mean TPOT(ms): 0.00",
+        ]
+    );
+}
+
+#[test]
+fn repeats_whose_records_are_missing_are_shown_one_by_one() {
+    let (first, mut second) = (job(0, 100.0, 1000), job(0, 200.0, 1000));
+    (second.id, second.repeat) = (1, 2);
+    let jobs = [first, second];
+    let (_dir, store) = stored("repeats", &[group(0, &[])], &jobs);
+    let report = render(&store, RunId(1)).expect("render").text;
+    assert!(
+        report.contains(
+            "(the 2 repeats cannot be pooled: attempt 0 of job 1/0 has 0 records stored but its summary counts 1000; each is shown alone)"
+        ),
+        "{report}"
+    );
+    assert_eq!(report.matches("Serving Benchmark Result").count(), 2, "{report}");
+}
+
+#[test]
+fn an_invalid_baseline_is_not_compared() {
+    let mut base = job(0, 5000.0, 1000);
+    if let Some(s) = base.summary.as_mut() {
+        s.invalid = Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into());
+    }
+    let jobs = [base, job(2, 9942.93, 1000)];
+    let (_dir, store) = stored("invalid", &[group(0, &[]), group(2, &["fp8"])], &jobs);
+    let report = render(&store, RunId(1)).expect("render").text;
+    assert!(
+        report.contains(
+            "Total TPS: 9942.93 (baseline run INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms; not compared)"
+        ),
+        "{report}"
+    );
+    assert!(report.contains("One repeat: no confidence intervals."), "{report}");
+    assert_eq!(render(&store, RunId(1)).expect("render").recommended.as_deref(), Some("vllm+fp8"));
+
+    // Every configuration INVALID: nothing is recommended, and it says so.
+    let mut fp8 = jobs[1].clone();
+    if let Some(s) = fp8.summary.as_mut() {
+        s.invalid = Some("achieved 1.00 req/s is below 95% of the offered 2.00 req/s".into());
+    }
+    store
+        .commit_records(&crate::store::RecordCommit {
+            summaries: vec![(fp8.key(), fp8.summary.clone().expect("set"))],
+            ..Default::default()
+        })
+        .expect("summary");
+    store.apply(&[crate::model::Write::Job(fp8)]).expect("job");
+    let r = render(&store, RunId(1)).expect("render");
+    assert_eq!(r.recommended, None);
+    assert!(r.text.contains("## No recommendation\n\nNo configuration met the acceptance"), "{}", r.text);
+}
+
+#[test]
+fn a_variant_within_noise_of_its_baseline_is_not_recommended() {
+    // +0.01%: the best throughput, but within noise.
+    let jobs = [job(0, 9632.01, 1000), job(2, 9633.0, 1000)];
+    let (_dir, store) = stored("noise", &[group(0, &[]), group(2, &["fp8"])], &jobs);
+    let r = render(&store, RunId(1)).expect("render");
+    assert_eq!(r.recommended.as_deref(), Some("vllm"), "{}", r.text);
+    assert!(r.text.contains("(+0.01%, below the 1.00% minimum effect, within noise)"), "{}", r.text);
+}

@@ -1,0 +1,196 @@
+//! Numbers and sentences as the reference reports word them.
+
+use benchfleet_core::{Summary, pool};
+
+use super::doc::Configuration;
+use crate::greedy::{Objective, Verdict};
+
+/// A number without trailing zeros: `8`, `0.5`, `12.25`.
+pub fn number(x: f64) -> String {
+    if x.is_infinite() {
+        return "inf".to_owned();
+    }
+    let s = format!("{x:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".to_owned() } else { s.to_owned() }
+}
+
+/// Two decimals with thousands separated: `4,636.35`.
+pub fn grouped(x: f64) -> String {
+    let s = format!("{:.2}", x.abs());
+    let (int, frac) = s.split_once('.').unwrap_or((&s, "00"));
+    let mut out = String::new();
+    for (i, c) in int.chars().enumerate() {
+        if i > 0 && (int.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    format!("{}{out}.{frac}", if x < 0.0 { "-" } else { "" })
+}
+
+/// The objective's headline as the references' tables show it, with the
+/// change from `base` when given: `Total TPS: 10570.88 (+9.75%) Mean
+/// TPOT(ms): 24.71`, `Mean latency: 1.65s/req (1.26x faster)`.
+pub fn headline(objective: Objective, s: &Summary, base: Option<&Summary>) -> String {
+    let change = base.map_or(String::new(), |b| format!(" ({})", objective.change(b, s)));
+    match objective {
+        Objective::MeanLatency => format!("Mean latency: {:.2}s/req{change}", s.latency_s.mean),
+        Objective::TotalTokenThroughput => {
+            format!("Total TPS: {:.2}{change} Mean TPOT(ms): {:.2}", s.total_token_throughput, s.tpot_ms.mean)
+        }
+        Objective::OutputThroughput => {
+            format!("Output TPS: {:.2}{change} Mean TPOT(ms): {:.2}", s.output_throughput, s.tpot_ms.mean)
+        }
+    }
+}
+
+/// A stage in a sentence, on the primary profile: each configuration's
+/// value, then the best against the next: `vllm Total TPS = 9632.01, sglang
+/// Total TPS = 4995.66. vllm higher by 4,636.35 tok/s (92.8%); Mean TPOT =
+/// 25.89 ms vs 180.73 ms, lower by 154.84 ms (85.67%).` A latency objective
+/// says how much faster, in TTFT and TPOT too. `None` for a stage of fewer
+/// than two measured configurations.
+pub fn stage_sentence(
+    objective: Objective,
+    configs: &[Configuration],
+    measured: &[String],
+    primary: &str,
+    min_success_rate: f64,
+) -> Option<String> {
+    let mut valued: Vec<(&str, Summary, Vec<Summary>)> = measured
+        .iter()
+        .filter_map(|name| {
+            let block = configs.iter().find(|c| &c.name == name)?.block(primary)?;
+            let repeats: Vec<Summary> = block.summaries().cloned().collect();
+            let pooled = pool(&repeats.iter().collect::<Vec<_>>(), None)?;
+            Some((name.as_str(), pooled, repeats))
+        })
+        .collect();
+    if valued.len() < 2 {
+        return None;
+    }
+    let listing: Vec<String> = valued
+        .iter()
+        .map(|(name, s, _)| match objective {
+            Objective::MeanLatency => format!("{name} Mean latency = {:.2}s", s.latency_s.mean),
+            Objective::TotalTokenThroughput => format!("{name} Total TPS = {:.2}", s.total_token_throughput),
+            Objective::OutputThroughput => format!("{name} Output TPS = {:.2}", s.output_throughput),
+        })
+        .collect();
+    // Only what could be adopted is ranked: an INVALID run, or one below
+    // the acceptance, is listed and set aside.
+    let mut listing = listing;
+    for (i, (_, s, _)) in valued.iter().enumerate() {
+        if let Some(why) = &s.invalid {
+            listing[i].push_str(&format!(" (INVALID: {why})"));
+        } else if s.success_rate() < min_success_rate {
+            listing[i].push_str(&format!(" (success rate {:.1}%, not adopted)", s.success_rate() * 100.0));
+        }
+    }
+    valued.retain(|(_, s, _)| s.invalid.is_none() && s.success_rate() >= min_success_rate);
+    valued.sort_by(|a, b| objective.score(&b.1).total_cmp(&objective.score(&a.1)));
+    if valued.len() < 2 {
+        return Some(format!("{}.", listing.join(", ")));
+    }
+    let (best, next) = (&valued[0], &valued[1]);
+    let (b, n) = (&best.1, &next.1);
+    let mut out = format!("{}. ", listing.join(", "));
+    match objective {
+        Objective::MeanLatency => {
+            out.push_str(&format!(
+                "{} faster by {:.2} s ({}). TTFT = {:.2} ms vs {:.2} ms, {}; TPOT = {:.2} ms vs {:.2} ms, {}",
+                best.0,
+                n.latency_s.mean - b.latency_s.mean,
+                times(n.latency_s.mean, b.latency_s.mean),
+                b.ttft_ms.mean,
+                n.ttft_ms.mean,
+                lower_by_times(b.ttft_ms.mean, n.ttft_ms.mean),
+                b.tpot_ms.mean,
+                n.tpot_ms.mean,
+                lower_by_times(b.tpot_ms.mean, n.tpot_ms.mean),
+            ));
+        }
+        _ => {
+            let v = |s: &Summary| objective.value(s);
+            let pct = if v(n) == 0.0 { 0.0 } else { (v(b) - v(n)) / v(n) * 100.0 };
+            out.push_str(&format!(
+                "{} higher by {} tok/s ({pct:.1}%); Mean TPOT = {:.2} ms vs {:.2} ms, {}",
+                best.0,
+                grouped(v(b) - v(n)),
+                b.tpot_ms.mean,
+                n.tpot_ms.mean,
+                lower_by_pct(b.tpot_ms.mean, n.tpot_ms.mean),
+            ));
+        }
+    }
+    // Whether the two differ beyond noise, by the matrix's rule.
+    let c = objective.compare(&next.2.iter().collect::<Vec<_>>(), &best.2.iter().collect::<Vec<_>>(), 0.0);
+    if c.verdict == Verdict::WithinNoise {
+        out.push_str(" (the difference is within noise)");
+    }
+    out.push('.');
+    Some(out)
+}
+
+/// `3.10x faster` / `1.01x slower`: how `new` compares with `old`, lower
+/// being better.
+fn times(old: f64, new: f64) -> String {
+    if new <= 0.0 || old <= 0.0 {
+        return "n/a".to_owned();
+    }
+    if new <= old { format!("{:.2}x faster", old / new) } else { format!("{:.2}x slower", new / old) }
+}
+
+/// `lower by 57.60 ms (2.40x faster)` / `higher by 0.17 ms (1.00x slower)`.
+fn lower_by_times(mine: f64, theirs: f64) -> String {
+    let word = if mine <= theirs { "lower" } else { "higher" };
+    format!("{word} by {:.2} ms ({})", (theirs - mine).abs(), times(theirs, mine))
+}
+
+/// `lower by 154.84 ms (85.67%)`, relative to the other's value.
+fn lower_by_pct(mine: f64, theirs: f64) -> String {
+    let word = if mine <= theirs { "lower" } else { "higher" };
+    let pct = if theirs == 0.0 { 0.0 } else { (theirs - mine).abs() / theirs * 100.0 };
+    format!("{word} by {:.2} ms ({pct:.2}%)", (theirs - mine).abs())
+}
+
+/// A time as `2026-12-01 19:40:56 UTC`.
+pub fn utc(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_worded_as_the_references_do() {
+        assert_eq!(number(8.0), "8");
+        assert_eq!(number(0.5), "0.5");
+        assert_eq!(number(f64::INFINITY), "inf");
+        assert_eq!(grouped(4636.354), "4,636.35");
+        assert_eq!(grouped(999.0), "999.00");
+        assert_eq!(grouped(1_234_567.0), "1,234,567.00");
+        assert_eq!(grouped(-1234.5), "-1,234.50");
+        assert_eq!(times(2.62, 8.13), "3.10x slower");
+        assert_eq!(times(8.13, 2.62), "3.10x faster");
+        assert_eq!(lower_by_pct(25.89, 180.73), "lower by 154.84 ms (85.67%)");
+        assert_eq!(lower_by_times(41.12, 98.72), "lower by 57.60 ms (2.40x faster)");
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_796_154_056_000), "2026-12-01 19:40:56 UTC");
+    }
+}
