@@ -149,13 +149,15 @@ struct RawVariant {
 #[serde(deny_unknown_fields)]
 struct RawProfile {
     dataset: RawDataset,
+    /// One rate, or a sweep: a list, one profile per rate.
     #[serde(default)]
-    rate: Option<RawRate>,
+    rate: Option<OneOrMany<RawRate>>,
     #[serde(default)]
     arrival: Option<String>,
     requests: i64,
+    /// One cap, or a sweep: a list, one profile per cap.
     #[serde(default)]
-    max_concurrency: Option<i64>,
+    max_concurrency: Option<OneOrMany<i64>>,
     #[serde(default)]
     endpoint: Option<String>,
     #[serde(default)]
@@ -184,8 +186,29 @@ struct RawProfile {
     extra_body: Option<serde_yaml_ng::Value>,
 }
 
-/// A rate is a number of requests per second, or `inf` for all at once.
+/// A value, or a list of them: a sweep.
 #[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> OneOrMany<T> {
+    fn list(&self) -> Vec<&T> {
+        match self {
+            OneOrMany::One(v) => vec![v],
+            OneOrMany::Many(vs) => vs.iter().collect(),
+        }
+    }
+
+    fn is_sweep(&self) -> bool {
+        matches!(self, OneOrMany::Many(_))
+    }
+}
+
+/// A rate is a number of requests per second, or `inf` for all at once.
+#[derive(Debug, Deserialize, PartialEq)]
 #[serde(untagged)]
 enum RawRate {
     Number(f64),
@@ -494,14 +517,41 @@ fn parse_as(
             Some(StoredFile { file: path.clone(), sha256 })
         }
     };
-    let mut profiles = Vec::new();
+    let mut profiles: Vec<Profile> = Vec::new();
+    // Each sweep's name and the profiles it makes.
+    let mut sweeps: Vec<(String, Vec<String>)> = Vec::new();
     for name in key_order(&value, "profiles") {
-        let mut p = profile(&name, &raw.profiles[&name], &err, file_hash, strict)?;
-        p.processor = processor.clone();
-        profiles.push(p);
+        let raw_profile = &raw.profiles[&name];
+        let points = sweep_points(&name, raw_profile, &err)?;
+        let swept = raw_profile.rate.as_ref().is_some_and(OneOrMany::is_sweep)
+            || raw_profile.max_concurrency.as_ref().is_some_and(OneOrMany::is_sweep);
+        if swept {
+            sweeps.push((name.clone(), points.iter().map(|(n, ..)| n.clone()).collect()));
+        }
+        for (point, rate, cap) in points {
+            let mut p = profile(&name, raw_profile, (rate, cap), &err, file_hash, strict)?;
+            if profiles.iter().any(|q| q.name == point) {
+                let maker = sweeps.iter().find(|(_, ps)| ps.contains(&point)).map_or(point.as_str(), |(b, _)| b);
+                let why = if maker == name {
+                    format!("its sweep makes a profile named '{point}', which profile '{point}' already is")
+                } else {
+                    format!("the sweep of profile '{maker}' makes a profile of this name too")
+                };
+                return Err(err(&format!("profiles.{name}"), why));
+            }
+            p.name = point;
+            p.processor = processor.clone();
+            profiles.push(p);
+        }
     }
     let primary_profile = match raw.primary_profile {
-        Some(name) if !raw.profiles.contains_key(&name) => {
+        Some(name) if let Some((_, points)) = sweeps.iter().find(|(base, _)| *base == name) => {
+            return Err(err(
+                "primary_profile",
+                format!("'{name}' is a sweep; name one of its profiles: {}", points.join(", ")),
+            ));
+        }
+        Some(name) if !profiles.iter().any(|p| p.name == name) => {
             return Err(err(
                 "primary_profile",
                 format!(
@@ -881,9 +931,75 @@ fn config(model: &str, engine: &EngineDef, set: &[&VariantDef], allow_warm_cache
     }
 }
 
+/// The most profiles one sweep makes.
+pub const MAX_SWEEP: usize = 64;
+
+/// The profiles a raw profile makes, by name, with the rate and the cap of
+/// each: itself, or one per point of its sweeps (`NAME-r8` for a rate of 8,
+/// `NAME-c64` for a cap of 64, `NAME-r8-c64` for both).
+fn sweep_points<'a>(
+    name: &str,
+    p: &'a RawProfile,
+    err: &dyn Fn(&str, String) -> MatrixError,
+) -> Result<Vec<(String, Option<&'a RawRate>, Option<i64>)>, MatrixError> {
+    let field = |f: &str| format!("profiles.{name}.{f}");
+    let rates: Vec<Option<&RawRate>> = match &p.rate {
+        None => vec![None],
+        Some(r) => r.list().into_iter().map(Some).collect(),
+    };
+    let caps: Vec<Option<i64>> = match &p.max_concurrency {
+        None => vec![None],
+        Some(c) => c.list().into_iter().map(|n| Some(*n)).collect(),
+    };
+    for (f, n) in [("rate", rates.len()), ("max_concurrency", caps.len())] {
+        if n == 0 {
+            return Err(err(&field(f), "an empty sweep: give one value or a list of them".to_owned()));
+        }
+        if n > MAX_SWEEP {
+            return Err(err(&field(f), format!("a sweep of {n} values; at most {MAX_SWEEP}")));
+        }
+    }
+    let rate_name = |r: &RawRate| match r {
+        RawRate::Number(x) => {
+            let s = format!("{x:.4}");
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        }
+        RawRate::Word(w) => w.clone(),
+    };
+    for (i, r) in rates.iter().enumerate() {
+        if rates[..i].contains(r) {
+            let shown = r.map(rate_name).unwrap_or_default();
+            return Err(err(&field("rate"), format!("the sweep gives the rate {shown} twice")));
+        }
+    }
+    for (i, c) in caps.iter().enumerate() {
+        if caps[..i].contains(c) {
+            let shown = c.map_or(String::new(), |c| c.to_string());
+            return Err(err(&field("max_concurrency"), format!("the sweep gives the cap {shown} twice")));
+        }
+    }
+    let rate_swept = p.rate.as_ref().is_some_and(OneOrMany::is_sweep);
+    let cap_swept = p.max_concurrency.as_ref().is_some_and(OneOrMany::is_sweep);
+    let mut points = Vec::with_capacity(rates.len() * caps.len());
+    for r in &rates {
+        for c in &caps {
+            let mut point = name.to_owned();
+            if rate_swept && let Some(r) = r {
+                point.push_str(&format!("-r{}", rate_name(r)));
+            }
+            if cap_swept && let Some(c) = c {
+                point.push_str(&format!("-c{c}"));
+            }
+            points.push((point, *r, *c));
+        }
+    }
+    Ok(points)
+}
+
 fn profile(
     name: &str,
     p: &RawProfile,
+    (raw_rate, raw_cap): (Option<&RawRate>, Option<i64>),
     err: &dyn Fn(&str, String) -> MatrixError,
     file_hash: &dyn Fn(&str) -> Option<String>,
     strict: bool,
@@ -892,7 +1008,7 @@ fn profile(
     let admit = |check: Result<(), MatrixError>| if strict { check } else { Ok(()) };
     let cap = |max: i64| if strict { max } else { i64::MAX };
     admit(check_name(err, &format!("profiles.{name}"), name))?;
-    let rate = match &p.rate {
+    let rate = match raw_rate {
         None => None,
         Some(RawRate::Word(w)) if w == "inf" => None,
         Some(RawRate::Word(w)) => {
@@ -912,7 +1028,7 @@ fn profile(
                 format!("must be from 1 to {MAX_REQUESTS} (split more into repeats or profiles), got {}", p.requests),
             )
         })?;
-    let max_concurrency = match p.max_concurrency {
+    let max_concurrency = match raw_cap {
         None => None,
         Some(n) if n >= 1 => Some(n as u64),
         Some(n) => return Err(err(&field("max_concurrency"), format!("must be at least 1, got {n}"))),
@@ -986,7 +1102,7 @@ fn profile(
     }
     let (rate, max_concurrency) = match p.mode.as_deref() {
         None => (rate, max_concurrency),
-        Some(_) if p.rate.is_some() || p.max_concurrency.is_some() => {
+        Some(_) if raw_rate.is_some() || raw_cap.is_some() => {
             return Err(err(
                 &field("mode"),
                 "sets the rate and the concurrency: give mode, or rate and max_concurrency, not both".to_owned(),
@@ -1206,6 +1322,65 @@ profiles:
     fn check_err(yaml: &str, expected: &str) {
         let e = parse("m.yaml", yaml, &hash).expect_err("the matrix should be rejected");
         assert_eq!(e.to_string(), expected);
+    }
+
+    #[test]
+    fn a_list_of_rates_or_caps_is_a_sweep_of_profiles() {
+        let sweep = GOOD.replace("    rate: 20\n", "    rate: [1, 4, 8, 16.5, inf]\n");
+        let m = parse("m.yaml", &format!("{sweep}primary_profile: throughput-r8\n"), &hash).expect("valid");
+        let names: Vec<&str> = m.profiles.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["throughput-r1", "throughput-r4", "throughput-r8", "throughput-r16.5", "throughput-rinf", "chat"]
+        );
+        let rates: Vec<Option<f64>> = m.profiles.iter().map(|p| p.rate).collect();
+        assert_eq!(rates, [Some(1.0), Some(4.0), Some(8.0), Some(16.5), None, None]);
+        assert!(m.profiles[..5].iter().all(|p| p.requests == 100 && p.dataset == m.profiles[0].dataset));
+        assert_eq!(m.primary_profile, "throughput-r8");
+
+        // Caps, and both at once: every pair.
+        let both = GOOD.replace("    rate: 20\n", "    rate: [2, 4]\n    max_concurrency: [16, 64]\n");
+        let m = parse("m.yaml", &both, &hash).expect("valid");
+        let names: Vec<&str> = m.profiles.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["throughput-r2-c16", "throughput-r2-c64", "throughput-r4-c16", "throughput-r4-c64", "chat"]);
+        assert_eq!((m.profiles[1].rate, m.profiles[1].max_concurrency), (Some(2.0), Some(64)));
+        // A one-element list is still a sweep point, named as one.
+        let one = GOOD.replace("    rate: 20\n", "    rate: [20]\n");
+        assert_eq!(parse("m.yaml", &one, &hash).expect("valid").profiles[0].name, "throughput-r20");
+    }
+
+    #[test]
+    fn a_bad_sweep_is_refused_at_its_field() {
+        let with = |rate: &str| GOOD.replace("    rate: 20\n", &format!("    {rate}\n"));
+        check_err(
+            &with("rate: []"),
+            "m.yaml:14: profiles.throughput.rate: an empty sweep: give one value or a list of them",
+        );
+        check_err(&with("rate: [1, 2, 1]"), "m.yaml:14: profiles.throughput.rate: the sweep gives the rate 1 twice");
+        check_err(
+            &with("rate: [1, -2]"),
+            "m.yaml:14: profiles.throughput.rate: must be a positive number of requests per second, got -2",
+        );
+        check_err(
+            &with("max_concurrency: [8, 0]"),
+            "m.yaml:14: profiles.throughput.max_concurrency: must be at least 1, got 0",
+        );
+        let many = format!("rate: [{}]", (1..=65).map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
+        check_err(&with(&many), "m.yaml:14: profiles.throughput.rate: a sweep of 65 values; at most 64");
+        check_err(
+            &format!("{}primary_profile: throughput\n", with("rate: [1, 2]")),
+            "m.yaml:17: primary_profile: 'throughput' is a sweep; name one of its profiles: throughput-r1, throughput-r2",
+        );
+        // A point may not take another profile's name.
+        let clash = with("rate: [1, 2]").replace("  chat: {", "  throughput-r2: {");
+        check_err(
+            &clash,
+            "m.yaml:16: profiles.throughput-r2: the sweep of profile 'throughput' makes a profile of this name too",
+        );
+        check_err(
+            &with("rate: [1, 2]\n    mode: synchronous"),
+            "m.yaml:15: profiles.throughput.mode: sets the rate and the concurrency: give mode, or rate and max_concurrency, not both",
+        );
     }
 
     #[test]
