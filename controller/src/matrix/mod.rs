@@ -931,6 +931,9 @@ fn config(model: &str, engine: &EngineDef, set: &[&VariantDef], allow_warm_cache
     }
 }
 
+/// A profile a sweep makes: its name, its rate and its cap.
+type SweepPoint<'a> = (String, Option<&'a RawRate>, Option<i64>);
+
 /// The most profiles one sweep makes.
 pub const MAX_SWEEP: usize = 64;
 
@@ -941,7 +944,7 @@ fn sweep_points<'a>(
     name: &str,
     p: &'a RawProfile,
     err: &dyn Fn(&str, String) -> MatrixError,
-) -> Result<Vec<(String, Option<&'a RawRate>, Option<i64>)>, MatrixError> {
+) -> Result<Vec<SweepPoint<'a>>, MatrixError> {
     let field = |f: &str| format!("profiles.{name}.{f}");
     let rates: Vec<Option<&RawRate>> = match &p.rate {
         None => vec![None],
