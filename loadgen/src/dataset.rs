@@ -67,8 +67,25 @@ impl Lengths {
 pub enum TokenCounter {
     #[default]
     Words,
-    Tokenizer(Arc<tokenizers::Tokenizer>),
+    Tokenizer(Arc<Model>),
 }
+
+/// A model's tokenizer, and the words that build its random prompts.
+#[derive(Debug)]
+pub struct Model {
+    tokenizer: tokenizers::Tokenizer,
+    /// Vocabulary entries that are a space and a short ASCII word, each one
+    /// token alone and, as checked at load, in any sequence: a prompt of n
+    /// of them is n tokens with no encoding. `None` when the tokenizer has
+    /// too few or does not keep them apart (its pre-tokenizer does not split
+    /// on spaces): prompts are then made by decoding random ids and encoding
+    /// again until the count is exact, which costs far more.
+    pieces: Option<Vec<String>>,
+}
+
+/// The most words kept for building prompts, and the fewest worth it.
+const MAX_PIECES: usize = 4096;
+const MIN_PIECES: usize = 64;
 
 impl TokenCounter {
     /// Loads `tokenizer.json` from `path`: the file itself, or a model
@@ -77,14 +94,39 @@ impl TokenCounter {
         let file: PathBuf = if path.is_dir() { path.join("tokenizer.json") } else { path.to_owned() };
         let tokenizer = tokenizers::Tokenizer::from_file(&file)
             .map_err(|e| DatasetError::Tokenizer { path: file.display().to_string(), reason: e.to_string() })?;
-        Ok(TokenCounter::Tokenizer(Arc::new(tokenizer)))
+        let pieces = word_pieces(&tokenizer);
+        if pieces.is_none() {
+            tracing::info!(
+                tokenizer = %file.display(),
+                "random prompts are built by decoding and encoding again: this tokenizer does not keep words apart"
+            );
+        }
+        Ok(TokenCounter::Tokenizer(Arc::new(Model { tokenizer, pieces })))
+    }
+
+    /// The same tokenizer, building random prompts the slow way (decoding
+    /// random ids, encoding again until the count is exact): what the fast
+    /// way is measured and tested against.
+    pub fn without_word_pieces(&self) -> TokenCounter {
+        match self {
+            TokenCounter::Words => TokenCounter::Words,
+            TokenCounter::Tokenizer(m) => {
+                TokenCounter::Tokenizer(Arc::new(Model { tokenizer: m.tokenizer.clone(), pieces: None }))
+            }
+        }
+    }
+
+    /// Whether random prompts are built from word pieces, with no encoding.
+    pub fn has_word_pieces(&self) -> bool {
+        matches!(self, TokenCounter::Tokenizer(m) if m.pieces.is_some())
     }
 
     /// Tokens in `text` (without special tokens).
     pub fn count(&self, text: &str) -> u32 {
         match self {
             TokenCounter::Words => word_count(text),
-            TokenCounter::Tokenizer(t) => t
+            TokenCounter::Tokenizer(m) => m
+                .tokenizer
                 .encode_fast(text, false)
                 .map_or_else(|_| word_count(text), |e| u32::try_from(e.len()).unwrap_or(u32::MAX)),
         }
@@ -96,14 +138,24 @@ impl TokenCounter {
     }
 
     /// A random text of exactly `n` tokens (as near as the tokenizer allows:
-    /// a byte-level BPE may merge across a boundary).
-    fn random_text(&self, n: u32, rng: &mut ChaCha8Rng) -> String {
+    /// a byte-level BPE may merge across a boundary), and its count when it
+    /// is known without encoding it. Texts built of word pieces begin with
+    /// a space, and two of them joined are still exact.
+    fn random_text(&self, n: u32, rng: &mut ChaCha8Rng) -> (String, Option<u32>) {
         match self {
             TokenCounter::Words => {
                 let words: Vec<&str> = (0..n).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect();
-                words.join(" ")
+                (words.join(" "), Some(n))
             }
-            TokenCounter::Tokenizer(t) => {
+            TokenCounter::Tokenizer(m) if let Some(pieces) = &m.pieces => {
+                let mut text = String::with_capacity(n as usize * 8);
+                for _ in 0..n {
+                    text.push_str(&pieces[rng.random_range(0..pieces.len())]);
+                }
+                (text, Some(n))
+            }
+            TokenCounter::Tokenizer(m) => {
+                let t = &m.tokenizer;
                 let vocab = u32::try_from(t.get_vocab_size(false)).unwrap_or(u32::MAX).max(1);
                 let target = n as usize;
                 let mut ids: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab)).collect();
@@ -123,10 +175,55 @@ impl TokenCounter {
                         ids.extend((ids.len()..target).map(|_| rng.random_range(0..vocab)));
                     }
                 }
-                text
+                (text, None)
             }
         }
     }
+
+    /// Joins a shared prefix and a suffix as `random_text` made them.
+    fn join(&self, prefix: &str, suffix: &str) -> String {
+        if self.has_word_pieces() { format!("{prefix}{suffix}") } else { format!("{prefix} {suffix}") }
+    }
+}
+
+/// The vocabulary's entries that are a space and 2 to 12 ASCII letters and
+/// encode alone to themselves, in id order (at most `MAX_PIECES`); `None`
+/// unless random sequences of them, checked here, always encode to one
+/// token each (true of byte-level BPEs, whose pre-tokenizer splits words
+/// apart, as GPT-2's, Llama 3's and Qwen's do).
+fn word_pieces(t: &tokenizers::Tokenizer) -> Option<Vec<String>> {
+    let mut ids: Vec<u32> = t.get_vocab(false).into_values().collect();
+    ids.sort_unstable();
+    let mut pieces = Vec::new();
+    for id in ids {
+        let Ok(text) = t.decode(&[id], false) else { continue };
+        let Some(word) = text.strip_prefix(' ') else { continue };
+        if !(2..=12).contains(&word.len()) || !word.bytes().all(|b| b.is_ascii_alphabetic()) {
+            continue;
+        }
+        if t.encode_fast(text.as_str(), false).ok().is_none_or(|e| e.get_ids() != [id]) {
+            continue;
+        }
+        pieces.push(text);
+        if pieces.len() == MAX_PIECES {
+            break;
+        }
+    }
+    if pieces.len() < MIN_PIECES {
+        return None;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed);
+    for n in [1usize, 2, 3, 17, 100, 1000, 4000] {
+        for _ in 0..4 {
+            let chosen: Vec<u32> = (0..n).map(|_| rng.random_range(0..pieces.len()) as u32).collect();
+            let text: String = chosen.iter().map(|&i| pieces[i as usize].as_str()).collect();
+            let again = t.encode_fast(text.as_str(), false).ok()?;
+            if again.len() != n {
+                return None;
+            }
+        }
+    }
+    Some(pieces)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,8 +283,9 @@ pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Ve
         (0..n)
             .map(|_| {
                 let (input, output) = (input.draw(&mut rng), output.draw(&mut rng));
-                let text = counter.random_text(input, &mut rng);
-                Prompt { tokens: counter.count(&text), text, max_tokens: output.max(1), ignore_eos: true }
+                let (text, known) = counter.random_text(input, &mut rng);
+                let tokens = known.unwrap_or_else(|| counter.count(&text));
+                Prompt { tokens, text, max_tokens: output.max(1), ignore_eos: true }
             })
             .collect()
     };
@@ -198,13 +296,18 @@ pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Ve
         Dataset::RandomSpread { input, output, seed } => random(*input, *output, *seed),
         Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
             let mut rng = ChaCha8Rng::seed_from_u64(*seed);
-            let prefixes: Vec<String> =
+            let prefixes: Vec<(String, Option<u32>)> =
                 (0..(*groups).max(1)).map(|_| counter.random_text(*prefix_tokens, &mut rng)).collect();
             (0..n)
                 .map(|i| {
-                    let suffix = counter.random_text(*suffix_tokens, &mut rng);
-                    let text = format!("{} {suffix}", prefixes[i % prefixes.len()]);
-                    Prompt { tokens: counter.count(&text), text, max_tokens: (*output_tokens).max(1), ignore_eos: true }
+                    let (suffix, known_suffix) = counter.random_text(*suffix_tokens, &mut rng);
+                    let (prefix, known_prefix) = &prefixes[i % prefixes.len()];
+                    let text = counter.join(prefix, &suffix);
+                    let tokens = match (known_prefix, known_suffix) {
+                        (Some(p), Some(s)) if counter.has_word_pieces() => p + s,
+                        _ => counter.count(&text),
+                    };
+                    Prompt { tokens, text, max_tokens: (*output_tokens).max(1), ignore_eos: true }
                 })
                 .collect()
         }
@@ -304,9 +407,54 @@ mod tests {
         TokenCounter::load(&path).expect("the fixture tokenizer loads")
     }
 
+    fn bpe_tokenizer() -> TokenCounter {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bpe/tokenizer.json");
+        TokenCounter::load(&path).expect("the BPE fixture loads")
+    }
+
+    #[test]
+    fn a_byte_level_bpe_builds_prompts_from_word_pieces_of_exact_counts() {
+        let t = bpe_tokenizer();
+        assert!(t.has_word_pieces());
+        for n in [1, 2, 7, 128, 1024, 5000] {
+            let d = Dataset::Random { input_tokens: n, output_tokens: 3, seed: u64::from(n) };
+            let a = prompts(&d, 5, &t);
+            for p in &a {
+                assert_eq!((t.count(&p.text), p.tokens), (n, n), "{}", p.text);
+            }
+            let again = prompts(&d, 5, &t);
+            assert_eq!(
+                a.iter().map(|p| &p.text).collect::<Vec<_>>(),
+                again.iter().map(|p| &p.text).collect::<Vec<_>>()
+            );
+            let other = prompts(&Dataset::Random { input_tokens: n, output_tokens: 3, seed: 99 }, 5, &t);
+            assert_ne!(a[0].text, other[0].text, "another seed, other prompts");
+        }
+        // Prefixes and suffixes joined stay exact, and the prefixes shared.
+        let d = Dataset::SharedPrefix { groups: 3, prefix_tokens: 200, suffix_tokens: 31, output_tokens: 4, seed: 2 };
+        let ps = prompts(&d, 9, &t);
+        for p in &ps {
+            assert_eq!((t.count(&p.text), p.tokens), (231, 231), "{}", p.text);
+        }
+        assert!(ps[3].text.starts_with(&ps[0].text[..200]));
+
+        // The slow way comes near (a byte-level BPE merges across the ids'
+        // boundaries: decoding and encoding again need not settle on the
+        // count), and records the count it reached.
+        let slow = t.without_word_pieces();
+        assert!(!slow.has_word_pieces());
+        let d = Dataset::Random { input_tokens: 64, output_tokens: 3, seed: 1 };
+        for p in prompts(&d, 3, &slow) {
+            assert_eq!(slow.count(&p.text), p.tokens, "{}", p.text);
+            assert!(p.tokens.abs_diff(64) <= 4, "{} tokens: {}", p.tokens, p.text);
+        }
+    }
+
     #[test]
     fn tokenizer_prompts_have_exact_token_counts_and_follow_the_seed() {
         let t = fixture_tokenizer();
+        // A word-level tokenizer has no space-led words: the slow way.
+        assert!(!t.has_word_pieces());
         assert_eq!(t.count("hello world of water"), 4);
         let d = Dataset::Random { input_tokens: 50, output_tokens: 7, seed: 5 };
         let a = prompts(&d, 4, &t);
