@@ -316,18 +316,19 @@ pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Ve
             if let Some(seed) = shuffle {
                 order.shuffle(&mut ChaCha8Rng::seed_from_u64(*seed));
             }
+            // Each entry is counted once, however often it is reused.
+            let mut counted: Vec<Option<(u32, u32)>> = vec![None; data.entries.len()];
             order
                 .iter()
                 .cycle()
                 .take(if order.is_empty() { 0 } else { n })
                 .map(|&i| {
                     let e = &data.entries[i];
-                    Prompt {
-                        text: e.prompt.clone(),
-                        tokens: counter.count(&e.prompt),
-                        max_tokens: output_tokens.unwrap_or_else(|| counter.count(&e.reply).max(1)),
-                        ignore_eos: output_tokens.is_some(),
-                    }
+                    let (tokens, max_tokens) = *counted[i].get_or_insert_with(|| {
+                        let reply = output_tokens.unwrap_or_else(|| counter.count(&e.reply).max(1));
+                        (counter.count(&e.prompt), reply)
+                    });
+                    Prompt { text: e.prompt.clone(), tokens, max_tokens, ignore_eos: output_tokens.is_some() }
                 })
                 .collect()
         }
