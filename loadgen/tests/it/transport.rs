@@ -34,19 +34,6 @@ enum Reply {
     Overloaded,
     /// A head that never ends.
     EndlessHead,
-    /// The stream with every line ended by a lone CR, as the SSE
-    /// specification allows.
-    LoneCr,
-    /// The stream with CRLF line ends.
-    CrLf,
-    /// The stream with its line ends mixed: LF, CR, CRLF.
-    MixedLineEnds,
-    /// 200 with a web page, to a streamed request (a proxy's login page).
-    HtmlPage,
-    /// 200 with a JSON body, to a streamed request.
-    JsonToStream,
-    /// A stream that ends properly without any text.
-    NoTokens,
 }
 
 /// How the server writes.
@@ -129,38 +116,6 @@ fn response(reply: Reply) -> (String, bool) {
         Reply::Overloaded => {
             let body = "overloaded: try again later";
             (format!("HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\n\r\n{body}", body.len()), true)
-        }
-        Reply::LoneCr | Reply::CrLf | Reply::MixedLineEnds => {
-            let ends: &[&str] = match reply {
-                Reply::LoneCr => &["\r\r"],
-                Reply::CrLf => &["\r\n\r\n"],
-                _ => &["\n\n", "\r\r", "\r\n\r\n", "\r\n\n", "\n\r"],
-            };
-            let body: String =
-                EVENTS.iter().zip(ends.iter().cycle()).map(|(e, end)| format!("data: {e}{end}")).collect();
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length";
-            (format!("{head}: {}\r\n\r\n{body}", body.len()), true)
-        }
-        Reply::HtmlPage => {
-            let body = "<html><body>Please log in</body></html>";
-            (
-                format!("HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{body}", body.len()),
-                true,
-            )
-        }
-        Reply::JsonToStream => {
-            let body = r#"{"choices":[{"text":"one two three"}]}"#;
-            (
-                format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                ),
-                true,
-            )
-        }
-        Reply::NoTokens => {
-            let body = format!("data: {}\n\ndata: [DONE]\n\n", EVENTS[3]);
-            (format!("{stream}\r\n{}", chunked(&body)), true)
         }
     }
 }
@@ -504,42 +459,6 @@ async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_say
     config.ca_cert = Some(empty);
     let error = run(config, None).await.expect_err("no certificate in it").to_string();
     assert!(error.ends_with("it holds no certificate"), "{error}");
-}
-
-/// What the SSE specification and vLLM's payloads say a stream is, against
-/// a server that misbehaves one way per case, read at once and a byte at a
-/// time (so that a CRLF is split between reads).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_line_end_the_sse_specification_allows_reads_the_same_and_a_reply_that_is_not_one_fails() {
-    let cases = [
-        (Reply::LoneCr, None),
-        (Reply::CrLf, None),
-        (Reply::MixedLineEnds, None),
-        (Reply::HtmlPage, Some("a streamed request got http 200 with content-type text/html, not an event stream")),
-        (Reply::JsonToStream, Some("with content-type application/json, not an event stream")),
-        (Reply::NoTokens, Some("no tokens: the stream ended without any text")),
-    ];
-    for (reply, failure) in cases {
-        for pace in [Pace::AtOnce, Pace::ByteByByte] {
-            let server = start(reply, pace).await;
-            let result = run(one_at_a_time(&server, 2, true), None).await.expect("run");
-            match failure {
-                None => {
-                    assert_eq!(result.summary.failed, 0, "{pace:?}: {:?}", result.records);
-                    assert_all_ok(&result, 3);
-                }
-                Some(words) => {
-                    assert_eq!(result.summary.successful, 0, "{:?}", result.records);
-                    for r in &result.records {
-                        assert_eq!(r.outcome, Outcome::Malformed, "{r:?}");
-                        let error = r.error.as_deref().unwrap_or_default();
-                        assert!(error.contains(words), "{error}");
-                        assert_eq!(r.first_token_ns, None, "no TTFT for a failed reply");
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// A server that counts prompt tokens its own way (5 whatever the prompt):
