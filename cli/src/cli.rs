@@ -168,9 +168,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
             let (strategy, shape, jobs) = match m.strategy {
                 Strategy::Grid => {
-                    let jobs = m.configs.len() * m.profiles.len() * m.repeats as usize;
+                    let jobs = m.grid_jobs();
+                    let all = m.configs.len() * m.profiles.len() * m.repeats as usize;
+                    let join = if jobs < all { ": " } else { " = " };
+                    let sep = if jobs < all { ", " } else { " x " };
+                    let limited = if jobs < all { " (some configurations run only some profiles)" } else { "" };
                     let shape = format!(
-                        "{} x {} x {} = {}",
+                        "{}{sep}{}{sep}{}{join}{}{limited}",
                         plural(m.configs.len(), "configuration"),
                         plural(m.profiles.len(), "profile"),
                         plural(m.repeats as usize, "repeat"),

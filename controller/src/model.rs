@@ -229,9 +229,18 @@ pub struct EngineConfig {
     /// emptied (the matrix's `allow_warm_cache`); otherwise it fails.
     #[serde(default)]
     pub allow_warm_cache: bool,
+    /// The profiles it runs (the matrix's engine and variants limit them);
+    /// `None`: every profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiles: Option<Vec<String>>,
 }
 
 impl EngineConfig {
+    /// Whether it runs the profile of this name.
+    pub fn runs(&self, profile: &str) -> bool {
+        self.profiles.as_ref().is_none_or(|names| names.iter().any(|n| n == profile))
+    }
+
     /// The command line that serves this configuration, as a report shows it.
     pub fn serve_command(&self) -> String {
         let mut words = match self.kind {

@@ -213,7 +213,7 @@ pub fn expand(
             placement: None,
             failed_on: Vec::new(),
         };
-        for profile in profiles {
+        for profile in profiles.iter().filter(|p| group.config.runs(&p.name)) {
             for repeat in 1..=matrix.repeats {
                 let id = first.1 + jobs.len() as u64;
                 group.jobs.push(id);

@@ -128,6 +128,10 @@ struct RawEngine {
     runtime: Option<String>,
     #[serde(default)]
     url: Option<String>,
+    /// The profiles its configurations run (by name; a sweep's name is
+    /// all its points); absent: every profile.
+    #[serde(default)]
+    profiles: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,6 +147,10 @@ struct RawVariant {
     /// Variants of one group are alternatives: at most one applies at once.
     #[serde(default)]
     group: Option<String>,
+    /// The profiles a configuration with this variant runs; absent: every
+    /// profile.
+    #[serde(default)]
+    profiles: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,6 +192,9 @@ struct RawProfile {
     /// Fields merged into every request body.
     #[serde(default)]
     extra_body: Option<serde_yaml_ng::Value>,
+    /// The variants a configuration must have to run this profile.
+    #[serde(default)]
+    only_with: Option<Vec<String>>,
 }
 
 /// A value, or a list of them: a sweep.
@@ -277,6 +288,8 @@ pub struct EngineDef {
     pub args: Vec<String>,
     pub runtime: RuntimeKind,
     pub url: Option<String>,
+    /// The profiles its configurations run; `None`: every one.
+    pub profiles: Option<Vec<String>>,
 }
 
 /// A variant: flags (and perhaps another model) applied on top of an engine.
@@ -289,6 +302,8 @@ pub struct VariantDef {
     pub engines: Option<Vec<String>>,
     /// Variants of one group are alternatives: at most one applies at once.
     pub group: Option<String>,
+    /// The profiles a configuration with it runs; `None`: every one.
+    pub profiles: Option<Vec<String>>,
 }
 
 impl VariantDef {
@@ -365,6 +380,9 @@ pub struct Matrix {
     /// In file order of their names.
     pub profiles: Vec<Profile>,
     pub primary_profile: String,
+    /// Profiles (by name) that run only on configurations with all these
+    /// variants.
+    pub only_with: Vec<(String, Vec<String>)>,
     /// What may be wrong but does not stop the run, as `file:line: field:
     /// message`.
     pub warnings: Vec<String>,
@@ -544,6 +562,25 @@ fn parse_as(
             profiles.push(p);
         }
     }
+    // Each profile that runs only on configurations with some variants.
+    let mut only_with: Vec<(String, Vec<String>)> = Vec::new();
+    for name in key_order(&value, "profiles") {
+        let Some(needed) = &raw.profiles[&name].only_with else { continue };
+        let field = format!("profiles.{name}.only_with");
+        if needed.is_empty() {
+            return Err(err(&field, "names no variant; leave it out to run on every configuration".to_owned()));
+        }
+        if let Some(unknown) = needed.iter().find(|n| !raw.variants.contains_key(*n)) {
+            return Err(err(
+                &field,
+                format!("no variant named '{unknown}'; variants are: {}", key_order(&value, "variants").join(", ")),
+            ));
+        }
+        let points = sweeps.iter().find(|(b, _)| *b == name).map_or_else(|| vec![name.clone()], |(_, ps)| ps.clone());
+        for point in points {
+            only_with.push((point, needed.clone()));
+        }
+    }
     let primary_profile = match raw.primary_profile {
         Some(name) if let Some((_, points)) = sweeps.iter().find(|(base, _)| *base == name) => {
             return Err(err(
@@ -591,10 +628,16 @@ fn parse_as(
                 args: v.args.clone(),
                 engines: v.engines.clone(),
                 group: v.group.clone(),
+                profiles: None,
                 name,
             }
         })
         .collect();
+    let mut variants = variants;
+    for v in &mut variants {
+        let names = raw.variants[&v.name].profiles.as_deref();
+        v.profiles = profile_limit(&format!("variants.{}.profiles", v.name), names, &profiles, &sweeps, &err)?;
+    }
     for v in &variants {
         if let Some(names) = &v.engines {
             let field = format!("variants.{}.engines", v.name);
@@ -655,6 +698,7 @@ fn parse_as(
             admit(plain_text(&err, &format!("{field}.url"), url))?;
         }
         admit(check_args(&err, &format!("{field}.args"), &e.args))?;
+        let limit = profile_limit(&format!("{field}.profiles"), e.profiles.as_deref(), &profiles, &sweeps, &err)?;
         engines.push(EngineDef {
             name,
             kind,
@@ -662,6 +706,7 @@ fn parse_as(
             args: e.args.clone(),
             runtime,
             url: e.url.clone(),
+            profiles: limit,
         });
     }
 
@@ -687,8 +732,45 @@ fn parse_as(
             ));
         }
         for engine in &engines {
-            let sets = variant_sets(&variants, &engine.name);
-            configs.extend(sets.iter().map(|set| config(&raw.model, engine, set, raw.allow_warm_cache)));
+            for set in variant_sets(&variants, &engine.name) {
+                let c = config(&raw.model, engine, &set, raw.allow_warm_cache, (&profiles, &only_with));
+                if profiles.iter().any(|p| c.runs(&p.name)) {
+                    configs.push(c);
+                } else {
+                    warnings.push(format!(
+                        "{} runs no profile (its engine's and variants' profiles have none in common) and is left out",
+                        c.name
+                    ));
+                }
+            }
+        }
+    }
+    if strategy == Strategy::Greedy {
+        // The greedy strategy decides on the primary profile: whatever it
+        // may try must run it.
+        if only_with.iter().any(|(p, _)| *p == primary_profile) {
+            let base = sweeps.iter().find(|(_, ps)| ps.contains(&primary_profile)).map_or(&primary_profile, |(b, _)| b);
+            return Err(err(
+                &format!("profiles.{base}.only_with"),
+                format!(
+                    "the primary profile '{primary_profile}' must run on every configuration: the greedy strategy \
+                     decides on it"
+                ),
+            ));
+        }
+        let limits = engines
+            .iter()
+            .map(|e| (format!("engines.{}.profiles", e.name), &e.profiles))
+            .chain(variants.iter().map(|v| (format!("variants.{}.profiles", v.name), &v.profiles)));
+        for (field, limit) in limits {
+            if let Some(names) = limit
+                && !names.contains(&primary_profile)
+            {
+                return Err(err(
+                    &field,
+                    format!("leaves out the primary profile '{primary_profile}', on which the greedy strategy decides"),
+                ));
+            }
         }
     }
     // Every configuration the run may build: the grid's, or for greedy each
@@ -701,8 +783,11 @@ fn parse_as(
             engines
                 .iter()
                 .flat_map(|e| {
-                    std::iter::once(config(model, e, &[], false)).chain(
-                        variants.iter().filter(|v| v.applies_to(&e.name)).map(move |v| config(model, e, &[v], false)),
+                    std::iter::once(config(model, e, &[], false, (&profiles, &only_with))).chain(
+                        variants
+                            .iter()
+                            .filter(|v| v.applies_to(&e.name))
+                            .map(|v| config(model, e, &[v], false, (&profiles, &only_with))),
                     )
                 })
                 .collect()
@@ -710,7 +795,7 @@ fn parse_as(
     };
     for c in checked.iter().filter(|_| strict) {
         let Some((flag, limit)) = context_limit(c) else { continue };
-        for p in &profiles {
+        for p in profiles.iter().filter(|p| c.runs(&p.name)) {
             let Some(input_tokens) = p.dataset.input_tokens() else { continue };
             let output_tokens = p.dataset.output_tokens().unwrap_or(0);
             let (field, input_field) = match p.dataset {
@@ -767,6 +852,7 @@ fn parse_as(
         configs,
         profiles,
         primary_profile,
+        only_with,
         warnings,
     })
 }
@@ -897,18 +983,32 @@ impl Matrix {
     /// The configuration of `engine` with the named variants applied, in the
     /// file's order whatever the order of `chosen`, so that one set of
     /// variants always makes one configuration with one name.
+    /// The jobs of a grid: each configuration on each profile it runs,
+    /// each repeat.
+    pub fn grid_jobs(&self) -> usize {
+        let runs: usize = self.configs.iter().map(|c| self.profiles.iter().filter(|p| c.runs(&p.name)).count()).sum();
+        runs * self.repeats as usize
+    }
+
     pub fn config_with(&self, engine: &EngineDef, chosen: &[&str]) -> EngineConfig {
         let set: Vec<&VariantDef> = self.variants.iter().filter(|v| chosen.contains(&v.name.as_str())).collect();
-        config(&self.model, engine, &set, self.allow_warm_cache)
+        config(&self.model, engine, &set, self.allow_warm_cache, (&self.profiles, &self.only_with))
     }
 }
 
 /// An engine with a set of variants applied: their args after the engine's,
 /// the last variant that names a model serving it.
-fn config(model: &str, engine: &EngineDef, set: &[&VariantDef], allow_warm_cache: bool) -> EngineConfig {
+fn config(
+    model: &str,
+    engine: &EngineDef,
+    set: &[&VariantDef],
+    allow_warm_cache: bool,
+    (all, only_with): (&[Profile], &[(String, Vec<String>)]),
+) -> EngineConfig {
     let mut model = model.to_owned();
     let mut args = engine.args.clone();
     let mut name = engine.name.clone();
+    let mut profiles = engine.profiles.clone();
     for v in set {
         if let Some(m) = &v.model {
             model = m.clone();
@@ -916,6 +1016,20 @@ fn config(model: &str, engine: &EngineDef, set: &[&VariantDef], allow_warm_cache
         args.extend(v.args.iter().cloned());
         name.push('+');
         name.push_str(&v.name);
+        if let Some(limit) = &v.profiles {
+            profiles = Some(match profiles {
+                None => limit.clone(),
+                Some(mine) => mine.into_iter().filter(|p| limit.contains(p)).collect(),
+            });
+        }
+    }
+    // A profile that needs variants this set lacks is not run.
+    let lacks = |p: &str| {
+        only_with.iter().any(|(name, needed)| name == p && needed.iter().any(|n| !set.iter().any(|v| &v.name == n)))
+    };
+    if all.iter().any(|p| lacks(&p.name)) {
+        let runs = profiles.unwrap_or_else(|| all.iter().map(|p| p.name.clone()).collect());
+        profiles = Some(runs.into_iter().filter(|p| !lacks(p)).collect());
     }
     EngineConfig {
         name,
@@ -928,7 +1042,42 @@ fn config(model: &str, engine: &EngineDef, set: &[&VariantDef], allow_warm_cache
         runtime: engine.runtime,
         url: engine.url.clone(),
         allow_warm_cache,
+        profiles,
     }
+}
+
+/// The profiles an engine or variant limits its configurations to, by the
+/// names the matrix gives (a sweep's name is every point of it); `None`
+/// when it sets no limit.
+fn profile_limit(
+    field: &str,
+    names: Option<&[String]>,
+    profiles: &[Profile],
+    sweeps: &[(String, Vec<String>)],
+    err: &dyn Fn(&str, String) -> MatrixError,
+) -> Result<Option<Vec<String>>, MatrixError> {
+    let Some(names) = names else { return Ok(None) };
+    if names.is_empty() {
+        return Err(err(field, "names no profile; leave it out to run every profile".to_owned()));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for n in names {
+        let points = match sweeps.iter().find(|(base, _)| base == n) {
+            Some((_, points)) => points.clone(),
+            None if profiles.iter().any(|p| &p.name == n) => vec![n.clone()],
+            None => {
+                let known: Vec<&str> = profiles.iter().map(|p| p.name.as_str()).collect();
+                return Err(err(field, format!("no profile named '{n}'; profiles are: {}", known.join(", "))));
+            }
+        };
+        for p in points {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    // In the matrix's order.
+    Ok(Some(profiles.iter().map(|p| p.name.clone()).filter(|p| out.contains(p)).collect()))
 }
 
 /// A profile a sweep makes: its name, its rate and its cap.
@@ -1353,6 +1502,77 @@ profiles:
     }
 
     #[test]
+    fn engines_variants_and_profiles_limit_which_profiles_a_configuration_runs() {
+        let yaml = "\
+name: limits
+model: m
+engines:
+  vllm: { runtime: process, args: [--max-model-len=8192] }
+  sglang: { runtime: process, args: [--context-length=8192], profiles: [short] }
+variants:
+  long-ctx: { args: [--max-model-len=65536], engines: [vllm] }
+  mtp: { args: [--mtp], profiles: [short, rates] }
+profiles:
+  short: { dataset: { random: { input_tokens: 128, output_tokens: 16 } }, requests: 10 }
+  long: { dataset: { random: { input_tokens: 40000, output_tokens: 16 } }, requests: 10, only_with: [long-ctx] }
+  rates: { dataset: { random: { input_tokens: 128, output_tokens: 16 } }, rate: [1, 2], requests: 10 }
+";
+        let m = parse("m.yaml", yaml, &hash).expect("valid: the long profile only runs where its context fits");
+        let runs: Vec<(String, Vec<String>)> = m
+            .configs
+            .iter()
+            .map(|c| (c.name.clone(), m.profiles.iter().filter(|p| c.runs(&p.name)).map(|p| p.name.clone()).collect()))
+            .collect();
+        let want = |c: &str, ps: &[&str]| (c.to_owned(), ps.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>());
+        assert_eq!(
+            runs,
+            [
+                want("vllm", &["short", "rates-r1", "rates-r2"]),
+                want("vllm+long-ctx", &["short", "long", "rates-r1", "rates-r2"]),
+                want("vllm+mtp", &["short", "rates-r1", "rates-r2"]),
+                want("vllm+long-ctx+mtp", &["short", "rates-r1", "rates-r2"]),
+                want("sglang", &["short"]),
+                want("sglang+mtp", &["short"]),
+            ]
+        );
+        assert_eq!(m.grid_jobs(), 3 + 4 + 3 + 3 + 1 + 1);
+
+        // Without the limit the long profile would not fit the baseline.
+        let unlimited = yaml.replace(", only_with: [long-ctx]", "");
+        let e = parse("m.yaml", &unlimited, &hash).expect_err("too long for vllm");
+        assert!(e.to_string().contains("40000 input tokens do not fit the context of vllm"), "{e}");
+
+        // Names are checked; nothing left is left out, and said.
+        check_err(
+            &yaml.replace("profiles: [short, rates]", "profiles: [short, fast]"),
+            "m.yaml:8: variants.mtp.profiles: no profile named 'fast'; profiles are: short, long, rates-r1, rates-r2",
+        );
+        check_err(
+            &yaml.replace("only_with: [long-ctx]", "only_with: [huge]"),
+            "m.yaml:11: profiles.long.only_with: no variant named 'huge'; variants are: long-ctx, mtp",
+        );
+        check_err(
+            &yaml.replace("profiles: [short, rates]", "profiles: []"),
+            "m.yaml:8: variants.mtp.profiles: names no profile; leave it out to run every profile",
+        );
+        let disjoint = yaml.replace("profiles: [short, rates]", "profiles: [rates]");
+        let m = parse("m.yaml", &disjoint, &hash).expect("valid");
+        assert!(!m.configs.iter().any(|c| c.name == "sglang+mtp"));
+        assert!(m.warnings.iter().any(|w| w.starts_with("sglang+mtp runs no profile")), "{:?}", m.warnings);
+
+        // Greedy decides on the primary profile: everything it tries runs it.
+        let greedy = format!("{yaml}strategy: greedy\nprimary_profile: rates-r1\n");
+        check_err(
+            &greedy,
+            "m.yaml:5: engines.sglang.profiles: leaves out the primary profile 'rates-r1', on which the greedy strategy decides",
+        );
+        check_err(
+            &format!("{yaml}strategy: greedy\nprimary_profile: long\n"),
+            "m.yaml:11: profiles.long.only_with: the primary profile 'long' must run on every configuration: the greedy strategy decides on it",
+        );
+    }
+
+    #[test]
     fn a_bad_sweep_is_refused_at_its_field() {
         let with = |rate: &str| GOOD.replace("    rate: 20\n", &format!("    {rate}\n"));
         check_err(
@@ -1417,7 +1637,7 @@ profiles:
     fn unknown_field_is_named_with_its_line() {
         check_err(
             &GOOD.replace("rate: 20", "rte: 20"),
-            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`, `mode`, `warmup`, `cooldown`, `max_duration`, `ignore_eos`, `extra_body`",
+            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`, `mode`, `warmup`, `cooldown`, `max_duration`, `ignore_eos`, `extra_body`, `only_with`",
         );
     }
 

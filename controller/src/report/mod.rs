@@ -195,9 +195,11 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
                 GreedyOutcome { running_stage: None, chosen: outcome.winner, reason: outcome.reason }
             }
         });
+        // A stage in a sentence: what it decided between (stage 3 holds the
+        // best single variant against its combinations).
         for s in &mut stages {
-            s.summary =
-                words::stage_sentence(objective, &configurations, &s.configurations, &primary, min_success_rate);
+            let decided: Vec<String> = s.decisions.iter().map(|d| d.config.clone()).collect();
+            s.summary = words::stage_sentence(objective, &configurations, &decided, &primary, min_success_rate);
         }
     }
 

@@ -29,6 +29,7 @@ fn group(id: u64, variants: &[&str]) -> Group {
             runtime: RuntimeKind::Process,
             url: None,
             allow_warm_cache: false,
+            profiles: None,
         },
         gpu: None,
         gpus_per_job: 1,

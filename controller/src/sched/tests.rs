@@ -217,6 +217,7 @@ impl World {
                     runtime: RuntimeKind::Process,
                     url: None,
                     allow_warm_cache: false,
+                    profiles: None,
                 },
                 gpu: (!gpu.is_empty()).then(|| gpu.to_owned()),
                 gpus_per_job: gpus,

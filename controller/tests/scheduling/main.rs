@@ -494,16 +494,20 @@ async fn a_greedy_run_is_scheduled_stage_by_stage_from_its_results() {
 Stage 1: each engine at its defaults
   vllm                                     total token throughput 100.00 tok/s, chosen
   sglang                                   total token throughput 90.00 tok/s, below vllm
+  Summary: vllm Total TPS = 100.00, sglang Total TPS = 90.00. vllm higher by 10.00 tok/s (11.1%); Mean TPOT = 0.00 ms vs 0.00 ms, lower by 0.00 ms (0.00%).
 Stage 2: each variant alone
   vllm+a                                   +10.00%, helps
   vllm+b                                   success rate 50.0%, not adopted
   vllm+c                                   +5.00%, helps
+  Summary: vllm+a Total TPS = 110.00, vllm+b Total TPS = 300.00 (success rate 50.0%, not adopted), vllm+c Total TPS = 105.00. vllm+a higher by 5.00 tok/s (4.8%); Mean TPOT = 0.00 ms vs 0.00 ms, lower by 0.00 ms (0.00%).
 Stage 3: the helping variants combined
   vllm+a                                   +10.00%, the best single variant, kept
   vllm+a+c                                 +8.00%, below the previous +10.00%, not kept
+  Summary: vllm+a Total TPS = 110.00, vllm+a+c Total TPS = 108.00. vllm+a higher by 2.00 tok/s (1.9%); Mean TPOT = 0.00 ms vs 0.00 ms, lower by 0.00 ms (0.00%).
 Stage 4: the winner and the baseline on every profile
   vllm+a                                   the winner, measured on every profile
   vllm                                     the baseline, measured on every profile
+  Summary: vllm+a Total TPS = 110.00, vllm Total TPS = 100.00. vllm+a higher by 10.00 tok/s (10.0%); Mean TPOT = 0.00 ms vs 0.00 ms, lower by 0.00 ms (0.00%).
 Chosen: vllm+a: +10.00% over vllm on profile p"
     );
     assert!(report.contains("## Recommended\n\nvllm serve m --a\n"), "{report}");
