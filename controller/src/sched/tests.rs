@@ -30,6 +30,7 @@ pub(super) struct FakeStore {
     pub groups: BTreeMap<(RunId, u64), Group>,
     pub jobs: BTreeMap<(RunId, u64), Job>,
     pub summaries: Vec<AttemptKey>,
+    pub telemetry: BTreeMap<AttemptKey, Vec<benchfleet_core::telemetry::Series>>,
 }
 
 impl FakeStore {
@@ -48,6 +49,9 @@ impl FakeStore {
                 self.jobs.insert((j.run, j.id), j);
             }
             Write::Counters(c) => self.counters = c,
+            Write::Telemetry(key, series) => {
+                self.telemetry.insert(key, series);
+            }
         }
     }
 

@@ -100,7 +100,7 @@ fn agent_with(
     AgentConfig {
         controller_url,
         name: name.to_owned(),
-        gpus: Arc::new(SimGpuProbe { model: "H200".into(), count: 1, host: name.to_owned() }),
+        gpus: Arc::new(SimGpuProbe::new("H200", 1, name)),
         runtimes,
         loadgen: Arc::new(crate::fleet::InProcessLoadgen),
         work_dir,

@@ -114,7 +114,7 @@ pub async fn start_with_gpus(dir: &Path, gpus: u32) -> anyhow::Result<(LocalFlee
         Ok(AgentConfig {
             controller_url,
             name: "in-process".into(),
-            gpus: Arc::new(SimGpuProbe { model: "H200".into(), count: gpus, host: "test".into() }),
+            gpus: Arc::new(SimGpuProbe::new("H200", gpus, "test")),
             runtimes,
             loadgen: Arc::new(InProcessLoadgen),
             work_dir,
