@@ -74,6 +74,11 @@ impl LoadRunner for InProcessLoadgen {
         }
         Ok(())
     }
+
+    /// The library is the binary's: the same workspace version.
+    async fn version(&self) -> Option<String> {
+        Some(format!("benchfleet-loadgen {}", env!("CARGO_PKG_VERSION")))
+    }
 }
 
 /// Submits a matrix (uploading its files) and follows the run to its end.
