@@ -341,8 +341,12 @@ impl EngineRuntime for DockerRuntime {
         }
         // `prepare` pulled the image already, when the agent called it.
         self.ensure_image(&launch.image, &|line| info!("{line}")).await?;
-        let entrypoint = match self.docker.inspect_image(&launch.image).await {
-            Ok(image) => image.config.and_then(|c| c.entrypoint).unwrap_or_default(),
+        let (entrypoint, image_digest) = match self.docker.inspect_image(&launch.image).await {
+            // A pulled image has a repository digest; one built here only its id.
+            Ok(image) => (
+                image.config.and_then(|c| c.entrypoint).unwrap_or_default(),
+                image.repo_digests.and_then(|d| d.into_iter().next()).or(image.id),
+            ),
             Err(e) => return Err(container_error(format!("inspect the image {}", launch.image), e)),
         };
         let port = free_port()
@@ -377,6 +381,7 @@ impl EngineRuntime for DockerRuntime {
             watcher,
             stop_grace: self.options.stop_grace,
             removed: false,
+            image_digest,
         }))
     }
 }
@@ -465,6 +470,7 @@ struct DockerEngine {
     /// Whether `stop` removed the container; otherwise dropping the engine
     /// (an abandoned group) removes it.
     removed: bool,
+    image_digest: Option<String>,
 }
 
 #[tonic::async_trait]
@@ -479,6 +485,10 @@ impl Engine for DockerEngine {
 
     fn exit_status(&mut self) -> Option<String> {
         self.exited.get().cloned()
+    }
+
+    fn image_digest(&self) -> Option<String> {
+        self.image_digest.clone()
     }
 
     async fn stop(mut self: Box<Self>) {

@@ -51,6 +51,11 @@ pub trait Engine: Send + Sync {
     fn log_tail(&self) -> String;
     /// `Some(status)` once the engine has exited.
     fn exit_status(&mut self) -> Option<String>;
+    /// The digest of the image it runs, where it runs one (Docker's
+    /// repository digest, else the image id).
+    fn image_digest(&self) -> Option<String> {
+        None
+    }
     /// Stops the engine and waits until it is gone.
     async fn stop(self: Box<Self>);
 }
@@ -455,6 +460,18 @@ impl Engine for ExternalEngine {
         None
     }
     async fn stop(self: Box<Self>) {}
+}
+
+/// The engine's version as it says it: vLLM's `GET /version`, SGLang's
+/// `GET /get_server_info` (its `version`); `None` when it does not answer.
+pub async fn engine_version(http: &reqwest::Client, base_url: &str, kind: &str) -> Option<String> {
+    let path = if kind == "sglang" { "/get_server_info" } else { "/version" };
+    let response = http.get(format!("{base_url}{path}")).timeout(Duration::from_secs(5)).send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let body: serde_json::Value = response.json().await.ok()?;
+    body.get("version")?.as_str().filter(|v| !v.is_empty()).map(str::to_owned)
 }
 
 /// Waits until the engine answers `/health` and lists `model` in

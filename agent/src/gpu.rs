@@ -1,8 +1,13 @@
 //! The GPUs an agent offers. `GpuProbe` is the seam: the simulated probe
 //! serves local mode and tests; the NVML probe (`crate::nvml`) is the one for
-//! real hosts. Verdicts (which GPU may be used, and why not) are in
+//! real hosts. Both take the readings the telemetry of a job samples
+//! (`GpuProbe::sample`). Verdicts (which GPU may be used, and why not) are in
 //! `crate::verdict`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+pub use benchfleet_core::telemetry::GpuSample;
 use serde::Serialize;
 
 /// One GPU: its inventory as NVML reports it, and whether it may be
@@ -79,32 +84,9 @@ pub struct GpuProcess {
     pub used_memory_bytes: Option<u64>,
 }
 
-/// NVML's clocks-throttle reason bits, the key a policy names each by, and
-/// how a verdict says it.
-pub const THROTTLE_REASONS: &[(u64, &str, &str)] = &[
-    (0x1, "gpu_idle", "GPU idle"),
-    (0x2, "applications_clocks_setting", "applications clocks setting"),
-    (0x4, "sw_power_cap", "SW power cap"),
-    (0x8, "hw_slowdown", "HW slowdown"),
-    (0x10, "sync_boost", "sync boost"),
-    (0x20, "sw_thermal_slowdown", "SW thermal slowdown"),
-    (0x40, "hw_thermal_slowdown", "HW thermal slowdown"),
-    (0x80, "hw_power_brake_slowdown", "HW power brake slowdown"),
-    (0x100, "display_clock_setting", "display clock setting"),
-];
-
-/// The keys of the throttle reasons set in NVML's bit mask; bits NVML may
-/// add later are named by their value, so they are never silently dropped.
-pub fn throttle_reason_keys(bits: u64) -> Vec<String> {
-    let mut keys: Vec<String> =
-        THROTTLE_REASONS.iter().filter(|(bit, _, _)| bits & bit != 0).map(|(_, key, _)| (*key).to_owned()).collect();
-    let known = THROTTLE_REASONS.iter().fold(0, |all, (bit, _, _)| all | bit);
-    let unknown = bits & !known;
-    if unknown != 0 {
-        keys.push(format!("unknown_{unknown:#x}"));
-    }
-    keys
-}
+/// NVML's clocks-throttle reason bits and their keys, shared with the
+/// telemetry summary (`benchfleet_core::gpu`).
+pub use benchfleet_core::gpu::{THROTTLE_REASONS, throttle_reason_keys};
 
 impl GpuInfo {
     pub fn usable(&self) -> bool {
@@ -178,10 +160,26 @@ pub trait GpuProbe: Send + Sync {
     fn xid_events_after(&self, _mark: u64) -> Vec<XidEvent> {
         Vec::new()
     }
+
+    /// One reading of each of the GPUs named by UUID (clocks, power,
+    /// temperature, utilization, memory, throttle reasons), for a job's
+    /// telemetry. Blocks on the GPUs: call it off the async threads.
+    fn sample(&self, uuids: &[String]) -> anyhow::Result<Vec<GpuSample>> {
+        let _ = uuids;
+        anyhow::bail!("this GPU probe takes no readings")
+    }
+
+    /// The engine on these GPUs has `running` requests in flight, as its
+    /// `/metrics` last said: only simulated GPUs, which have no load of their
+    /// own, take it (a simulated GPU is as busy as its simulated engine).
+    fn engine_load(&self, _uuids: &[String], _running: f64) {}
 }
 
 /// GPUs that do not exist, for local mode and tests: `count` GPUs of one
-/// model, all usable.
+/// model, all usable. Their readings follow their engine's load
+/// (`GpuProbe::engine_load`): idle at 345 MHz; busy near their maximum clock,
+/// with power, heat and utilization rising with the requests in flight; the
+/// engine's memory held once it runs.
 #[derive(Clone, Debug)]
 pub struct SimGpuProbe {
     /// "H100" or "H200".
@@ -189,22 +187,75 @@ pub struct SimGpuProbe {
     pub count: u32,
     /// Makes UUIDs unique per simulated host.
     pub host: String,
+    /// The last load each GPU's engine reported, by UUID.
+    load: Arc<Mutex<HashMap<String, f64>>>,
+}
+
+impl SimGpuProbe {
+    pub fn new(model: impl Into<String>, count: u32, host: impl Into<String>) -> SimGpuProbe {
+        SimGpuProbe { model: model.into(), count, host: host.into(), load: Arc::default() }
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        let memory_gib: u64 = if self.model.eq_ignore_ascii_case("H100") { 80 } else { 141 };
+        memory_gib << 30
+    }
 }
 
 impl GpuProbe for SimGpuProbe {
     fn probe(&self) -> anyhow::Result<Vec<GpuInfo>> {
-        let memory_gib: u64 = if self.model.eq_ignore_ascii_case("H100") { 80 } else { 141 };
         Ok((0..self.count)
             .map(|index| GpuInfo {
                 index,
                 uuid: format!("GPU-sim-{}-{index}", self.host),
                 name: format!("NVIDIA {} (simulated)", self.model),
-                memory_total_bytes: memory_gib << 30,
+                memory_total_bytes: self.memory_bytes(),
                 driver_version: "simulated".to_owned(),
                 cuda_driver_version: "simulated".to_owned(),
                 ..GpuInfo::default()
             })
             .collect())
+    }
+
+    fn sample(&self, uuids: &[String]) -> anyhow::Result<Vec<GpuSample>> {
+        let load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let memory_clock_max = if self.model.eq_ignore_ascii_case("H100") { 2619 } else { 3201 };
+        uuids
+            .iter()
+            .map(|uuid| {
+                if !uuid.starts_with(&format!("GPU-sim-{}-", self.host)) {
+                    anyhow::bail!("no simulated GPU {uuid}");
+                }
+                let running = load.get(uuid).copied();
+                let utilization = match running {
+                    Some(r) if r > 0.0 => (40.0 + 15.0 * r).min(100.0),
+                    _ => 0.0,
+                };
+                let busy = utilization > 0.0;
+                Ok(GpuSample {
+                    uuid: uuid.clone(),
+                    sm_clock_mhz: Some(if busy { 1980 - (100.0 - utilization) as u32 } else { 345 }),
+                    sm_clock_max_mhz: Some(1980),
+                    memory_clock_mhz: Some(memory_clock_max),
+                    memory_clock_max_mhz: Some(memory_clock_max),
+                    power_w: Some(75.0 + 0.85 * 625.0 * utilization / 100.0),
+                    power_limit_w: Some(700.0),
+                    temperature_c: Some(32 + (0.4 * utilization) as u32),
+                    utilization_pct: Some(utilization as u32),
+                    memory_utilization_pct: Some((0.6 * utilization) as u32),
+                    // An engine holds nine tenths of the memory once it runs.
+                    memory_used_bytes: Some(if running.is_some() { self.memory_bytes() / 10 * 9 } else { 0 }),
+                    throttle_reasons: Some(if busy { 0 } else { 0x1 }),
+                })
+            })
+            .collect()
+    }
+
+    fn engine_load(&self, uuids: &[String], running: f64) {
+        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        for uuid in uuids {
+            load.insert(uuid.clone(), running);
+        }
     }
 }
 
@@ -213,13 +264,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn throttle_bits_name_every_reason_and_keep_unknown_ones() {
-        let check = |bits: u64, expected: &[&str]| assert_eq!(throttle_reason_keys(bits), expected, "bits {bits:#x}");
-        check(0, &[]);
-        check(0x1, &["gpu_idle"]);
-        check(0x8 | 0x40, &["hw_slowdown", "hw_thermal_slowdown"]);
-        check(0x100, &["display_clock_setting"]);
-        check(0x1 | 0x1000, &["gpu_idle", "unknown_0x1000"]);
+    fn simulated_gpus_follow_their_engine_s_load() {
+        let probe = SimGpuProbe::new("H200", 2, "h");
+        let uuids: Vec<String> = probe.probe().expect("inventory").into_iter().map(|g| g.uuid).collect();
+        let idle = probe.sample(&uuids).expect("readings");
+        assert_eq!(idle.len(), 2);
+        assert_eq!(
+            (idle[0].sm_clock_mhz, idle[0].utilization_pct, idle[0].memory_used_bytes),
+            (Some(345), Some(0), Some(0))
+        );
+        probe.engine_load(&uuids[..1], 4.0);
+        let busy = probe.sample(&uuids).expect("readings");
+        assert_eq!(
+            (busy[0].sm_clock_mhz, busy[0].utilization_pct, busy[0].throttle_reasons),
+            (Some(1980), Some(100), Some(0))
+        );
+        assert!(busy[0].power_w > idle[0].power_w && busy[0].temperature_c > idle[0].temperature_c);
+        assert_eq!(busy[0].memory_used_bytes, Some((141u64 << 30) / 10 * 9));
+        assert_eq!(busy[1], idle[1], "the other GPU's engine is not running");
+        assert!(probe.sample(&["GPU-elsewhere".to_owned()]).is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Running one engine group: check its GPUs, start the engine once, wait
 //! until it serves, run loadgen for each job in order (with a prefix cache
-//! reset between jobs and a GPU error check around each), and stop the
-//! engine. Every step can be stopped (`Stop`): the engine and loadgen are
+//! reset between jobs, a GPU error check around each, and the job's
+//! telemetry sampled while loadgen runs), and stop the engine. Every step can be stopped (`Stop`): the engine and loadgen are
 //! then stopped and awaited here, never left to `Drop`, and the jobs not
 //! run are reported as given up.
 
@@ -17,6 +17,7 @@ use crate::engine::{Engine, EngineError, EngineRuntime, wait_until_serving};
 use crate::gpu::{GpuInfo, GpuProbe};
 use crate::job::{Attempt, EngineLaunch, Failure, GroupAssignment, JobReport, LoadDataset, LoadRun, Reported};
 use crate::load::LoadRunner;
+use crate::telemetry::{Sampling, Sources};
 use crate::verdict::{new_errors, new_xids};
 
 /// Where a group's reports go (the session keeps the latest of each attempt
@@ -163,6 +164,9 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
     info!(config = %group.engine.config_name, "engine serving after {:.1} s", startup.as_secs_f64());
 
     let http = reqwest::Client::new();
+    // What every result of the group names its engine by.
+    let engine_version = crate::engine::engine_version(&http, &engine.base_url(), &group.engine.kind).await;
+    let image_digest = engine.image_digest();
     // Which jobs have had their final report: on a stop, the rest get one.
     let mut ended = vec![false; group.jobs.len()];
     for (i, job) in group.jobs.iter().enumerate() {
@@ -219,6 +223,8 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             engine_startup_s: Some(startup.as_secs_f64()),
             prefix_cache,
             gpus: before.iter().flatten().filter(|g| uuids.contains(&g.uuid)).cloned().collect(),
+            engine_version: engine_version.clone(),
+            image_digest: image_digest.clone(),
             ..JobReport::new(&job.attempt, Reported::Running)
         });
         // The files the job names, fetched by their hashes: (name, sha256, what).
@@ -260,16 +266,39 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             dataset_path,
             processor_path,
         };
+        let loadgen_args = crate::load::loadgen_args(&run);
+        let loadgen_version = ctx.loadgen.version().await;
+        // The engine's /metrics and the GPUs, sampled for as long as loadgen runs.
+        let sources = Sources {
+            http: http.clone(),
+            base_url: engine.base_url(),
+            kind: group.engine.kind.clone(),
+            gpus: ctx.gpus.clone(),
+            uuids: uuids.clone(),
+        };
+        let sampling = CancellationToken::new();
+        let telemetry = tokio::spawn(crate::telemetry::record(sources, Sampling::default(), sampling.clone()));
         // The runner stops loadgen itself when `stop` fires, and waits for it.
         let result = ctx.loadgen.run(&run, stop.token()).await;
+        sampling.cancel();
+        let telemetry = telemetry.await.inspect_err(|e| warn!("the job's telemetry was lost: {e}")).ok();
         if stop.is_stopped() {
             break;
         }
+        // What the final report of a job loadgen ran for carries.
+        let ran = |report: JobReport| JobReport {
+            engine_version: engine_version.clone(),
+            image_digest: image_digest.clone(),
+            loadgen_args: loadgen_args.clone(),
+            loadgen_version: loadgen_version.clone(),
+            telemetry: telemetry.clone().map(Box::new),
+            ..report
+        };
         // A GPU error during the attempt makes its numbers worthless,
         // whatever loadgen says.
         if let Some(error) = gpu_errors_since(&ctx.gpus, before.as_deref(), xid_mark, &uuids).await {
             warn!(job = job.attempt.job, "{error}");
-            end(JobReport::failed(&job.attempt, Failure::Host, error), &mut ended);
+            end(ran(JobReport::failed(&job.attempt, Failure::Host, error)), &mut ended);
             continue;
         }
         let report = match (result, engine.exit_status()) {
@@ -292,7 +321,7 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
                 JobReport { log_tail: tail, ..JobReport::failed(&job.attempt, Failure::Attempt, error) }
             }
         };
-        end(report, &mut ended);
+        end(ran(report), &mut ended);
     }
     engine.stop().await;
     if stop.is_stopped() {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use benchfleet_proto as pb;
 
+use benchfleet_core::telemetry::Telemetry;
+
 use crate::gpu::GpuInfo;
 
 /// Identifies one attempt of one job, and the lease epoch it was granted
@@ -172,6 +174,16 @@ pub struct JobReport {
     /// How the job's prefix cache was made cold ("cold: ..."), or why it may
     /// be warm ("warm: ..."); empty when not said.
     pub prefix_cache: String,
+    /// The engine's version as its own endpoint says it, and its image's
+    /// digest (Docker): set once it serves.
+    pub engine_version: Option<String>,
+    pub image_digest: Option<String>,
+    /// loadgen's command line as the agent ran it, and its version: set in
+    /// the final report of a job loadgen ran for.
+    pub loadgen_args: Vec<String>,
+    pub loadgen_version: Option<String>,
+    /// The engine's `/metrics` and the GPUs' readings during the job.
+    pub telemetry: Option<Box<Telemetry>>,
 }
 
 impl JobReport {
@@ -185,6 +197,11 @@ impl JobReport {
             pull_progress: String::new(),
             gpus: Vec::new(),
             prefix_cache: String::new(),
+            engine_version: None,
+            image_digest: None,
+            loadgen_args: Vec::new(),
+            loadgen_version: None,
+            telemetry: None,
         }
     }
 
@@ -264,6 +281,11 @@ impl From<&JobReport> for pb::JobUpdate {
                 .collect(),
             failure: failure as i32,
             prefix_cache: r.prefix_cache.clone(),
+            engine_version: r.engine_version.clone().unwrap_or_default(),
+            image_digest: r.image_digest.clone().unwrap_or_default(),
+            loadgen_args: r.loadgen_args.clone(),
+            loadgen_version: r.loadgen_version.clone().unwrap_or_default(),
+            telemetry: r.telemetry.as_deref().map(pb::JobTelemetry::from),
         }
     }
 }

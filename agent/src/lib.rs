@@ -7,7 +7,8 @@
 //! groups held across sessions; `group` runs one engine group; `job` holds
 //! the domain types of an assignment and their conversion from and to gRPC;
 //! `engine` the engine runtimes, `docker` the one that runs containers;
-//! `load` runs loadgen; `procs` keeps the pid files of what the agent
+//! `load` runs loadgen; `telemetry` samples the engine's `/metrics` and the
+//! GPUs while it runs; `procs` keeps the pid files of what the agent
 //! starts; `gpu` the GPU inventory, `nvml` reads it on real hosts, `verdict`
 //! judges it and `verify` shows it.
 
@@ -21,6 +22,7 @@ pub mod load;
 pub mod nvml;
 pub mod procs;
 pub mod session;
+pub mod telemetry;
 pub mod verdict;
 pub mod verify;
 

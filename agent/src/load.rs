@@ -19,6 +19,11 @@ pub trait LoadRunner: Send + Sync {
     /// Runs the job's load; when `stop` fires, loadgen is stopped and
     /// awaited before this returns.
     async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()>;
+
+    /// loadgen's version, as the results name it; `None` when unknown.
+    async fn version(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Runs the `benchfleet-loadgen` binary, in its own process group with a
@@ -27,11 +32,13 @@ pub trait LoadRunner: Send + Sync {
 pub struct ProcessLoadRunner {
     pub binary: PathBuf,
     pub pids: Option<PidDir>,
+    /// What `--version` printed, asked once.
+    version: tokio::sync::OnceCell<Option<String>>,
 }
 
 impl ProcessLoadRunner {
-    pub fn new(binary: PathBuf) -> ProcessLoadRunner {
-        ProcessLoadRunner { binary, pids: None }
+    pub fn new(binary: PathBuf, pids: Option<PidDir>) -> ProcessLoadRunner {
+        ProcessLoadRunner { binary, pids, version: tokio::sync::OnceCell::new() }
     }
 }
 
@@ -147,6 +154,16 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
 
 #[tonic::async_trait]
 impl LoadRunner for ProcessLoadRunner {
+    /// The binary's `--version` ("benchfleet-loadgen 0.1.0"), asked once.
+    async fn version(&self) -> Option<String> {
+        let ask = async {
+            let out = Command::new(&self.binary).arg("--version").stdin(Stdio::null()).output().await.ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            (out.status.success() && !text.is_empty()).then_some(text)
+        };
+        self.version.get_or_init(|| ask).await.clone()
+    }
+
     async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()> {
         let mut child = Command::new(&self.binary)
             .args(loadgen_args(run))

@@ -188,7 +188,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("--sim-gpus {spec}: expected MODELxCOUNT, e.g. H200x8"))?;
             // Simulated engines model the simulated GPU.
             sim_env.push(("BENCHFLEET_SIM_GPU".to_owned(), model.clone()));
-            Arc::new(SimGpuProbe { model, count, host: name.clone() })
+            Arc::new(SimGpuProbe::new(model, count, name.clone()))
         }
         None => Arc::new(args.gpu.nvml_probe(None)?),
     };
@@ -224,7 +224,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         gpus,
         name,
         runtimes,
-        loadgen: Arc::new(ProcessLoadRunner { binary: loadgen, pids: Some(pids) }),
+        loadgen: Arc::new(ProcessLoadRunner::new(loadgen, Some(pids))),
         work_dir: args.work_dir,
         startup_timeout: Duration::from_secs(args.startup_timeout_s),
         gpu_check_interval: Duration::from_secs(60),

@@ -1,7 +1,8 @@
 //! The GPU probe of real hosts: reads every GPU's inventory through NVML
 //! (nvml-wrapper, which loads `libnvidia-ml.so.1` at run time, so the agent
 //! builds and starts on hosts without NVIDIA software) and judges it with the
-//! agent's `Policy`. A thread of its own watches the GPUs' XID events for as
+//! agent's `Policy`; it also takes the readings of a job's telemetry
+//! (`GpuProbe::sample`). A thread of its own watches the GPUs' XID events for as
 //! long as the probe lives, into a log the async side reads without waiting.
 
 use std::ffi::{OsStr, c_uint};
@@ -22,7 +23,7 @@ use nvml_wrapper::event::EventSet;
 use serde::Serialize;
 use tracing::warn;
 
-use crate::gpu::{GpuInfo, GpuProbe, GpuProcess, RemappedRows, UNKNOWN_XID, XidEvent, throttle_reason_keys};
+use crate::gpu::{GpuInfo, GpuProbe, GpuProcess, GpuSample, RemappedRows, UNKNOWN_XID, XidEvent, throttle_reason_keys};
 use crate::verdict::{Policy, apply};
 
 /// The library NVML lives in when no other is named.
@@ -185,6 +186,32 @@ impl GpuProbe for NvmlProbe {
 
     fn xid_events_after(&self, mark: u64) -> Vec<XidEvent> {
         self.xid.log().after(mark, &self.policy.ignore_xids)
+    }
+
+    /// One reading of each GPU by UUID; a GPU that cannot be found fails the
+    /// reading, a query it does not answer leaves its value out.
+    fn sample(&self, uuids: &[String]) -> anyhow::Result<Vec<GpuSample>> {
+        uuids
+            .iter()
+            .map(|uuid| {
+                let d = self.nvml.device_by_uuid(uuid.as_str()).map_err(|e| anyhow::anyhow!("GPU {uuid}: {e}"))?;
+                let utilization = d.utilization_rates().ok();
+                Ok(GpuSample {
+                    uuid: uuid.clone(),
+                    sm_clock_mhz: d.clock_info(Clock::SM).ok(),
+                    sm_clock_max_mhz: d.max_clock_info(Clock::SM).ok(),
+                    memory_clock_mhz: d.clock_info(Clock::Memory).ok(),
+                    memory_clock_max_mhz: d.max_clock_info(Clock::Memory).ok(),
+                    power_w: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                    power_limit_w: d.enforced_power_limit().ok().map(|mw| f64::from(mw) / 1000.0),
+                    temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
+                    utilization_pct: utilization.as_ref().map(|u| u.gpu),
+                    memory_utilization_pct: utilization.as_ref().map(|u| u.memory),
+                    memory_used_bytes: d.memory_info().ok().map(|m| m.used),
+                    throttle_reasons: d.current_throttle_reasons().ok().map(|r| r.bits()),
+                })
+            })
+            .collect()
     }
 }
 

@@ -105,9 +105,9 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
     Ok(AgentConfig {
         controller_url,
         name: "local".into(),
-        gpus: Arc::new(SimGpuProbe { model: gpu.to_owned(), count: 1, host: "local".into() }),
+        gpus: Arc::new(SimGpuProbe::new(gpu, 1, "local")),
         runtimes,
-        loadgen: Arc::new(ProcessLoadRunner { binary: loadgen, pids: Some(pids) }),
+        loadgen: Arc::new(ProcessLoadRunner::new(loadgen, Some(pids))),
         work_dir,
         startup_timeout: Duration::from_secs(120),
         gpu_check_interval: Duration::from_secs(60),

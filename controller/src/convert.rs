@@ -181,6 +181,11 @@ pub fn update(u: pb::JobUpdate) -> Result<Update, Status> {
         gpu_fingerprint: u.gpu_fingerprint.into_iter().map(|g| g.fingerprint).collect(),
         pull_progress: text(u.pull_progress),
         prefix_cache: text(u.prefix_cache),
+        engine_version: text(u.engine_version),
+        image_digest: text(u.image_digest),
+        loadgen_args: u.loadgen_args,
+        loadgen_version: text(u.loadgen_version),
+        telemetry: u.telemetry.map(|t| Box::new(benchfleet_core::telemetry::Telemetry::from(t))),
     })
 }
 

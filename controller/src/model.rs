@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use benchfleet_core::Summary;
+use benchfleet_core::telemetry::{Series, TelemetrySummary};
 use serde::{Deserialize, Serialize};
 
 /// A run's number, unique within one store.
@@ -173,6 +174,8 @@ pub enum Write {
     Group(Group),
     Job(Job),
     Counters(Counters),
+    /// The series of an attempt's telemetry, kept apart from its job.
+    Telemetry(AttemptKey, Vec<Series>),
 }
 
 /// How an engine is run by the agent.
@@ -596,6 +599,27 @@ pub struct Job {
     /// Attempts made before the latest `retry`: the cap counts from there.
     #[serde(default)]
     pub retry_base: u32,
+    /// The current attempt's engine version, as its own endpoint says it
+    /// (vLLM's `/version`, SGLang's `/get_server_info`); `None` for an engine
+    /// that does not say.
+    #[serde(default)]
+    pub engine_version: Option<String>,
+    /// The digest of the engine's image (Docker: its repository digest, else
+    /// its id); `None` for engines run otherwise.
+    #[serde(default)]
+    pub image_digest: Option<String>,
+    /// loadgen's command line as the agent ran it for the current attempt,
+    /// machine-local paths and URLs included (`--report-to`, the dataset and
+    /// tokenizer files in the agent's cache); empty before it ran.
+    #[serde(default)]
+    pub loadgen_args: Vec<String>,
+    #[serde(default)]
+    pub loadgen_version: Option<String>,
+    /// The summary of the current attempt's telemetry (the engine's
+    /// `/metrics`, the GPUs' readings); its series are in the store apart
+    /// (`Store::telemetry`).
+    #[serde(default)]
+    pub telemetry: Option<TelemetrySummary>,
 }
 
 impl Job {
@@ -620,7 +644,35 @@ impl Job {
             prefix_cache: None,
             attempts: Vec::new(),
             retry_base: 0,
+            engine_version: None,
+            image_digest: None,
+            loadgen_args: Vec::new(),
+            loadgen_version: None,
+            telemetry: None,
         }
+    }
+
+    /// Each GPU that throttled during the current attempt, worded as a
+    /// report shows it: "SM clock 1,410 of 1,980 MHz for 38% of the job:
+    /// power cap" (with several GPUs, each starts with its UUID).
+    pub fn throttle_flags(&self) -> Vec<String> {
+        self.telemetry.as_ref().map(TelemetrySummary::throttle_flags).unwrap_or_default()
+    }
+
+    /// The most memory one of the attempt's GPUs held during it.
+    pub fn peak_gpu_memory_bytes(&self) -> Option<u64> {
+        self.telemetry.as_ref().and_then(|t| t.peak_gpu_memory_bytes)
+    }
+
+    /// The loadgen command that reproduces the attempt's load: its version
+    /// (when known) and its arguments as the agent ran them, shell-quoted.
+    pub fn loadgen_command(&self) -> Option<String> {
+        if self.loadgen_args.is_empty() {
+            return None;
+        }
+        let mut words = vec!["benchfleet-loadgen".to_owned()];
+        words.extend(self.loadgen_args.iter().map(|a| shell_word(a)));
+        Some(words.join(" "))
     }
 
     /// The current attempt's entry in the history.
@@ -635,6 +687,40 @@ impl Job {
 
     pub fn key(&self) -> AttemptKey {
         AttemptKey { run: self.run, job: self.id, attempt: self.attempt }
+    }
+}
+
+/// `word` as a POSIX shell reads it back: bare when it is plain, else in
+/// single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=,+@%".contains(&b));
+    if plain { word.to_owned() } else { format!("'{}'", word.replace('\'', "'\\''")) }
+}
+
+#[cfg(test)]
+mod job_tests {
+    use super::*;
+
+    #[test]
+    fn the_loadgen_command_quotes_what_a_shell_would_split() {
+        let mut job = Job::new(
+            RunId(1),
+            1,
+            1,
+            Profile::new("p", Dataset::Random { input_tokens: 1, output_tokens: 1, seed: 1 }, 1),
+            1,
+        );
+        assert_eq!(job.loadgen_command(), None);
+        job.loadgen_args =
+            ["--model", "Qwen/Qwen3-8B", "--extra-body", r#"{"temperature": 0}"#, "--dataset-path", "/tmp/it's.json"]
+                .map(String::from)
+                .to_vec();
+        assert_eq!(
+            job.loadgen_command().as_deref(),
+            Some(
+                r#"benchfleet-loadgen --model Qwen/Qwen3-8B --extra-body '{"temperature": 0}' --dataset-path '/tmp/it'\''s.json'"#
+            )
+        );
     }
 }
 

@@ -1,10 +1,11 @@
-//! The one place where request records and summaries cross to and from
-//! their gRPC (prost) form.
+//! The one place where request records, summaries and job telemetry cross
+//! to and from their gRPC (prost) form.
 
 use benchfleet_proto as pb;
 
 use crate::metrics::{Distribution, Failures, Percentile, Summary};
 use crate::record::{Chunk, Outcome, Phase, RequestRecord};
+use crate::telemetry::{GpuTelemetry, Series, SeriesStats, Telemetry, TelemetrySummary};
 
 impl From<Phase> for pb::RequestPhase {
     fn from(p: Phase) -> Self {
@@ -242,11 +243,149 @@ impl From<pb::Summary> for Summary {
     }
 }
 
+impl From<&Telemetry> for pb::JobTelemetry {
+    fn from(t: &Telemetry) -> Self {
+        let s = &t.summary;
+        let text = |e: &Option<String>| e.clone().unwrap_or_default();
+        pb::JobTelemetry {
+            summary: Some(pb::TelemetrySummary {
+                duration_ms: s.duration_ms,
+                engine_scrapes: s.engine_scrapes,
+                engine_scrape_failures: s.engine_scrape_failures,
+                engine_scrape_error: text(&s.engine_scrape_error),
+                gpu_samples: s.gpu_samples,
+                gpu_sample_failures: s.gpu_sample_failures,
+                gpu_sample_error: text(&s.gpu_sample_error),
+                series: s
+                    .series
+                    .iter()
+                    .map(|x| pb::SeriesStats {
+                        name: x.name.clone(),
+                        gpu: x.gpu.clone(),
+                        count: x.count,
+                        min: x.min,
+                        mean: x.mean,
+                        max: x.max,
+                        first: x.first,
+                        last: x.last,
+                    })
+                    .collect(),
+                gpus: s
+                    .gpus
+                    .iter()
+                    .map(|g| pb::GpuTelemetry {
+                        gpu: g.gpu.clone(),
+                        samples: g.samples,
+                        sm_clock_max_mhz: g.sm_clock_max_mhz,
+                        memory_clock_max_mhz: g.memory_clock_max_mhz,
+                        power_limit_w: g.power_limit_w,
+                        throttled_ms: g.throttled_ms.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                        held_down_ms: g.held_down_ms,
+                        held_down_sm_clock_mhz: g.held_down_sm_clock_mhz,
+                        held_down_reasons: g.held_down_reasons.clone(),
+                    })
+                    .collect(),
+                peak_gpu_memory_bytes: s.peak_gpu_memory_bytes,
+            }),
+            series: t
+                .series
+                .iter()
+                .map(|x| pb::TelemetrySeries {
+                    name: x.name.clone(),
+                    gpu: x.gpu.clone(),
+                    t_ms: x.points.iter().map(|p| p.0).collect(),
+                    values: x.points.iter().map(|p| p.1).collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Job telemetry received over the wire; a series whose times and values
+/// differ in number is cut to the shorter.
+impl From<pb::JobTelemetry> for Telemetry {
+    fn from(t: pb::JobTelemetry) -> Self {
+        let s = t.summary.unwrap_or_default();
+        let text = |e: String| (!e.is_empty()).then_some(e);
+        Telemetry {
+            summary: TelemetrySummary {
+                duration_ms: s.duration_ms,
+                engine_scrapes: s.engine_scrapes,
+                engine_scrape_failures: s.engine_scrape_failures,
+                engine_scrape_error: text(s.engine_scrape_error),
+                gpu_samples: s.gpu_samples,
+                gpu_sample_failures: s.gpu_sample_failures,
+                gpu_sample_error: text(s.gpu_sample_error),
+                series: s
+                    .series
+                    .into_iter()
+                    .map(|x| SeriesStats {
+                        name: x.name,
+                        gpu: x.gpu,
+                        count: x.count,
+                        min: x.min,
+                        mean: x.mean,
+                        max: x.max,
+                        first: x.first,
+                        last: x.last,
+                    })
+                    .collect(),
+                gpus: s
+                    .gpus
+                    .into_iter()
+                    .map(|g| GpuTelemetry {
+                        gpu: g.gpu,
+                        samples: g.samples,
+                        sm_clock_max_mhz: g.sm_clock_max_mhz,
+                        memory_clock_max_mhz: g.memory_clock_max_mhz,
+                        power_limit_w: g.power_limit_w,
+                        throttled_ms: g.throttled_ms.into_iter().collect(),
+                        held_down_ms: g.held_down_ms,
+                        held_down_sm_clock_mhz: g.held_down_sm_clock_mhz,
+                        held_down_reasons: g.held_down_reasons,
+                    })
+                    .collect(),
+                peak_gpu_memory_bytes: s.peak_gpu_memory_bytes,
+            },
+            series: t
+                .series
+                .into_iter()
+                .map(|x| Series { name: x.name, gpu: x.gpu, points: x.t_ms.into_iter().zip(x.values).collect() })
+                .collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::{Failures, Percentile};
     use crate::record::Phase;
+
+    #[test]
+    fn job_telemetry_crosses_the_wire_whole() {
+        let mut r = crate::telemetry::Recorder::new(500);
+        r.engine_scrape(0, Ok(vec![("vllm:num_requests_running".into(), 3.0)]));
+        r.engine_scrape(1000, Err("GET /metrics answered 404".into()));
+        let sample = crate::telemetry::GpuSample {
+            uuid: "GPU-1".into(),
+            sm_clock_mhz: Some(1410),
+            sm_clock_max_mhz: Some(1980),
+            memory_clock_max_mhz: Some(3201),
+            power_w: Some(690.5),
+            power_limit_w: Some(700.0),
+            utilization_pct: Some(99),
+            memory_used_bytes: Some(70 << 30),
+            throttle_reasons: Some(0x4),
+            ..Default::default()
+        };
+        r.gpu_sample(0, 1, Ok(vec![sample]));
+        r.gpu_sample(500, 1, Err("GPU-1: not found".into()));
+        let telemetry = r.finish(1500);
+        assert!(telemetry.summary.gpus[0].held_down_reasons == ["sw_power_cap"], "{telemetry:?}");
+        let back = Telemetry::from(pb::JobTelemetry::from(&telemetry));
+        assert_eq!(back, telemetry);
+    }
 
     /// A distribution whose every field differs, from `n`.
     fn dist(n: f64) -> Distribution {

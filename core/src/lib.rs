@@ -5,7 +5,9 @@
 //! self-check), producing a `Summary`; `block` renders a summary as the
 //! "Serving Benchmark Result" block; `digest` keeps a run's distributions as
 //! histograms that merge, and pools repeats into one block; `gpu` matches GPU models to product
-//! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `convert` is the one place records and summaries cross to and
+//! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `telemetry`
+//! summarizes what an agent samples during a job (engine `/metrics`, GPU
+//! readings) and words a throttled GPU; `convert` is the one place records and summaries cross to and
 //! from their gRPC form.
 
 pub mod block;
@@ -16,6 +18,7 @@ pub mod metrics;
 pub mod record;
 pub mod sharegpt;
 pub mod stats;
+pub mod telemetry;
 
 pub use block::render_block;
 pub use digest::{Digest, DigestBuilder, Histogram, pool};

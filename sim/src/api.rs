@@ -71,6 +71,7 @@ pub fn router(config: SimConfig, engine: EngineHandle, stopping: CancellationTok
         crate::config::EngineKind::Vllm => Some("/reset_prefix_cache"),
         crate::config::EngineKind::Sglang => Some("/flush_cache"),
     };
+    let (config_engine, enable_metrics) = (config.engine, config.enable_metrics);
     let state = AppState {
         ready_at: Instant::now() + config.startup_delay,
         fault_rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed)),
@@ -83,8 +84,13 @@ pub fn router(config: SimConfig, engine: EngineHandle, stopping: CancellationTok
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/metrics", get(metrics));
+        .route("/v1/chat/completions", post(chat_completions));
+    // Each engine's own way to say its version; SGLang serves /metrics only when asked.
+    let router = match config_engine {
+        crate::config::EngineKind::Vllm => router.route("/version", get(version)),
+        crate::config::EngineKind::Sglang => router.route("/get_server_info", get(server_info)),
+    };
+    let router = if enable_metrics { router.route("/metrics", get(metrics)) } else { router };
     match reset {
         Some(path) => router.route(path, post(reset_prefix_cache)),
         None => router,
@@ -109,49 +115,136 @@ async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Result<Status
     Ok(StatusCode::OK)
 }
 
-/// The series of vLLM's `/metrics` that a benchmark reads, with vLLM's names and types.
+/// The version the simulator answers as either engine: its own, marked as the simulator's.
+pub const ENGINE_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+benchfleet-sim");
+
+/// vLLM's `GET /version`.
+async fn version() -> Json<Value> {
+    Json(json!({"version": ENGINE_VERSION}))
+}
+
+/// SGLang's `GET /get_server_info`: its server arguments, its version among them (a few of the
+/// arguments only).
+async fn server_info(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let c = &state.config;
+    Json(json!({
+        "model_path": c.model, "served_model_name": c.served_model_name, "host": c.host, "port": c.port,
+        "context_length": c.max_model_len, "max_running_requests": c.max_num_seqs, "tp_size": c.tensor_parallel_size,
+        "enable_metrics": c.enable_metrics, "version": ENGINE_VERSION,
+    }))
+}
+
+/// One series of `/metrics`: name, type, help and value.
+type MetricLine = (&'static str, &'static str, &'static str, f64);
+
+/// The series of the engine's `/metrics` that a benchmark reads, with the engine's names, types and
+/// labels, from the scheduler's state.
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let (stats, model) = (state.engine.stats(), &state.config.served_model_name);
-    let counters = stats.counters;
+    let c = stats.counters;
     let mut text = String::new();
-    let series: [(&str, &str, &str, f64); 9] = [
-        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", stats.running as f64),
-        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", stats.waiting as f64),
-        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage),
-        (
-            "vllm:prefix_cache_queries_total",
-            "counter",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            counters.prefix_cache_queries as f64,
+    let (labels, series): (String, Vec<MetricLine>) = match state.config.engine {
+        crate::config::EngineKind::Vllm => (
+            format!("model_name={model:?},engine=\"0\""),
+            vec![
+                (
+                    "vllm:num_requests_running",
+                    "gauge",
+                    "Number of requests in model execution batches.",
+                    stats.running as f64,
+                ),
+                (
+                    "vllm:num_requests_waiting",
+                    "gauge",
+                    "Number of requests waiting to be processed.",
+                    stats.waiting as f64,
+                ),
+                ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage),
+                (
+                    "vllm:prefix_cache_queries_total",
+                    "counter",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                    c.prefix_cache_queries as f64,
+                ),
+                (
+                    "vllm:prefix_cache_hits_total",
+                    "counter",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                    c.prefix_cache_hits as f64,
+                ),
+                (
+                    "vllm:num_preemptions_total",
+                    "counter",
+                    "Cumulative number of preemption from the engine.",
+                    c.preemptions as f64,
+                ),
+                ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", c.prompt_tokens as f64),
+                (
+                    "vllm:generation_tokens_total",
+                    "counter",
+                    "Number of generation tokens processed.",
+                    c.generation_tokens as f64,
+                ),
+            ],
         ),
-        (
-            "vllm:prefix_cache_hits_total",
-            "counter",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            counters.prefix_cache_hits as f64,
-        ),
-        (
-            "vllm:num_preemptions_total",
-            "counter",
-            "Cumulative number of preemption from the engine.",
-            counters.preemptions as f64,
-        ),
-        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", counters.prompt_tokens as f64),
-        (
-            "vllm:generation_tokens_total",
-            "counter",
-            "Number of generation tokens processed.",
-            counters.generation_tokens as f64,
-        ),
-        (
-            "vllm:request_success_total",
-            "counter",
-            "Count of successfully processed requests.",
-            counters.finished as f64,
-        ),
-    ];
+        crate::config::EngineKind::Sglang => {
+            let hit_rate = if c.prefix_cache_queries == 0 {
+                0.0
+            } else {
+                c.prefix_cache_hits as f64 / c.prefix_cache_queries as f64
+            };
+            (
+                format!("model_name={model:?},engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\""),
+                vec![
+                    ("sglang:num_running_reqs", "gauge", "The number of running requests.", stats.running as f64),
+                    (
+                        "sglang:num_queue_reqs",
+                        "gauge",
+                        "The number of requests in the waiting queue.",
+                        stats.waiting as f64,
+                    ),
+                    ("sglang:token_usage", "gauge", "The token usage.", stats.kv_usage),
+                    ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", hit_rate),
+                    (
+                        "sglang:num_retracted_requests_total",
+                        "counter",
+                        "Total number of retracted requests.",
+                        c.preemptions as f64,
+                    ),
+                    (
+                        "sglang:prompt_tokens_total",
+                        "counter",
+                        "Number of prefill tokens processed.",
+                        c.prompt_tokens as f64,
+                    ),
+                    (
+                        "sglang:generation_tokens_total",
+                        "counter",
+                        "Number of generation tokens processed.",
+                        c.generation_tokens as f64,
+                    ),
+                    (
+                        "sglang:cached_tokens_total",
+                        "counter",
+                        "Number of cached prompt tokens.",
+                        c.prefix_cache_hits as f64,
+                    ),
+                    ("sglang:num_requests_total", "counter", "Number of requests processed.", c.finished as f64),
+                ],
+            )
+        }
+    };
     for (name, kind, help, value) in series {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{model_name={model:?}}} {value}");
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value:?}");
+    }
+    if state.config.engine == crate::config::EngineKind::Vllm {
+        // vLLM counts finished requests per finish reason; every simulated one runs to its length.
+        let (name, finished) = ("vllm:request_success_total", c.finished as f64);
+        let _ = writeln!(
+            text,
+            "# HELP {name} Count of successfully processed requests.\n# TYPE {name} counter\n\
+             {name}{{{labels},finished_reason=\"length\"}} {finished:?}"
+        );
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

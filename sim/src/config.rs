@@ -36,7 +36,8 @@ pub fn help() -> String {
          benchfleet-sim python3 -m sglang.launch_server --model-path MODEL [...]\n\n\
          The engines' own flags are taken as they take them (--flag value or --flag=value); one the engine\n\
          would not know is an error, as it would be on a GPU. It serves the OpenAI API (/v1/completions,\n\
-         /v1/chat/completions, /v1/models), /health, /metrics, and the engine's own cache reset\n\
+         /v1/chat/completions, /v1/models), /health, /metrics (SGLang's with --enable-metrics), the engine's\n\
+         version (vLLM: GET /version, SGLang: GET /get_server_info) and its own cache reset\n\
          (vLLM: POST /reset_prefix_cache, SGLang: POST /flush_cache).\n\nSimulator flags:\n",
     );
     for (flag, sample, what) in SIM_FLAGS {
@@ -102,6 +103,8 @@ pub struct SimConfig {
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
     pub trust_remote_code: bool,
+    /// SGLang serves `/metrics` only with `--enable-metrics`; vLLM always does.
+    pub enable_metrics: bool,
     /// `--sim-gpu`, else `BENCHFLEET_SIM_GPU`, else H200.
     pub gpu: Gpu,
     /// Seeds the generated words, the draft acceptances and the fault draws, so runs repeat.
@@ -201,6 +204,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         gpu_memory_utilization: None,
         tensor_parallel_size: 1,
         trust_remote_code: false,
+        enable_metrics: engine == EngineKind::Vllm,
         gpu: profile::GPUS[1],
         seed: 0,
         startup_delay: Duration::ZERO,
@@ -269,6 +273,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
                 config.tensor_parallel_size = parse(name, &value()?)?;
             }
             (_, "--trust-remote-code") => config.trust_remote_code = switch(true)?,
+            (Sglang, "--enable-metrics") => config.enable_metrics = switch(true)?,
             (_, "--seed") | (Sglang, "--random-seed") => config.seed = parse(name, &value()?)?,
             (_, "--sim-gpu") => gpu_flag = Some(value()?),
             (_, "--sim-startup-ms") => match value()?.as_str() {

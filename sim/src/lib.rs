@@ -14,7 +14,8 @@
 //! - `engine` drives it in real time for the server, `simulate` in virtual
 //!   time for whole benchmarks in milliseconds;
 //! - `api` is the HTTP layer, which only translates between OpenAI's wire
-//!   format and the engine.
+//!   format and the engine, and serves each engine's `/metrics` (its names,
+//!   from the scheduler's state) and version endpoint.
 
 mod api;
 mod config;
@@ -29,6 +30,7 @@ use std::future::Future;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
+pub use api::ENGINE_VERSION;
 pub use config::{
     ArgError, EngineKind, Faults, GPU_ENV, SIM_FLAGS, SimConfig, help, parse_command_line, parse_command_line_with_gpu,
 };

@@ -23,9 +23,19 @@
  * memory_used_mib, mig, ecc, ecc_volatile, ecc_aggregate, retired_pending,
  * remap_corrected, remap_uncorrected, remap_pending, remap_failed, throttle
  * (the reason bit mask, e.g. 0x8), sm_clock, sm_clock_max, mem_clock,
- * mem_clock_max, power_limit_mw, power_default_mw, temperature, pcie_gen,
+ * mem_clock_max, power_limit_mw, power_default_mw, power_mw (the draw),
+ * temperature, utilization and mem_utilization (percent), pcie_gen,
  * pcie_gen_max, pcie_width, pcie_width_max, persistence, processes
  * (`unsupported` or `error`), process.
+ *
+ * Answers that change over time: `gpu.N.FIELD@MS = VALUE` (numeric fields
+ * only, at most 64 such lines) makes the field read VALUE from MS
+ * milliseconds after the first reading of a job's telemetry (the first
+ * nvmlDeviceGetUtilizationRates call, which only the sampler makes), e.g.
+ * the power cap holding the SM clock down 1.5 s into a job:
+ *
+ *   gpu.0.sm_clock@1500 = 1410
+ *   gpu.0.throttle@1500 = 0x4
  *
  * Events: event_types (the mask nvmlDeviceGetSupportedEventTypes answers;
  * 0x1f by default, XID events included; 0x7 leaves them out), events_register
@@ -55,6 +65,7 @@ enum {
     NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -71,7 +82,8 @@ enum field {
     F_RETIRED_PENDING, F_REMAP_CORRECTED, F_REMAP_UNCORRECTED, F_REMAP_PENDING, F_REMAP_FAILED,
     F_THROTTLE, F_SM_CLOCK, F_SM_CLOCK_MAX, F_MEM_CLOCK, F_MEM_CLOCK_MAX, F_POWER_LIMIT_MW,
     F_POWER_DEFAULT_MW, F_TEMPERATURE, F_PCIE_GEN, F_PCIE_GEN_MAX, F_PCIE_WIDTH, F_PCIE_WIDTH_MAX,
-    F_PERSISTENCE, F_PROCESSES, F_EVENT_TYPES, F_EVENTS_REGISTER, F_XID, F_XID_AFTER_MS, F_COUNT
+    F_PERSISTENCE, F_PROCESSES, F_EVENT_TYPES, F_EVENTS_REGISTER, F_XID, F_XID_AFTER_MS, F_POWER_MW,
+    F_UTILIZATION, F_MEM_UTILIZATION, F_COUNT
 };
 
 static const char *const FIELD_NAMES[F_COUNT] = {
@@ -79,7 +91,8 @@ static const char *const FIELD_NAMES[F_COUNT] = {
     "retired_pending", "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failed",
     "throttle", "sm_clock", "sm_clock_max", "mem_clock", "mem_clock_max", "power_limit_mw",
     "power_default_mw", "temperature", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
-    "persistence", "processes", "event_types", "events_register", "xid", "xid_after_ms",
+    "persistence", "processes", "event_types", "events_register", "xid", "xid_after_ms", "power_mw",
+    "utilization", "mem_utilization",
 };
 
 /* A healthy, idle H200. */
@@ -93,6 +106,7 @@ static const long long HEALTHY[F_COUNT] = {
     [F_PCIE_WIDTH_MAX] = 16, [F_PERSISTENCE] = 1, [F_PROCESSES] = 0,
     /* Single and double bit ECC, P-state, XID, clock. */
     [F_EVENT_TYPES] = 0x1f, [F_EVENTS_REGISTER] = 0, [F_XID] = 0, [F_XID_AFTER_MS] = 0,
+    [F_POWER_MW] = 72000, [F_UTILIZATION] = 0, [F_MEM_UTILIZATION] = 0,
 };
 
 struct fake_process {
@@ -110,6 +124,19 @@ struct fake_gpu {
 };
 
 static struct fake_gpu gpus[MAX_GPUS];
+
+/* A field's answer from a time on: `gpu.N.FIELD@MS = VALUE`. */
+#define MAX_CHANGES 64
+static struct change {
+    int gpu; /* -1: every GPU */
+    enum field field;
+    long long at_ms;
+    long long value;
+} changes[MAX_CHANGES];
+static unsigned int change_count;
+/* When the first telemetry reading was taken (0: not yet). */
+static long long readings_since_ns;
+static long long now_ns(void);
 static unsigned int gpu_count;
 static char driver_version[80];
 static int cuda_version;
@@ -150,6 +177,8 @@ static int set_field(struct fake_gpu *gpu, const char *key, const char *value) {
 
 static void reset(void) {
     gpu_count = 1;
+    change_count = 0;
+    readings_since_ns = 0;
     copy(driver_version, sizeof driver_version, "550.54.15");
     cuda_version = 12040;
     for (unsigned int i = 0; i < MAX_GPUS; i++) {
@@ -199,6 +228,16 @@ static nvmlReturn_t load(void) {
             copy(driver_version, sizeof driver_version, value);
         } else if (strcmp(key, "cuda_version") == 0) {
             cuda_version = atoi(value);
+        } else if (strncmp(key, "gpu.", 4) == 0 && strchr(key, '@') != NULL) {
+            char *which = key + 4, *dot = strchr(which, '.'), *at = strchr(key, '@');
+            if (dot == NULL || at < dot || change_count == MAX_CHANGES) goto bad;
+            *dot = '\0';
+            *at = '\0';
+            int f = 0;
+            while (f < F_COUNT && strcmp(dot + 1, FIELD_NAMES[f]) != 0) f++;
+            if (f == F_COUNT) goto bad;
+            changes[change_count++] = (struct change){strcmp(which, "*") == 0 ? -1 : atoi(which), (enum field)f,
+                                                      strtoll(at + 1, NULL, 10), strtoll(value, NULL, 0)};
         } else if (strncmp(key, "gpu.", 4) == 0) {
             char *which = key + 4, *dot = strchr(which, '.');
             if (dot == NULL) goto bad;
@@ -226,6 +265,17 @@ static nvmlReturn_t field(nvmlDevice_t device, enum field f, long long *value) {
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     if (device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     long long v = device->field[f];
+    if (readings_since_ns != 0) {
+        long long ms = (now_ns() - readings_since_ns) / 1000000LL, latest = -1;
+        int index = (int)(device - gpus);
+        for (unsigned int i = 0; i < change_count; i++) {
+            const struct change *c = &changes[i];
+            if (c->field == f && (c->gpu < 0 || c->gpu == index) && c->at_ms <= ms && c->at_ms >= latest) {
+                v = c->value;
+                latest = c->at_ms;
+            }
+        }
+    }
     if (v == UNSUPPORTED) return NVML_ERROR_NOT_SUPPORTED;
     if (v == FAILS) return NVML_ERROR_UNKNOWN;
     *value = v;
@@ -282,6 +332,18 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     if (index >= gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
     *device = &gpus[index];
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        if (strcmp(gpus[i].uuid, uuid) == 0) {
+            *device = &gpus[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 /* ---------------------------------------------------------- identity --- */
@@ -387,6 +449,24 @@ nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int 
 nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned int *mhz) {
     if (type != 1 && type != 2) return NVML_ERROR_NOT_SUPPORTED;
     UINT_FIELD(type == 1 ? F_SM_CLOCK_MAX : F_MEM_CLOCK_MAX, mhz);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *milliwatts) {
+    UINT_FIELD(F_POWER_MW, milliwatts);
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+/* The sampler's own call: the first one starts the scenario's clock of changes. */
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    if (initialized && readings_since_ns == 0) readings_since_ns = now_ns();
+    UINT_FIELD(F_UTILIZATION, &utilization->gpu);
+    UINT_FIELD(F_MEM_UTILIZATION, &utilization->memory);
     return NVML_SUCCESS;
 }
 

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
+use benchfleet_core::telemetry::Telemetry;
 use tokio::time::Instant;
 
 use crate::model::{
@@ -145,6 +146,13 @@ pub struct Update {
     pub pull_progress: Option<String>,
     /// How the job's prefix cache was made cold, or why it may be warm.
     pub prefix_cache: Option<String>,
+    pub engine_version: Option<String>,
+    pub image_digest: Option<String>,
+    pub loadgen_args: Vec<String>,
+    pub loadgen_version: Option<String>,
+    /// The job's telemetry: its summary goes on the job, its series to the
+    /// store apart.
+    pub telemetry: Option<Box<Telemetry>>,
 }
 
 impl Update {
@@ -158,6 +166,11 @@ impl Update {
             gpu_fingerprint: Vec::new(),
             pull_progress: None,
             prefix_cache: None,
+            engine_version: None,
+            image_digest: None,
+            loadgen_args: Vec::new(),
+            loadgen_version: None,
+            telemetry: None,
         }
     }
 }
@@ -844,7 +857,7 @@ impl Scheduler {
 
     /// An agent's report on one attempt; `false` when it was stale and
     /// changed nothing.
-    pub fn job_update(&mut self, now: Now, agent: AgentId, session: u64, u: Update) -> bool {
+    pub fn job_update(&mut self, now: Now, agent: AgentId, session: u64, mut u: Update) -> bool {
         let Some(key) = self.current(agent, session, u.fence) else { return false };
         let Some(entry) = self.jobs.get_mut(&key) else { return false };
         let job = &mut entry.job;
@@ -859,6 +872,24 @@ impl Scheduler {
         }
         if u.prefix_cache.is_some() {
             job.prefix_cache = u.prefix_cache.clone();
+        }
+        if u.engine_version.is_some() {
+            job.engine_version = u.engine_version.clone();
+        }
+        if u.image_digest.is_some() {
+            job.image_digest = u.image_digest.clone();
+        }
+        if !u.loadgen_args.is_empty() {
+            job.loadgen_args = u.loadgen_args.clone();
+        }
+        if u.loadgen_version.is_some() {
+            job.loadgen_version = u.loadgen_version.clone();
+        }
+        if let Some(t) = u.telemetry.take() {
+            let Telemetry { summary, series } = *t;
+            job.telemetry = Some(summary);
+            // Written with the job's own update, in the same transaction.
+            self.out.push(Command::Persist(Write::Telemetry(job.key(), series)));
         }
         match u.state {
             Reported::StartingEngine | Reported::Running => {
@@ -1406,6 +1437,11 @@ impl Scheduler {
             j.gpu_fingerprint.clear();
             j.pull_progress = None;
             j.prefix_cache = None;
+            j.engine_version = None;
+            j.image_digest = None;
+            j.loadgen_args.clear();
+            j.loadgen_version = None;
+            j.telemetry = None;
             j.attempts.push(AttemptInfo {
                 number: j.attempt,
                 epoch: session,

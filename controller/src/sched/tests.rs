@@ -30,6 +30,7 @@ pub(super) struct FakeStore {
     pub groups: BTreeMap<(RunId, u64), Group>,
     pub jobs: BTreeMap<(RunId, u64), Job>,
     pub summaries: Vec<AttemptKey>,
+    pub telemetry: BTreeMap<AttemptKey, Vec<benchfleet_core::telemetry::Series>>,
 }
 
 impl FakeStore {
@@ -48,6 +49,9 @@ impl FakeStore {
                 self.jobs.insert((j.run, j.id), j);
             }
             Write::Counters(c) => self.counters = c,
+            Write::Telemetry(key, series) => {
+                self.telemetry.insert(key, series);
+            }
         }
     }
 
@@ -677,4 +681,43 @@ fn a_failure_is_final_once_no_other_agent_could_run_the_job() {
     assert!(w.done(&agent, &g));
     assert_eq!(w.job(run, 0).state, JobState::Assigned, "tried again on the other agent");
     assert_ne!(w.job(run, 0).agent, Some(agent.agent));
+}
+
+#[test]
+fn a_job_s_telemetry_goes_on_the_job_and_its_series_to_the_store_only_from_its_current_attempt() {
+    use benchfleet_core::telemetry::{Series, Telemetry, TelemetrySummary};
+    let mut w = World::new();
+    let a = w.hello("a", "i", h200s(1), Vec::new()).expect("welcome");
+    let run = w.submit(1, 1, 1, "H200", 1);
+    let g = w.assigned(&a).remove(0);
+    let fence = g.jobs[0].fence;
+    assert!(w.update(&a, fence, Reported::Running));
+    w.s.summary_stored(fence.key);
+    let series = vec![Series { name: "gpu_power_w".into(), gpu: "GPU-1".into(), points: vec![(0, 650.0)] }];
+    let telemetry = Telemetry { summary: TelemetrySummary { engine_scrapes: 3, ..Default::default() }, series };
+    let report = |fence: Fence| Update {
+        engine_version: Some("0.17.1".into()),
+        loadgen_args: vec!["--base-url".into(), "http://127.0.0.1:20001".into()],
+        loadgen_version: Some("benchfleet-loadgen 0.1.0".into()),
+        telemetry: Some(Box::new(telemetry.clone())),
+        ..Update::new(fence, Reported::Succeeded)
+    };
+    // A stale attempt's report changes nothing.
+    let stale = Fence { epoch: fence.epoch + 1, ..fence };
+    let now = w.now();
+    assert!(!w.s.job_update(now, a.agent, a.epoch, report(stale)));
+    w.settle();
+    assert!(w.store.telemetry.is_empty());
+    let now = w.now();
+    assert!(w.s.job_update(now, a.agent, a.epoch, report(fence)));
+    w.settle();
+    let job = w.job(run, 0);
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(
+        (job.engine_version.as_deref(), job.loadgen_version.as_deref()),
+        (Some("0.17.1"), Some("benchfleet-loadgen 0.1.0"))
+    );
+    assert_eq!(job.loadgen_args.len(), 2);
+    assert_eq!(job.telemetry.as_ref().map(|t| t.engine_scrapes), Some(3));
+    assert_eq!(w.store.telemetry.get(&fence.key), Some(&telemetry.series));
 }

@@ -2,8 +2,10 @@
 //!
 //! Trees and their keys (big-endian, so scans come out in order): `runs`
 //! (run), `groups` and `jobs` (run, id), `agents` (agent id), `summaries`,
-//! `stats` (run, job, attempt), `records` (run, job, attempt, batch). Runs,
-//! groups, jobs, agents and summaries are JSON, readable with any tool;
+//! `stats` (run, job, attempt), `records` (run, job, attempt, batch),
+//! `telemetry` (run, job, attempt, part): an attempt's telemetry series,
+//! apart from its job so that listing jobs stays small. Runs, groups, jobs,
+//! agents, summaries and telemetry are JSON, readable with any tool;
 //! records are a compact binary encoding (`codec`), stored as the batches
 //! loadgen sent (a batch sent twice is stored once). Dataset and tokenizer
 //! files live beside the trees, as files named by their SHA-256
@@ -16,6 +18,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use benchfleet_core::telemetry::Series;
 use benchfleet_core::{Digest, RequestRecord, Summary};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -78,8 +81,8 @@ pub struct RecordCommit {
     pub batches: Vec<(AttemptKey, u64, Vec<u8>)>,
     pub summaries: Vec<(AttemptKey, Summary)>,
     pub stats: Vec<(AttemptKey, AttemptStats)>,
-    /// Removes the records, summaries and digests of the job's attempts
-    /// before this one (their stats stay, marked removed).
+    /// Removes the records, summaries, digests and telemetry of the job's
+    /// attempts before this one (their stats stay, marked removed).
     pub purges: Vec<AttemptKey>,
     /// Digests of attempts' records (encoded), each stored only while the
     /// attempt's summary is: applied after the purges, so a digest built
@@ -126,6 +129,9 @@ pub trait Store: Send + Sync + 'static {
     /// An attempt's records, in the order of their batches.
     fn records(&self, attempt: &AttemptKey) -> Records<'_>;
     fn summary(&self, attempt: &AttemptKey) -> Result<Option<Summary>, StoreError>;
+    /// The series of an attempt's telemetry (the engine's `/metrics`, the
+    /// GPUs' readings), if its agent sent them; the job holds their summary.
+    fn telemetry(&self, attempt: &AttemptKey) -> Result<Option<Vec<Series>>, StoreError>;
     /// The digest of an attempt's records, if one of this build's encoding
     /// is stored (`None` tells the caller to build it from the records).
     fn digest(&self, attempt: &AttemptKey) -> Result<Option<Digest>, StoreError>;
@@ -223,6 +229,8 @@ pub struct SledStore {
     /// Each attempt's digest (`codec::encode_digest`) in parts: derived from
     /// its records, so any can be dropped and built again.
     digests: sled::Tree,
+    /// Each attempt's telemetry series, JSON in parts of at most `PART_BYTES`.
+    telemetry: sled::Tree,
     /// Counters that are not a run's.
     meta: sled::Tree,
 }
@@ -274,6 +282,7 @@ impl SledStore {
             stats: db.open_tree("stats")?,
             records: db.open_tree("records")?,
             digests: db.open_tree("digests")?,
+            telemetry: db.open_tree("telemetry")?,
             meta: db.open_tree("meta")?,
             files,
             db,
@@ -444,24 +453,41 @@ impl Store for SledStore {
         if writes.is_empty() {
             return Ok(());
         }
-        let encoded: Vec<(u8, Vec<u8>, Vec<u8>)> = writes
-            .iter()
-            .map(|w| match w {
-                Write::Run(r) => (0, key(&[r.id.0]), encode(r)),
-                Write::Group(g) => (1, key(&[g.run.0, g.id]), encode(g)),
-                Write::Job(j) => (2, key(&[j.run.0, j.id]), encode(j)),
-                Write::Agent(a) => (3, key(&[a.id.0]), encode(a)),
-                Write::Counters(c) => (4, b"counters".to_vec(), key(&[c.next_agent, c.next_epoch])),
-            })
-            .collect();
-        (&self.runs, &self.groups, &self.jobs, &self.agents, &self.meta)
-            .transaction(|(runs, groups, jobs, agents, meta)| {
+        // An attempt's series replace whatever parts it had (a report sent
+        // again after a reconnect writes them again).
+        let mut stale: Vec<Vec<u8>> = Vec::new();
+        let mut encoded: Vec<(u8, Vec<u8>, Vec<u8>)> = Vec::new();
+        for w in writes {
+            match w {
+                Write::Run(r) => encoded.push((0, key(&[r.id.0]), encode(r))),
+                Write::Group(g) => encoded.push((1, key(&[g.run.0, g.id]), encode(g))),
+                Write::Job(j) => encoded.push((2, key(&[j.run.0, j.id]), encode(j))),
+                Write::Agent(a) => encoded.push((3, key(&[a.id.0]), encode(a))),
+                Write::Counters(c) => encoded.push((4, b"counters".to_vec(), key(&[c.next_agent, c.next_epoch]))),
+                Write::Telemetry(attempt, series) => {
+                    for k in self.telemetry.scan_prefix(attempt_key(attempt)).keys() {
+                        stale.push(k?.to_vec());
+                    }
+                    for (i, part) in encode(series).chunks(PART_BYTES).enumerate() {
+                        let mut k = attempt_key(attempt);
+                        k.extend_from_slice(&(i as u32).to_be_bytes());
+                        encoded.push((5, k, part.to_vec()));
+                    }
+                }
+            }
+        }
+        (&self.runs, &self.groups, &self.jobs, &self.agents, &self.meta, &self.telemetry)
+            .transaction(|(runs, groups, jobs, agents, meta, telemetry)| {
+                for k in &stale {
+                    telemetry.remove(k.as_slice())?;
+                }
                 for (tree, k, v) in &encoded {
                     let t = match tree {
                         0 => runs,
                         1 => groups,
                         2 => jobs,
                         3 => agents,
+                        5 => telemetry,
                         _ => meta,
                     };
                     t.insert(k.as_slice(), v.as_slice())?;
@@ -555,6 +581,16 @@ impl Store for SledStore {
         self.records.apply_batch(records)?;
         self.summaries.apply_batch(summaries)?;
         self.stats.apply_batch(stats)?;
+        let mut telemetry = sled::Batch::default();
+        for purge in &commit.purges {
+            for k in self.telemetry.scan_prefix(key(&[purge.run.0, purge.job])).keys() {
+                let k = k?;
+                if attempt_of(&k).is_some_and(|a| a.attempt < purge.attempt) {
+                    telemetry.remove(k);
+                }
+            }
+        }
+        self.telemetry.apply_batch(telemetry)?;
         let mut digests = sled::Batch::default();
         for purge in &commit.purges {
             for k in self.digests.scan_prefix(key(&[purge.run.0, purge.job])).keys() {
@@ -616,6 +652,17 @@ impl Store for SledStore {
 
     fn summary(&self, attempt: &AttemptKey) -> Result<Option<Summary>, StoreError> {
         self.summaries.get(attempt_key(attempt))?.map(|v| decode(|| format!("summary of {attempt}"), &v)).transpose()
+    }
+
+    fn telemetry(&self, attempt: &AttemptKey) -> Result<Option<Vec<Series>>, StoreError> {
+        let mut bytes = Vec::new();
+        for part in self.telemetry.scan_prefix(attempt_key(attempt)).values() {
+            bytes.extend_from_slice(&part?);
+        }
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        decode(|| format!("telemetry of {attempt}"), &bytes).map(Some)
     }
 
     fn digest(&self, attempt: &AttemptKey) -> Result<Option<Digest>, StoreError> {

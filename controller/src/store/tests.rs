@@ -266,3 +266,41 @@ fn a_large_batch_is_stored_in_parts_and_read_back_whole() {
     let parts = store.records.scan_prefix(attempt_key(&attempt)).count();
     assert!(parts > 9, "{parts} parts");
 }
+
+#[test]
+fn telemetry_series_are_kept_apart_replaced_whole_and_purged_with_their_attempt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let r = RunId(1);
+    store.create_run(&run(r), &[], &[job(r, 0)]).expect("create");
+    let a = |attempt| AttemptKey { run: r, job: 0, attempt };
+    // Long enough to take several parts.
+    let points: Vec<(u32, f64)> = (0..600).map(|i| (i * 500, f64::from(i) / 3.0)).collect();
+    let series = |name: &str| Series { name: name.to_owned(), gpu: "GPU-1".to_owned(), points: points.clone() };
+    let many: Vec<Series> = (0..4).map(|i| series(&format!("gpu_power_w{i}"))).collect();
+    assert!(encode(&many).len() > 2 * PART_BYTES);
+    store.apply(&[Write::Telemetry(a(1), many.clone())]).expect("write");
+    assert_eq!(store.telemetry(&a(1)).expect("read"), Some(many));
+    // Sent again, shorter: nothing of the first is left.
+    let one = vec![series("vllm:num_requests_running")];
+    store.apply(&[Write::Telemetry(a(1), one.clone())]).expect("write again");
+    assert_eq!(store.telemetry(&a(1)).expect("read"), Some(one.clone()));
+    store.apply(&[Write::Telemetry(a(2), one.clone())]).expect("the next attempt's");
+    // The job itself stays small: listing reads no series.
+    let listed = store.jobs(r).expect("jobs");
+    assert!(encode(&listed[0]).len() < 2048);
+    store.commit_records(&RecordCommit { purges: vec![a(2)], ..Default::default() }).expect("purge");
+    assert_eq!(store.telemetry(&a(1)).expect("read"), None);
+    assert_eq!(store.telemetry(&a(2)).expect("read"), Some(one));
+}
+
+#[test]
+fn a_job_stored_before_telemetry_loads_with_none_of_it() {
+    let mut stored = serde_json::to_value(job(RunId(1), 0)).expect("json");
+    let obj = stored.as_object_mut().expect("an object");
+    for field in ["engine_version", "image_digest", "loadgen_args", "loadgen_version", "telemetry"] {
+        assert!(obj.remove(field).is_some(), "{field}");
+    }
+    let old: Job = serde_json::from_value(stored).expect("an older job loads");
+    assert_eq!(old, job(RunId(1), 0));
+}

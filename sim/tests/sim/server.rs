@@ -172,7 +172,7 @@ async fn metrics_count_prefix_cache_hits_until_the_cache_is_reset() {
     ] {
         assert!(text.contains(series), "{text}");
     }
-    assert!(text.contains("vllm:num_requests_waiting{model_name=\"m\"} 0"), "{text}");
+    assert!(text.contains("vllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} 0.0"), "{text}");
     let prompt = "word ".repeat(100);
     let request = json!({"prompt": prompt, "max_tokens": 2});
     assert_eq!(sim.post("/v1/completions", request.clone()).await.0, StatusCode::OK);
@@ -280,4 +280,92 @@ async fn each_engine_kind_empties_its_cache_its_own_way_or_not_at_all() {
     assert_eq!(sglang.post("/reset_prefix_cache", json!({})).await.0, StatusCode::NOT_FOUND);
     let refusing = start("vllm serve m --sim-refuse-cache-reset").await;
     assert_eq!(refusing.post("/reset_prefix_cache", json!({})).await.0, StatusCode::NOT_FOUND);
+}
+
+/// The engine's series the agent keeps, read from `/metrics` with the agent's own parser.
+async fn series(sim: &Sim, kind: &str) -> std::collections::HashMap<String, f64> {
+    let (status, text) = sim.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let names = benchfleet_core::telemetry::engine_series(kind);
+    let values = benchfleet_core::telemetry::read_metrics(&text, names).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(values.len(), names.len(), "every series the agent keeps is served: {text}");
+    values.into_iter().collect()
+}
+
+#[tokio::test]
+async fn metrics_of_both_engines_parse_and_move_under_load() {
+    for (command, kind, running, waiting, usage, generated) in [
+        (
+            "vllm serve m --max-num-seqs 4 --sim-speedup 2",
+            "vllm",
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "vllm:generation_tokens_total",
+        ),
+        (
+            "sglang serve --model-path m --max-running-requests 4 --enable-metrics --sim-speedup 2",
+            "sglang",
+            "sglang:num_running_reqs",
+            "sglang:num_queue_reqs",
+            "sglang:token_usage",
+            "sglang:generation_tokens_total",
+        ),
+    ] {
+        let sim = start(command).await;
+        let idle = series(&sim, kind).await;
+        assert_eq!((idle[running], idle[waiting], idle[usage], idle[generated]), (0.0, 0.0, 0.0, 0.0), "{kind}");
+        // Eight long requests on four slots: four run, four wait.
+        let client = sim.client.clone();
+        let url = format!("{}/v1/completions", sim.base);
+        let load: Vec<_> = (0..8)
+            .map(|i| {
+                let (client, url) = (client.clone(), url.clone());
+                let prompt = format!("request {i} ").repeat(200);
+                tokio::spawn(async move {
+                    client.post(url).json(&json!({"prompt": prompt, "max_tokens": 400})).send().await?.text().await
+                })
+            })
+            .collect();
+        let busy = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let now = series(&sim, kind).await;
+                if now[running] > 0.0 && now[waiting] > 0.0 {
+                    return now;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{kind}: requests never ran and waited at once"));
+        assert_eq!(busy[running] + busy[waiting], 8.0, "{kind}: {busy:?}");
+        assert!(busy[usage] > 0.0 && busy[usage] <= 1.0, "{kind}: {busy:?}");
+        for request in load {
+            request.await.expect("no panic").expect("a reply");
+        }
+        let after = series(&sim, kind).await;
+        assert_eq!((after[running], after[waiting]), (0.0, 0.0), "{kind}");
+        assert_eq!(after[generated], 8.0 * 400.0, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn each_engine_says_its_version_its_own_way_and_sglang_serves_metrics_only_when_asked() {
+    let vllm = start("vllm serve m").await;
+    let (status, body) = vllm.get("/version").await;
+    assert_eq!(status, StatusCode::OK);
+    let version: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(version, json!({"version": benchfleet_sim::ENGINE_VERSION}));
+    assert_eq!(vllm.get("/get_server_info").await.0, StatusCode::NOT_FOUND);
+
+    let sglang = start("sglang serve --model-path m").await;
+    let (status, body) = sglang.get("/get_server_info").await;
+    assert_eq!(status, StatusCode::OK);
+    let info: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        (info["version"].as_str(), info["model_path"].as_str()),
+        (Some(benchfleet_sim::ENGINE_VERSION), Some("m"))
+    );
+    assert_eq!(sglang.get("/version").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(sglang.get("/metrics").await.0, StatusCode::NOT_FOUND, "without --enable-metrics");
 }

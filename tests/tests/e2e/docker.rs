@@ -100,7 +100,7 @@ fn agent_with(
     AgentConfig {
         controller_url,
         name: name.to_owned(),
-        gpus: Arc::new(SimGpuProbe { model: "H200".into(), count: 1, host: name.to_owned() }),
+        gpus: Arc::new(SimGpuProbe::new("H200", 1, name)),
         runtimes,
         loadgen: Arc::new(crate::fleet::InProcessLoadgen),
         work_dir,
@@ -194,6 +194,10 @@ async fn a_job_in_a_container_stores_all_its_records() {
     let job = finished(&fleet.url, store.as_ref(), run).await;
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     assert!(job.engine_startup_s.is_some_and(|s| s > 0.0), "the startup time is recorded: {job:?}");
+    // An image built here has no repository digest: its id names it.
+    assert!(job.image_digest.as_deref().is_some_and(|d| d.starts_with("sha256:")), "{:?}", job.image_digest);
+    assert_eq!(job.engine_version.as_deref(), Some(benchfleet_sim::ENGINE_VERSION));
+    assert!(job.telemetry.as_ref().is_some_and(|t| t.engine_scrapes > 0 && t.engine_scrape_failures == 0), "{job:?}");
     let records =
         crate::fleet::records(store.as_ref(), &AttemptKey { run, job: job.id, attempt: job.attempt }).expect("records");
     assert_eq!(records.len(), 20);

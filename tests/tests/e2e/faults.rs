@@ -22,7 +22,7 @@ use benchfleet_controller::{SledStore, Store};
 use benchfleet_proto as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     benchfleet_agent::find_binary(name).unwrap_or_else(|| {
         panic!(
             "{name} is not built; these tests run after `cargo build --workspace` (cargo test --workspace builds it)"
@@ -35,16 +35,22 @@ fn free_port() -> u16 {
 }
 
 /// A child process, killed when dropped (a test that fails leaves nothing).
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     log: PathBuf,
 }
 
 impl Proc {
     fn spawn(program: &Path, args: &[String], log: PathBuf) -> Proc {
+        Proc::spawn_with(program, args, &[], log)
+    }
+
+    /// The same with `env` set.
+    pub(crate) fn spawn_with(program: &Path, args: &[String], env: &[(&str, &Path)], log: PathBuf) -> Proc {
         let out = std::fs::File::create(&log).expect("log file");
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info,benchfleet_agent=debug")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -111,14 +117,14 @@ impl Drop for Proc {
 }
 
 /// A controller process with short leases, and its data directory.
-struct Controller {
+pub(crate) struct Controller {
     proc: Proc,
     port: u16,
     dir: PathBuf,
 }
 
 impl Controller {
-    fn start(dir: &Path) -> Controller {
+    pub(crate) fn start(dir: &Path) -> Controller {
         Controller::start_on(dir, free_port())
     }
 
@@ -146,12 +152,12 @@ impl Controller {
         Controller { proc, port, dir: dir.to_path_buf() }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// Stops it (SIGTERM) and opens its store.
-    async fn stop_and_open(mut self) -> SledStore {
+    pub(crate) async fn stop_and_open(mut self) -> SledStore {
         self.proc.signal(rustix::process::Signal::TERM);
         let status = self.proc.exit(Duration::from_secs(15)).await;
         assert!(status.success(), "the controller exits 0 on SIGTERM: {status}");
@@ -215,7 +221,7 @@ async fn operator(url: &str) -> client::OperatorClient {
     panic!("the controller at {url} never answered")
 }
 
-async fn submit(url: &str, matrix: &Path) -> pb::SubmitRunResponse {
+pub(crate) async fn submit(url: &str, matrix: &Path) -> pb::SubmitRunResponse {
     let mut c = operator(url).await;
     client::submit(&mut c, client::submission(matrix, None).expect("a valid matrix")).await.expect("submitted")
 }
@@ -265,7 +271,7 @@ async fn running_on(url: &str, run: &str, agent: &str) -> pb::JobInfo {
     .await
 }
 
-async fn finished(url: &str, run: &str) -> pb::RunInfo {
+pub(crate) async fn finished(url: &str, run: &str) -> pb::RunInfo {
     let last = tokio::time::timeout(Duration::from_secs(120), client::watch(url, run, Duration::from_secs(30), |_| {}))
         .await
         .expect("the run ends within two minutes")

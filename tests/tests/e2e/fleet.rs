@@ -74,6 +74,11 @@ impl LoadRunner for InProcessLoadgen {
         }
         Ok(())
     }
+
+    /// The library is the binary's: the same workspace version.
+    async fn version(&self) -> Option<String> {
+        Some(format!("benchfleet-loadgen {}", env!("CARGO_PKG_VERSION")))
+    }
 }
 
 /// Submits a matrix (uploading its files) and follows the run to its end.
@@ -114,7 +119,7 @@ pub async fn start_with_gpus(dir: &Path, gpus: u32) -> anyhow::Result<(LocalFlee
         Ok(AgentConfig {
             controller_url,
             name: "in-process".into(),
-            gpus: Arc::new(SimGpuProbe { model: "H200".into(), count: gpus, host: "test".into() }),
+            gpus: Arc::new(SimGpuProbe::new("H200", gpus, "test")),
             runtimes,
             loadgen: Arc::new(InProcessLoadgen),
             work_dir,

@@ -8,3 +8,4 @@ mod fleet;
 mod help;
 mod local_pipeline;
 mod placement;
+mod telemetry;

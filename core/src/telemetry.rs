@@ -1,0 +1,639 @@
+//! What an agent samples while a job runs: the engine's `/metrics` and its
+//! GPUs' readings. A `Recorder` takes the readings as they come (with their
+//! time, so it reads no clock) and keeps, per series, its min/mean/max over
+//! every reading and the series itself at most `MAX_POINTS` points long (a
+//! long job's points are merged pairwise, each kept point the mean of the
+//! readings it stands for), plus, per GPU, how long each throttle reason was
+//! set and how long its SM clock was held down. `TelemetrySummary` words a
+//! GPU that throttled as a report shows it.
+//!
+//! `read_metrics` reads the engines' Prometheus text with
+//! `prom_text_format_parser`; the agent and the simulator's tests share it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::THROTTLE_REASONS;
+
+/// The most points a series keeps; a longer job's are merged pairwise.
+pub const MAX_POINTS: usize = 600;
+
+/// The engine's series a job keeps, by engine kind: its load, its KV cache
+/// and prefix cache, preemptions and tokens, with the engine's own names.
+pub const VLLM_SERIES: &[&str] = &[
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+];
+
+/// SGLang's (it serves them only with `--enable-metrics`).
+pub const SGLANG_SERIES: &[&str] = &[
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:cache_hit_rate",
+    "sglang:num_retracted_requests_total",
+    "sglang:prompt_tokens_total",
+    "sglang:generation_tokens_total",
+    "sglang:cached_tokens_total",
+    "sglang:num_requests_total",
+];
+
+/// The series an engine of this kind ("vllm" or "sglang") is scraped for.
+pub fn engine_series(kind: &str) -> &'static [&'static str] {
+    if kind == "sglang" { SGLANG_SERIES } else { VLLM_SERIES }
+}
+
+/// The GPU series, one per GPU: (name, what each reading is).
+pub const GPU_SERIES: &[&str] = &[
+    "gpu_sm_clock_mhz",
+    "gpu_memory_clock_mhz",
+    "gpu_power_w",
+    "gpu_temperature_c",
+    "gpu_utilization_pct",
+    "gpu_memory_utilization_pct",
+    "gpu_memory_used_mib",
+];
+
+/// A GPU's utilization from which it counts as busy, percent.
+pub const BUSY_UTILIZATION_PCT: u32 = 50;
+/// A busy GPU whose SM clock is under this share of its maximum is held down.
+pub const LOW_CLOCK_SHARE: f64 = 0.9;
+/// The share of a job a GPU must be held down for to be flagged.
+pub const FLAG_SHARE: f64 = 0.01;
+
+/// The throttle reasons that hold a busy GPU's clocks down (power and heat),
+/// and how a flag words each.
+const SLOWDOWNS: &[(&str, &str)] = &[
+    ("sw_power_cap", "power cap"),
+    ("hw_power_brake_slowdown", "HW power brake"),
+    ("sw_thermal_slowdown", "thermal slowdown"),
+    ("hw_thermal_slowdown", "HW thermal slowdown"),
+    ("hw_slowdown", "HW slowdown"),
+];
+
+/// One reading of one GPU; `None` where the GPU does not say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuSample {
+    pub uuid: String,
+    pub sm_clock_mhz: Option<u32>,
+    pub sm_clock_max_mhz: Option<u32>,
+    pub memory_clock_mhz: Option<u32>,
+    pub memory_clock_max_mhz: Option<u32>,
+    pub power_w: Option<f64>,
+    pub power_limit_w: Option<f64>,
+    pub temperature_c: Option<u32>,
+    /// The share of the last sample period a kernel ran, percent.
+    pub utilization_pct: Option<u32>,
+    /// The share of it the memory was read or written, percent.
+    pub memory_utilization_pct: Option<u32>,
+    pub memory_used_bytes: Option<u64>,
+    /// NVML's clocks-throttle reason bits (`gpu::THROTTLE_REASONS`).
+    pub throttle_reasons: Option<u64>,
+}
+
+/// One series as kept: (milliseconds since the job's telemetry began, value).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    /// The engine's metric name, or one of `GPU_SERIES`.
+    pub name: String,
+    /// The GPU's UUID for a GPU series; empty for the engine's.
+    #[serde(default)]
+    pub gpu: String,
+    pub points: Vec<(u32, f64)>,
+}
+
+/// A series' numbers over every reading (not only the points kept).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SeriesStats {
+    pub name: String,
+    #[serde(default)]
+    pub gpu: String,
+    pub count: u64,
+    pub min: f64,
+    pub mean: f64,
+    pub max: f64,
+    /// The first and last readings: a counter's increase over the job.
+    pub first: f64,
+    pub last: f64,
+}
+
+/// One GPU over the job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuTelemetry {
+    pub gpu: String,
+    /// Readings taken of it.
+    pub samples: u64,
+    /// The largest maxima and limit it reported.
+    pub sm_clock_max_mhz: Option<u32>,
+    pub memory_clock_max_mhz: Option<u32>,
+    pub power_limit_w: Option<f64>,
+    /// How long each throttle reason (but `gpu_idle`) was set, ms: each
+    /// reading stands for the time since the one before.
+    #[serde(default)]
+    pub throttled_ms: BTreeMap<String, u64>,
+    /// How long its clocks were held down: a power or heat reason set, or
+    /// busy with the SM clock under `LOW_CLOCK_SHARE` of its maximum, ms.
+    pub held_down_ms: u64,
+    /// The median SM clock while held down.
+    pub held_down_sm_clock_mhz: Option<u32>,
+    /// The reasons set while held down, the longest first (keys).
+    #[serde(default)]
+    pub held_down_reasons: Vec<String>,
+}
+
+/// A job's telemetry, summarized: small, kept with the job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TelemetrySummary {
+    /// From the first reading's start to the end of the job, ms.
+    pub duration_ms: u64,
+    /// `/metrics` scrapes tried, and those that failed (with the last reason).
+    pub engine_scrapes: u64,
+    pub engine_scrape_failures: u64,
+    #[serde(default)]
+    pub engine_scrape_error: Option<String>,
+    /// GPU readings tried (each of every GPU of the group), and those that failed.
+    pub gpu_samples: u64,
+    pub gpu_sample_failures: u64,
+    #[serde(default)]
+    pub gpu_sample_error: Option<String>,
+    pub series: Vec<SeriesStats>,
+    pub gpus: Vec<GpuTelemetry>,
+    /// The most memory any one of the group's GPUs held at a reading.
+    #[serde(default)]
+    pub peak_gpu_memory_bytes: Option<u64>,
+}
+
+/// A job's telemetry: its summary and its series.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Telemetry {
+    pub summary: TelemetrySummary,
+    pub series: Vec<Series>,
+}
+
+impl GpuTelemetry {
+    /// Why the GPU's results may be low, when its clocks were held down for
+    /// at least `FLAG_SHARE` of a job of `duration_ms`, e.g. "SM clock 1,410
+    /// of 1,980 MHz for 38% of the job: power cap".
+    pub fn throttle_flag(&self, duration_ms: u64) -> Option<String> {
+        if self.held_down_ms == 0 || duration_ms == 0 {
+            return None;
+        }
+        let share = (self.held_down_ms as f64 / duration_ms as f64).min(1.0);
+        if share < FLAG_SHARE {
+            return None;
+        }
+        let clock = match (self.held_down_sm_clock_mhz, self.sm_clock_max_mhz) {
+            (Some(at), Some(max)) => format!("SM clock {} of {} MHz", thousands(at), thousands(max)),
+            (Some(at), None) => format!("SM clock {} MHz", thousands(at)),
+            (None, _) => "clocks held down".to_owned(),
+        };
+        let causes: Vec<&str> = self
+            .held_down_reasons
+            .iter()
+            .map(|key| {
+                SLOWDOWNS.iter().find(|(k, _)| k == key).map(|(_, words)| *words).unwrap_or_else(|| {
+                    THROTTLE_REASONS.iter().find(|(_, k, _)| k == key).map_or(key.as_str(), |(_, _, words)| words)
+                })
+            })
+            .collect();
+        let cause = if causes.is_empty() { "no throttle reason reported".to_owned() } else { causes.join(" and ") };
+        let percent = (share * 100.0).round().max(1.0);
+        Some(format!("{clock} for {percent}% of the job: {cause}"))
+    }
+}
+
+impl TelemetrySummary {
+    /// Each GPU that throttled, worded (`GpuTelemetry::throttle_flag`); with
+    /// more than one GPU, each flag starts with its GPU's UUID.
+    pub fn throttle_flags(&self) -> Vec<String> {
+        let several = self.gpus.len() > 1;
+        self.gpus
+            .iter()
+            .filter_map(|g| {
+                let flag = g.throttle_flag(self.duration_ms)?;
+                Some(if several { format!("{}: {flag}", g.gpu) } else { flag })
+            })
+            .collect()
+    }
+
+    /// A series' numbers, by name (and GPU; "" for the engine's).
+    pub fn stats(&self, name: &str, gpu: &str) -> Option<&SeriesStats> {
+        self.series.iter().find(|s| s.name == name && s.gpu == gpu)
+    }
+}
+
+/// `1410` as "1,410".
+pub fn thousands(n: u32) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Why a `/metrics` text gave nothing.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MetricsError {
+    #[error("not Prometheus text: {0}")]
+    Parse(String),
+    #[error("none of the engine's series ({0} and others) is in it")]
+    NoSeries(String),
+}
+
+/// The values of `names` in a Prometheus text: a counter's summed over its
+/// label sets (vLLM's request count per finish reason), a gauge's largest
+/// (SGLang's per rank). Names absent from the text are left out.
+pub fn read_metrics(text: &str, names: &[&str]) -> Result<Vec<(String, f64)>, MetricsError> {
+    use prom_text_format_parser::ScrapeParseError;
+    let scrape = prom_text_format_parser::Scrape::parse(text).map_err(|e| {
+        MetricsError::Parse(match e {
+            ScrapeParseError::Parse(text) => text.lines().next().unwrap_or_default().to_owned(),
+            ScrapeParseError::Collect(errors) => {
+                errors.first().map_or_else(String::new, |m| format!("line {}: {}", m.line_no.start + 1, m.error))
+            }
+        })
+    })?;
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for name in names {
+        let Some(metric) = scrape.metrics.iter().find(|m| m.name == *name) else { continue };
+        let values: Vec<f64> = metric.samples.iter().filter_map(|s| s.value.value.parse::<f64>().ok()).collect();
+        if values.is_empty() {
+            continue;
+        }
+        let value = match metric.kind {
+            prom_text_format_parser::Type::Counter => values.iter().sum(),
+            _ => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        };
+        out.push(((*name).to_owned(), value));
+    }
+    if out.is_empty() && !names.is_empty() {
+        return Err(MetricsError::NoSeries(names[0].to_owned()));
+    }
+    Ok(out)
+}
+
+/// A series being recorded: its running numbers over every reading, and its
+/// points, merged pairwise whenever they reach `MAX_POINTS`.
+#[derive(Clone, Debug, Default)]
+struct SeriesBuilder {
+    points: Vec<(u32, f64)>,
+    /// Readings each kept point stands for (a power of two).
+    per_point: u32,
+    /// The point being filled: its time, the sum of its readings and their count.
+    pending: Option<(u32, f64, u32)>,
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    first: f64,
+    last: f64,
+}
+
+impl SeriesBuilder {
+    fn push(&mut self, t_ms: u32, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        if self.count == 0 {
+            (self.min, self.max, self.first, self.per_point) = (value, value, value, 1);
+        }
+        self.count += 1;
+        self.sum += value;
+        self.min = self.min.min(value);
+        self.max = self.max.max(value);
+        self.last = value;
+        let (t, sum, n) = self.pending.take().unwrap_or((t_ms, 0.0, 0));
+        let (sum, n) = (sum + value, n + 1);
+        if n < self.per_point {
+            self.pending = Some((t, sum, n));
+            return;
+        }
+        self.points.push((t, sum / f64::from(n)));
+        if self.points.len() >= MAX_POINTS {
+            self.points =
+                self.points.chunks(2).map(|p| (p[0].0, p.iter().map(|x| x.1).sum::<f64>() / p.len() as f64)).collect();
+            self.per_point *= 2;
+        }
+    }
+
+    fn finish(mut self, name: String, gpu: String) -> (SeriesStats, Series) {
+        if let Some((t, sum, n)) = self.pending.take() {
+            self.points.push((t, sum / f64::from(n)));
+        }
+        let mean = if self.count == 0 { 0.0 } else { self.sum / self.count as f64 };
+        let stats = SeriesStats {
+            name: name.clone(),
+            gpu: gpu.clone(),
+            count: self.count,
+            min: self.min,
+            mean,
+            max: self.max,
+            first: self.first,
+            last: self.last,
+        };
+        (stats, Series { name, gpu, points: self.points })
+    }
+}
+
+/// What is known of one GPU so far.
+#[derive(Clone, Debug, Default)]
+struct GpuState {
+    summary: GpuTelemetry,
+    last_t: Option<u32>,
+    held_down_clocks: Vec<u32>,
+    held_down_by: BTreeMap<String, u64>,
+}
+
+/// Takes a job's readings as they come; `finish` gives its telemetry.
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    /// The nominal time between two GPU readings: what the first stands for.
+    gpu_interval_ms: u32,
+    engine: BTreeMap<String, SeriesBuilder>,
+    gpu_series: BTreeMap<(String, &'static str), SeriesBuilder>,
+    gpus: BTreeMap<String, GpuState>,
+    summary: TelemetrySummary,
+}
+
+impl Recorder {
+    pub fn new(gpu_interval_ms: u32) -> Recorder {
+        Recorder {
+            gpu_interval_ms,
+            engine: BTreeMap::new(),
+            gpu_series: BTreeMap::new(),
+            gpus: BTreeMap::new(),
+            summary: TelemetrySummary::default(),
+        }
+    }
+
+    /// One scrape of the engine's `/metrics` at `t_ms`: its values, or why it failed.
+    pub fn engine_scrape(&mut self, t_ms: u32, result: Result<Vec<(String, f64)>, String>) {
+        self.summary.engine_scrapes += 1;
+        match result {
+            Ok(values) => {
+                for (name, value) in values {
+                    self.engine.entry(name).or_default().push(t_ms, value);
+                }
+            }
+            Err(why) => {
+                self.summary.engine_scrape_failures += 1;
+                self.summary.engine_scrape_error = Some(why);
+            }
+        }
+    }
+
+    /// One reading of the group's GPUs at `t_ms`, or why it failed; a failed
+    /// reading counts once for each of `gpus`.
+    pub fn gpu_sample(&mut self, t_ms: u32, gpus: usize, result: Result<Vec<GpuSample>, String>) {
+        let samples = match result {
+            Ok(samples) => samples,
+            Err(why) => {
+                let n = gpus.max(1) as u64;
+                self.summary.gpu_samples += n;
+                self.summary.gpu_sample_failures += n;
+                self.summary.gpu_sample_error = Some(why);
+                return;
+            }
+        };
+        for s in samples {
+            self.summary.gpu_samples += 1;
+            self.one_gpu(t_ms, s);
+        }
+    }
+
+    fn one_gpu(&mut self, t_ms: u32, s: GpuSample) {
+        let values: [(&'static str, Option<f64>); 7] = [
+            ("gpu_sm_clock_mhz", s.sm_clock_mhz.map(f64::from)),
+            ("gpu_memory_clock_mhz", s.memory_clock_mhz.map(f64::from)),
+            ("gpu_power_w", s.power_w),
+            ("gpu_temperature_c", s.temperature_c.map(f64::from)),
+            ("gpu_utilization_pct", s.utilization_pct.map(f64::from)),
+            ("gpu_memory_utilization_pct", s.memory_utilization_pct.map(f64::from)),
+            ("gpu_memory_used_mib", s.memory_used_bytes.map(|b| b as f64 / f64::from(1 << 20))),
+        ];
+        for (name, value) in values {
+            if let Some(v) = value {
+                self.gpu_series.entry((s.uuid.clone(), name)).or_default().push(t_ms, v);
+            }
+        }
+        if let Some(used) = s.memory_used_bytes {
+            let peak = &mut self.summary.peak_gpu_memory_bytes;
+            *peak = Some(peak.map_or(used, |p| p.max(used)));
+        }
+        let interval = self.gpu_interval_ms;
+        let state = self.gpus.entry(s.uuid.clone()).or_default();
+        let g = &mut state.summary;
+        g.gpu.clone_from(&s.uuid);
+        g.samples += 1;
+        g.sm_clock_max_mhz = g.sm_clock_max_mhz.max(s.sm_clock_max_mhz);
+        g.memory_clock_max_mhz = g.memory_clock_max_mhz.max(s.memory_clock_max_mhz);
+        if let Some(limit) = s.power_limit_w {
+            g.power_limit_w = Some(g.power_limit_w.map_or(limit, |l| l.max(limit)));
+        }
+        let dt = u64::from(state.last_t.map_or(interval, |last| t_ms.saturating_sub(last)));
+        state.last_t = Some(t_ms);
+        let bits = s.throttle_reasons.unwrap_or(0);
+        let set: Vec<&str> = THROTTLE_REASONS
+            .iter()
+            .filter(|(bit, key, _)| bits & bit != 0 && *key != "gpu_idle")
+            .map(|r| r.1)
+            .collect();
+        for key in &set {
+            *g.throttled_ms.entry((*key).to_owned()).or_default() += dt;
+        }
+        let slowed = set.iter().any(|k| SLOWDOWNS.iter().any(|(s, _)| s == k));
+        let busy = s.utilization_pct.is_some_and(|u| u >= BUSY_UTILIZATION_PCT) && bits & 0x1 == 0;
+        let low = match (s.sm_clock_mhz, s.sm_clock_max_mhz.or(g.sm_clock_max_mhz)) {
+            (Some(at), Some(max)) => f64::from(at) < LOW_CLOCK_SHARE * f64::from(max),
+            _ => false,
+        };
+        if slowed || (busy && low) {
+            g.held_down_ms += dt;
+            if let Some(at) = s.sm_clock_mhz {
+                state.held_down_clocks.push(at);
+            }
+            for key in &set {
+                *state.held_down_by.entry((*key).to_owned()).or_default() += dt;
+            }
+        }
+    }
+
+    /// The job's telemetry, the job having lasted `duration_ms` since the
+    /// recorder's time 0.
+    pub fn finish(mut self, duration_ms: u64) -> Telemetry {
+        self.summary.duration_ms = duration_ms;
+        let mut series = Vec::new();
+        for (name, builder) in self.engine {
+            let (stats, s) = builder.finish(name, String::new());
+            self.summary.series.push(stats);
+            series.push(s);
+        }
+        for ((gpu, name), builder) in self.gpu_series {
+            let (stats, s) = builder.finish(name.to_owned(), gpu);
+            self.summary.series.push(stats);
+            series.push(s);
+        }
+        for (_, mut state) in self.gpus {
+            state.held_down_clocks.sort_unstable();
+            state.summary.held_down_sm_clock_mhz =
+                state.held_down_clocks.get(state.held_down_clocks.len() / 2).copied();
+            let mut by: Vec<(String, u64)> = state.held_down_by.into_iter().collect();
+            by.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            state.summary.held_down_reasons = by.into_iter().map(|(k, _)| k).collect();
+            self.summary.gpus.push(state.summary);
+        }
+        Telemetry { summary: self.summary, series }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(t_ms: u32, sm: u32, util: u32, throttle: u64) -> GpuSample {
+        GpuSample {
+            uuid: "GPU-0".into(),
+            sm_clock_mhz: Some(sm),
+            sm_clock_max_mhz: Some(1980),
+            memory_clock_mhz: Some(3201),
+            memory_clock_max_mhz: Some(3201),
+            power_w: Some(f64::from(t_ms) / 10.0),
+            power_limit_w: Some(700.0),
+            temperature_c: Some(60),
+            utilization_pct: Some(util),
+            memory_utilization_pct: Some(40),
+            memory_used_bytes: Some(u64::from(t_ms) << 20),
+            throttle_reasons: Some(throttle),
+        }
+    }
+
+    /// A job of `n` readings 500 ms apart, reading `at(i)` at the i-th.
+    fn job(n: u32, at: impl Fn(u32) -> GpuSample) -> Telemetry {
+        let mut r = Recorder::new(500);
+        for i in 0..n {
+            r.gpu_sample(i * 500, 1, Ok(vec![at(i * 500)]));
+        }
+        r.finish(u64::from(n) * 500)
+    }
+
+    #[test]
+    fn numbers_are_grouped_by_thousands() {
+        for (n, text) in [(0, "0"), (999, "999"), (1410, "1,410"), (1980, "1,980"), (1234567, "1,234,567")] {
+            assert_eq!(thousands(n), text);
+        }
+    }
+
+    #[test]
+    fn a_power_capped_stretch_is_flagged_with_its_clock_and_share() {
+        // 100 readings; from the 62nd the power cap holds the clock at 1,410 MHz.
+        let t = job(100, |t| if t >= 31_000 { gpu(t, 1410, 100, 0x4) } else { gpu(t, 1980, 100, 0) });
+        let g = &t.summary.gpus[0];
+        assert_eq!(g.throttled_ms.get("sw_power_cap"), Some(&19_000));
+        assert_eq!((g.held_down_ms, g.held_down_sm_clock_mhz), (19_000, Some(1410)));
+        assert_eq!(t.summary.throttle_flags(), ["SM clock 1,410 of 1,980 MHz for 38% of the job: power cap"]);
+    }
+
+    #[test]
+    fn flags_name_each_cause_and_only_what_held_a_busy_gpu_down() {
+        let check = |at: &dyn Fn(u32) -> GpuSample, expected: &[&str]| {
+            let t = job(100, at);
+            assert_eq!(t.summary.throttle_flags(), expected, "{:?}", t.summary.gpus);
+        };
+        // Idle and slow is no throttling; nor is busy at full clock.
+        check(&|t| gpu(t, 345, 0, 0x1), &[]);
+        check(&|t| gpu(t, 1980, 100, 0), &[]);
+        // Busy, slow and no reason given.
+        check(
+            &|t| gpu(t, 1200, 90, 0),
+            &["SM clock 1,200 of 1,980 MHz for 100% of the job: no throttle reason reported"],
+        );
+        // Heat then power: the longer first.
+        check(
+            &|t| match t {
+                ..10_000 => gpu(t, 1980, 100, 0),
+                10_000..40_000 => gpu(t, 1500, 100, 0x20),
+                _ => gpu(t, 1500, 100, 0x4),
+            },
+            &["SM clock 1,500 of 1,980 MHz for 80% of the job: thermal slowdown and power cap"],
+        );
+        // A blip under 1% of the job is not flagged.
+        let blip = job(300, |t| if t == 1_000 { gpu(t, 1410, 100, 0x4) } else { gpu(t, 1980, 100, 0) });
+        assert_eq!(blip.summary.gpus[0].held_down_ms, 500);
+        assert_eq!(blip.summary.throttle_flags(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn several_gpus_are_each_named_and_the_peak_memory_is_the_largest() {
+        let mut r = Recorder::new(500);
+        for i in 0..10u32 {
+            let a = GpuSample { uuid: "GPU-a".into(), ..gpu(i * 500, 1980, 100, 0) };
+            let b =
+                GpuSample { uuid: "GPU-b".into(), memory_used_bytes: Some(9 << 30), ..gpu(i * 500, 1410, 100, 0x4) };
+            r.gpu_sample(i * 500, 2, Ok(vec![a, b]));
+        }
+        r.gpu_sample(5_000, 2, Err("GPU-b fell off the bus".into()));
+        let t = r.finish(5_500);
+        assert_eq!(t.summary.throttle_flags(), ["GPU-b: SM clock 1,410 of 1,980 MHz for 91% of the job: power cap"]);
+        assert_eq!(t.summary.peak_gpu_memory_bytes, Some(9 << 30));
+        assert_eq!((t.summary.gpu_samples, t.summary.gpu_sample_failures), (22, 2));
+        assert_eq!(t.summary.gpu_sample_error.as_deref(), Some("GPU-b fell off the bus"));
+        let power = t.summary.stats("gpu_power_w", "GPU-a").expect("GPU-a's power");
+        assert_eq!((power.count, power.min, power.max, power.mean), (10, 0.0, 450.0, 225.0));
+    }
+
+    #[test]
+    fn a_long_series_keeps_at_most_max_points_and_its_exact_numbers() {
+        let mut r = Recorder::new(500);
+        let n: u32 = 100_000;
+        for i in 0..n {
+            r.engine_scrape(i * 1000, Ok(vec![("vllm:num_requests_running".into(), f64::from(i % 2) * 99.0)]));
+        }
+        r.engine_scrape(n * 1000, Err("GET /metrics answered 503".into()));
+        let t = r.finish(u64::from(n) * 1000);
+        let s = &t.series[0];
+        assert!(s.points.len() <= MAX_POINTS && s.points.len() > MAX_POINTS / 2, "{} points", s.points.len());
+        assert!(s.points.windows(2).all(|w| w[0].0 < w[1].0), "in time order");
+        // Each kept point is the mean of the readings it stands for: an even
+        // number of them, alternately 0 and 99.
+        assert!(s.points.iter().all(|p| p.1 == 49.5), "{:?}", &s.points[..4]);
+        let stats = t.summary.stats("vllm:num_requests_running", "").expect("stats");
+        assert_eq!((stats.count, stats.min, stats.max, stats.mean), (u64::from(n), 0.0, 99.0, 49.5));
+        assert_eq!((t.summary.engine_scrapes, t.summary.engine_scrape_failures), (u64::from(n) + 1, 1));
+    }
+
+    #[test]
+    fn metrics_are_read_by_name_counters_summed_gauges_at_their_largest() {
+        let text = "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n\
+                    vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 3.0\n\
+                    vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 5.0\n\
+                    # TYPE vllm:request_success_total counter\n\
+                    vllm:request_success_total{finished_reason=\"length\"} 10.0\n\
+                    vllm:request_success_total{finished_reason=\"stop\"} 2.0\n\
+                    # TYPE vllm:e2e_request_latency_seconds histogram\n\
+                    vllm:e2e_request_latency_seconds_bucket{le=\"+Inf\"} 12.0\n\
+                    vllm:e2e_request_latency_seconds_count 12.0\n\
+                    vllm:e2e_request_latency_seconds_sum 3.5\n";
+        let got = read_metrics(text, VLLM_SERIES).expect("parses");
+        assert_eq!(
+            got,
+            [("vllm:num_requests_running".to_owned(), 5.0), ("vllm:request_success_total".to_owned(), 12.0)]
+        );
+        assert!(matches!(read_metrics("<html>404</html>", VLLM_SERIES), Err(MetricsError::Parse(_))));
+        assert_eq!(
+            read_metrics("# TYPE other gauge\nother 1\n", VLLM_SERIES),
+            Err(MetricsError::NoSeries("vllm:num_requests_running".into()))
+        );
+    }
+}
