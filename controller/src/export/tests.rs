@@ -31,11 +31,17 @@ profiles:
 struct Spy {
     inner: SledStore,
     batches: AtomicU64,
+    /// Storing a run fails, as a full disk would make it.
+    fail_create_run: std::sync::atomic::AtomicBool,
 }
 
 impl Spy {
     fn open(dir: &std::path::Path) -> Spy {
-        Spy { inner: SledStore::open(dir).expect("store"), batches: AtomicU64::new(0) }
+        Spy {
+            inner: SledStore::open(dir).expect("store"),
+            batches: AtomicU64::new(0),
+            fail_create_run: Default::default(),
+        }
     }
 }
 
@@ -47,6 +53,9 @@ impl Store for Spy {
         self.inner.claim_run_id(id)
     }
     fn create_run(&self, run: &Run, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError> {
+        if self.fail_create_run.load(Ordering::Relaxed) {
+            return Err(StoreError::Io(std::io::Error::other("no space left on device")));
+        }
         self.inner.create_run(run, groups, jobs)
     }
     fn add_groups(&self, run: RunId, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError> {
@@ -421,7 +430,76 @@ fn bad_files(file: &[u8]) -> Vec<(&'static str, Vec<u8>, u64, &'static str, bool
         ("more records", joined(&doubled), 0, "than the", true),
         ("after the trailer", joined(&[all.clone(), vec![all[1].clone()]].concat()), at(n), "after the trailer", true),
         ("kind", edit(2, "\"kind\":\"group\"", "\"kind\":\"grope\""), 3, "unknown kind 'grope'", false),
+        ("too long", with(middle, " ".repeat(MAX_LINE_BYTES + 1)), at(middle), "longer than 1 MiB", true),
     ]
+}
+
+/// The store holds its run 1 (whose report is `before`) and nothing of
+/// any other, under any id an import could have taken. Stats written under
+/// a claimed id (the last write before the run itself) may stay, marked
+/// removed, where `stats_removed`.
+fn no_trace_but(target: &dyn Store, case: &str, before: &str, stats_removed: bool) {
+    let ids: Vec<RunId> = target.runs().expect("runs").iter().map(|r| r.id).collect();
+    assert_eq!(ids, [RunId(1)], "{case}");
+    assert_eq!(text(target, RunId(1)), before, "{case}");
+    let newest = target.next_run_id().expect("id").0;
+    for run in 2..=newest {
+        for job in 0..8 {
+            for attempt in 1..=2 {
+                let key = AttemptKey { run: RunId(run), job, attempt };
+                assert_eq!(target.records(&key).count(), 0, "{case}: {key}");
+                assert_eq!(target.summary(&key).expect("summary"), None, "{case}: {key}");
+                assert!(!target.has_digest(&key).expect("digest"), "{case}: {key}");
+                let stats = target.stats(&key).expect("stats");
+                assert!(stats.is_none() || stats_removed && stats.is_some_and(|s| s.removed), "{case}: {key}");
+            }
+        }
+    }
+}
+
+fn no_trace(target: &dyn Store, case: &str, before: &str) {
+    no_trace_but(target, case, before, false);
+}
+
+/// Reads `file` up to `after` bytes, then fails.
+struct Broken<'a> {
+    file: &'a [u8],
+    after: usize,
+}
+
+impl std::io::Read for Broken<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.after == 0 {
+            return Err(std::io::Error::other("connection reset"));
+        }
+        let n = buf.len().min(self.after).min(self.file.len());
+        buf[..n].copy_from_slice(&self.file[..n]);
+        self.file = &self.file[n..];
+        self.after -= n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_read_or_a_store_that_fails_leaves_no_trace() {
+    let (_d, _store, file) = original();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = Spy::open(dir.path());
+    store_run(&target, RunId(1));
+    let before = text(&target, RunId(1));
+
+    let broken = std::io::BufReader::new(Broken { file: &file, after: file.len() * 2 / 3 });
+    let e = import(&target, broken).expect_err("a read that fails");
+    assert!(matches!(&e, ImportError::Read { line, .. } if *line > 100), "{e}");
+    assert!(e.to_string().ends_with("failed: connection reset"), "{e}");
+    assert!(target.batches.load(Ordering::Relaxed) > 0, "records were staged");
+    no_trace(&target, "a read that fails", &before);
+
+    // The run is stored last; when that fails, what was staged goes.
+    target.fail_create_run.store(true, Ordering::Relaxed);
+    let e = import(&target, file.as_slice()).expect_err("a store that fails");
+    assert_eq!(e.to_string(), "file i/o in the store failed: no space left on device");
+    no_trace_but(&target, "a store that fails", &before, true);
 }
 
 #[test]
@@ -447,23 +525,7 @@ fn a_bad_file_is_refused_by_its_line_and_leaves_no_trace() {
         assert!(said.starts_with("line ") || line == 0, "{case}: {said}");
         let staged_now = target.batches.load(Ordering::Relaxed) > written;
         assert_eq!(staged_now, staged, "{case}: records staged before the error was found");
-        // No trace: only the run that was there, under any id the import
-        // could have taken; nothing of any of its attempts.
-        let ids: Vec<RunId> = target.runs().expect("runs").iter().map(|r| r.id).collect();
-        assert_eq!(ids, [RunId(1)], "{case}");
-        assert_eq!(text(&target, RunId(1)), before, "{case}");
-        let newest = target.next_run_id().expect("id").0;
-        for run in 2..=newest {
-            for job in 0..8 {
-                for attempt in 1..=2 {
-                    let key = AttemptKey { run: RunId(run), job, attempt };
-                    assert_eq!(target.records(&key).count(), 0, "{case}: {key}");
-                    assert_eq!(target.summary(&key).expect("summary"), None, "{case}: {key}");
-                    assert_eq!(target.stats(&key).expect("stats"), None, "{case}: {key}");
-                    assert!(!target.has_digest(&key).expect("digest"), "{case}: {key}");
-                }
-            }
-        }
+        no_trace(&target, case, &before);
     }
     // And the good file still goes in after all that.
     let imported = import(&target, file.as_slice()).expect("import");
