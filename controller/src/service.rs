@@ -740,3 +740,62 @@ pub async fn serve(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::*;
+
+    /// Bytes that show where they were cut: no two windows alike.
+    fn bytes(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn an_export_goes_out_in_chunks_of_at_most_a_mib() {
+        let data = bytes(3 * FILE_CHUNK_BYTES + 5);
+        let (tx, mut rx) = mpsc::channel(2);
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || {
+            let mut out = Chunks(tx);
+            out.write_all(&sent[..10])?;
+            out.write_all(&sent[10..])
+        });
+        let mut got = Vec::new();
+        let mut sizes = Vec::new();
+        while let Some(chunk) = rx.blocking_recv() {
+            let chunk = chunk.expect("data");
+            sizes.push(chunk.data.len());
+            got.extend(chunk.data);
+        }
+        writer.join().expect("thread").expect("written");
+        assert_eq!(got, data);
+        assert_eq!(sizes, [10, FILE_CHUNK_BYTES, FILE_CHUNK_BYTES, FILE_CHUNK_BYTES - 5]);
+    }
+
+    #[test]
+    fn an_upload_reads_as_one_stream_whatever_its_chunks() {
+        let data = bytes(100_000);
+        let (tx, rx) = mpsc::channel(2);
+        let sent = data.clone();
+        let sender = std::thread::spawn(move || {
+            let mut at = 0;
+            for size in [1, 0, 7, 4096, 65_536].into_iter().cycle() {
+                let end = (at + size).min(sent.len());
+                if tx.blocking_send(Ok(sent[at..end].to_vec())).is_err() || end == sent.len() {
+                    break;
+                }
+                at = end;
+            }
+            let _ = tx.blocking_send(Err(std::io::Error::other("the upload broke off: reset")));
+        });
+        let mut upload = Upload { rx, chunk: Vec::new(), at: 0 };
+        let mut got = vec![0; data.len()];
+        upload.read_exact(&mut got).expect("all of it");
+        assert_eq!(got, data);
+        let e = upload.read(&mut [0; 8]).expect_err("then the break");
+        assert_eq!(e.to_string(), "the upload broke off: reset");
+        sender.join().expect("thread");
+    }
+}
