@@ -2,10 +2,11 @@
 //!
 //! Exit codes (also in the README): 0 everything asked for succeeded (every
 //! job of a run); 1 a run ended with failed or cancelled jobs; 2 bad input
-//! (a matrix with an error, an unknown run or agent, bad flags); 3 the
-//! controller could not be reached; 130 interrupted.
+//! (a matrix or an export file with an error, an unknown run or agent, a run
+//! not over yet for `export`, bad flags); 3 the controller could not be
+//! reached; 130 interrupted.
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,14 +36,14 @@ pub const EXIT_INTERRUPTED: i32 = 130;
     after_help = "Environment: BENCHFLEET_CONTROLLER and BENCHFLEET_DATA_DIR (as their flags), RUST_LOG (the log \
                   filter), USER (who cancelled or drained, in the notes).\n\nExit status: 0 on success; 1 when a \
                   run's jobs failed or its report recommends nothing (run, watch, report); 2 for bad input (a \
-                  matrix, a flag, an unknown run or agent); 3 when the controller cannot be reached; 130 when \
-                  interrupted."
+                  matrix, an export file, a flag, an unknown run or agent, a run not over yet for export); 3 \
+                  when the controller cannot be reached; 130 when interrupted."
 )]
 pub struct Cli {
     /// Where the local store lives (runs, jobs, request records).
     #[arg(long, global = true, env = "BENCHFLEET_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// A running controller's gRPC URL; without it, the listing commands read the local store.
+    /// A running controller's gRPC URL; without it, the listings, report, export and import use the local store.
     #[arg(long, global = true, env = "BENCHFLEET_CONTROLLER")]
     pub controller: Option<String>,
     /// Print listings as JSON.
@@ -106,6 +107,18 @@ pub enum Command {
         /// objective, mean_ttft_ms and mean_tpot_ms.
         #[arg(long = "metric")]
         metrics: Vec<String>,
+    },
+    /// Write a run, whole (matrix, jobs, summaries, every request record), as JSON lines (docs/export.md).
+    Export {
+        run_id: String,
+        /// The file to write (stdout by default, or with "-"); it appears only once complete.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Read a run's export into the store (or the controller's); prints the run's id there.
+    Import {
+        /// The export; "-" reads stdin.
+        file: String,
     },
     /// List the agents, their leases and their GPUs.
     Agents,
@@ -339,6 +352,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print!("{}", compare::render(&c, &a, &b, threshold));
             Ok(if c.passed() { 0 } else { EXIT_FAILED_JOBS })
         }
+        Command::Export { run_id, output } => {
+            let output = output.as_deref().filter(|p| *p != Path::new("-"));
+            export(cli.controller.as_deref(), &data_dir(cli.data_dir.as_deref()), run_id, output).await
+        }
+        Command::Import { file } => {
+            let imported = match &cli.controller {
+                Some(url) => client::import(&mut client::connect(url).await?, file).await?,
+                None => import_local(&data_dir(cli.data_dir.as_deref()), file)?,
+            };
+            print_imported(&imported, file, json);
+            Ok(0)
+        }
         Command::Agents => {
             let url = need_controller(&cli)?;
             let agents = client::connect(url)
@@ -434,6 +459,176 @@ fn note_datasets(sub: &client::Submission) {
 fn open_store(dir: &Path) -> anyhow::Result<SledStore> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create the data directory {}", dir.display()))?;
     Ok(SledStore::open(&dir.join("store"))?)
+}
+
+/// Where an export goes: stdout, or a file that appears (under its name)
+/// only once the export is complete.
+enum ExportOutput {
+    Stdout(std::io::BufWriter<std::io::Stdout>),
+    File { path: PathBuf, partial: PathBuf, file: std::io::BufWriter<std::fs::File> },
+}
+
+impl ExportOutput {
+    fn open(path: Option<&Path>) -> anyhow::Result<ExportOutput> {
+        let Some(path) = path else {
+            return Ok(ExportOutput::Stdout(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout())));
+        };
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let file = std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+        Ok(ExportOutput::File {
+            path: path.to_path_buf(),
+            partial,
+            file: std::io::BufWriter::with_capacity(1 << 20, file),
+        })
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            ExportOutput::Stdout(mut out) => out.flush().context("cannot write the export to stdout"),
+            ExportOutput::File { path, partial, file } => {
+                let done = file
+                    .into_inner()
+                    .map_err(|e| e.into_error())
+                    .and_then(|f| f.sync_all())
+                    .and_then(|()| std::fs::rename(&partial, &path));
+                if let Err(e) = done {
+                    let _ = std::fs::remove_file(&partial);
+                    return Err(e).with_context(|| format!("cannot write {}", path.display()));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Leaves no part of a failed export behind (stdout has had what it had).
+    fn abandon(self) {
+        if let ExportOutput::File { partial, file, .. } = self {
+            drop(file);
+            let _ = std::fs::remove_file(&partial);
+        }
+    }
+}
+
+impl std::io::Write for ExportOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            ExportOutput::Stdout(out) => out.write(buf),
+            ExportOutput::File { file, .. } => file.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            ExportOutput::Stdout(out) => out.flush(),
+            ExportOutput::File { file, .. } => file.flush(),
+        }
+    }
+}
+
+/// `export`: from the controller's store when given one, else the local.
+async fn export(controller: Option<&str>, dir: &Path, run_id: &str, output: Option<&Path>) -> anyhow::Result<i32> {
+    use benchfleet_controller::export::{self, Counts};
+    // A bad id is refused before a file is made.
+    let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
+    let mut c = match controller {
+        Some(url) => Some(client::connect(url).await?),
+        None => None,
+    };
+    let mut out = ExportOutput::open(output)?;
+    let written: anyhow::Result<Counts> = async {
+        let Some(c) = c.as_mut() else {
+            let store = open_store(dir)?;
+            return Ok(export::export(&store, id, &mut out)?);
+        };
+        let mut stream = c.export_run(pb::ExportRunRequest { run_id: id.to_string() }).await.map_err(client::status)?;
+        let stream = stream.get_mut();
+        // The last bytes, for the trailer's counts.
+        let mut tail: Vec<u8> = Vec::new();
+        while let Some(chunk) = stream.message().await.map_err(client::status)? {
+            out.write_all(&chunk.data).context("cannot write the export")?;
+            tail.extend_from_slice(&chunk.data);
+            if tail.len() > 64 << 10 {
+                tail.drain(..tail.len() - (4 << 10));
+            }
+        }
+        let last = tail.trim_ascii_end().rsplit(|b| *b == b'\n').next().unwrap_or_default();
+        export::trailer(last).context("the controller's export ended without its trailer; export the run again")
+    }
+    .await;
+    match written {
+        Ok(counts) => {
+            out.finish()?;
+            let to = output.map(|p| format!(" to {}", p.display())).unwrap_or_default();
+            eprintln!(
+                "run {id} exported{to}: {} groups, {} jobs, {} summaries, {} records",
+                counts.groups, counts.jobs, counts.summaries, counts.records
+            );
+            Ok(0)
+        }
+        Err(e) => {
+            out.abandon();
+            Err(e)
+        }
+    }
+}
+
+/// `import` into the local store; a line that is wrong is named with the
+/// file's name.
+fn import_local(dir: &Path, path: &str) -> anyhow::Result<pb::ImportRunResponse> {
+    use benchfleet_controller::export::{self, ImportError};
+    let name = client::shown(path);
+    let input: Box<dyn std::io::Read> = if path == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::fs::File::open(path).with_context(|| format!("cannot read {name}"))?)
+    };
+    let store = open_store(dir)?;
+    let imported = export::import(&store, std::io::BufReader::with_capacity(1 << 20, input)).map_err(|e| match e {
+        ImportError::Store(e) => anyhow::Error::from(e),
+        other => anyhow::anyhow!("{name}: {other}"),
+    })?;
+    Ok(benchfleet_controller::convert::imported(&imported))
+}
+
+/// The run's id on stdout (or the whole answer as JSON); what else to know
+/// on stderr.
+fn print_imported(i: &pb::ImportRunResponse, path: &str, json: bool) {
+    if json {
+        let files: Vec<serde_json::Value> =
+            i.missing_files.iter().map(|f| json!({ "path": f.name, "sha256": f.sha256 })).collect();
+        println!(
+            "{}",
+            json!({
+                "run_id": i.run_id, "original_run_id": i.original_run_id, "groups": i.groups, "jobs": i.jobs,
+                "records": i.records, "missing_files": files,
+            })
+        );
+        return;
+    }
+    let renumbered = if i.run_id == i.original_run_id {
+        String::new()
+    } else {
+        format!(" (it was run {}; that id is taken here)", i.original_run_id)
+    };
+    eprintln!(
+        "{} imported as run {}{renumbered}: {} groups, {} jobs, {} records",
+        client::shown(path),
+        i.run_id,
+        i.groups,
+        i.jobs,
+        i.records
+    );
+    if !i.missing_files.is_empty() {
+        let files: Vec<String> = i.missing_files.iter().map(|f| format!("{} ({})", f.name, f.sha256)).collect();
+        eprintln!(
+            "warning: the run names files this store does not hold: {}; its report needs none of them, a retry of \
+             its jobs here needs them all",
+            files.join(", ")
+        );
+    }
+    println!("{}", i.run_id);
 }
 
 fn announce(submitted: &pb::SubmitRunResponse) {

@@ -228,6 +228,49 @@ async fn upload(client: &mut OperatorClient, f: &MatrixFile) -> anyhow::Result<(
     Ok(())
 }
 
+/// Uploads an export (`path`, or standard input for "-") to the
+/// controller's import, in chunks. A line the controller refuses is named
+/// with the file's name.
+pub async fn import(client: &mut OperatorClient, path: &str) -> anyhow::Result<pb::ImportRunResponse> {
+    let name = shown(path);
+    let mut input: Box<dyn std::io::Read + Send> = if path == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(path).with_context(|| format!("cannot read {name}"))?)
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ExportChunk>(4);
+    let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        loop {
+            let mut data = vec![0; CHUNK];
+            let n = input.read(&mut data)?;
+            if n == 0 {
+                return Ok(());
+            }
+            data.truncate(n);
+            if tx.blocking_send(pb::ExportChunk { data }).is_err() {
+                return Ok(());
+            }
+        }
+    });
+    let sent = client.import_run(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
+    // A file that could not be read is the error, not what the controller
+    // made of its first part. A refusal need not wait for the reader (which
+    // may be waiting on a terminal).
+    if sent.is_ok() || reader.is_finished() {
+        reader.await?.with_context(|| format!("cannot read {name}"))?;
+    }
+    match sent {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) if s.code() == tonic::Code::InvalidArgument => Err(anyhow::anyhow!("{name}: {}", s.message())),
+        Err(s) => Err(status(s)),
+    }
+}
+
+/// A file as an operator named it: "-" is standard input.
+pub fn shown(path: &str) -> String {
+    if path == "-" { "standard input".to_owned() } else { path.to_owned() }
+}
+
 /// Follows a run until it ends, calling `on_progress` on every change. A
 /// controller that goes away (a restart) is waited for, up to `reconnect_for`,
 /// and the run re-attached.

@@ -265,6 +265,22 @@ pub fn run_info<'a>(run: &Run, jobs: impl IntoIterator<Item = &'a Job>, stage: u
     }
 }
 
+/// What an import stored, as the operator's client is told.
+pub fn imported(i: &crate::export::Imported) -> pb::ImportRunResponse {
+    pb::ImportRunResponse {
+        run_id: i.run.to_string(),
+        original_run_id: i.original.to_string(),
+        groups: i.counts.groups,
+        jobs: i.counts.jobs,
+        records: i.counts.records,
+        missing_files: i
+            .missing_files
+            .iter()
+            .map(|(name, sha256)| pb::StoredFile { name: name.clone(), sha256: sha256.clone() })
+            .collect(),
+    }
+}
+
 pub fn progress(run: pb::RunInfo, p: &Progress) -> pb::RunProgress {
     pb::RunProgress {
         finished: run.state != "running",

@@ -13,11 +13,13 @@
 //! stored records, for reports that pool repeats; `store`
 //! persists everything (sled); `service` is the gRPC face, and `convert` the
 //! one place wire types become domain types; `metrics` serves Prometheus
-//! `/metrics`; `report` renders reports.
+//! `/metrics`; `report` renders reports; `export` writes a run out as JSON
+//! lines and reads one into another store.
 
 pub mod convert;
 pub mod digests;
 pub mod driver;
+pub mod export;
 pub mod greedy;
 pub mod ingest;
 pub mod matrix;

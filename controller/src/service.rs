@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::convert;
 use crate::driver::{self, Controller, Event, Outbound, SessionHandle, Stopped};
+use crate::export::{self, ExportError, ImportError};
 use crate::ingest::{Batch, IngestError};
 use crate::model::{AgentId, Note, RunId};
 use crate::plan::{self, SubmitError};
@@ -44,6 +45,29 @@ impl From<StoreError> for Status {
             StoreError::NotFound(what) => Status::not_found(format!("{what} not found")),
             StoreError::Invalid(what) => Status::invalid_argument(what),
             other => Status::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<ExportError> for Status {
+    fn from(e: ExportError) -> Status {
+        match e {
+            ExportError::NotFound(_) => Status::not_found(e.to_string()),
+            ExportError::NotOver(why) => Status::failed_precondition(why),
+            ExportError::Store(e) => e.into(),
+            ExportError::Write(e) => Status::aborted(format!("the export stopped: {e}")),
+        }
+    }
+}
+
+impl From<ImportError> for Status {
+    fn from(e: ImportError) -> Status {
+        match e {
+            ImportError::Store(e) => e.into(),
+            ImportError::Read { .. } => Status::aborted(e.to_string()),
+            ImportError::Line { .. } | ImportError::Empty | ImportError::Truncated { .. } => {
+                Status::invalid_argument(e.to_string())
+            }
         }
     }
 }
@@ -498,6 +522,60 @@ impl pb::operator_service_server::OperatorService for Services {
         Ok(Response::new(pb::RetryRunResponse { run: Some(run_info(&self.0, run).await?), jobs }))
     }
 
+    type ExportRunStream = ServerStream<pb::ExportChunk>;
+
+    async fn export_run(&self, req: Request<pb::ExportRunRequest>) -> Result<Response<Self::ExportRunStream>, Status> {
+        let run = convert::run_id(&req.into_inner().run_id)?;
+        let store = self.0.store().clone();
+        // A run that cannot be exported is refused as the call's answer,
+        // before any chunk.
+        let checked = store.clone();
+        blocking(move || Ok(export::exportable(checked.as_ref(), run).map(drop)?)).await?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::task::spawn_blocking(move || match export::export(store.as_ref(), run, Chunks(tx.clone())) {
+            Ok(counts) => info!(%run, records = counts.records, "run exported"),
+            // The client stopped reading: no one to tell.
+            Err(ExportError::Write(e)) => debug!(%run, "export stopped: {e}"),
+            Err(e) => {
+                warn!(%run, "export failed: {e}");
+                let _ = tx.blocking_send(Err(e.into()));
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn import_run(
+        &self,
+        req: Request<Streaming<pb::ExportChunk>>,
+    ) -> Result<Response<pb::ImportRunResponse>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let stop = self.0.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    () = stop.cancelled() => Some(Err(Status::unavailable("the controller is shutting down"))),
+                    next = inbound.next() => next,
+                };
+                let item = match next {
+                    None => return,
+                    Some(Ok(chunk)) => Ok(chunk.data),
+                    Some(Err(e)) => Err(std::io::Error::other(format!("the upload broke off: {}", e.message()))),
+                };
+                let failed = item.is_err();
+                // The import stopped reading (a bad line), or the upload did.
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let store = self.0.store().clone();
+        let upload = std::io::BufReader::with_capacity(1 << 20, Upload { rx, chunk: Vec::new(), at: 0 });
+        let imported = blocking(move || Ok(export::import(store.as_ref(), upload)?)).await?;
+        info!(run = %imported.run, original = %imported.original, records = imported.counts.records, "run imported");
+        Ok(Response::new(convert::imported(&imported)))
+    }
+
     async fn drain_agent(&self, req: Request<pb::DrainAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
         let req = req.into_inner();
         let id = self.0.drain(req.agent, Some(note(req.by, req.reason))).await?.map_err(Status::not_found)?;
@@ -509,6 +587,49 @@ impl pb::operator_service_server::OperatorService for Services {
         let id = self.0.drain(req.into_inner().agent, None).await?.map_err(Status::not_found)?;
         info!(agent = %id, "agent undrained");
         Ok(Response::new(agent_info(&self.0, id).await?))
+    }
+}
+
+/// An export's bytes, sent as chunks down a response stream.
+struct Chunks(mpsc::Sender<Result<pb::ExportChunk, Status>>);
+
+impl std::io::Write for Chunks {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for part in buf.chunks(FILE_CHUNK_BYTES) {
+            self.0
+                .blocking_send(Ok(pb::ExportChunk { data: part.to_vec() }))
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client stopped reading"))?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An upload's chunks, read as one stream of bytes (on a blocking thread).
+struct Upload {
+    rx: mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl std::io::Read for Upload {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.chunk.len() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(chunk) => {
+                    self.chunk = chunk?;
+                    self.at = 0;
+                }
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
     }
 }
 
@@ -617,5 +738,64 @@ pub async fn serve(
             warn!("some connections did not close within 5 s of stopping; closing them");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::*;
+
+    /// Bytes that show where they were cut: no two windows alike.
+    fn bytes(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn an_export_goes_out_in_chunks_of_at_most_a_mib() {
+        let data = bytes(3 * FILE_CHUNK_BYTES + 5);
+        let (tx, mut rx) = mpsc::channel(2);
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || {
+            let mut out = Chunks(tx);
+            out.write_all(&sent[..10])?;
+            out.write_all(&sent[10..])
+        });
+        let mut got = Vec::new();
+        let mut sizes = Vec::new();
+        while let Some(chunk) = rx.blocking_recv() {
+            let chunk = chunk.expect("data");
+            sizes.push(chunk.data.len());
+            got.extend(chunk.data);
+        }
+        writer.join().expect("thread").expect("written");
+        assert_eq!(got, data);
+        assert_eq!(sizes, [10, FILE_CHUNK_BYTES, FILE_CHUNK_BYTES, FILE_CHUNK_BYTES - 5]);
+    }
+
+    #[test]
+    fn an_upload_reads_as_one_stream_whatever_its_chunks() {
+        let data = bytes(100_000);
+        let (tx, rx) = mpsc::channel(2);
+        let sent = data.clone();
+        let sender = std::thread::spawn(move || {
+            let mut at = 0;
+            for size in [1, 0, 7, 4096, 65_536].into_iter().cycle() {
+                let end = (at + size).min(sent.len());
+                if tx.blocking_send(Ok(sent[at..end].to_vec())).is_err() || end == sent.len() {
+                    break;
+                }
+                at = end;
+            }
+            let _ = tx.blocking_send(Err(std::io::Error::other("the upload broke off: reset")));
+        });
+        let mut upload = Upload { rx, chunk: Vec::new(), at: 0 };
+        let mut got = vec![0; data.len()];
+        upload.read_exact(&mut got).expect("all of it");
+        assert_eq!(got, data);
+        let e = upload.read(&mut [0; 8]).expect_err("then the break");
+        assert_eq!(e.to_string(), "the upload broke off: reset");
+        sender.join().expect("thread");
     }
 }

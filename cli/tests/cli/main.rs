@@ -1,8 +1,9 @@
 //! The `benchfleet` binary as an operator runs it: `run --local` on the
 //! example matrix with the real simulator and loadgen binaries, `runs` and
-//! `report` read back from the store, and bad matrices rejected with nothing
-//! stored.
+//! `report` read back from the store, bad matrices rejected with nothing
+//! stored, and runs exported and imported (`export`).
 
+mod export;
 mod inputs;
 
 use std::path::{Path, PathBuf};

@@ -1,3 +1,6 @@
+//! The console report of small stored runs: acceptance, missing records,
+//! INVALID baselines and variants within noise.
+
 use super::*;
 use crate::model::{Dataset, EngineConfig, EngineKind, Profile, Run, RuntimeKind};
 use crate::store::SledStore;

@@ -107,6 +107,11 @@ pub type Records<'a> = Box<dyn Iterator<Item = Result<RequestRecord, StoreError>
 pub trait Store: Send + Sync + 'static {
     /// A new, never used run id.
     fn next_run_id(&self) -> Result<RunId, StoreError>;
+    /// Takes `id` for a new run if this store never gave it out (it is above
+    /// every id handed out or stored); later `next_run_id`s go on from it.
+    /// An id handed out and never stored is not given again: a submission
+    /// may still be on its way to storing it.
+    fn claim_run_id(&self, id: RunId) -> Result<bool, StoreError>;
     /// Stores a new run with its groups and jobs, all or nothing.
     fn create_run(&self, run: &Run, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError>;
     /// Adds groups and their jobs to an existing run, all or nothing.
@@ -436,6 +441,19 @@ impl Store for SledStore {
         self.flush()?;
         let id = next.as_deref().and_then(|v| v.try_into().ok()).map_or(1, u64::from_be_bytes);
         Ok(RunId(id))
+    }
+
+    fn claim_run_id(&self, id: RunId) -> Result<bool, StoreError> {
+        let newest = self.runs.last()?.and_then(|(k, _)| k.as_ref().try_into().ok()).map_or(0, u64::from_be_bytes);
+        let mut claimed = false;
+        self.db.update_and_fetch("run_counter", |old| {
+            let last = old.and_then(|v| v.try_into().ok()).map_or(0, u64::from_be_bytes);
+            // The last id is never claimed: `next_run_id` adds one to it.
+            claimed = id.0 > last.max(newest) && id.0 < u64::MAX;
+            Some(if claimed { id.0 } else { last }.to_be_bytes().to_vec())
+        })?;
+        self.flush()?;
+        Ok(claimed)
     }
 
     fn create_run(&self, run: &Run, groups: &[Group], jobs: &[Job]) -> Result<(), StoreError> {

@@ -304,3 +304,24 @@ fn a_job_stored_before_telemetry_loads_with_none_of_it() {
     let old: Job = serde_json::from_value(stored).expect("an older job loads");
     assert_eq!(old, job(RunId(1), 0));
 }
+
+#[test]
+fn a_run_id_is_claimed_only_if_never_given_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    // A fresh store gave nothing out: any id may be claimed, and the next
+    // ones go on from it.
+    assert!(store.claim_run_id(RunId(7)).expect("claim"));
+    assert!(!store.claim_run_id(RunId(7)).expect("claim"), "an id is claimed once");
+    assert_eq!(store.next_run_id().expect("id"), RunId(8));
+    // Given out (even if never stored), stored, or below either: not free.
+    for taken in [8, 3, 0] {
+        assert!(!store.claim_run_id(RunId(taken)).expect("claim"), "{taken}");
+    }
+    store.create_run(&run(RunId(8)), &[], &[]).expect("create");
+    assert!(!store.claim_run_id(RunId(u64::MAX)).expect("claim"), "the last id is never claimed");
+    assert!(store.claim_run_id(RunId(20)).expect("claim"));
+    drop(store);
+    let store = SledStore::open(dir.path()).expect("reopen");
+    assert_eq!(store.next_run_id().expect("id"), RunId(21), "the claim survives a reopen");
+}
