@@ -301,7 +301,21 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             end(ran(JobReport::failed(&job.attempt, Failure::Host, error)), &mut ended);
             continue;
         }
-        let report = match (result, engine.exit_status()) {
+        let mut exited = engine.exit_status();
+        if result.is_err() && exited.is_none() {
+            // A load that failed because the engine died may fail before the
+            // death is seen (a refused connection comes before the
+            // container's exit event): the engine's fault, if it is, is
+            // told as such.
+            for _ in 0..ENGINE_EXIT_POLLS {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                exited = engine.exit_status();
+                if exited.is_some() {
+                    break;
+                }
+            }
+        }
+        let report = match (result, exited) {
             // Numbers measured against an engine that died are no result.
             (Ok(()), Some(status)) => JobReport {
                 log_tail: engine.log_tail(),
@@ -331,6 +345,9 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
         }
     }
 }
+
+/// How many times (50 ms apart) a failed job looks for its engine's exit.
+const ENGINE_EXIT_POLLS: u32 = 40;
 
 /// A failed engine start: a flag the engine rejects fails everywhere.
 fn failure_of(e: &EngineError) -> Failure {

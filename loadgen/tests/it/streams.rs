@@ -181,7 +181,9 @@ async fn every_stream_case_gets_its_verdict() {
                 assert_eq!(out.status.code(), Some(4), "{said}");
                 for r in &records {
                     assert_ne!(r["outcome"], "ok", "{said}\n{r}");
-                    assert!(r["first_token_ns"].is_null(), "no TTFT for a failed reply: {said}\n{r}");
+                    if r["outcome"] == "malformed" {
+                        assert!(r["first_token_ns"].is_null(), "no TTFT for a reply that is not one: {said}\n{r}");
+                    }
                     let error = format!(
                         "{}: {}",
                         r["outcome"].as_str().unwrap_or_default(),
