@@ -692,7 +692,7 @@ impl Job {
 
 /// `word` as a POSIX shell reads it back: bare when it is plain, else in
 /// single quotes.
-fn shell_word(word: &str) -> String {
+pub fn shell_word(word: &str) -> String {
     let plain = !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=,+@%".contains(&b));
     if plain { word.to_owned() } else { format!("'{}'", word.replace('\'', "'\\''")) }
 }

@@ -101,6 +101,8 @@ fn report_formats_and_compare(data: &Path, run_id: &str) {
     let out = benchfleet(data, &["compare", run_id, &at("slower.json"), "--threshold", "25%"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 
+    reproduce_a_block(&doc);
+
     // Bad input: exit 2, saying what was wrong.
     let mut other = doc.clone();
     other["schema"] = serde_json::json!("benchfleet.report/v0");
@@ -208,4 +210,45 @@ fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
         "{}",
         text(&runs.stdout)
     );
+}
+
+/// The report's "reproduce this block" command, run as a user would: in
+/// the matrix's directory, against a simulated engine started with the
+/// block's serve command, it sends the same load.
+fn reproduce_a_block(doc: &serde_json::Value) {
+    let bin = Path::new(env!("CARGO_BIN_EXE_benchfleet")).parent().expect("the binaries' directory").to_owned();
+    for block in doc["configurations"][0]["blocks"].as_array().expect("blocks") {
+        let repeat = &block["repeats"][0];
+        let command = repeat["provenance"]["reproduce"].as_str().expect("a reproduce command");
+        let requests = repeat["summary"]["successful"].as_u64().expect("successful");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("addr").port();
+        let serve = doc["configurations"][0]["serve_command"].as_str().expect("serve command");
+        let mut engine = Command::new(bin.join("benchfleet-sim"))
+            .args(serve.split(' '))
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--sim-startup-ms", "0", "--sim-speedup", "10"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the simulator starts");
+        let url = format!("http://127.0.0.1:{port}");
+        let up = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(up, "the simulator did not listen on {url}");
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let out = Command::new("sh")
+            .args(["-c", command])
+            .current_dir(examples())
+            .env("ENGINE_URL", &url)
+            .env("PATH", path)
+            .output()
+            .expect("sh runs");
+        let _ = engine.kill();
+        let _ = engine.wait();
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{command}\n{stdout}{}", text(&out.stderr));
+        let successful = format!("Successful requests:                     {requests}\n");
+        assert!(stdout.contains(&successful), "{command}\n{stdout}");
+    }
 }

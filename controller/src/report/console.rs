@@ -155,6 +155,9 @@ fn block(out: &mut String, b: &Block) {
         if let Some(said) = &r.provenance.token_counts {
             let _ = writeln!(out, "\nrepeat {}: token counts disagree: {said}", r.repeat);
         }
+        for t in &r.provenance.throttled {
+            let _ = writeln!(out, "\nrepeat {}: GPU held down: {t}", r.repeat);
+        }
     }
     for r in b.repeats.iter().filter(|r| r.state != "succeeded") {
         let state = match r.state.as_str() {

@@ -80,6 +80,11 @@ pub struct EngineInfo {
     /// process, docker or external.
     pub runtime: String,
     pub images: Vec<String>,
+    /// The versions its jobs reported (`/version`), and its images' digests.
+    #[serde(default)]
+    pub versions: Vec<String>,
+    #[serde(default)]
+    pub image_digests: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -212,6 +217,29 @@ pub struct Provenance {
     pub invalid: Option<String>,
     /// The server's token counts against the tokenizer's, when they differ.
     pub token_counts: Option<String>,
+    /// The engine's own version (`/version`, SGLang's server info).
+    #[serde(default)]
+    pub engine_version: Option<String>,
+    /// The container image's digest, for a Docker engine.
+    #[serde(default)]
+    pub image_digest: Option<String>,
+    #[serde(default)]
+    pub loadgen_version: Option<String>,
+    /// The standalone `benchfleet-loadgen` command that sends this load
+    /// again, against the engine at `$ENGINE_URL`.
+    #[serde(default)]
+    pub reproduce: Option<String>,
+    /// GPUs whose clocks were held down during the job, each in words:
+    /// `SM clock 1,410 of 1,980 MHz for 38% of the job: power cap`.
+    #[serde(default)]
+    pub throttled: Vec<String>,
+    /// The most memory one of its GPUs held.
+    #[serde(default)]
+    pub peak_gpu_memory_bytes: Option<u64>,
+    /// The engine's `/metrics` and the GPUs over the job, summarized
+    /// (`docs/metrics.md`, "During a job").
+    #[serde(default)]
+    pub telemetry: Option<benchfleet_core::telemetry::TelemetrySummary>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -131,6 +131,14 @@ pub fn render(doc: &ReportDoc) -> String {
                     let _ = writeln!(out, "<p>No successful repeat.</p>");
                 }
             }
+            for r in b.repeats.iter().filter(|r| r.state == "succeeded") {
+                for t in &r.provenance.throttled {
+                    let _ = writeln!(out, "<p class=\"invalid\">Repeat {}: GPU held down: {}</p>", r.repeat, esc(t));
+                }
+                if let Some(said) = r.provenance.telemetry.as_ref().and_then(super::words::telemetry) {
+                    let _ = writeln!(out, "<p>Repeat {} during the job: {}</p>", r.repeat, esc(&said));
+                }
+            }
             for r in b.repeats.iter().filter(|r| r.state != "succeeded") {
                 let _ = writeln!(
                     out,

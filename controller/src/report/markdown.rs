@@ -167,7 +167,10 @@ fn setup(out: &mut String, doc: &ReportDoc) {
     let _ = writeln!(out, "\n### Engines\n");
     for e in &doc.setup.engines {
         let images = if e.images.is_empty() { String::new() } else { format!(", image {}", e.images.join(", ")) };
-        let _ = writeln!(out, "- {} ({}, {} runtime{images})", e.name, e.kind, e.runtime);
+        let digests =
+            if e.image_digests.is_empty() { String::new() } else { format!(" ({})", e.image_digests.join(", ")) };
+        let versions = if e.versions.is_empty() { String::new() } else { format!(": {}", e.versions.join(", ")) };
+        let _ = writeln!(out, "- {}{versions} ({}, {} runtime{images}{digests})", e.name, e.kind, e.runtime);
     }
     let _ = writeln!(out, "\n### Method\n");
     let _ = writeln!(
@@ -303,10 +306,23 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
         facts.push(p.dataset.clone());
         facts.push(p.load.clone());
         if !c.image.is_empty() {
-            facts.push(format!("image {}", c.image));
+            let digest = p.image_digest.as_deref().map_or(String::new(), |d| format!(" ({d})"));
+            facts.push(format!("image {}{digest}", c.image));
+        }
+        if let Some(v) = &p.engine_version {
+            facts.push(format!("engine version {v}"));
+        }
+        if let Some(v) = &p.loadgen_version {
+            facts.push(v.clone());
         }
         for g in &p.gpus {
             facts.push(format!("GPU {g}"));
+        }
+        if let Some(b) = p.peak_gpu_memory_bytes {
+            facts.push(format!("peak GPU memory {}", words::gib(b)));
+        }
+        for t in &p.throttled {
+            facts.push(format!("**GPU held down**: {t}"));
         }
         if let Some(why) = &p.invalid {
             facts.push(format!("**INVALID**: {why}"));
@@ -314,9 +330,22 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
         if let Some(said) = &p.token_counts {
             facts.push(format!("token counts disagree: {said}"));
         }
+        if let Some(said) = p.telemetry.as_ref().and_then(words::telemetry) {
+            facts.push(format!("during the job: {said}"));
+        }
         let _ = writeln!(out, "- repeat {}: {}", r.repeat, facts.join("; "));
     }
     out.push('\n');
+    if let Some(command) =
+        b.repeats.iter().filter(|r| r.state == "succeeded").find_map(|r| r.provenance.reproduce.as_ref())
+    {
+        let _ = writeln!(
+            out,
+            "Reproduce this block's load against an engine started with the backend parameters above \
+             (`ENGINE_URL`: its address, e.g. `http://127.0.0.1:8000`):\n"
+        );
+        let _ = writeln!(out, "```shell\n{command}\n```\n");
+    }
 }
 
 fn summary_table(out: &mut String, doc: &ReportDoc) {

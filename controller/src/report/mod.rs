@@ -223,9 +223,19 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
                 kind: c.kind.clone(),
                 runtime: c.runtime.clone(),
                 images: if c.image.is_empty() { Vec::new() } else { vec![c.image.clone()] },
+                versions: Vec::new(),
+                image_digests: Vec::new(),
             }),
         }
         for r in c.blocks.iter().flat_map(|b| &b.repeats) {
+            if let Some(e) = setup.engines.iter_mut().find(|e| e.name == c.engine) {
+                if let Some(v) = &r.provenance.engine_version {
+                    push_new(&mut e.versions, v);
+                }
+                if let Some(d) = &r.provenance.image_digest {
+                    push_new(&mut e.image_digests, d);
+                }
+            }
             for g in &r.provenance.gpus {
                 push_new(&mut setup.gpus, g);
             }
@@ -390,7 +400,55 @@ fn provenance(group: &Group, j: &Job) -> Provenance {
         load,
         invalid: j.summary.as_ref().and_then(|s| s.invalid.clone()),
         token_counts: j.summary.as_ref().and_then(|s| s.usage_check).and_then(|u| u.describe()),
+        engine_version: j.engine_version.clone(),
+        image_digest: j.image_digest.clone(),
+        loadgen_version: j.loadgen_version.clone(),
+        reproduce: reproduce(j),
+        throttled: j.throttle_flags(),
+        peak_gpu_memory_bytes: j.peak_gpu_memory_bytes(),
+        telemetry: j.telemetry.clone(),
     }
+}
+
+/// The flags of loadgen's run that tie it to the fleet: the stream of its
+/// records to the controller.
+const FLEET_FLAGS: [&str; 6] = ["--report-to", "--run-id", "--job", "--attempt", "--epoch", "--report-buffer-mib"];
+
+/// The standalone `benchfleet-loadgen` command that sends a job's load
+/// again: the arguments the agent ran it with (one mapping, the agent's),
+/// without those that stream to the controller, against `$ENGINE_URL`, with
+/// the matrix's names for the dataset and tokenizer files in place of the
+/// agent's cached copies.
+pub fn reproduce(j: &Job) -> Option<String> {
+    if j.loadgen_args.is_empty() {
+        return None;
+    }
+    let mut words = vec!["benchfleet-loadgen".to_owned()];
+    let mut args = j.loadgen_args.iter();
+    while let Some(a) = args.next() {
+        if FLEET_FLAGS.contains(&a.as_str()) {
+            args.next();
+            continue;
+        }
+        if a == "--quiet" {
+            continue;
+        }
+        let value = match a.as_str() {
+            "--base-url" => Some("\"$ENGINE_URL\"".to_owned()),
+            "--dataset-path" => match &j.profile.dataset {
+                Dataset::Sharegpt { file, .. } => Some(crate::model::shell_word(file)),
+                _ => None,
+            },
+            "--processor" | "--tokenizer" => j.profile.processor.as_ref().map(|p| crate::model::shell_word(&p.file)),
+            _ => None,
+        };
+        words.push(crate::model::shell_word(a));
+        if let Some(v) = value {
+            args.next();
+            words.push(v);
+        }
+    }
+    Some(words.join(" "))
 }
 
 fn dataset_words(d: &Dataset) -> String {

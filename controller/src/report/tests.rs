@@ -162,3 +162,49 @@ fn a_variant_within_noise_of_its_baseline_is_not_recommended() {
     assert_eq!(r.recommended.as_deref(), Some("vllm"), "{}", r.text);
     assert!(r.text.contains("(+0.01%, below the 1.00% minimum effect, within noise)"), "{}", r.text);
 }
+
+#[test]
+fn the_reproduce_command_drops_the_fleet_and_names_the_matrix_files() {
+    let mut j = job(0, 100.0, 1000);
+    j.profile.dataset =
+        Dataset::Sharegpt { file: "data/my chats.json".into(), sha256: "ab".repeat(32), output_tokens: None };
+    j.profile.processor = Some(crate::model::StoredFile { file: "tok.json".into(), sha256: "cd".repeat(32) });
+    let args = "--base-url http://127.0.0.1:29542 --model m --num-prompts 10 --quiet --processor /cache/cd \
+                --dataset-name sharegpt --dataset-path /cache/ab --report-to http://127.0.0.1:7070 --run-id 1 \
+                --job 0 --attempt 1 --epoch 3";
+    j.loadgen_args = args.split(' ').map(str::to_owned).collect();
+    assert_eq!(
+        reproduce(&j).as_deref(),
+        Some(
+            "benchfleet-loadgen --base-url \"$ENGINE_URL\" --model m --num-prompts 10 --processor tok.json \
+             --dataset-name sharegpt --dataset-path 'data/my chats.json'"
+        )
+    );
+    j.loadgen_args.clear();
+    assert_eq!(reproduce(&j), None, "a job loadgen never ran has none");
+}
+
+#[test]
+fn a_gpu_held_down_is_told_with_the_block() {
+    use benchfleet_core::telemetry::{GpuTelemetry, TelemetrySummary};
+    let mut j = job(0, 9632.01, 1000);
+    let gpu = GpuTelemetry {
+        gpu: "GPU-1".into(),
+        samples: 100,
+        sm_clock_max_mhz: Some(1980),
+        held_down_ms: 38_000,
+        held_down_sm_clock_mhz: Some(1410),
+        held_down_reasons: vec!["sw_power_cap".into()],
+        ..GpuTelemetry::default()
+    };
+    j.telemetry = Some(TelemetrySummary { duration_ms: 100_000, gpus: vec![gpu], ..TelemetrySummary::default() });
+    let (_dir, store) = stored("held", &[group(0, &[])], &[j]);
+    let report = render(&store, RunId(1)).expect("render").text;
+    assert!(
+        report.contains("repeat 1: GPU held down: SM clock 1,410 of 1,980 MHz for 38% of the job: power cap"),
+        "{report}"
+    );
+    let doc = document(&store, RunId(1), &|_, _| {}).expect("doc");
+    let md = render_as(&doc, Format::Markdown);
+    assert!(md.contains("**GPU held down**: SM clock 1,410 of 1,980 MHz for 38% of the job: power cap"), "{md}");
+}

@@ -155,6 +155,67 @@ fn lower_by_pct(mine: f64, theirs: f64) -> String {
     format!("{word} by {:.2} ms ({pct:.2}%)", (theirs - mine).abs())
 }
 
+/// A job's telemetry in a line: the engine's load, KV cache, preemptions
+/// and prefix cache over the job, then each GPU's clock, power, heat and
+/// use, and what could not be read. `None` when nothing was taken.
+pub fn telemetry(t: &benchfleet_core::telemetry::TelemetrySummary) -> Option<String> {
+    let mut said = Vec::new();
+    let one = |names: &[&str]| names.iter().find_map(|n| t.stats(n, ""));
+    if let Some(s) = one(&["vllm:num_requests_running", "sglang:num_running_reqs"]) {
+        said.push(format!("running at most {}", number(s.max)));
+    }
+    if let Some(s) = one(&["vllm:num_requests_waiting", "sglang:num_queue_reqs"]) {
+        said.push(format!("waiting at most {}", number(s.max)));
+    }
+    if let Some(s) = one(&["vllm:kv_cache_usage_perc", "sglang:token_usage"]) {
+        said.push(format!("KV cache up to {:.1}% full", s.max * 100.0));
+    }
+    if let Some(s) = one(&["vllm:num_preemptions_total", "sglang:num_retracted_requests_total"]) {
+        said.push(format!("{} preempted", number((s.last - s.first).max(0.0))));
+    }
+    if let (Some(h), Some(q)) =
+        (t.stats("vllm:prefix_cache_hits_total", ""), t.stats("vllm:prefix_cache_queries_total", ""))
+        && q.last > q.first
+    {
+        said.push(format!("prefix cache hits {:.1}%", (h.last - h.first) / (q.last - q.first) * 100.0));
+    } else if let Some(s) = t.stats("sglang:cache_hit_rate", "") {
+        said.push(format!("prefix cache hits {:.1}%", s.mean * 100.0));
+    }
+    if t.engine_scrape_failures > 0 {
+        let why = t.engine_scrape_error.as_deref().map_or(String::new(), |e| format!(" ({e})"));
+        said.push(format!("{} of {} /metrics scrapes failed{why}", t.engine_scrape_failures, t.engine_scrapes));
+    }
+    for g in &t.gpus {
+        let mut gpu = Vec::new();
+        if let Some(s) = t.stats("gpu_sm_clock_mhz", &g.gpu) {
+            gpu.push(format!("SM clock {}-{} MHz", number(s.min), number(s.max)));
+        }
+        if let Some(s) = t.stats("gpu_power_w", &g.gpu) {
+            let limit = g.power_limit_w.map_or(String::new(), |l| format!(" of {}", number(l)));
+            gpu.push(format!("power up to {}{limit} W", number(s.max.round())));
+        }
+        if let Some(s) = t.stats("gpu_temperature_c", &g.gpu) {
+            gpu.push(format!("up to {} C", number(s.max)));
+        }
+        if let Some(s) = t.stats("gpu_utilization_pct", &g.gpu) {
+            gpu.push(format!("{:.0}% busy", s.mean));
+        }
+        if !gpu.is_empty() {
+            said.push(format!("GPU {}: {}", g.gpu, gpu.join(", ")));
+        }
+    }
+    if t.gpu_sample_failures > 0 {
+        let why = t.gpu_sample_error.as_deref().map_or(String::new(), |e| format!(" ({e})"));
+        said.push(format!("{} of {} GPU readings failed{why}", t.gpu_sample_failures, t.gpu_samples));
+    }
+    (!said.is_empty()).then(|| said.join("; "))
+}
+
+/// Bytes as GiB: `71.3 GiB`.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
 /// A time as `2026-12-01 19:40:56 UTC`.
 pub fn utc(unix_ms: i64) -> String {
     let secs = unix_ms.div_euclid(1000);
