@@ -360,6 +360,7 @@ fn summary_table(out: &mut String, doc: &ReportDoc) {
     let _ = writeln!(out, "|---|---|---|---|---|");
     for r in rows {
         let value = |v: Option<f64>, tpot: Option<f64>| match (v, tpot) {
+            (Some(v), _) if doc.run.objective == "mean_latency" => format!("Mean latency: {v:.2}s/req"),
             (Some(v), Some(t)) => format!("{}: {v:.2} Mean TPOT(ms): {t:.2}", r.metric),
             _ => "no result".to_owned(),
         };

@@ -132,6 +132,10 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
             profile_list.push(&j.profile);
         }
     }
+    // In the matrix's order (a greedy run measures the primary one first).
+    if let Some(m) = &matrix {
+        profile_list.sort_by_key(|p| m.profiles.iter().position(|q| q.name == p.name).unwrap_or(usize::MAX));
+    }
     let primary = matrix
         .as_ref()
         .map(|m| m.primary_profile.clone())

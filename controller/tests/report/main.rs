@@ -8,7 +8,7 @@
 //! back and held to its documentation; the HTML page to its charts.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use benchfleet_controller::model::{AgentId, AttemptInfo, AttemptOutcome, Job, JobState, RunId, RunState, Write};
 use benchfleet_controller::plan::{self, Next, Submission};
@@ -117,6 +117,13 @@ fn summary(engine: &str, variants: &[String], profile: &str, requests: u64) -> S
 /// The study run to its end in a store: each stage the planner asks for,
 /// every job succeeded on one host with the numbers above.
 fn study() -> (tempfile::TempDir, SledStore, RunId) {
+    study_of(MATRIX, summary)
+}
+
+/// A study's job summary: of (engine, variants, profile, requests).
+type Numbers = fn(&str, &[String], &str, u64) -> Summary;
+
+fn study_of(matrix: &str, summary: Numbers) -> (tempfile::TempDir, SledStore, RunId) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SledStore::open(dir.path()).expect("store");
     let sha = benchfleet_controller::store::hex(&sha2::Sha256::digest(SHAREGPT.as_bytes()));
@@ -125,7 +132,7 @@ fn study() -> (tempfile::TempDir, SledStore, RunId) {
     file.finish(&sha, SHAREGPT.len() as u64).expect("finish");
     let sub = Submission {
         matrix_name: "qwen.yaml".into(),
-        matrix_yaml: MATRIX.into(),
+        matrix_yaml: matrix.into(),
         files: BTreeMap::from([("sharegpt.json".to_owned(), sha)]),
         runtime_override: String::new(),
     };
@@ -178,29 +185,12 @@ fn study() -> (tempfile::TempDir, SledStore, RunId) {
     (dir, store, run)
 }
 
+/// Holds `got` to `snapshots/NAME.snap` (`INSTA_UPDATE=always`, or
+/// `cargo insta review`, takes a deliberate change: read the diff).
 fn snapshot(name: &str, got: &str) {
-    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/report/snapshots").join(name);
-    if std::env::var_os("BENCHFLEET_UPDATE_SNAPSHOTS").is_some() {
-        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
-        std::fs::write(&path, got).expect("write snapshot");
-        return;
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run with BENCHFLEET_UPDATE_SNAPSHOTS=1 to write it", path.display()));
-    if want != got {
-        let line = want
-            .lines()
-            .zip(got.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or(want.lines().count().min(got.lines().count()));
-        panic!(
-            "{} differs from the report at line {}:\n  want: {:?}\n  got:  {:?}\n(BENCHFLEET_UPDATE_SNAPSHOTS=1 rewrites it)",
-            path.display(),
-            line + 1,
-            want.lines().nth(line).unwrap_or("<end>"),
-            got.lines().nth(line).unwrap_or("<end>")
-        );
-    }
+    insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_snapshot!(name, got);
+    });
 }
 
 fn doc_of(store: &SledStore, run: RunId) -> ReportDoc {
@@ -261,9 +251,121 @@ fn the_reference_study_reads_as_the_reference_report() {
     assert!(blocks >= 12, "{blocks} blocks\n{md}");
     assert_eq!(md.matches("- repeat 1: job ").count(), blocks, "{md}");
 
-    snapshot("reference-study.md", &md);
-    snapshot("reference-study.txt", &report::render_as(&doc, Format::Console));
-    snapshot("reference-study.csv", &report::render_as(&doc, Format::Csv));
+    snapshot("throughput-study.md", &md);
+    snapshot("throughput-study.txt", &report::render_as(&doc, Format::Console));
+    snapshot("throughput-study.csv", &report::render_as(&doc, Format::Csv));
+}
+
+/// The latency study (Qwen3.5-9B on H100, mean latency): ShareGPT at four
+/// rates, a sweep, decided at 8 requests/s.
+const LATENCY: &str = "\
+name: qwen3.5-9b-h100-latency
+model: Qwen/Qwen3.5-9B
+objective: mean_latency
+hardware: { gpu: H100, gpus_per_job: 1 }
+acceptance: { min_success_rate: 0.99 }
+engines:
+  vllm: { image: vllm/vllm-openai:v0.17.1, args: [--reasoning-parser=qwen3, --max-model-len=32768] }
+  sglang: { image: lmsysorg/sglang:v0.5.9, args: [--reasoning-parser=qwen3, --context-length=32768] }
+variants:
+  prefix-caching: { engines: [vllm], args: [--enable-prefix-caching] }
+  batched-16k: { engines: [vllm], group: max-batched-tokens, args: [--max-num-batched-tokens=16384] }
+  batched-32k: { engines: [vllm], group: max-batched-tokens, args: [--max-num-batched-tokens=32768] }
+  mtp: { engines: [vllm], args: ['--speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1}'] }
+  interactivity: { engines: [vllm], args: [--performance-mode=interactivity] }
+  language-only: { engines: [vllm], args: [--language-model-only] }
+profiles:
+  sharegpt: { dataset: { sharegpt: sharegpt.json }, rate: [1, 4, 8, 16], requests: 1000 }
+primary_profile: sharegpt-r8
+strategy: greedy
+";
+
+/// The latency study's numbers: vLLM's mean latency per rate, and what
+/// each variant multiplies it by.
+fn latency_summary(engine: &str, variants: &[String], profile: &str, requests: u64) -> Summary {
+    let (mut latency, rate) = match profile {
+        "sharegpt-r1" => (2.09, 1.0),
+        "sharegpt-r4" => (2.33, 4.0),
+        "sharegpt-r8" => (2.62, 8.0),
+        _ => (4.37, 16.0),
+    };
+    if engine == "sglang" {
+        latency *= 3.103;
+    }
+    for v in variants {
+        latency *= match v.as_str() {
+            "prefix-caching" => 1.027,
+            "batched-16k" => 1.0076,
+            "batched-32k" => 1.0077,
+            "mtp" => 0.912,
+            "interactivity" => 0.9958,
+            "language-only" => 0.9748,
+            other => panic!("no factor for {other}"),
+        };
+    }
+    let duration_s = requests as f64 / rate * 1.02;
+    let dist = |mean: f64| Distribution {
+        mean,
+        median: mean * 0.88,
+        p95: mean * 2.6,
+        p99: mean * 2.96,
+        count: requests,
+        percentiles: Vec::new(),
+    };
+    Summary {
+        successful: requests,
+        duration_s,
+        total_input_tokens: 342 * requests,
+        total_output_tokens: 281 * requests,
+        request_throughput: requests as f64 / duration_s,
+        output_throughput: 281.0 * requests as f64 / duration_s,
+        peak_output_throughput: Some(2.0 * 281.0 * rate),
+        peak_concurrent: (rate * latency).ceil() as u64,
+        total_token_throughput: 623.0 * requests as f64 / duration_s,
+        latency_s: dist(latency),
+        ttft_ms: dist(latency * 15.7),
+        tpot_ms: dist(latency * 0.51),
+        itl_ms: dist(latency * 0.45),
+        achieved_rate: rate,
+        offered_rate: Some(rate),
+        lag_limit_ms: 5.0,
+        rate_tolerance: 0.05,
+        ..Summary::default()
+    }
+}
+
+#[test]
+fn the_latency_study_compares_by_ratio_across_its_rates() {
+    let (_dir, store, run) = study_of(LATENCY, latency_summary);
+    let doc = doc_of(&store, run);
+    let md = report::render_as(&doc, Format::Markdown);
+    let rec = doc.recommendation.as_ref().expect("a recommendation");
+    // Performance mode's 0.4% is within noise here: not adopted.
+    assert_eq!(rec.config, "vllm+mtp+language-only", "{md}");
+    assert!(
+        md.contains("`vllm+interactivity`: 1.00x faster (2.62 s vs 2.61 s), below the 1.00% minimum effect"),
+        "{md}"
+    );
+    // The before/after table in the latency form, per rate, in the matrix's order.
+    assert!(
+        md.contains(
+            "| sharegpt-r1 | Mean latency: 2.09s/req | Mean latency: 1.86s/req (1.12x faster) |\n\
+             | sharegpt-r4 | Mean latency: 2.33s/req | Mean latency: 2.07s/req (1.12x faster) |\n\
+             | sharegpt-r8 | Mean latency: 2.62s/req | Mean latency: 2.33s/req (1.12x faster) |\n\
+             | sharegpt-r16 | Mean latency: 4.37s/req | Mean latency: 3.89s/req (1.12x faster) |"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("| `vllm+mtp` | Mean latency: 2.39s/req | Mean latency: 2.62s/req | 1.10x faster"), "{md}");
+    // The engine stage says how much faster, in latency, TTFT and TPOT.
+    assert!(
+        md.contains("Summary: vllm Mean latency = 2.62s, sglang Mean latency = 8.13s. vllm faster by 5.51 s (3.10x faster). TTFT"),
+        "{md}"
+    );
+    // The alternatives of a group stand for it one at a time, never both.
+    assert!(!md.contains("batched-16k+batched-32k"), "{md}");
+    snapshot("latency-study.md", &md);
+    snapshot("latency-study.txt", &report::render_as(&doc, Format::Console));
 }
 
 #[test]
@@ -325,6 +427,74 @@ fn the_html_page_draws_its_charts_and_needs_no_network() {
     for fetch in ["<script", "src=", "href=", "@import", "url("] {
         assert!(!html.contains(fetch), "the page would fetch something: {fetch}");
     }
+
+    // With distributions (the stored samples' percentiles), a chart each
+    // for TTFT and ITL too; read back by an HTML5 parser, every chart is a
+    // figure with its caption, and nothing names a URL.
+    for c in &mut doc.configurations {
+        for b in c.blocks.iter_mut().filter(|b| b.profile == "sharegpt") {
+            let curve = |scale: f64| {
+                [1.0, 25.0, 50.0, 75.0, 99.0].map(|p| benchfleet_core::Percentile { p, value: p * scale }).to_vec()
+            };
+            (b.ttft_ms, b.itl_ms) = (curve(40.0), curve(0.2));
+        }
+    }
+    let html = report::render_as(&doc, Format::Html);
+    let page = scraper::Html::parse_document(&html);
+    assert!(page.errors.is_empty(), "HTML parse errors: {:?}", page.errors);
+    let select = |s: &str| scraper::Selector::parse(s).expect("a selector");
+    let figures: Vec<_> = page.select(&select("figure")).collect();
+    assert_eq!(figures.len(), doc.profiles.len() + 3, "a bar chart per profile, throughput-latency, TTFT, ITL");
+    for f in &figures {
+        assert_eq!(f.select(&select("svg")).count(), 1);
+        assert!(f.select(&select("figcaption")).next().is_some_and(|c| !c.text().collect::<String>().is_empty()));
+    }
+    assert_eq!(page.select(&select("polyline.distribution")).count(), 2 * on_sharegpt);
+    for element in page.select(&select("*")) {
+        for (name, value) in element.value().attrs() {
+            assert!(!value.contains("://") && !value.starts_with("//"), "{name}={value:?} names a URL");
+        }
+    }
+    screenshot_is_not_blank(&html);
+}
+
+/// Renders the page in headless Chromium (which `scripts/test` installs) to
+/// a PNG and checks it shows something: many pixels that are not white, of
+/// more than a few colours.
+fn screenshot_is_not_blank(html: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = dir.path().join("report.html");
+    let shot = dir.path().join("report.png");
+    std::fs::write(&page, html).expect("write the page");
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| std::process::Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .expect("headless Chromium is needed (scripts/test installs Debian's chromium)");
+    let out = std::process::Command::new(chromium)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1100,2400"])
+        .arg(format!("--user-data-dir={}", dir.path().join("profile").display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("chromium runs");
+    assert!(shot.is_file(), "no screenshot: {}", String::from_utf8_lossy(&out.stderr));
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).expect("open")));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut pixels).expect("its pixels");
+    let channels = frame.color_type.samples();
+    let pixels = &pixels[..frame.buffer_size()];
+    let mut colours = std::collections::HashSet::new();
+    let mut inked = 0usize;
+    for px in pixels.chunks(channels) {
+        if px[..3].iter().any(|&c| c < 230) {
+            inked += 1;
+        }
+        colours.insert(px[..3].to_vec());
+    }
+    let total = pixels.len() / channels;
+    assert!(inked * 100 > total, "{inked} of {total} pixels inked: blank");
+    assert!(colours.len() > 8, "{} colours: blank", colours.len());
 }
 
 #[test]
