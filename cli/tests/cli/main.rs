@@ -70,9 +70,11 @@ fn report_formats_and_compare(data: &Path, run_id: &str) {
     let csv = read("r.csv");
     assert_eq!(csv.lines().count(), 5, "a header and a row per job:\n{csv}");
     let html = read("r.html");
-    // A bar chart per profile, throughput against latency, and the TTFT and
-    // ITL distributions from the stored samples.
-    assert_eq!(html.matches("<svg").count(), 5, "{html}");
+    // A bar chart per profile, throughput against latency, the TTFT and
+    // ITL distributions from the stored samples, and each configuration's
+    // engine during its job on the primary profile (its /metrics).
+    assert_eq!(html.matches("<svg").count(), 7, "{html}");
+    assert!(html.matches("class=\"telemetry\"").count() >= 4, "running and waiting, for each: {html}");
     assert_eq!(html.matches("class=\"distribution\"").count(), 4, "{html}");
     assert!(!html.contains("<script") && !html.contains("src="), "{html}");
 

@@ -156,8 +156,24 @@ pub struct Block {
     pub ttft_ms: Vec<Percentile>,
     #[serde(default)]
     pub itl_ms: Vec<Percentile>,
+    /// The first successful repeat's telemetry over time, for charts: the
+    /// engine's running and waiting requests and KV cache use, and each
+    /// GPU's SM clock (`TELEMETRY_CHARTED`); empty when none was taken.
+    #[serde(default)]
+    pub telemetry: Vec<benchfleet_core::telemetry::Series>,
     pub repeats: Vec<Repeat>,
 }
+
+/// The telemetry series a block keeps for its charts.
+pub const TELEMETRY_CHARTED: [&str; 7] = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "gpu_sm_clock_mhz",
+];
 
 impl Block {
     /// The successful repeats' own summaries.

@@ -89,6 +89,11 @@ pub fn render(doc: &ReportDoc) -> String {
     let primary = doc.run.primary_profile.as_str();
     out.push_str(&distribution_chart(doc, primary, "TTFT", |b| &b.ttft_ms));
     out.push_str(&distribution_chart(doc, primary, "ITL", |b| &b.itl_ms));
+    for c in &doc.configurations {
+        if let Some(b) = c.block(primary) {
+            out.push_str(&telemetry_chart(&c.name, b));
+        }
+    }
 
     if !doc.comparisons.is_empty() {
         let _ = writeln!(out, "<h2>Against the baseline</h2>");
@@ -425,6 +430,53 @@ fn distribution_chart(doc: &ReportDoc, profile: &str, name: &str, of: fn(&Block)
 }
 
 use benchfleet_core::metrics::Percentile;
+
+/// A block's engine over the job: its running and waiting requests (and
+/// its KV cache use, as a share of 100), against seconds into the job.
+fn telemetry_chart(config: &str, b: &Block) -> String {
+    let wanted = [
+        ("vllm:num_requests_running", "running requests", 1.0),
+        ("sglang:num_running_reqs", "running requests", 1.0),
+        ("vllm:num_requests_waiting", "waiting requests", 1.0),
+        ("sglang:num_queue_reqs", "waiting requests", 1.0),
+        ("vllm:kv_cache_usage_perc", "KV cache use (%)", 100.0),
+        ("sglang:token_usage", "KV cache use (%)", 100.0),
+    ];
+    let lines: Vec<(&str, Vec<(f64, f64)>)> = wanted
+        .iter()
+        .filter_map(|(name, label, scale)| {
+            let s = b.telemetry.iter().find(|s| s.name == *name && s.gpu.is_empty())?;
+            Some((*label, s.points.iter().map(|&(ms, v)| (f64::from(ms) / 1e3, v * scale)).collect()))
+        })
+        .filter(|(_, p): &(&str, Vec<_>)| !p.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let xmax = lines.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(0.0, f64::max).max(1.0);
+    let ymax = lines.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1;
+    let mut f = Frame::new(
+        &format!("{config} on {} during the job", b.profile),
+        "seconds into the job",
+        "requests, or %",
+        (0.0, xmax),
+        (0.0, ymax),
+    );
+    f.x_ticks();
+    for (i, (label, points)) in lines.iter().enumerate() {
+        let path: Vec<String> = points.iter().map(|(x, y)| format!("{:.1},{:.1}", f.px(*x), f.py(*y))).collect();
+        let _ = writeln!(
+            f.svg,
+            "<polyline class=\"telemetry\" fill=\"none\" stroke=\"{}\" points=\"{}\"><title>{}</title></polyline>",
+            PALETTE[i % PALETTE.len()],
+            path.join(" "),
+            esc(label)
+        );
+    }
+    let names: Vec<&str> = lines.iter().map(|(n, _)| *n).collect();
+    f.legend(&names);
+    f.end("The engine's /metrics, scraped each second during the first repeat.")
+}
 
 #[cfg(test)]
 mod tests {

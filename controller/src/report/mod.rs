@@ -356,6 +356,15 @@ fn block(
         ttft_ms = all.ttft.distribution(1e6, &CHART_PERCENTILES).percentiles;
         itl_ms = all.itl.distribution(1e6, &CHART_PERCENTILES).percentiles;
     }
+    let telemetry = match done.first() {
+        Some((j, _)) => store
+            .telemetry(&j.key())?
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| TELEMETRY_CHARTED.contains(&s.name.as_str()))
+            .collect(),
+        None => Vec::new(),
+    };
     let repeats = jobs
         .iter()
         .map(|j| Repeat {
@@ -375,6 +384,7 @@ fn block(
         intervals: intervals(&summaries),
         ttft_ms,
         itl_ms,
+        telemetry,
         repeats,
     })
 }

@@ -546,3 +546,101 @@ fn thresholds_and_metrics_are_checked() {
     assert!(compare::check_metrics(&["p99_itl_ms".into()]).is_ok());
     assert!(compare::check_metrics(&["p42".into()]).expect_err("unknown").contains("unknown metric \"p42\""));
 }
+
+/// Three repeats of four requests each, every time chosen: TTFTs (ms) of
+/// 10-40, 15-45 and 50-80, each request 30 ms after its first token, sent
+/// 100 ms apart, 8 prompt and 4 output tokens.
+fn hand_records(repeat: usize) -> Vec<benchfleet_core::RequestRecord> {
+    use benchfleet_core::record::{Chunk, Outcome};
+    let ttfts = [[10, 20, 30, 40], [15, 25, 35, 45], [50, 60, 70, 80]][repeat];
+    let ms = 1_000_000i64;
+    (0..4)
+        .map(|i| {
+            let sent = i as i64 * 100 * ms;
+            let first = sent + ttfts[i] * ms;
+            let done = first + 30 * ms;
+            benchfleet_core::RequestRecord {
+                seq: i as u64,
+                scheduled_ns: sent,
+                sent_ns: sent,
+                slot_ns: None,
+                connect_ns: None,
+                first_token_ns: Some(first),
+                completed_ns: done,
+                chunks: [Chunk { at_ns: first, tokens: 1 }, Chunk { at_ns: done, tokens: 3 }].into_iter().collect(),
+                prompt_tokens: 8,
+                output_tokens: 4,
+                outcome: Outcome::Ok,
+                http_status: Some(200),
+                error: None,
+                phase: Default::default(),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_pooled_block_and_its_intervals_are_the_hand_computed_ones() {
+    let matrix = "\
+name: by-hand
+model: m
+repeats: 3
+engines: { vllm: { runtime: process } }
+profiles:
+  p: { dataset: { random: { input_tokens: 8, output_tokens: 4 } }, rate: 10, requests: 4 }
+";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("store");
+    let sub = Submission { matrix_name: "m.yaml".into(), matrix_yaml: matrix.into(), ..Default::default() };
+    let prepared = plan::prepare(&store, &sub, || store.next_run_id()).expect("prepare");
+    let run = prepared.run.id;
+    store.create_run(&prepared.run, &prepared.groups, &prepared.jobs).expect("create");
+    let mut done = Vec::new();
+    for (i, job) in prepared.jobs.iter().enumerate() {
+        let records = hand_records(i);
+        let mut j = job.clone();
+        j.state = JobState::Succeeded;
+        j.attempt = 1;
+        let s = benchfleet_core::summarize(&records, None);
+        j.summary = Some(s.clone());
+        let stats = benchfleet_controller::model::AttemptStats { records: 4, sent: 4, removed: false };
+        let batch = benchfleet_controller::store::codec::encode_batch(&records);
+        store
+            .commit_records(&RecordCommit {
+                batches: vec![(j.key(), 0, batch)],
+                summaries: vec![(j.key(), s)],
+                stats: vec![(j.key(), stats)],
+                ..Default::default()
+            })
+            .expect("records");
+        done.push(Write::Job(j));
+    }
+    store.apply(&done).expect("jobs");
+    let doc = doc_of(&store, run);
+    let block = &doc.configurations[0].blocks[0];
+    let pooled = block.pooled.as_ref().expect("pooled");
+
+    // The union of the TTFTs, sorted: 10 15 20 25 30 35 40 45 50 60 70 80.
+    // Linear interpolation between the nearest ranks, rank p/100 * (n - 1):
+    // the median at rank 5.5, halfway from 35 to 40; P99 at rank 10.89.
+    let close = |got: f64, want: f64| (got - want).abs() < 1e-9;
+    assert!(close(pooled.ttft_ms.mean, 480.0 / 12.0), "{:?}", pooled.ttft_ms);
+    assert!(close(pooled.ttft_ms.median, 37.5), "{:?}", pooled.ttft_ms);
+    assert!(close(pooled.ttft_ms.p99, 70.0 + 0.89 * 10.0), "{:?}", pooled.ttft_ms);
+    assert_eq!(pooled.successful, 12);
+    // Durations, first send to last completion: 370, 375 and 410 ms; 48
+    // tokens each. Pooled: 144 tokens over their sum.
+    let durations = [0.370, 0.375, 0.410];
+    assert!(close(pooled.total_token_throughput, 144.0 / durations.iter().sum::<f64>()), "{pooled:?}");
+    // The interval: the repeats' own throughputs, their mean, and Student's
+    // t for 2 degrees of freedom from the table (4.302653).
+    let tps: Vec<f64> = durations.iter().map(|d| 48.0 / d).collect();
+    let mean = tps.iter().sum::<f64>() / 3.0;
+    let sd = (tps.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 2.0).sqrt();
+    let half = 4.302_653 * sd / 3f64.sqrt();
+    let interval = block.intervals.iter().find(|i| i.metric == "Total token throughput (tok/s)").expect("interval");
+    assert!((interval.mean - mean).abs() < 1e-9, "{interval:?}");
+    assert!((interval.half_width.expect("three repeats") - half).abs() < 1e-4, "{interval:?} against {half}");
+    let md = report::render_as(&doc, Format::Markdown);
+    assert!(md.contains(&format!("| Total token throughput (tok/s) | {mean:.2} | {half:.2} |")), "{md}");
+}
