@@ -303,6 +303,7 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
         if let Some(cache) = &p.prefix_cache {
             facts.push(format!("prefix cache {cache}"));
         }
+        facts.push(format!("engine command `{}`", c.serve_command));
         facts.push(p.dataset.clone());
         facts.push(p.load.clone());
         if !c.image.is_empty() {
