@@ -72,8 +72,10 @@ fn report_formats_and_compare(data: &Path, run_id: &str) {
     let html = read("r.html");
     // A bar chart per profile, throughput against latency, the TTFT and
     // ITL distributions from the stored samples, and each configuration's
-    // engine during its job on the primary profile (its /metrics).
-    assert_eq!(html.matches("<svg").count(), 7, "{html}");
+    // engine during its job on the primary profile (its /metrics), and the
+    // GPUs' SM clocks there.
+    assert_eq!(html.matches("<svg").count(), 8, "{html}");
+    assert_eq!(html.matches("class=\"clock\"").count(), 2, "a line for each configuration: {html}");
     assert!(html.matches("class=\"telemetry\"").count() >= 4, "running and waiting, for each: {html}");
     assert_eq!(html.matches("class=\"distribution\"").count(), 4, "{html}");
     assert!(!html.contains("<script") && !html.contains("src="), "{html}");

@@ -94,6 +94,7 @@ pub fn render(doc: &ReportDoc) -> String {
             out.push_str(&telemetry_chart(&c.name, b));
         }
     }
+    out.push_str(&clock_chart(doc, primary));
 
     if !doc.comparisons.is_empty() {
         let _ = writeln!(out, "<h2>Against the baseline</h2>");
@@ -430,6 +431,49 @@ fn distribution_chart(doc: &ReportDoc, profile: &str, name: &str, of: fn(&Block)
 }
 
 use benchfleet_core::metrics::Percentile;
+
+/// Each configuration's GPUs' SM clocks during its first repeat on a
+/// profile: a GPU held down shows as a line below the others.
+fn clock_chart(doc: &ReportDoc, profile: &str) -> String {
+    let lines: Vec<(String, Vec<(f64, f64)>)> = doc
+        .configurations
+        .iter()
+        .filter_map(|c| c.block(profile).map(|b| (c, b)))
+        .flat_map(|(c, b)| {
+            let several = b.telemetry.iter().filter(|s| s.name == "gpu_sm_clock_mhz").count() > 1;
+            b.telemetry.iter().filter(|s| s.name == "gpu_sm_clock_mhz" && !s.points.is_empty()).map(move |s| {
+                let name = if several { format!("{} {}", c.name, s.gpu) } else { c.name.clone() };
+                (name, s.points.iter().map(|&(ms, v)| (f64::from(ms) / 1e3, v)).collect())
+            })
+        })
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let xmax = lines.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(0.0, f64::max).max(1.0);
+    let ymax = lines.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1;
+    let mut f = Frame::new(
+        &format!("GPU SM clock on {profile}"),
+        "seconds into the job",
+        "SM clock (MHz)",
+        (0.0, xmax),
+        (0.0, ymax),
+    );
+    f.x_ticks();
+    for (i, (name, points)) in lines.iter().enumerate() {
+        let path: Vec<String> = points.iter().map(|(x, y)| format!("{:.1},{:.1}", f.px(*x), f.py(*y))).collect();
+        let _ = writeln!(
+            f.svg,
+            "<polyline class=\"clock\" fill=\"none\" stroke=\"{}\" points=\"{}\"><title>{}</title></polyline>",
+            PALETTE[i % PALETTE.len()],
+            path.join(" "),
+            esc(name)
+        );
+    }
+    let names: Vec<&str> = lines.iter().map(|(n, _)| n.as_str()).collect();
+    f.legend(&names);
+    f.end("Read through NVML every 500 ms during each configuration's first repeat.")
+}
 
 /// A block's engine over the job: its running and waiting requests (and
 /// its KV cache use, as a share of 100), against seconds into the job.
