@@ -100,6 +100,8 @@ pub struct LoadJob {
     pub ignore_eos: bool,
     /// A JSON object merged into every request body.
     pub extra_body: Option<String>,
+    /// vLLM's goodput SLOs, as `--goodput` takes them (`ttft:200`).
+    pub goodput: Vec<String>,
     /// The model's tokenizer.json, fetched by its hash: (name, sha256).
     pub processor: Option<(String, String)>,
 }
@@ -340,6 +342,7 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                     max_duration_s: load.max_duration_s,
                     ignore_eos: load.ignore_eos,
                     extra_body: (!load.extra_body.is_empty()).then_some(load.extra_body),
+                    goodput: load.goodput,
                     processor: load.processor.map(|f| (f.name, f.sha256)),
                     dataset,
                 })

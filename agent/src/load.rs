@@ -88,6 +88,10 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
     if let Some(body) = &job.extra_body {
         args.extend(["--extra-body".into(), body.clone()]);
     }
+    if !job.goodput.is_empty() {
+        args.push("--goodput".into());
+        args.extend(job.goodput.iter().cloned());
+    }
     if let Some(path) = &run.processor_path {
         args.extend(["--processor".into(), path.display().to_string()]);
     }
@@ -263,6 +267,7 @@ mod tests {
             max_duration_s: Some(90.0),
             ignore_eos: true,
             extra_body: Some(r#"{"temperature":0}"#.into()),
+            goodput: vec!["ttft:200".into(), "tpot:50".into()],
             processor: Some(("tokenizer.json".into(), "ab".repeat(32))),
         }
     }
@@ -289,6 +294,7 @@ mod tests {
             max_duration_s,
             ignore_eos,
             extra_body,
+            goodput,
             processor,
         } = job();
         // The tokenizer, fetched by its hash, is passed as the file on disk.
@@ -314,6 +320,7 @@ mod tests {
         assert!(ignore_eos && config.extra_body.get("ignore_eos") == Some(&serde_json::Value::Bool(true)));
         let body: serde_json::Value = serde_json::from_str(extra_body.as_deref().unwrap_or_default()).expect("json");
         assert_eq!(config.extra_body.get("temperature"), body.get("temperature"));
+        assert_eq!(config.goodput.map(|g| g.words()), Some(goodput));
         let LoadDataset::Random { input_tokens, output_tokens, seed: prompts } = dataset else { unreachable!() };
         assert!(
             matches!(config.dataset, Dataset::Random { input_tokens: i, output_tokens: o, seed: s } if (i, o, s) == (input_tokens, output_tokens, prompts)),

@@ -85,6 +85,7 @@ pub fn load_profile(profile: &Profile) -> pb::LoadProfile {
         max_duration_s: profile.max_duration_s,
         ignore_eos: profile.ignore_eos,
         extra_body: profile.extra_body.clone().unwrap_or_default(),
+        goodput: profile.goodput.map(|g| g.words()).unwrap_or_default(),
         processor: profile
             .processor
             .as_ref()

@@ -359,6 +359,9 @@ pub struct Profile {
     /// A JSON object merged into every request body.
     #[serde(default)]
     pub extra_body: Option<String>,
+    /// vLLM's goodput SLOs: the summary counts the requests within them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<benchfleet_core::metrics::Slo>,
     /// The model's tokenizer (`tokenizer.json`), stored by the controller
     /// under its SHA-256: exact token counts for prompts and replies.
     #[serde(default)]
@@ -394,6 +397,7 @@ impl Profile {
             max_duration_s: None,
             ignore_eos: false,
             extra_body: None,
+            goodput: None,
             processor: None,
         }
     }

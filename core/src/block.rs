@@ -18,6 +18,9 @@ pub fn render_block(s: &Summary) -> String {
     line("Total input tokens:", s.total_input_tokens.to_string());
     line("Total generated tokens:", s.total_output_tokens.to_string());
     line("Request throughput (req/s):", format!("{:.2}", s.request_throughput));
+    if let Some(g) = &s.goodput {
+        line("Request goodput (req/s):", format!("{:.2}", g.request_goodput));
+    }
     line("Output token throughput (tok/s):", format!("{:.2}", s.output_throughput));
     line(
         "Peak output token throughput (tok/s):",

@@ -182,6 +182,13 @@ impl From<&Summary> for pb::Summary {
                 outputs_off: u.outputs_off,
                 output_ratio: u.output_ratio,
             }),
+            goodput: s.goodput.map(|g| pb::Goodput {
+                ttft_ms: g.slo.ttft_ms,
+                tpot_ms: g.slo.tpot_ms,
+                e2el_ms: g.slo.e2el_ms,
+                good: g.good,
+                request_goodput: g.request_goodput,
+            }),
         }
     }
 }
@@ -238,6 +245,11 @@ impl From<pb::Summary> for Summary {
                 outputs_compared: u.outputs_compared,
                 outputs_off: u.outputs_off,
                 output_ratio: u.output_ratio,
+            }),
+            goodput: s.goodput.map(|g| crate::metrics::Goodput {
+                slo: crate::metrics::Slo { ttft_ms: g.ttft_ms, tpot_ms: g.tpot_ms, e2el_ms: g.e2el_ms },
+                good: g.good,
+                request_goodput: g.request_goodput,
             }),
         }
     }
@@ -439,6 +451,11 @@ mod tests {
             cap_waits: 32,
             lag_limit_ms: 33.5,
             rate_tolerance: 0.1,
+            goodput: Some(crate::metrics::Goodput {
+                slo: crate::metrics::Slo { ttft_ms: Some(200.0), tpot_ms: None, e2el_ms: Some(5000.0) },
+                good: 46,
+                request_goodput: 4.75,
+            }),
             usage_check: Some(crate::metrics::UsageCheck {
                 prompts_compared: 40,
                 prompts_off: 41,

@@ -376,6 +376,10 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         },
         excluded: sum(&|s| s.excluded),
         dispatch_lag_ms: dist(&|x| &x.dispatch_lag_ms, &|d| &d.dispatch_lag, ms),
+        goodput: first.goodput.map(|g| {
+            let good = sum(&|s| s.goodput.map_or(0, |g| g.good));
+            crate::metrics::Goodput { slo: g.slo, good, request_goodput: per_second(good as f64) }
+        }),
         offered_rate: first.offered_rate.map(|_| mean(&|s| s.offered_rate.unwrap_or(0.0))),
         achieved_rate: mean(&|s| s.achieved_rate),
         cap_waits: sum(&|s| s.cap_waits),

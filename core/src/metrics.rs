@@ -316,6 +316,138 @@ pub struct Summary {
     /// one; like the CPU time, loadgen's own account, not the records'.
     #[serde(default)]
     pub usage_check: Option<UsageCheck>,
+    /// The requests within the goodput SLOs, when some were given.
+    #[serde(default)]
+    pub goodput: Option<Goodput>,
+}
+
+/// vLLM's goodput SLOs (`--goodput ttft:200 tpot:50 e2el:5000`, ms): a
+/// successful request is good when its TTFT, its TPOT (decode time over
+/// its output tokens after the first; 0 for one token) and its end-to-end
+/// latency are each within the bound given; an absent bound is no bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slo {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2el_ms: Option<f64>,
+}
+
+impl Slo {
+    /// `KEY:VALUE` items as vLLM takes them: keys `ttft`, `tpot`, `e2el`,
+    /// values in ms, at least 0.
+    pub fn parse(items: &[String]) -> Result<Slo, String> {
+        let mut slo = Slo::default();
+        for item in items {
+            let Some((key, value)) = item.split_once(':') else {
+                return Err(format!("'{item}' is not KEY:VALUE (e.g. ttft:200, tpot:50, e2el:5000, in ms)"));
+            };
+            let ms: f64 = value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| format!("'{item}': the bound must be a number of ms, at least 0"))?;
+            let slot = match key.trim() {
+                "ttft" => &mut slo.ttft_ms,
+                "tpot" => &mut slo.tpot_ms,
+                "e2el" => &mut slo.e2el_ms,
+                other => return Err(format!("'{item}': unknown metric '{other}'; the SLOs are ttft, tpot and e2el")),
+            };
+            if slot.replace(ms).is_some() {
+                return Err(format!("'{item}': {key} is given twice"));
+            }
+        }
+        if slo == Slo::default() {
+            return Err("no SLO given: ttft:MS, tpot:MS or e2el:MS".to_owned());
+        }
+        Ok(slo)
+    }
+
+    /// Whether a successful request met every bound.
+    pub fn met_by(&self, r: &RequestRecord) -> bool {
+        let within = |bound: Option<f64>, ns: f64| bound.is_none_or(|ms| ns / NS_PER_MS <= ms);
+        within(self.ttft_ms, r.ttft_ns().unwrap_or(0) as f64)
+            && within(self.tpot_ms, r.tpot_ns().unwrap_or(0.0))
+            && within(self.e2el_ms, r.latency_ns() as f64)
+    }
+
+    /// As `--goodput` takes them: `ttft:200 tpot:50`.
+    pub fn words(&self) -> Vec<String> {
+        [("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms)]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|ms| format!("{k}:{ms}")))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod goodput_tests {
+    use super::*;
+    use crate::record::{Chunk, Outcome};
+
+    fn request(ttft_ms: i64, decode_ms: i64, tokens: u32) -> RequestRecord {
+        let ms = 1_000_000;
+        let first = 10 * ms + ttft_ms * ms;
+        let done = first + decode_ms * ms;
+        RequestRecord {
+            seq: 0,
+            scheduled_ns: 10 * ms,
+            sent_ns: 10 * ms,
+            slot_ns: None,
+            connect_ns: None,
+            first_token_ns: Some(first),
+            completed_ns: done,
+            chunks: [Chunk { at_ns: first, tokens: 1 }, Chunk { at_ns: done, tokens: tokens - 1 }]
+                .into_iter()
+                .collect(),
+            prompt_tokens: 8,
+            output_tokens: tokens,
+            outcome: Outcome::Ok,
+            http_status: Some(200),
+            error: None,
+            phase: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_request_is_good_when_every_bound_given_holds() {
+        let slo = Slo::parse(&["ttft:200".into(), "tpot:50".into()]).expect("vLLM's form");
+        assert_eq!(slo, Slo { ttft_ms: Some(200.0), tpot_ms: Some(50.0), e2el_ms: None });
+        assert_eq!(slo.words(), ["ttft:200", "tpot:50"]);
+        // TTFT 150 ms, 11 tokens over 400 ms after the first: TPOT 40 ms.
+        assert!(slo.met_by(&request(150, 400, 11)));
+        assert!(!slo.met_by(&request(250, 400, 11)), "TTFT over");
+        assert!(!slo.met_by(&request(150, 600, 11)), "TPOT 60 ms over");
+        // Exactly on the bound is within it (vLLM: slo >= value).
+        assert!(slo.met_by(&request(200, 500, 11)));
+        let e2el = Slo::parse(&["e2el:500".into()]).expect("e2el");
+        assert!(e2el.met_by(&request(100, 400, 5)) && !e2el.met_by(&request(100, 401, 5)));
+        for bad in [vec![], vec!["ttft:200".into(), "ttft:100".into()]] {
+            assert!(Slo::parse(&bad).is_err(), "{bad:?}");
+        }
+
+        // The summary counts them, per second of the run.
+        let records = vec![request(150, 400, 11), request(250, 400, 11), request(150, 600, 11), request(100, 100, 11)];
+        let options = SummaryOptions { goodput: Some(slo), ..SummaryOptions::new(None) };
+        let s = summarize_with(&records, options);
+        let g = s.goodput.expect("goodput asked for");
+        assert_eq!(g.good, 2);
+        assert!((g.request_goodput - 2.0 / s.duration_s).abs() < 1e-9, "{g:?}");
+        let line = format!("{:<40} {:.2}\n", "Request goodput (req/s):", g.request_goodput);
+        assert!(crate::block::render_block(&s).contains(&line), "{}", crate::block::render_block(&s));
+        assert_eq!(SummaryOptions::of(&s).goodput, Some(slo), "recomputed with the same SLOs");
+        assert_eq!(summarize(&records, None).goodput, None);
+    }
+}
+
+/// The requests within the SLOs over the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Goodput {
+    pub slo: Slo,
+    /// Successful requests that met every bound.
+    pub good: u64,
+    /// `good` per second of the run's duration (vLLM's `request_goodput`).
+    pub request_goodput: f64,
 }
 
 /// The server's token counts (its `usage`) against the tokenizer's, over the
@@ -425,6 +557,8 @@ pub struct SummaryOptions {
     pub rate_tolerance: f64,
     /// The percentiles (0..=100) every distribution carries.
     pub percentiles: Vec<f64>,
+    /// The goodput SLOs, when the run has them.
+    pub goodput: Option<Slo>,
 }
 
 impl SummaryOptions {
@@ -434,6 +568,7 @@ impl SummaryOptions {
             lag_limit_ms: None,
             rate_tolerance: DEFAULT_RATE_TOLERANCE,
             percentiles: DEFAULT_PERCENTILES.to_vec(),
+            goodput: None,
         }
     }
 
@@ -450,6 +585,7 @@ impl SummaryOptions {
             } else {
                 asked.iter().map(|q| q.p).collect()
             },
+            goodput: summary.goodput.map(|g| g.slo),
         }
     }
 }
@@ -533,6 +669,10 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
         client_cpu_s: None,
         invalid: None,
         usage_check: None,
+        goodput: options.goodput.map(|slo| {
+            let good = ok.iter().filter(|r| slo.met_by(r)).count() as u64;
+            Goodput { slo, good, request_goodput: per_second(good as f64) }
+        }),
     };
     let (limit, basis) = match options.lag_limit_ms {
         Some(limit) => (limit, "the limit asked for"),

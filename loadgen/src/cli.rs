@@ -245,7 +245,8 @@ pub struct Args {
     /// vLLM's uniform spread of random lengths: loadgen has only 0; use --random-input-std instead.
     #[arg(long, default_value_t = 0.0)]
     pub random_range_ratio: f64,
-    /// vLLM's goodput SLOs: loadgen does not compute goodput, and refuses the flag rather than ignore it.
+    /// vLLM's goodput SLOs, KEY:VALUE in ms (ttft:200 tpot:50 e2el:5000): the summary counts the requests
+    /// within every bound given ("Request goodput (req/s)", request_goodput in --save-result).
     #[arg(long, num_args = 1..)]
     pub goodput: Vec<String>,
 }
@@ -254,11 +255,6 @@ impl Args {
     /// The flags of `vllm bench serve` that loadgen takes but cannot honour
     /// as asked: an error that names each, never a silent difference.
     pub fn refused(&self) -> Option<String> {
-        if !self.goodput.is_empty() {
-            return Some(
-                "--goodput: loadgen does not compute goodput (vLLM's requests within SLOs); leave it out".into(),
-            );
-        }
         if self.burstiness != 1.0 {
             return Some(format!(
                 "--burstiness {}: loadgen's arrivals are Poisson (vLLM's burstiness 1.0) or constant; leave it out or use \
@@ -435,6 +431,10 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
     config.lag_limit_ms = args.lag_limit_ms;
     config.rate_tolerance = args.rate_tolerance;
     config.percentiles = args.metric_percentiles.clone().unwrap_or_else(|| args.percentiles.clone());
+    if !args.goodput.is_empty() {
+        let slo = crate::metrics::Slo::parse(&args.goodput).map_err(|e| anyhow::anyhow!("--goodput: {e}"))?;
+        config.goodput = Some(slo);
+    }
     config.tokens = tokens;
     Ok(config)
 }

@@ -82,6 +82,8 @@ pub struct LoadConfig {
     pub rate_tolerance: f64,
     /// The percentiles (0..=100) every distribution of the summary carries.
     pub percentiles: Vec<f64>,
+    /// vLLM's goodput SLOs: the summary counts the requests within them.
+    pub goodput: Option<crate::metrics::Slo>,
     /// Cancelling it ends the run early: nothing more is sent, requests in
     /// flight are recorded as cancelled.
     pub stop: CancellationToken,
@@ -131,6 +133,7 @@ impl LoadConfig {
             lag_limit_ms: None,
             rate_tolerance: DEFAULT_RATE_TOLERANCE,
             percentiles: DEFAULT_PERCENTILES.to_vec(),
+            goodput: None,
             stop: CancellationToken::new(),
             progress: None,
         }
@@ -299,6 +302,7 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
         lag_limit_ms: config.lag_limit_ms,
         rate_tolerance: config.rate_tolerance,
         percentiles: config.percentiles,
+        goodput: config.goodput,
     };
     let mut summary = summarize_with(&records, options);
     summary.client_cpu_s = cpu;

@@ -113,7 +113,7 @@ pub fn result_json(result: &LoadResult, meta: &ResultMeta) -> Value {
     put("total_input_tokens", json!(s.total_input_tokens));
     put("total_output_tokens", json!(s.total_output_tokens));
     put("request_throughput", json!(s.request_throughput));
-    put("request_goodput", Value::Null);
+    put("request_goodput", s.goodput.map_or(Value::Null, |g| json!(g.request_goodput)));
     put("output_throughput", json!(s.output_throughput));
     put("total_token_throughput", json!(s.total_token_throughput));
     put("max_output_tokens_per_s", json!(s.peak_output_throughput));

@@ -195,6 +195,20 @@ struct RawProfile {
     /// The variants a configuration must have to run this profile.
     #[serde(default)]
     only_with: Option<Vec<String>>,
+    /// vLLM's goodput SLOs, ms.
+    #[serde(default)]
+    goodput: Option<RawGoodput>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGoodput {
+    #[serde(default)]
+    ttft_ms: Option<f64>,
+    #[serde(default)]
+    tpot_ms: Option<f64>,
+    #[serde(default)]
+    e2el_ms: Option<f64>,
 }
 
 /// A value, or a list of them: a sweep.
@@ -1346,6 +1360,20 @@ fn profile(
         max_duration_s,
         ignore_eos: p.ignore_eos,
         extra_body,
+        goodput: match &p.goodput {
+            None => None,
+            Some(g) => {
+                for (f, v) in [("ttft_ms", g.ttft_ms), ("tpot_ms", g.tpot_ms), ("e2el_ms", g.e2el_ms)] {
+                    if let Some(ms) = v.filter(|ms| !ms.is_finite() || *ms < 0.0) {
+                        return Err(err(&field(&format!("goodput.{f}")), format!("must be ms, at least 0, got {ms}")));
+                    }
+                }
+                if g.ttft_ms.is_none() && g.tpot_ms.is_none() && g.e2el_ms.is_none() {
+                    return Err(err(&field("goodput"), "gives no SLO: set ttft_ms, tpot_ms or e2el_ms".to_owned()));
+                }
+                Some(benchfleet_core::metrics::Slo { ttft_ms: g.ttft_ms, tpot_ms: g.tpot_ms, e2el_ms: g.e2el_ms })
+            }
+        },
         processor: None,
     })
 }
@@ -1573,6 +1601,21 @@ profiles:
     }
 
     #[test]
+    fn a_profile_s_goodput_slos_are_checked() {
+        let with = |g: &str| GOOD.replace("    rate: 20\n", &format!("    rate: 20\n    goodput: {g}\n"));
+        let m = parse("m.yaml", &with("{ ttft_ms: 200, tpot_ms: 50 }"), &hash).expect("valid");
+        let slo = m.profiles[0].goodput.expect("goodput");
+        assert_eq!(slo.words(), ["ttft:200", "tpot:50"]);
+        check_err(
+            &with("{ ttft_ms: -1 }"),
+            "m.yaml:15: profiles.throughput.goodput.ttft_ms: must be ms, at least 0, got -1",
+        );
+        check_err(&with("{}"), "m.yaml:15: profiles.throughput.goodput: gives no SLO: set ttft_ms, tpot_ms or e2el_ms");
+        let e = parse("m.yaml", &with("{ ttfb_ms: 3 }"), &hash).expect_err("unknown");
+        assert!(e.to_string().contains("unknown field `ttfb_ms`"), "{e}");
+    }
+
+    #[test]
     fn a_bad_sweep_is_refused_at_its_field() {
         let with = |rate: &str| GOOD.replace("    rate: 20\n", &format!("    {rate}\n"));
         check_err(
@@ -1637,7 +1680,7 @@ profiles:
     fn unknown_field_is_named_with_its_line() {
         check_err(
             &GOOD.replace("rate: 20", "rte: 20"),
-            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`, `mode`, `warmup`, `cooldown`, `max_duration`, `ignore_eos`, `extra_body`, `only_with`",
+            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`, `mode`, `warmup`, `cooldown`, `max_duration`, `ignore_eos`, `extra_body`, `only_with`, `goodput`",
         );
     }
 

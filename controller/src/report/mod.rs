@@ -550,6 +550,9 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
     if let Some(b) = &p.extra_body {
         set("extra_body", b.clone());
     }
+    if let Some(g) = &p.goodput {
+        set("goodput", g.words().join(" "));
+    }
     if let Some(t) = &p.processor {
         set("processor", t.file.clone());
     }

@@ -171,6 +171,9 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
         "ttft,e2el",
         "--seed",
         "7",
+        "--goodput",
+        "ttft:60000",
+        "e2el:60000",
         "--quiet",
     ];
     let output = loadgen().args(vllm_line).output().await.expect("runs");
@@ -186,10 +189,13 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
     }
     assert!(result.get("mean_tpot_ms").is_none(), "only the metrics asked for");
     assert!(result["total_token_throughput"].as_f64().is_some_and(|v| v > 0.0));
+    // Every request was well within a minute: all of them good.
+    assert_eq!(result["request_goodput"], result["request_throughput"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("Request goodput (req/s):"), "{stdout}");
 
     // What loadgen cannot honour as vLLM would is refused, naming the flag.
     for (extra, said) in [
-        (&["--goodput", "ttft:200"][..], "--goodput: loadgen does not compute goodput"),
         (&["--burstiness", "0.5"][..], "--burstiness 0.5: loadgen's arrivals are Poisson"),
         (&["--random-range-ratio", "0.1"][..], "--random-range-ratio 0.1: loadgen spreads random lengths normally"),
         (&["--backend", "tgi"][..], "--backend tgi: loadgen speaks the OpenAI API"),
@@ -203,5 +209,21 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
         assert_eq!(output.status.code(), Some(1), "{extra:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(said), "{extra:?}: {stderr}");
+    }
+    // SLOs that are not vLLM's are refused, saying what is wrong.
+    for (slo, said) in [
+        ("ttft:fast", "'ttft:fast': the bound must be a number of ms, at least 0"),
+        ("ttfb:200", "'ttfb:200': unknown metric 'ttfb'; the SLOs are ttft, tpot and e2el"),
+        ("ttft", "'ttft' is not KEY:VALUE"),
+        ("tpot:-1", "'tpot:-1': the bound must be a number of ms"),
+    ] {
+        let output = loadgen()
+            .args(["--base-url", &url, "--model", "good", "--num-prompts", "1", "--goodput", slo])
+            .output()
+            .await
+            .expect("runs");
+        assert!(!output.status.success(), "{slo}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(&format!("--goodput: {said}")), "{slo}: {stderr}");
     }
 }

@@ -220,13 +220,17 @@ async fn what_loadgen_can_do_the_matrix_can_say() -> anyhow::Result<()> {
         "name: say\nmodel: m\nhardware: { gpu: H200 }\nengines:\n  vllm: { runtime: process }\nprofiles:\n  \
          prefixes:\n    dataset: { shared_prefix: { groups: 2, prefix_tokens: 32, suffix_tokens: 8, output_tokens: 3 } }\n    \
          mode: synchronous\n    requests: 10\n    warmup: 2\n    cooldown: 1\n    ignore_eos: true\n    \
-         extra_body: { temperature: 0 }\n    max_duration: 5m\n",
+         extra_body: { temperature: 0 }\n    max_duration: 5m\n    goodput: { ttft_ms: 60000, e2el_ms: 60000 }\n",
         &[],
     )
     .await?;
     let job = &jobs[0];
     assert_eq!(job.state, JobState::Succeeded, "{job:?}");
     let s = job.summary.as_ref().expect("a summary");
+    // Every request well within a minute: all of them good, through the
+    // agent, loadgen and the ingest's summary.
+    let g = s.goodput.expect("the profile's goodput SLOs reached loadgen");
+    assert_eq!((g.slo.ttft_ms, g.slo.e2el_ms, g.good), (Some(60000.0), Some(60000.0), 7));
     // Warm-up and cool-down are sent and recorded, not measured; one at a
     // time; every prompt 40 tokens, every reply 3.
     assert_eq!((s.successful, s.excluded, s.max_concurrency), (7, 3, Some(1)));
