@@ -441,38 +441,19 @@ fn clock_chart(doc: &ReportDoc, profile: &str) -> String {
         .filter_map(|c| c.block(profile).map(|b| (c, b)))
         .flat_map(|(c, b)| {
             let several = b.telemetry.iter().filter(|s| s.name == "gpu_sm_clock_mhz").count() > 1;
-            b.telemetry.iter().filter(|s| s.name == "gpu_sm_clock_mhz" && !s.points.is_empty()).map(move |s| {
+            b.telemetry.iter().filter(|s| s.name == "gpu_sm_clock_mhz").map(move |s| {
                 let name = if several { format!("{} {}", c.name, s.gpu) } else { c.name.clone() };
-                (name, s.points.iter().map(|&(ms, v)| (f64::from(ms) / 1e3, v)).collect())
+                (name, over_time(s, 1.0))
             })
         })
         .collect();
-    if lines.is_empty() {
-        return String::new();
-    }
-    let xmax = lines.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(0.0, f64::max).max(1.0);
-    let ymax = lines.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1;
-    let mut f = Frame::new(
+    time_chart(
         &format!("GPU SM clock on {profile}"),
-        "seconds into the job",
         "SM clock (MHz)",
-        (0.0, xmax),
-        (0.0, ymax),
-    );
-    f.x_ticks();
-    for (i, (name, points)) in lines.iter().enumerate() {
-        let path: Vec<String> = points.iter().map(|(x, y)| format!("{:.1},{:.1}", f.px(*x), f.py(*y))).collect();
-        let _ = writeln!(
-            f.svg,
-            "<polyline class=\"clock\" fill=\"none\" stroke=\"{}\" points=\"{}\"><title>{}</title></polyline>",
-            PALETTE[i % PALETTE.len()],
-            path.join(" "),
-            esc(name)
-        );
-    }
-    let names: Vec<&str> = lines.iter().map(|(n, _)| n.as_str()).collect();
-    f.legend(&names);
-    f.end("Read through NVML every 500 ms during each configuration's first repeat.")
+        "clock",
+        &lines,
+        "Read through NVML every 500 ms during each configuration's first repeat.",
+    )
 }
 
 /// A block's engine over the job: its running and waiting requests (and
@@ -486,40 +467,51 @@ fn telemetry_chart(config: &str, b: &Block) -> String {
         ("vllm:kv_cache_usage_perc", "KV cache use (%)", 100.0),
         ("sglang:token_usage", "KV cache use (%)", 100.0),
     ];
-    let lines: Vec<(&str, Vec<(f64, f64)>)> = wanted
+    let lines: Vec<(String, Vec<(f64, f64)>)> = wanted
         .iter()
         .filter_map(|(name, label, scale)| {
             let s = b.telemetry.iter().find(|s| s.name == *name && s.gpu.is_empty())?;
-            Some((*label, s.points.iter().map(|&(ms, v)| (f64::from(ms) / 1e3, v * scale)).collect()))
+            Some(((*label).to_owned(), over_time(s, *scale)))
         })
-        .filter(|(_, p): &(&str, Vec<_>)| !p.is_empty())
         .collect();
+    time_chart(
+        &format!("{config} on {} during the job", b.profile),
+        "requests, or %",
+        "telemetry",
+        &lines,
+        "The engine's /metrics, scraped each second during the first repeat.",
+    )
+}
+
+/// A series as (seconds into the job, value x `scale`).
+fn over_time(s: &benchfleet_core::telemetry::Series, scale: f64) -> Vec<(f64, f64)> {
+    s.points.iter().map(|&(ms, v)| (f64::from(ms) / 1e3, v * scale)).collect()
+}
+
+/// Named series against seconds into the job, one line each (of `class`);
+/// nothing when none has a point.
+fn time_chart(title: &str, y_label: &str, class: &str, lines: &[(String, Vec<(f64, f64)>)], caption: &str) -> String {
+    let lines: Vec<&(String, Vec<(f64, f64)>)> = lines.iter().filter(|(_, p)| !p.is_empty()).collect();
     if lines.is_empty() {
         return String::new();
     }
     let xmax = lines.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(0.0, f64::max).max(1.0);
     let ymax = lines.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1;
-    let mut f = Frame::new(
-        &format!("{config} on {} during the job", b.profile),
-        "seconds into the job",
-        "requests, or %",
-        (0.0, xmax),
-        (0.0, ymax),
-    );
+    let mut f = Frame::new(title, "seconds into the job", y_label, (0.0, xmax), (0.0, ymax));
     f.x_ticks();
-    for (i, (label, points)) in lines.iter().enumerate() {
+    for (i, (name, points)) in lines.iter().enumerate() {
         let path: Vec<String> = points.iter().map(|(x, y)| format!("{:.1},{:.1}", f.px(*x), f.py(*y))).collect();
         let _ = writeln!(
             f.svg,
-            "<polyline class=\"telemetry\" fill=\"none\" stroke=\"{}\" points=\"{}\"><title>{}</title></polyline>",
+            "<polyline class=\"{class}\" fill=\"none\" stroke=\"{}\" points=\"{}\"><title>{}</title></polyline>",
             PALETTE[i % PALETTE.len()],
             path.join(" "),
-            esc(label)
+            esc(name)
         );
     }
-    let names: Vec<&str> = lines.iter().map(|(n, _)| *n).collect();
+    let names: Vec<&str> = lines.iter().map(|(n, _)| n.as_str()).collect();
     f.legend(&names);
-    f.end("The engine's /metrics, scraped each second during the first repeat.")
+    f.end(caption)
 }
 
 #[cfg(test)]

@@ -16,6 +16,34 @@ use std::time::Duration;
 
 use benchfleet_loadgen::{Dataset, LoadConfig};
 
+/// The next request a test server reads on a connection: its head
+/// (lowercased) and its body, as long as its Content-Length says; `None`
+/// once the client closes. `buf` keeps what was read past it.
+async fn read_request(tcp: &mut (impl tokio::io::AsyncRead + Unpin), buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt as _;
+    let mut more = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match tcp.read(&mut more).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&more[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize =
+        head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    while buf.len() < head_end + length {
+        match tcp.read(&mut more).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&more[..n]),
+        }
+    }
+    let body = buf.drain(..head_end + length).skip(head_end).collect();
+    Some((head, body))
+}
+
 /// A run of `n` random requests of `input` prompt and `output` reply tokens.
 fn random_load(base_url: &str, model: &str, n: usize, input: u32, output: u32) -> LoadConfig {
     let dataset = Dataset::Random { input_tokens: input, output_tokens: output, seed: 42 };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpListener;
 
 fn cases_dir() -> PathBuf {
@@ -31,31 +31,7 @@ async fn serve(byte_by_byte: bool) -> String {
 async fn connection(mut tcp: tokio::net::TcpStream, byte_by_byte: bool) {
     let _ = tcp.set_nodelay(true);
     let mut buf = Vec::new();
-    loop {
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut more = [0u8; 4096];
-            match tcp.read(&mut more).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&more[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + length {
-            let mut more = [0u8; 4096];
-            match tcp.read(&mut more).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&more[..n]),
-            }
-        }
-        let body: Vec<u8> = buf.drain(..head_end + length).skip(head_end).collect();
+    while let Some((head, body)) = crate::read_request(&mut tcp, &mut buf).await {
         let reply: Vec<u8> = if head.starts_with("get /v1/models") {
             let ids: Vec<String> = std::fs::read_dir(cases_dir())
                 .expect("the cases")

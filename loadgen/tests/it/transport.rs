@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use benchfleet_loadgen::{LoadConfig, Outcome, run};
 use rustls::pki_types::PrivateKeyDer;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -170,32 +170,7 @@ async fn start_with(reply: Reply, pace: Pace, tls: Option<TlsAcceptor>) -> Scrip
 /// Answers the requests of one connection until either side closes it.
 async fn serve(mut tcp: impl Wire, reply: Reply, pace: Pace) {
     let mut buf = Vec::new();
-    loop {
-        // A request: its head, then as many body bytes as it says.
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut more = [0u8; 4096];
-            match tcp.read(&mut more).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&more[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + length {
-            let mut more = [0u8; 4096];
-            match tcp.read(&mut more).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&more[..n]),
-            }
-        }
-        buf.drain(..head_end + length);
+    while let Some((head, _)) = crate::read_request(&mut tcp, &mut buf).await {
         let (text, keep) = if head.starts_with("get /v1/models") {
             let body = r#"{"object":"list","data":[{"id":"m"}]}"#;
             (format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()), true)
