@@ -62,6 +62,26 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
         .await?
         .into_inner()
         .text;
+    // Through the controller, each format; a format it has not got is bad input.
+    for (format, starts) in
+        [("markdown", "# "), ("json", "{"), ("csv", "run,configuration"), ("html", "<!DOCTYPE html>")]
+    {
+        let text = operator
+            .get_report(benchfleet_proto::GetReportRequest {
+                run_id: submitted.run_id.clone(),
+                format: format.to_owned(),
+            })
+            .await?
+            .into_inner()
+            .text;
+        assert!(text.starts_with(starts), "{format}: {}", &text[..text.len().min(200)]);
+    }
+    let refused = operator
+        .get_report(benchfleet_proto::GetReportRequest { run_id: submitted.run_id.clone(), format: "pdf".into() })
+        .await
+        .expect_err("no pdf");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("unknown report format \"pdf\""), "{refused:?}");
     fleet.stop().await;
 
     let run_id: RunId = submitted.run_id.parse().map_err(anyhow::Error::msg)?;
