@@ -697,16 +697,9 @@ async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32>
 async fn report_text(cli: &Cli, run_id: &str, format: Format) -> anyhow::Result<(String, bool)> {
     Ok(match &cli.controller {
         Some(url) => {
-            let name = match format {
-                Format::Console => "console",
-                Format::Markdown => "markdown",
-                Format::Json => "json",
-                Format::Csv => "csv",
-                Format::Html => "html",
-            };
             let r = client::connect(url)
                 .await?
-                .get_report(pb::GetReportRequest { run_id: run_id.to_owned(), format: name.to_owned() })
+                .get_report(pb::GetReportRequest { run_id: run_id.to_owned(), format: format.name().to_owned() })
                 .await
                 .map_err(client::status)?
                 .into_inner();

@@ -17,26 +17,6 @@ use benchfleet_core::stats::Difference;
 use super::HEADLINE;
 use super::doc::{Block, ReportDoc};
 
-/// The headline numbers by the names `--metric` takes, each with whether
-/// higher is better; in `HEADLINE`'s order.
-pub const METRICS: [(&str, bool); 15] = [
-    ("request_throughput", true),
-    ("output_throughput", true),
-    ("total_token_throughput", true),
-    ("mean_latency_ms", false),
-    ("median_latency_ms", false),
-    ("p99_latency_ms", false),
-    ("mean_ttft_ms", false),
-    ("median_ttft_ms", false),
-    ("p99_ttft_ms", false),
-    ("mean_tpot_ms", false),
-    ("median_tpot_ms", false),
-    ("p99_tpot_ms", false),
-    ("mean_itl_ms", false),
-    ("median_itl_ms", false),
-    ("p99_itl_ms", false),
-];
-
 /// The metrics gated when none is named: A's objective, and the mean TTFT
 /// and TPOT.
 pub fn default_gate(a: &ReportDoc) -> Vec<String> {
@@ -51,8 +31,8 @@ pub fn default_gate(a: &ReportDoc) -> Vec<String> {
 /// Checks `--metric` names.
 pub fn check_metrics(names: &[String]) -> Result<(), String> {
     for n in names {
-        if !METRICS.iter().any(|(m, _)| m == n) {
-            let known: Vec<&str> = METRICS.iter().map(|(m, _)| *m).collect();
+        if !HEADLINE.iter().any(|h| h.key == n) {
+            let known: Vec<&str> = HEADLINE.iter().map(|h| h.key).collect();
             return Err(format!("unknown metric {n:?}: use one of {}", known.join(", ")));
         }
     }
@@ -141,15 +121,15 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
                 out.notes.push(format!("{what}: run {} is INVALID ({why}); not compared", a.run.id));
                 continue;
             }
-            for (i, (metric, higher_is_better)) in METRICS.iter().enumerate() {
-                let value = HEADLINE[i].1;
+            for h in &HEADLINE {
+                let (metric, higher_is_better, value) = (h.key, h.higher_is_better, h.value);
                 let (va, vb): (Vec<f64>, Vec<f64>) =
                     (ra.iter().map(|s| value(s)).collect(), rb.iter().map(|s| value(s)).collect());
                 let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
                 let (ma, mb) = (mean(&va), mean(&vb));
                 let d = Difference::welch(&vb, &va);
                 let relative = if ma == 0.0 { 0.0 } else { (mb - ma) / ma.abs() };
-                let gain = if *higher_is_better { relative } else { -relative };
+                let gain = if higher_is_better { relative } else { -relative };
                 let change = if gain.abs() <= threshold || d.contains_zero() == Some(true) {
                     Change::WithinNoise
                 } else if gain < 0.0 {

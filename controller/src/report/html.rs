@@ -10,8 +10,9 @@
 
 use std::fmt::Write as _;
 
-use benchfleet_core::render_block;
-use benchfleet_core::{Summary, pool};
+use benchfleet_core::metrics::Percentile;
+use benchfleet_core::telemetry::Series;
+use benchfleet_core::{Summary, pool, render_block};
 
 use super::doc::*;
 
@@ -272,20 +273,19 @@ impl Frame {
 }
 
 /// The objective's metric name in a block's intervals and its value.
-fn objective_of(doc: &ReportDoc) -> (&'static str, &'static str, fn(&Summary) -> f64) {
+fn objective_of(doc: &ReportDoc) -> (&'static str, fn(&Summary) -> f64) {
     match doc.run.objective.as_str() {
-        "mean_latency" => ("Mean E2E latency (ms)", "Mean E2E latency (ms)", |s| s.latency_s.mean * 1e3),
-        "output_throughput" => {
-            ("Output token throughput (tok/s)", "Output token throughput (tok/s)", |s| s.output_throughput)
-        }
-        _ => ("Total token throughput (tok/s)", "Total token throughput (tok/s)", |s| s.total_token_throughput),
+        "mean_latency" => ("Mean E2E latency (ms)", |s| s.latency_s.mean * 1e3),
+        "output_throughput" => ("Output token throughput (tok/s)", |s| s.output_throughput),
+        _ => ("Total token throughput (tok/s)", |s| s.total_token_throughput),
     }
 }
 
 /// Bars of the objective per configuration on one profile, with the 95%
 /// interval over the repeats as a whisker where there is one.
 fn objective_chart(doc: &ReportDoc, profile: &str) -> String {
-    let (metric, axis, value) = objective_of(doc);
+    let (metric, value) = objective_of(doc);
+    let axis = metric;
     let bars: Vec<(&str, f64, Option<f64>, bool)> = doc
         .configurations
         .iter()
@@ -397,40 +397,19 @@ fn throughput_latency_chart(doc: &ReportDoc) -> String {
 /// A distribution on one profile as its percentile curve (percentile on x,
 /// the value on y), one line per configuration.
 fn distribution_chart(doc: &ReportDoc, profile: &str, name: &str, of: fn(&Block) -> &Vec<Percentile>) -> String {
-    let lines: Vec<(&str, &Vec<Percentile>)> = doc
+    let lines: Vec<(String, Vec<(f64, f64)>)> = doc
         .configurations
         .iter()
-        .filter_map(|c| c.block(profile).map(|b| (c.name.as_str(), of(b))))
-        .filter(|(_, p)| !p.is_empty())
+        .filter_map(|c| c.block(profile).map(|b| (c.name.clone(), of(b).iter().map(|p| (p.p, p.value)).collect())))
         .collect();
-    if lines.is_empty() {
-        return String::new();
-    }
-    let ymax = lines.iter().flat_map(|(_, p)| p.iter()).map(|p| p.value).fold(0.0, f64::max) * 1.1;
-    let mut f = Frame::new(
-        &format!("{name} distribution on {profile}"),
-        "percentile",
-        &format!("{name} (ms)"),
-        (0.0, 100.0),
-        (0.0, if ymax > 0.0 { ymax } else { 1.0 }),
-    );
-    f.x_ticks();
-    for (i, (config, points)) in lines.iter().enumerate() {
-        let path: Vec<String> = points.iter().map(|p| format!("{:.1},{:.1}", f.px(p.p), f.py(p.value))).collect();
-        let _ = writeln!(
-            f.svg,
-            "<polyline class=\"distribution\" fill=\"none\" stroke=\"{}\" points=\"{}\"><title>{}</title></polyline>",
-            PALETTE[i % PALETTE.len()],
-            path.join(" "),
-            esc(config)
-        );
-    }
-    let names: Vec<&str> = lines.iter().map(|(n, _)| *n).collect();
-    f.legend(&names);
-    f.end(&format!("The {name} of every request of the pooled repeats, by percentile."))
+    line_chart(
+        (&format!("{name} distribution on {profile}"), "percentile", &format!("{name} (ms)")),
+        Some(100.0),
+        "distribution",
+        &lines,
+        &format!("The {name} of every request of the pooled repeats, by percentile."),
+    )
 }
-
-use benchfleet_core::metrics::Percentile;
 
 /// Each configuration's GPUs' SM clocks during its first repeat on a
 /// profile: a GPU held down shows as a line below the others.
@@ -447,9 +426,9 @@ fn clock_chart(doc: &ReportDoc, profile: &str) -> String {
             })
         })
         .collect();
-    time_chart(
-        &format!("GPU SM clock on {profile}"),
-        "SM clock (MHz)",
+    line_chart(
+        (&format!("GPU SM clock on {profile}"), "seconds into the job", "SM clock (MHz)"),
+        None,
         "clock",
         &lines,
         "Read through NVML every 500 ms during each configuration's first repeat.",
@@ -474,9 +453,9 @@ fn telemetry_chart(config: &str, b: &Block) -> String {
             Some(((*label).to_owned(), over_time(s, *scale)))
         })
         .collect();
-    time_chart(
-        &format!("{config} on {} during the job", b.profile),
-        "requests, or %",
+    line_chart(
+        (&format!("{config} on {} during the job", b.profile), "seconds into the job", "requests, or %"),
+        None,
         "telemetry",
         &lines,
         "The engine's /metrics, scraped each second during the first repeat.",
@@ -484,20 +463,28 @@ fn telemetry_chart(config: &str, b: &Block) -> String {
 }
 
 /// A series as (seconds into the job, value x `scale`).
-fn over_time(s: &benchfleet_core::telemetry::Series, scale: f64) -> Vec<(f64, f64)> {
+fn over_time(s: &Series, scale: f64) -> Vec<(f64, f64)> {
     s.points.iter().map(|&(ms, v)| (f64::from(ms) / 1e3, v * scale)).collect()
 }
 
-/// Named series against seconds into the job, one line each (of `class`);
-/// nothing when none has a point.
-fn time_chart(title: &str, y_label: &str, class: &str, lines: &[(String, Vec<(f64, f64)>)], caption: &str) -> String {
+/// Named lines of (x, y) points, one polyline each (of `class`), labelled
+/// (title, x axis, y axis); x runs from 0 to `x_max` or the largest x;
+/// nothing when no line has a point.
+fn line_chart(
+    (title, x_label, y_label): (&str, &str, &str),
+    x_max: Option<f64>,
+    class: &str,
+    lines: &[(String, Vec<(f64, f64)>)],
+    caption: &str,
+) -> String {
     let lines: Vec<&(String, Vec<(f64, f64)>)> = lines.iter().filter(|(_, p)| !p.is_empty()).collect();
     if lines.is_empty() {
         return String::new();
     }
-    let xmax = lines.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(0.0, f64::max).max(1.0);
-    let ymax = lines.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1;
-    let mut f = Frame::new(title, "seconds into the job", y_label, (0.0, xmax), (0.0, ymax));
+    let xmax = x_max.unwrap_or_else(|| lines.iter().flat_map(|(_, p)| p).map(|p| p.0).fold(0.0, f64::max).max(1.0));
+    let ymax = lines.iter().flat_map(|(_, p)| p).map(|p| p.1).fold(0.0, f64::max) * 1.1;
+    let ymax = if ymax > 0.0 { ymax } else { 1.0 };
+    let mut f = Frame::new(title, x_label, y_label, (0.0, xmax), (0.0, ymax));
     f.x_ticks();
     for (i, (name, points)) in lines.iter().enumerate() {
         let path: Vec<String> = points.iter().map(|(x, y)| format!("{:.1},{:.1}", f.px(*x), f.py(*y))).collect();

@@ -63,6 +63,17 @@ impl Format {
             other => Err(format!("unknown report format {other:?}: use {}", Format::NAMES)),
         }
     }
+
+    /// The name `parse` takes for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Console => "console",
+            Format::Markdown => "markdown",
+            Format::Json => "json",
+            Format::Csv => "csv",
+            Format::Html => "html",
+        }
+    }
 }
 
 /// Renders the console report of a stored run; the digests it has to build
@@ -150,7 +161,7 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
             let of_profile: Vec<&Job> =
                 jobs.iter().filter(|j| j.group == group.id && j.profile.name == profile.name).collect();
             if !of_profile.is_empty() {
-                blocks.push(block(store, group, &profile.name, &of_profile, keep)?);
+                blocks.push(block(store, &profile.name, &of_profile, keep)?);
             }
         }
         let c = &group.config;
@@ -314,7 +325,6 @@ const CHART_PERCENTILES: [f64; 22] = [
 /// from the store, or built from its records).
 fn block(
     store: &dyn Store,
-    group: &Group,
     profile: &str,
     jobs: &[&Job],
     keep: &dyn Fn(AttemptKey, &Digest),
@@ -374,7 +384,7 @@ fn block(
             summary: j.summary.clone().filter(|_| j.state == JobState::Succeeded),
             error: j.error.clone().filter(|_| j.state != JobState::Succeeded),
             log_tail: j.log_tail.clone().filter(|_| j.state != JobState::Succeeded),
-            provenance: provenance(group, j),
+            provenance: provenance(j),
         })
         .collect();
     Ok(Block {
@@ -389,7 +399,7 @@ fn block(
     })
 }
 
-fn provenance(group: &Group, j: &Job) -> Provenance {
+fn provenance(j: &Job) -> Provenance {
     let attempt = j.current();
     let p = &j.profile;
     let rate = p.rate.map_or("all at once".to_owned(), |r| format!("{} req/s", words::number(r)));
@@ -401,7 +411,6 @@ fn provenance(group: &Group, j: &Job) -> Provenance {
     if let Some(c) = p.max_concurrency {
         load.push_str(&format!(", at most {c} in flight"));
     }
-    let _ = group;
     Provenance {
         host: attempt.map(|a| a.agent_name.clone()).filter(|n| !n.is_empty()),
         attempt: j.attempt,
@@ -586,25 +595,62 @@ pub fn pooled(jobs: &[&Job]) -> Option<Summary> {
     pool(&summaries, None)
 }
 
-type Number = (&'static str, fn(&Summary) -> f64);
+/// A headline number: its name in a block, its name for `compare
+/// --metric`, which way is better, and its value in a summary.
+pub struct Headline {
+    pub name: &'static str,
+    pub key: &'static str,
+    pub higher_is_better: bool,
+    pub value: fn(&Summary) -> f64,
+}
 
-/// The headline numbers, as blocks name them.
-pub const HEADLINE: [Number; 15] = [
-    ("Request throughput (req/s)", |s| s.request_throughput),
-    ("Output token throughput (tok/s)", |s| s.output_throughput),
-    ("Total token throughput (tok/s)", |s| s.total_token_throughput),
-    ("Mean E2E latency (ms)", |s| s.latency_s.mean * 1e3),
-    ("Median E2E latency (ms)", |s| s.latency_s.median * 1e3),
-    ("P99 E2E latency (ms)", |s| s.latency_s.p99 * 1e3),
-    ("Mean TTFT (ms)", |s| s.ttft_ms.mean),
-    ("Median TTFT (ms)", |s| s.ttft_ms.median),
-    ("P99 TTFT (ms)", |s| s.ttft_ms.p99),
-    ("Mean TPOT (ms)", |s| s.tpot_ms.mean),
-    ("Median TPOT (ms)", |s| s.tpot_ms.median),
-    ("P99 TPOT (ms)", |s| s.tpot_ms.p99),
-    ("Mean ITL (ms)", |s| s.itl_ms.mean),
-    ("Median ITL (ms)", |s| s.itl_ms.median),
-    ("P99 ITL (ms)", |s| s.itl_ms.p99),
+/// The headline numbers every block's intervals and `compare` cover.
+pub const HEADLINE: [Headline; 15] = [
+    Headline {
+        name: "Request throughput (req/s)",
+        key: "request_throughput",
+        higher_is_better: true,
+        value: |s| s.request_throughput,
+    },
+    Headline {
+        name: "Output token throughput (tok/s)",
+        key: "output_throughput",
+        higher_is_better: true,
+        value: |s| s.output_throughput,
+    },
+    Headline {
+        name: "Total token throughput (tok/s)",
+        key: "total_token_throughput",
+        higher_is_better: true,
+        value: |s| s.total_token_throughput,
+    },
+    Headline {
+        name: "Mean E2E latency (ms)",
+        key: "mean_latency_ms",
+        higher_is_better: false,
+        value: |s| s.latency_s.mean * 1e3,
+    },
+    Headline {
+        name: "Median E2E latency (ms)",
+        key: "median_latency_ms",
+        higher_is_better: false,
+        value: |s| s.latency_s.median * 1e3,
+    },
+    Headline {
+        name: "P99 E2E latency (ms)",
+        key: "p99_latency_ms",
+        higher_is_better: false,
+        value: |s| s.latency_s.p99 * 1e3,
+    },
+    Headline { name: "Mean TTFT (ms)", key: "mean_ttft_ms", higher_is_better: false, value: |s| s.ttft_ms.mean },
+    Headline { name: "Median TTFT (ms)", key: "median_ttft_ms", higher_is_better: false, value: |s| s.ttft_ms.median },
+    Headline { name: "P99 TTFT (ms)", key: "p99_ttft_ms", higher_is_better: false, value: |s| s.ttft_ms.p99 },
+    Headline { name: "Mean TPOT (ms)", key: "mean_tpot_ms", higher_is_better: false, value: |s| s.tpot_ms.mean },
+    Headline { name: "Median TPOT (ms)", key: "median_tpot_ms", higher_is_better: false, value: |s| s.tpot_ms.median },
+    Headline { name: "P99 TPOT (ms)", key: "p99_tpot_ms", higher_is_better: false, value: |s| s.tpot_ms.p99 },
+    Headline { name: "Mean ITL (ms)", key: "mean_itl_ms", higher_is_better: false, value: |s| s.itl_ms.mean },
+    Headline { name: "Median ITL (ms)", key: "median_itl_ms", higher_is_better: false, value: |s| s.itl_ms.median },
+    Headline { name: "P99 ITL (ms)", key: "p99_itl_ms", higher_is_better: false, value: |s| s.itl_ms.p99 },
 ];
 
 /// Each headline number's 95% confidence interval over the repeats: the
@@ -616,10 +662,10 @@ fn intervals(repeats: &[&Summary]) -> Vec<Interval> {
     }
     HEADLINE
         .iter()
-        .map(|(name, value)| {
-            let values: Vec<f64> = repeats.iter().map(|s| value(s)).collect();
+        .map(|h| {
+            let values: Vec<f64> = repeats.iter().map(|s| (h.value)(s)).collect();
             let e = Estimate::of(&values);
-            Interval { metric: (*name).to_owned(), mean: e.mean, half_width: e.half_width }
+            Interval { metric: h.name.to_owned(), mean: e.mean, half_width: e.half_width }
         })
         .collect()
 }
