@@ -25,6 +25,7 @@ fn within_2_percent(name: &str, measured: f64, truth: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
+    let _quiet = crate::QUIET.lock().await;
     let (url, served) = fake_openai::start_recorded(TIMING).await;
     for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
         served.lock().expect("truth lock").clear();
@@ -99,6 +100,7 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_at_a_rate_keeps_its_schedule_and_says_so() {
+    let _quiet = crate::QUIET.lock().await;
     let url = fake_openai::start(TIMING).await;
     let mut config = random_load(&url, "good", 40, 10, 8);
     config.request_rate = Some(40.0);

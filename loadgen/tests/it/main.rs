@@ -16,6 +16,11 @@ use std::time::Duration;
 
 use benchfleet_loadgen::{Dataset, LoadConfig};
 
+/// Held by the tests that hold a measurement to a server's known timing
+/// and by those that keep both cores busy (dozens of loadgen processes):
+/// run side by side, the second made the first's TTFT a few percent late.
+static QUIET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The next request a test server reads on a connection: its head
 /// (lowercased) and its body, as long as its Content-Length says; `None`
 /// once the client closes. `buf` keeps what was read past it.
