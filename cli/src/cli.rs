@@ -182,12 +182,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let (strategy, shape, jobs) = match m.strategy {
                 Strategy::Grid => {
                     let jobs = m.grid_jobs();
+                    let searches: Vec<String> = m
+                        .searches()
+                        .map(|(p, s)| format!("{} probes at most {} points", p.name, 2 + s.steps))
+                        .collect();
                     let all = m.configs.len() * m.profiles.len() * m.repeats as usize;
-                    let join = if jobs < all { ": " } else { " = " };
-                    let sep = if jobs < all { ", " } else { " x " };
-                    let limited = if jobs < all { " (some configurations run only some profiles)" } else { "" };
+                    let plain = jobs == all && searches.is_empty();
+                    let join = if plain { " = " } else { ": " };
+                    let sep = if plain { " x " } else { ", " };
+                    let most = if searches.is_empty() { "" } else { "at most " };
+                    let mut why: Vec<String> = searches;
+                    if m.configs.iter().any(|c| m.profiles.iter().any(|p| !c.runs(&p.name))) {
+                        why.insert(0, "some configurations run only some profiles".to_owned());
+                    }
+                    let why = if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) };
                     let shape = format!(
-                        "{}{sep}{}{sep}{}{join}{}{limited}",
+                        "{}{sep}{}{sep}{}{join}{most}{}{why}",
                         plural(m.configs.len(), "configuration"),
                         plural(m.profiles.len(), "profile"),
                         plural(m.repeats as usize, "repeat"),

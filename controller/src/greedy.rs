@@ -16,6 +16,7 @@ use benchfleet_core::stats::Difference;
 
 use crate::matrix::{EngineDef, Matrix, VariantDef};
 use crate::model::{EngineConfig, Group, Job, JobState, Profile};
+use crate::search::{self, Capacity, Step};
 
 /// The stage that measures the winner and the baseline on every profile.
 pub const FINAL_STAGE: u32 = 4;
@@ -28,7 +29,10 @@ pub struct Results {
     /// durations, means over all their requests; no percentiles), `None`
     /// when none succeeded.
     /// A configuration with a job still pending or running is absent.
-    pub primary: BTreeMap<String, Option<Summary>>,
+    /// When the primary profile searches: per configuration whose search
+    /// is done, the capacity it found, with the pooled summary of the
+    /// point found (empty when none was).
+    pub primary: BTreeMap<String, Option<Measured>>,
     /// The successful repeats behind each of `primary`, one summary each,
     /// for the intervals that say whether a difference is real. A
     /// configuration absent here counts as its pooled summary alone.
@@ -37,9 +41,52 @@ pub struct Results {
     pub final_scheduled: bool,
 }
 
+/// What a configuration's measurement on the primary profile gave.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Measured {
+    pub summary: Summary,
+    /// What its search found, when the primary profile searches.
+    pub capacity: Option<Capacity>,
+}
+
+impl From<Summary> for Measured {
+    fn from(summary: Summary) -> Measured {
+        Measured { summary, capacity: None }
+    }
+}
+
+/// What an objective ranks: a summary, or a measurement that may hold a
+/// search's capacity.
+pub trait Scored {
+    fn summary(&self) -> &Summary;
+    fn capacity(&self) -> Option<&Capacity> {
+        None
+    }
+}
+
+impl Scored for Summary {
+    fn summary(&self) -> &Summary {
+        self
+    }
+}
+
+impl Scored for Measured {
+    fn summary(&self) -> &Summary {
+        &self.summary
+    }
+    fn capacity(&self) -> Option<&Capacity> {
+        self.capacity.as_ref()
+    }
+}
+
 impl Results {
     /// Collects the results of a run's stored groups and jobs.
-    pub fn of(groups: &[Group], jobs: &[Job], primary_profile: &str) -> Results {
+    pub fn of(groups: &[Group], jobs: &[Job], matrix: &Matrix) -> Results {
+        let primary_profile = matrix.primary_profile.as_str();
+        let final_scheduled = groups.iter().any(|g| g.stage >= FINAL_STAGE);
+        if let Some((_, s)) = matrix.searches().find(|(p, _)| p.name == primary_profile) {
+            return Results::of_search(groups, jobs, (primary_profile, s), matrix.min_success_rate, final_scheduled);
+        }
         let mut by_config: BTreeMap<&str, Vec<&Job>> = BTreeMap::new();
         for g in groups {
             let of_group = jobs.iter().filter(|j| j.group == g.id && j.profile.name == primary_profile);
@@ -49,7 +96,10 @@ impl Results {
             .into_iter()
             .filter(|(_, js)| !js.is_empty() && js.iter().all(|j| j.state.is_terminal()))
             .collect();
-        let primary = ended.iter().map(|(name, js)| ((*name).to_owned(), crate::report::pooled(js))).collect();
+        let primary = ended
+            .iter()
+            .map(|(name, js)| ((*name).to_owned(), crate::report::pooled(js).map(Measured::from)))
+            .collect();
         let repeats = ended
             .iter()
             .map(|(name, js)| {
@@ -57,7 +107,35 @@ impl Results {
                 ((*name).to_owned(), done.collect())
             })
             .collect();
-        Results { primary, repeats, final_scheduled: groups.iter().any(|g| g.stage >= FINAL_STAGE) }
+        Results { primary, repeats, final_scheduled }
+    }
+
+    /// The results of a primary profile that searches: each configuration
+    /// whose search is done, with its capacity.
+    fn of_search(
+        groups: &[Group],
+        jobs: &[Job],
+        (profile, s): (&str, &search::Search),
+        min_success_rate: f64,
+        final_scheduled: bool,
+    ) -> Results {
+        let mut primary = BTreeMap::new();
+        for g in groups {
+            if primary.contains_key(&g.config.name) {
+                continue;
+            }
+            let ids: Vec<u64> = groups.iter().filter(|o| o.config.name == g.config.name).map(|o| o.id).collect();
+            let probes = search::probes_of(profile, jobs.iter().filter(|j| ids.contains(&j.group)));
+            if probes.is_empty() {
+                continue;
+            }
+            if let (_, Step::Done(capacity)) = search::state(s, &probes, min_success_rate) {
+                let at_found = capacity.found.and_then(|f| probes.iter().find(|(x, _)| *x == f));
+                let summary = at_found.and_then(|(_, js)| crate::report::pooled(js)).unwrap_or_default();
+                primary.insert(g.config.name.clone(), Some(Measured { summary, capacity: Some(capacity) }));
+            }
+        }
+        Results { primary, repeats: BTreeMap::new(), final_scheduled }
     }
 
     /// A configuration's repeats (its pooled summary when they are not
@@ -123,14 +201,21 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
         plan: Plan::Done(Outcome { winner: None, baseline: None, reason }),
     };
     let objective = Objective::of(&matrix.objective);
-    let acceptable = |name: &str| -> Result<&Summary, String> {
+    let acceptable = |name: &str| -> Result<&Measured, String> {
         match results.primary.get(name) {
-            Some(Some(s)) => match &s.invalid {
+            Some(Some(m)) if let Some(c) = &m.capacity => match c.found {
+                Some(_) => Ok(m),
+                None => Err(format!(
+                    "the SLOs did not hold even at the lower bound, {}; not adopted",
+                    search::show(c.over, c.missed_at.unwrap_or_default())
+                )),
+            },
+            Some(Some(m)) => match &m.summary.invalid {
                 Some(why) => Err(format!("run INVALID: {why}; not adopted")),
-                None if s.success_rate() < matrix.min_success_rate => {
-                    Err(format!("success rate {:.1}%, not adopted", s.success_rate() * 100.0))
+                None if m.summary.success_rate() < matrix.min_success_rate => {
+                    Err(format!("success rate {:.1}%, not adopted", m.summary.success_rate() * 100.0))
                 }
-                None => Ok(s),
+                None => Ok(m),
             },
             _ => Err("no successful repeat, not adopted".to_owned()),
         }
@@ -147,7 +232,7 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
     if !missing.is_empty() {
         return next(1, missing, decisions);
     }
-    let mut best: Option<(&EngineDef, &EngineConfig, &Summary)> = None;
+    let mut best: Option<(&EngineDef, &EngineConfig, &Measured)> = None;
     for (engine, config) in &baselines {
         if let Ok(s) = acceptable(&config.name)
             && best.is_none_or(|(_, _, b)| objective.better(s, b))
@@ -183,14 +268,17 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
     if !missing.is_empty() {
         return next(2, missing, decisions);
     }
-    let compare = |reference: (&str, &Summary), candidate: (&str, &Summary)| {
+    let compare = |reference: (&str, &Measured), candidate: (&str, &Measured)| {
+        if objective == Objective::Capacity {
+            return objective.compare(&[reference.1], &[candidate.1], matrix.min_effect);
+        }
         objective.compare(
-            &results.repeats_of(reference.0, reference.1),
-            &results.repeats_of(candidate.0, candidate.1),
+            &results.repeats_of(reference.0, &reference.1.summary),
+            &results.repeats_of(candidate.0, &candidate.1.summary),
             matrix.min_effect,
         )
     };
-    let mut helping: Vec<(&VariantDef, &Summary)> = Vec::new();
+    let mut helping: Vec<(&VariantDef, &Measured)> = Vec::new();
     for (v, config) in applicable.iter().zip(&singles) {
         let verdict = match acceptable(&config.name) {
             Err(why) => why,
@@ -356,6 +444,8 @@ pub enum Objective {
     TotalTokenThroughput,
     OutputThroughput,
     MeanLatency,
+    /// The load the primary profile's search found within its SLOs.
+    Capacity,
 }
 
 impl Objective {
@@ -364,20 +454,33 @@ impl Objective {
         match name {
             "output_throughput" => Objective::OutputThroughput,
             "mean_latency" => Objective::MeanLatency,
+            "capacity" => Objective::Capacity,
             _ => Objective::TotalTokenThroughput,
         }
     }
 
-    pub fn value(self, s: &Summary) -> f64 {
+    /// The objective a block (one profile's measurement at a fixed load)
+    /// is ranked by: a search's capacity is not a block's, so its run's
+    /// blocks are ranked by their total token throughput.
+    pub fn for_blocks(self) -> Objective {
         match self {
-            Objective::TotalTokenThroughput => s.total_token_throughput,
-            Objective::OutputThroughput => s.output_throughput,
-            Objective::MeanLatency => s.latency_s.mean,
+            Objective::Capacity => Objective::TotalTokenThroughput,
+            other => other,
+        }
+    }
+
+    pub fn value<S: Scored + ?Sized>(self, s: &S) -> f64 {
+        let summary = s.summary();
+        match self {
+            Objective::TotalTokenThroughput => summary.total_token_throughput,
+            Objective::OutputThroughput => summary.output_throughput,
+            Objective::MeanLatency => summary.latency_s.mean,
+            Objective::Capacity => s.capacity().map_or(0.0, Capacity::value),
         }
     }
 
     /// Higher is better, so latency is negated.
-    pub fn score(self, s: &Summary) -> f64 {
+    pub fn score<S: Scored + ?Sized>(self, s: &S) -> f64 {
         match self {
             Objective::MeanLatency => -self.value(s),
             _ => self.value(s),
@@ -385,7 +488,7 @@ impl Objective {
     }
 
     /// Strictly better: a tie does not help.
-    pub fn better(self, s: &Summary, than: &Summary) -> bool {
+    pub fn better<S: Scored + ?Sized>(self, s: &S, than: &S) -> bool {
         self.score(s) > self.score(than)
     }
 
@@ -395,12 +498,17 @@ impl Objective {
             Objective::TotalTokenThroughput => "total_token_throughput",
             Objective::OutputThroughput => "output_throughput",
             Objective::MeanLatency => "mean_latency",
+            Objective::Capacity => "capacity",
         }
     }
 
     /// The value with its name, e.g. `total token throughput 9632.01 tok/s`.
-    pub fn show(self, s: &Summary) -> String {
+    pub fn show<S: Scored + ?Sized>(self, s: &S) -> String {
         match self {
+            Objective::Capacity => match s.capacity() {
+                Some(c) => format!("capacity {} within the SLOs", c.shown()),
+                None => "no capacity".to_owned(),
+            },
             Objective::TotalTokenThroughput => format!("total token throughput {:.2} tok/s", self.value(s)),
             Objective::OutputThroughput => format!("output throughput {:.2} tok/s", self.value(s)),
             Objective::MeanLatency => format!("mean latency {:.2} s", self.value(s)),
@@ -409,7 +517,7 @@ impl Objective {
 
     /// The change of the objective's value from `base`: `+9.75%` for a
     /// throughput, `1.26x faster` for a latency.
-    pub fn change(self, base: &Summary, s: &Summary) -> String {
+    pub fn change<S: Scored + ?Sized>(self, base: &S, s: &S) -> String {
         self.change_of(self.value(base), self.value(s))
     }
 
@@ -429,8 +537,20 @@ impl Objective {
     /// interval when both sides have two repeats or more. Better or worse
     /// only when the interval excludes zero and the relative difference is
     /// at least `min_effect` (a fraction); otherwise within noise.
-    pub fn compare(self, reference: &[&Summary], candidate: &[&Summary], min_effect: f64) -> Comparison {
-        let values = |ss: &[&Summary]| ss.iter().map(|s| self.value(s)).collect::<Vec<f64>>();
+    ///
+    /// Capacities are compared by the load found; a difference is real
+    /// only when one side held its SLOs where the other missed them (the
+    /// searches' brackets do not overlap), else it is within the searches'
+    /// resolution.
+    pub fn compare<S: Scored>(self, reference: &[&S], candidate: &[&S], min_effect: f64) -> Comparison {
+        if self == Objective::Capacity {
+            return compare_capacities(
+                reference.first().and_then(|s| s.capacity()),
+                candidate.first().and_then(|s| s.capacity()),
+                min_effect,
+            );
+        }
+        let values = |ss: &[&S]| ss.iter().map(|s| self.value(*s)).collect::<Vec<f64>>();
         let (r, c) = (values(reference), values(candidate));
         let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
         let (rm, cm) = (mean(&r), mean(&c));
@@ -459,6 +579,38 @@ impl Objective {
         }
         Comparison { reference: rm, candidate: cm, difference, verdict, shown }
     }
+}
+
+/// Two searches' capacities: better or worse only beyond the other's
+/// bracket, and by the minimum effect.
+fn compare_capacities(reference: Option<&Capacity>, candidate: Option<&Capacity>, min_effect: f64) -> Comparison {
+    let value = |c: Option<&Capacity>| c.map_or(0.0, Capacity::value);
+    let (rm, cm) = (value(reference), value(candidate));
+    let relative = if rm == 0.0 { 0.0 } else { (cm - rm) / rm };
+    // Held where the other missed: nothing between the two is unknown.
+    let beyond =
+        |a: Option<&Capacity>, b: Option<&Capacity>| match (a.and_then(|c| c.found), b.and_then(|c| c.missed_at)) {
+            (Some(found), Some(missed)) => found >= missed,
+            _ => false,
+        };
+    let over = candidate.or(reference).map_or(search::Over::Rate, |c| c.over);
+    let verdict = if relative.abs() < min_effect {
+        Verdict::WithinNoise
+    } else if relative > 0.0 && beyond(candidate, reference) {
+        Verdict::Better
+    } else if relative < 0.0 && beyond(reference, candidate) {
+        Verdict::Worse
+    } else {
+        Verdict::WithinNoise
+    };
+    let mut shown = format!("{:+.2}% ({} vs {})", relative * 100.0, search::show(over, rm), search::show(over, cm));
+    if relative.abs() < min_effect {
+        shown.push_str(&format!(", below the {:.2}% minimum effect", min_effect * 100.0));
+    } else if verdict == Verdict::WithinNoise {
+        shown.push_str(", within the searches' resolution");
+    }
+    let difference = Difference { diff: cm - rm, half_width: None, df: None };
+    Comparison { reference: rm, candidate: cm, difference, verdict, shown }
 }
 
 #[cfg(test)]
@@ -498,7 +650,7 @@ strategy: greedy
                     invalid: invalid.then(|| "dispatch lag".to_owned()),
                     ..Summary::default()
                 });
-                ((*name).to_owned(), summary)
+                ((*name).to_owned(), summary.map(Measured::from))
             })
             .collect();
         Results { primary, final_scheduled, ..Results::default() }
@@ -768,7 +920,7 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         let latency = |l: f64| {
             let mut s = Summary { successful: OK, ..Summary::default() };
             s.latency_s.mean = l;
-            Some(s)
+            Some(Measured::from(s))
         };
         let r = Results {
             primary: [("vllm", latency(2.0)), ("sglang", latency(1.0))]
@@ -795,6 +947,31 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         );
     }
 
+    #[test]
+    fn capacities_differ_only_beyond_the_other_s_bracket() {
+        let cap = |found: Option<f64>, missed_at: Option<f64>| Measured {
+            summary: Summary::default(),
+            capacity: Some(Capacity { over: search::Over::Rate, found, missed_at }),
+        };
+        let o = Objective::Capacity;
+        let base = cap(Some(10.0), Some(11.0));
+        let verdict = |c: &Measured| o.compare(&[&base], &[c], 0.01);
+        // Held at 12, where the baseline missed.
+        assert_eq!(verdict(&cap(Some(12.0), Some(13.0))).verdict, Verdict::Better);
+        // 10.5 is more, but the baseline was never tried there.
+        let c = verdict(&cap(Some(10.5), Some(11.0)));
+        assert_eq!(
+            (c.verdict, c.shown.as_str()),
+            (Verdict::WithinNoise, "+5.00% (10 req/s vs 10.5 req/s), within the searches' resolution")
+        );
+        // Missed at 9, where the baseline held.
+        assert_eq!(verdict(&cap(Some(8.0), Some(9.0))).verdict, Verdict::Worse);
+        assert_eq!(verdict(&cap(Some(10.0), Some(12.0))).verdict, Verdict::WithinNoise);
+        // Held at the upper bound: at least as good.
+        assert_eq!(verdict(&cap(Some(32.0), None)).verdict, Verdict::Better);
+        assert_eq!(o.show(&cap(Some(32.0), None)), "capacity at least 32 req/s (the upper bound) within the SLOs");
+    }
+
     /// Results where each configuration has three repeats of the given
     /// throughputs.
     fn repeated(of: &[(&str, [f64; 3])]) -> Results {
@@ -803,7 +980,7 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         let mut r = Results { final_scheduled: true, ..Results::default() };
         for (name, tps) in of {
             let mean = tps.iter().sum::<f64>() / 3.0;
-            r.primary.insert((*name).to_owned(), Some(summary(mean)));
+            r.primary.insert((*name).to_owned(), Some(summary(mean).into()));
             r.repeats.insert((*name).to_owned(), tps.iter().map(|&t| summary(t)).collect());
         }
         r

@@ -5,7 +5,8 @@
 //!
 //! Layout: `matrix` parses and validates matrix files; `plan` turns a
 //! submission into a run's groups and jobs and plans a greedy run's next
-//! stage (with `greedy`, the planner itself); `model` holds the domain and
+//! stage (with `greedy`, the planner itself) and a search profile's next
+//! probes (with `search`, the bisection); `model` holds the domain and
 //! stored types; `sched` is the scheduler, a pure state machine; `driver`
 //! runs it on its own thread, with the store writes it asks for; `ingest`
 //! stores record batches (group commit, fenced by attempt); `digests`
@@ -28,6 +29,7 @@ pub mod model;
 pub mod plan;
 pub mod report;
 pub mod sched;
+pub mod search;
 pub mod service;
 pub mod store;
 

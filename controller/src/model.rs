@@ -366,6 +366,13 @@ pub struct Profile {
     /// under its SHA-256: exact token counts for prompts and replies.
     #[serde(default)]
     pub processor: Option<StoredFile>,
+    /// A search profile: the load is found (`search`), not given; its jobs
+    /// are probes, each at one point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<crate::search::Search>,
+    /// A probe of a search: the point this job's load is set to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<crate::search::Probe>,
 }
 
 /// A file a matrix names, as the controller stores it.
@@ -399,6 +406,8 @@ impl Profile {
             extra_body: None,
             goodput: None,
             processor: None,
+            search: None,
+            probe: None,
         }
     }
 }

@@ -1,12 +1,14 @@
 //! From a submitted matrix to stored groups and jobs, and from a run whose
-//! jobs all ended to its next greedy stage: the parts of scheduling that
-//! read the matrix. Both run on the driver's side, outside the scheduler.
+//! jobs all ended to its next round of search probes or its next greedy
+//! stage: the parts of scheduling that read the matrix. Both run on the
+//! driver's side, outside the scheduler.
 
 use std::collections::BTreeMap;
 
 use crate::greedy::{self, Plan};
 use crate::matrix::{self, Matrix, Strategy};
 use crate::model::{Dataset, EngineConfig, Group, Job, Profile, Run, RunId, RunState, RuntimeKind};
+use crate::search::{self, Step};
 use crate::store::{Store, StoreError, is_sha256};
 
 /// A submission as the operator sends it: the matrix, and the SHA-256 of
@@ -146,7 +148,8 @@ fn check_datasets(store: &dyn Store, sub: &Submission, matrix: &Matrix) -> Resul
 /// What follows a run whose jobs all ended.
 #[derive(Debug)]
 pub enum Next {
-    /// The greedy planner's next stage, stored.
+    /// The next round of its searches' probes, or the greedy planner's next
+    /// stage, stored.
     Stage { groups: Vec<Group>, jobs: Vec<Job> },
     /// Nothing: the run is finished.
     Finished,
@@ -154,24 +157,39 @@ pub enum Next {
 
 /// Plans what follows a run whose jobs all ended, from the store alone (so
 /// a restarted controller goes on where the last one stopped), and stores
-/// the next stage if there is one.
+/// it if there is anything: the next probes of every search not yet done,
+/// else a greedy run's next stage.
 pub fn next(store: &dyn Store, run_id: RunId) -> Result<Next, StoreError> {
     let Some(run) = store.run(run_id)? else { return Ok(Next::Finished) };
     let matrix = matrix::reparse(&run.matrix_file, &run.matrix_yaml, &|path| {
         Some(run.files.get(path).cloned().unwrap_or_default())
     })
     .map_err(|e| StoreError::Invalid(format!("the stored matrix of run {run_id} no longer parses: {e}")))?;
+    let groups = store.groups(run_id)?;
+    let jobs = store.jobs(run_id)?;
+    // Ids continue after the run's existing ones.
+    let first_group = groups.iter().map(|g| g.id + 1).max().unwrap_or(0);
+    let first_job = jobs.iter().map(|j| j.id + 1).max().unwrap_or(0);
+    let probes = next_probes(&matrix, &groups, &jobs);
+    if !probes.is_empty() {
+        let mut added = (Vec::new(), Vec::new());
+        for (stage, work) in probes {
+            let first = (first_group + added.0.len() as u64, first_job + added.1.len() as u64);
+            let (g, j) = groups_of(&run, &matrix, &work, stage, first);
+            added.0.extend(g);
+            added.1.extend(j);
+        }
+        let (groups, jobs) = added;
+        store.add_groups(run_id, &groups, &jobs)?;
+        tracing::info!(run = %run_id, groups = groups.len(), jobs = jobs.len(), "search probes scheduled");
+        return Ok(Next::Stage { groups, jobs });
+    }
     if matrix.strategy != Strategy::Greedy {
         return Ok(Next::Finished);
     }
-    let groups = store.groups(run_id)?;
-    let jobs = store.jobs(run_id)?;
-    let results = greedy::Results::of(&groups, &jobs, &matrix.primary_profile);
+    let results = greedy::Results::of(&groups, &jobs, &matrix);
     match greedy::plan(&matrix, &results).plan {
         Plan::Next(stage) => {
-            // Ids continue after the run's existing ones.
-            let first_group = groups.iter().map(|g| g.id + 1).max().unwrap_or(0);
-            let first_job = jobs.iter().map(|j| j.id + 1).max().unwrap_or(0);
             let (groups, jobs) =
                 expand(&run, &matrix, &stage.configs, &stage.profiles, stage.number, (first_group, first_job));
             store.add_groups(run_id, &groups, &jobs)?;
@@ -185,8 +203,47 @@ pub fn next(store: &dyn Store, run_id: RunId) -> Result<Next, StoreError> {
     }
 }
 
+/// The next probes of every search a configuration of the run has begun
+/// and not finished, by stage (the stage its probes so far ran in): each
+/// configuration with the probe profiles it runs next.
+type Work = Vec<(EngineConfig, Vec<Profile>)>;
+
+fn next_probes(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> BTreeMap<u32, Work> {
+    let mut by_stage: BTreeMap<u32, Work> = BTreeMap::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for g in groups {
+        if seen.contains(&g.config.name.as_str()) {
+            continue;
+        }
+        seen.push(&g.config.name);
+        let of_config: Vec<&Group> = groups.iter().filter(|o| o.config.name == g.config.name).collect();
+        let config_jobs: Vec<&Job> = jobs.iter().filter(|j| of_config.iter().any(|o| o.id == j.group)).collect();
+        for (profile, s) in matrix.searches().filter(|(p, _)| g.config.runs(&p.name)) {
+            let probes = search::probes_of(&profile.name, config_jobs.iter().copied());
+            let Some(stage) = probes
+                .iter()
+                .flat_map(|(_, js)| js)
+                .filter_map(|j| of_config.iter().find(|o| o.id == j.group))
+                .map(|o| o.stage)
+                .max()
+            else {
+                continue;
+            };
+            let Step::Probe(points) = search::state(s, &probes, matrix.min_success_rate).1 else { continue };
+            let work = by_stage.entry(stage).or_default();
+            let profiles = points.iter().map(|x| search::probe_profile(profile, s, *x));
+            match work.iter_mut().find(|(c, _)| c.name == g.config.name) {
+                Some((_, ps)) => ps.extend(profiles),
+                None => work.push((g.config.clone(), profiles.collect())),
+            }
+        }
+    }
+    by_stage
+}
+
 /// The groups and jobs of configurations on profiles: one group per
-/// configuration, one job per profile and repeat; ids start at `first`
+/// configuration, one job per profile it runs and repeat (a search profile:
+/// one per point of its first round, the two bounds); ids start at `first`
 /// (group, job).
 pub fn expand(
     run: &Run,
@@ -196,8 +253,31 @@ pub fn expand(
     stage: u32,
     first: (u64, u64),
 ) -> (Vec<Group>, Vec<Job>) {
+    let work: Work = configs
+        .iter()
+        .map(|c| {
+            let runs = profiles.iter().filter(|p| c.runs(&p.name));
+            (c.clone(), runs.flat_map(first_round).collect())
+        })
+        .collect();
+    groups_of(run, matrix, &work, stage, first)
+}
+
+/// The jobs a profile starts with: itself, or a search's first probes.
+fn first_round(p: &Profile) -> Vec<Profile> {
+    match &p.search {
+        None => vec![p.clone()],
+        Some(s) => match search::step(s, &[]) {
+            Step::Probe(points) => points.iter().map(|x| search::probe_profile(p, s, *x)).collect(),
+            Step::Waiting | Step::Done(_) => Vec::new(),
+        },
+    }
+}
+
+/// One group per configuration, one job per profile given and repeat.
+fn groups_of(run: &Run, matrix: &Matrix, work: &Work, stage: u32, first: (u64, u64)) -> (Vec<Group>, Vec<Job>) {
     let (mut groups, mut jobs) = (Vec::new(), Vec::new());
-    for (n, config) in configs.iter().enumerate() {
+    for (n, (config, profiles)) in work.iter().enumerate() {
         let mut config = config.clone();
         if let Some(r) = run.runtime_override {
             config.runtime = r;
@@ -213,7 +293,7 @@ pub fn expand(
             placement: None,
             failed_on: Vec::new(),
         };
-        for profile in profiles.iter().filter(|p| group.config.runs(&p.name)) {
+        for profile in profiles {
             for repeat in 1..=matrix.repeats {
                 let id = first.1 + jobs.len() as u64;
                 group.jobs.push(id);
@@ -241,6 +321,69 @@ mod tests {
         w.write(bytes).expect("written");
         w.finish(&sha, bytes.len() as u64).expect("stored");
         sha
+    }
+
+    /// Marks every pending job of the run succeeded with a P99 TTFT that
+    /// crosses 200 ms at a concurrency of 37.
+    fn finish_probes(store: &SledStore, run: RunId) {
+        use crate::model::{JobState, Write};
+        let mut summaries = Vec::new();
+        let mut done = Vec::new();
+        for mut j in store.jobs(run).expect("jobs").into_iter().filter(|j| !j.state.is_terminal()) {
+            let cap = j.profile.max_concurrency.expect("a probe's cap");
+            let mut s = benchfleet_core::Summary { successful: 10, ..Default::default() };
+            s.ttft_ms.p99 = if cap <= 37 { 150.0 } else { 250.0 };
+            j.state = JobState::Succeeded;
+            j.attempt = 1;
+            summaries.push((j.key(), s));
+            done.push(Write::Job(j));
+        }
+        store.commit_records(&crate::store::RecordCommit { summaries, ..Default::default() }).expect("summaries");
+        store.apply(&done).expect("jobs");
+    }
+
+    #[test]
+    fn a_search_goes_on_round_by_round_from_the_store_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let yaml = "name: s\nmodel: m\nhardware: { gpu: H200 }\nengines:\n  vllm: { runtime: process }\n\
+                    variants:\n  fp8: { args: [--kv-cache-dtype=fp8] }\nprofiles:\n  \
+                    cap: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 10, \
+                    search: { max_concurrency: [1, 64], steps: 20, slo: { ttft_p99_ms: 200 } } }\n  \
+                    fixed: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 10, \
+                    max_concurrency: 4 }\nrepeats: 2\n";
+        let sub = Submission { matrix_name: "s.yaml".into(), matrix_yaml: yaml.into(), ..Submission::default() };
+        let run = {
+            let store = SledStore::open(&dir.path().join("store")).expect("store");
+            let prepared = prepare(&store, &sub, || Ok(RunId(1))).expect("valid");
+            // Each configuration: the fixed profile, and the search's two
+            // bounds, each twice.
+            let names: Vec<String> =
+                prepared.jobs.iter().filter(|j| j.group == 0).map(|j| j.profile.name.clone()).collect();
+            assert_eq!(names, ["cap@c1", "cap@c1", "cap@c64", "cap@c64", "fixed", "fixed"]);
+            assert_eq!(prepared.jobs.len(), 12);
+            store.create_run(&prepared.run, &prepared.groups, &prepared.jobs).expect("stored");
+            prepared.run.id
+        };
+        let mut rounds = Vec::new();
+        loop {
+            // A controller restarted between rounds: only the store is left.
+            let store = SledStore::open(&dir.path().join("store")).expect("store");
+            finish_probes(&store, run);
+            match next(&store, run).expect("planned") {
+                Next::Stage { groups, jobs } => {
+                    assert_eq!(groups.len(), 2, "one group per configuration");
+                    assert!(jobs.iter().all(|j| j.repeat <= 2) && jobs.len() == 4, "{jobs:?}");
+                    rounds.push(jobs[0].profile.max_concurrency.expect("a cap"));
+                }
+                Next::Finished => break,
+            }
+        }
+        assert_eq!(rounds, [32, 48, 40, 36, 38, 37]);
+        let store = SledStore::open(&dir.path().join("store")).expect("store");
+        let jobs = store.jobs(run).expect("jobs");
+        assert_eq!(jobs.len(), 12 + 6 * 4, "every probe is kept");
+        let ids: std::collections::BTreeSet<u64> = jobs.iter().map(|j| j.id).collect();
+        assert_eq!(ids.len(), jobs.len(), "job ids are unique");
     }
 
     #[test]

@@ -256,3 +256,49 @@ fn reproduce_a_block(doc: &serde_json::Value) {
         assert!(stdout.contains(&successful), "{command}\n{stdout}");
     }
 }
+
+/// A search profile run by `run --local` with the real simulator and
+/// loadgen: each round of probes is planned from the stored results, every
+/// probe is a job with its block, and the report gives the rate found.
+#[test]
+fn a_search_profile_finds_the_highest_rate_within_its_slos_on_real_engines() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let matrix = data.path().join("capacity.yaml");
+    std::fs::write(
+        &matrix,
+        "name: capacity\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
+         vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192] }\nprofiles:\n  chat:\n    \
+         dataset: { random: { input_tokens: 3072, output_tokens: 128, seed: 42 } }\n    requests: 40\n    \
+         search: { rate: [4, 32], steps: 1, slo: { ttft_p99_ms: 1500 } }\n",
+    )
+    .expect("matrix");
+    let out = benchfleet(data.path(), &["run", "--local", matrix.to_str().expect("utf-8 path")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "run --local failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("## SLO search: chat"), "{stdout}");
+    let run_id = stdout.lines().find_map(|l| l.strip_prefix("run id: ")).expect("the run id is printed").to_owned();
+
+    let json = benchfleet(data.path(), &["report", &run_id, "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("a JSON report");
+    let result = &doc["searches"][0]["results"][0];
+    assert_eq!(result["done"], true, "{result:#}");
+    let probes = result["probes"].as_array().expect("probes");
+    let points: Vec<f64> = probes.iter().map(|p| p["point"].as_f64().expect("a point")).collect();
+    // The bounds first, then one step between them (a 3072-token prompt
+    // every 250 ms is light for the simulated H200; eight a second every
+    // 31 ms is not).
+    assert_eq!(points, [4.0, 32.0, 18.0], "{result:#}");
+    assert_eq!(probes[0]["held"], true, "{result:#}");
+    assert_eq!(probes[1]["held"], false, "{result:#}");
+    let found = result["found"].as_f64().expect("a rate found");
+    let expected = if probes[2]["held"] == true { (18.0, 32.0) } else { (4.0, 18.0) };
+    assert_eq!((found, result["missed_at"].as_f64().expect("a rate missed")), expected, "{result:#}");
+    // Every probe is a job of its own, with its block of 40 requests.
+    let blocks = doc["configurations"][0]["blocks"].as_array().expect("blocks");
+    for p in probes {
+        let block = blocks.iter().find(|b| b["profile"] == p["profile"]).expect("the probe's block");
+        assert_eq!(block["pooled"]["successful"], 40, "{block:#}");
+    }
+    assert_eq!(doc["run"]["jobs_total"], 3);
+    assert_eq!(doc["recommendation"]["config"], "vllm");
+}

@@ -8,6 +8,7 @@ use std::fmt;
 use serde::Deserialize;
 
 use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind, StoredFile, Window};
+use crate::search::{self, Over, Search};
 
 mod reference;
 mod text;
@@ -198,6 +199,27 @@ struct RawProfile {
     /// vLLM's goodput SLOs, ms.
     #[serde(default)]
     goodput: Option<RawGoodput>,
+    /// Find the load instead of giving it: the highest rate or concurrency
+    /// at which the SLOs hold.
+    #[serde(default)]
+    search: Option<RawSearch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSearch {
+    /// `[lo, hi]` requests per second.
+    #[serde(default)]
+    rate: Option<Vec<f64>>,
+    /// `[lo, hi]` requests in flight.
+    #[serde(default)]
+    max_concurrency: Option<Vec<i64>>,
+    /// Probes after the two bounds, at most.
+    #[serde(default)]
+    steps: Option<i64>,
+    /// `ttft_p99_ms: 200`, ...; `goodput: 95%`.
+    #[serde(default)]
+    slo: Option<serde_yaml_ng::Mapping>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -516,12 +538,13 @@ fn parse_as(
         Some(v) => fraction(&err, "acceptance.min_effect", v)?,
     };
     match raw.objective.as_deref() {
-        None | Some("total_token_throughput" | "output_throughput" | "mean_latency") => {}
+        None | Some("total_token_throughput" | "output_throughput" | "mean_latency" | "capacity") => {}
         Some(other) => {
             return Err(err(
                 "objective",
                 format!(
-                    "unknown objective '{other}'; expected total_token_throughput, output_throughput or mean_latency"
+                    "unknown objective '{other}'; expected total_token_throughput, output_throughput, mean_latency \
+                     or capacity"
                 ),
             ));
         }
@@ -613,6 +636,30 @@ fn parse_as(
         }
         Some(name) => name,
         None => profiles[0].name.clone(),
+    };
+    // A search's result is the load it found: what `capacity` ranks by.
+    let primary_searches = profiles.iter().any(|p| p.name == primary_profile && p.search.is_some());
+    let objective = match (raw.objective.as_deref(), primary_searches) {
+        (None, true) | (Some("capacity"), true) => "capacity".to_owned(),
+        (Some("capacity"), false) => {
+            return Err(err(
+                "objective",
+                format!(
+                    "capacity ranks by the load a search found, but the primary profile '{primary_profile}' does \
+                     not search; give it search: or make a search profile primary"
+                ),
+            ));
+        }
+        (Some(other), true) => {
+            return Err(err(
+                "objective",
+                format!(
+                    "the primary profile '{primary_profile}' searches, so its result is the load it found: use \
+                     objective: capacity (or leave it out), not {other}, or make another profile primary"
+                ),
+            ));
+        }
+        (other, false) => other.unwrap_or("total_token_throughput").to_owned(),
     };
 
     for (section, names) in [("engines", key_order(&value, "engines")), ("variants", key_order(&value, "variants"))] {
@@ -728,8 +775,10 @@ fn parse_as(
     if strategy == Strategy::Grid {
         // Counted before anything is built: 64 variants are 2^64 sets.
         let sets = engines.iter().try_fold(0u64, |n, e| n.checked_add(variant_set_count(&variants, &e.name)?));
+        // A search profile counts its most probes.
+        let profile_jobs: u64 = profiles.iter().map(|p| p.search.as_ref().map_or(1, |s| 2 + u64::from(s.steps))).sum();
         let jobs = sets
-            .and_then(|c| c.checked_mul(profiles.len() as u64))
+            .and_then(|c| c.checked_mul(profile_jobs))
             .and_then(|j| j.checked_mul(u64::from(repeats)))
             .filter(|&j| !strict || j <= MAX_JOBS);
         if jobs.is_none() {
@@ -853,7 +902,7 @@ fn parse_as(
         name: raw.name,
         file: file.to_owned(),
         model: raw.model,
-        objective: raw.objective.unwrap_or_else(|| "total_token_throughput".to_owned()),
+        objective,
         gpu,
         gpus_per_job,
         min_success_rate,
@@ -998,10 +1047,21 @@ impl Matrix {
     /// file's order whatever the order of `chosen`, so that one set of
     /// variants always makes one configuration with one name.
     /// The jobs of a grid: each configuration on each profile it runs,
-    /// each repeat.
+    /// each repeat; a search profile counts its most probes (see
+    /// `searches`).
     pub fn grid_jobs(&self) -> usize {
-        let runs: usize = self.configs.iter().map(|c| self.profiles.iter().filter(|p| c.runs(&p.name)).count()).sum();
+        let weight = |p: &Profile| p.search.as_ref().map_or(1, |s| 2 + s.steps as usize);
+        let runs: usize = self
+            .configs
+            .iter()
+            .map(|c| self.profiles.iter().filter(|p| c.runs(&p.name)).map(weight).sum::<usize>())
+            .sum();
         runs * self.repeats as usize
+    }
+
+    /// The search profiles.
+    pub fn searches(&self) -> impl Iterator<Item = (&Profile, &Search)> {
+        self.profiles.iter().filter_map(|p| p.search.as_ref().map(|s| (p, s)))
     }
 
     pub fn config_with(&self, engine: &EngineDef, chosen: &[&str]) -> EngineConfig {
@@ -1099,6 +1159,8 @@ type SweepPoint<'a> = (String, Option<&'a RawRate>, Option<i64>);
 
 /// The most profiles one sweep makes.
 pub const MAX_SWEEP: usize = 64;
+/// The highest concurrency a search may reach.
+pub const MAX_SEARCH_CONCURRENCY: i64 = 100_000;
 
 /// The profiles a raw profile makes, by name, with the rate and the cap of
 /// each: itself, or one per point of its sweeps (`NAME-r8` for a rate of 8,
@@ -1375,7 +1437,120 @@ fn profile(
             }
         },
         processor: None,
+        search: search_of(name, p, err)?,
+        probe: None,
     })
+}
+
+/// A profile's search, validated: one dimension with its two bounds, the
+/// steps, the SLOs; the profile must leave the searched load to it.
+fn search_of(
+    name: &str,
+    p: &RawProfile,
+    err: &dyn Fn(&str, String) -> MatrixError,
+) -> Result<Option<Search>, MatrixError> {
+    let Some(raw) = &p.search else { return Ok(None) };
+    let field = |f: &str| format!("profiles.{name}.{f}");
+    let swept =
+        p.rate.as_ref().is_some_and(OneOrMany::is_sweep) || p.max_concurrency.as_ref().is_some_and(OneOrMany::is_sweep);
+    if swept {
+        return Err(err(
+            &field("search"),
+            "a search profile cannot also be a sweep: the search chooses its own points".to_owned(),
+        ));
+    }
+    if p.mode.is_some() {
+        return Err(err(&field("mode"), "a search profile sets its own load: leave mode out".to_owned()));
+    }
+    let (over, lo, hi) = match (&raw.rate, &raw.max_concurrency) {
+        (Some(r), None) => {
+            let [lo, hi] = r[..] else {
+                return Err(err(&field("search.rate"), format!("must be [lo, hi], two rates; got {} values", r.len())));
+            };
+            if !(lo.is_finite() && hi.is_finite() && lo > 0.0 && lo < hi) {
+                return Err(err(
+                    &field("search.rate"),
+                    format!("must be [lo, hi] with 0 < lo < hi requests per second, got [{lo}, {hi}]"),
+                ));
+            }
+            if p.rate.is_some() {
+                return Err(err(&field("rate"), "the search sets the rate: leave rate out".to_owned()));
+            }
+            (Over::Rate, lo, hi)
+        }
+        (None, Some(c)) => {
+            let [lo, hi] = c[..] else {
+                return Err(err(
+                    &field("search.max_concurrency"),
+                    format!("must be [lo, hi], two caps; got {} values", c.len()),
+                ));
+            };
+            if !(1 <= lo && lo < hi && hi <= MAX_SEARCH_CONCURRENCY) {
+                return Err(err(
+                    &field("search.max_concurrency"),
+                    format!("must be [lo, hi] with 1 <= lo < hi <= {MAX_SEARCH_CONCURRENCY}, got [{lo}, {hi}]"),
+                ));
+            }
+            if p.max_concurrency.is_some() {
+                return Err(err(
+                    &field("max_concurrency"),
+                    "the search sets the concurrency: leave max_concurrency out".to_owned(),
+                ));
+            }
+            (Over::Concurrency, lo as f64, hi as f64)
+        }
+        _ => {
+            return Err(err(
+                &field("search"),
+                "give what it searches: rate: [lo, hi] or max_concurrency: [lo, hi], one of them".to_owned(),
+            ));
+        }
+    };
+    let steps = match raw.steps {
+        None => search::DEFAULT_STEPS,
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| *n <= search::MAX_STEPS)
+            .ok_or_else(|| err(&field("search.steps"), format!("must be from 0 to {}, got {n}", search::MAX_STEPS)))?,
+    };
+    let Some(slo) = raw.slo.as_ref().filter(|m| !m.is_empty()) else {
+        return Err(err(
+            &field(if raw.slo.is_some() { "search.slo" } else { "search" }),
+            format!("gives no SLO to hold: set one or more of {}, or goodput", search::KEYS),
+        ));
+    };
+    let (mut bounds, mut goodput) = (Vec::new(), None);
+    for (key, value) in slo {
+        let Some(key) = key.as_str() else {
+            return Err(err(&field("search.slo"), "its keys must be SLO names, e.g. ttft_p99_ms".to_owned()));
+        };
+        let f = field(&format!("search.slo.{key}"));
+        if key == "goodput" {
+            if p.goodput.is_none() {
+                return Err(err(
+                    &f,
+                    "counts the requests within the profile's goodput SLOs: give the profile goodput: \
+                     { ttft_ms, tpot_ms, e2el_ms } too"
+                        .to_owned(),
+                ));
+            }
+            let all = value.as_f64() == Some(1.0) || value.as_str().is_some_and(|t| t.trim() == "100%");
+            let share = if all { 1.0 } else { fraction(err, &f, value)? };
+            if share <= 0.0 {
+                return Err(err(&f, "must be more than 0% of the requests".to_owned()));
+            }
+            goodput = Some(share);
+            continue;
+        }
+        let ms = value.as_f64().filter(|ms| ms.is_finite() && *ms > 0.0).ok_or_else(|| {
+            let shown = serde_yaml_ng::to_string(value).unwrap_or_default();
+            err(&f, format!("must be a positive number of milliseconds, got {}", shown.trim()))
+        })?;
+        let bound = search::Bound::parse(key, ms)
+            .ok_or_else(|| err(&f, format!("is not an SLO this search knows; use {}, or goodput", search::KEYS)))?;
+        bounds.push(bound);
+    }
+    Ok(Some(Search { over, lo, hi, steps, slo: bounds, goodput }))
 }
 
 /// Seconds written as `30s`, `2m` or `1h`, positive.
@@ -1680,7 +1855,7 @@ profiles:
     fn unknown_field_is_named_with_its_line() {
         check_err(
             &GOOD.replace("rate: 20", "rte: 20"),
-            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`, `mode`, `warmup`, `cooldown`, `max_duration`, `ignore_eos`, `extra_body`, `only_with`, `goodput`",
+            "m.yaml:14: profiles.throughput: unknown field `rte`, expected one of `dataset`, `rate`, `arrival`, `requests`, `max_concurrency`, `endpoint`, `seed`, `lag_limit_ms`, `rate_tolerance`, `mode`, `warmup`, `cooldown`, `max_duration`, `ignore_eos`, `extra_body`, `only_with`, `goodput`, `search`",
         );
     }
 
@@ -1739,7 +1914,7 @@ profiles:
         );
         check_err(
             &format!("{GOOD}objective: speed\n"),
-            "m.yaml:17: objective: unknown objective 'speed'; expected total_token_throughput, output_throughput or mean_latency",
+            "m.yaml:17: objective: unknown objective 'speed'; expected total_token_throughput, output_throughput, mean_latency or capacity",
         );
         check_err(
             &format!("{GOOD}strategy: random\n"),

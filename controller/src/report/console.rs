@@ -67,12 +67,41 @@ pub fn render(doc: &ReportDoc) -> String {
         out.push('\n');
     }
 
+    for s in &doc.searches {
+        let _ = writeln!(out, "## SLO search: {}\n", s.profile);
+        let _ = writeln!(
+            out,
+            "The highest {} from {} to {} {} holding {}:",
+            s.over,
+            super::words::number(s.lo),
+            super::words::number(s.hi),
+            s.unit,
+            s.slo.join(", ")
+        );
+        for r in &s.results {
+            let _ = writeln!(out, "  {:<40} {}", r.config, r.capacity);
+            for p in &r.probes {
+                let held = match p.held {
+                    Some(true) => "held",
+                    Some(false) => "missed",
+                    None => "running",
+                };
+                let why = p.missed.as_deref().map_or(String::new(), |m| format!(": {m}"));
+                let _ = writeln!(out, "    {:<24} {held:<7} {}{why}", p.profile, p.measured);
+            }
+        }
+        out.push('\n');
+    }
+
     if !doc.comparisons.is_empty() {
         let _ = writeln!(out, "## Against the baseline\n");
-        for p in &doc.profiles {
+        for p in doc.profiles.iter().filter(|p| doc.comparisons.iter().any(|r| r.profile == p.name)) {
             let _ = writeln!(out, "Profile: {}", p.name);
             for row in doc.comparisons.iter().filter(|r| r.profile == p.name) {
                 let line = match (row.value, row.baseline_value) {
+                    (Some(v), Some(b)) if row.tpot_ms.is_none() => {
+                        format!("{name}: {v:.2} ({}) | baseline {name}: {b:.2}", row.said, name = row.metric)
+                    }
                     (Some(v), Some(b)) => format!(
                         "{name}: {v:.2} ({}) Mean TPOT(ms): {:.2} | baseline {name}: {b:.2} Mean TPOT(ms): {:.2}",
                         row.said,
@@ -111,13 +140,18 @@ pub fn render(doc: &ReportDoc) -> String {
                 }
             }
         }
-        None => {
-            let _ = writeln!(
-                out,
-                "## No recommendation\n\nNo configuration met the acceptance (a valid run and the success rate) on the \
-                 primary profile."
-            );
-        }
+        None => match super::words::no_capacity(doc) {
+            Some(why) => {
+                let _ = writeln!(out, "## No recommendation\n\n{why}.");
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "## No recommendation\n\nNo configuration met the acceptance (a valid run and the success rate) \
+                     on the primary profile."
+                );
+            }
+        },
     }
     out
 }

@@ -36,6 +36,62 @@ pub struct ReportDoc {
     #[serde(default)]
     pub comparisons: Vec<ComparisonRow>,
     pub recommendation: Option<Recommendation>,
+    /// Each search profile: the load found per configuration, and every
+    /// point probed.
+    #[serde(default)]
+    pub searches: Vec<SearchInfo>,
+}
+
+/// A search profile's outcome.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SearchInfo {
+    pub profile: String,
+    pub primary: bool,
+    /// What it varies: rate or max_concurrency.
+    pub over: String,
+    /// req/s or concurrent.
+    pub unit: String,
+    pub lo: f64,
+    pub hi: f64,
+    /// Probes after the two bounds, at most.
+    pub steps: u32,
+    /// The SLOs in words: `P99 TTFT <= 500 ms`, `goodput >= 95% of requests`.
+    pub slo: Vec<String>,
+    /// Per configuration that ran it, in the order they were planned.
+    pub results: Vec<SearchResult>,
+}
+
+/// One configuration's search.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SearchResult {
+    pub config: String,
+    /// Whether the search ended (else more probes are to come).
+    pub done: bool,
+    /// The highest load probed where the SLOs held; `None` when they did
+    /// not hold at the lower bound (or nothing is judged yet).
+    pub found: Option<f64>,
+    /// The lowest load above it where they did not; `None` when they held
+    /// at the upper bound.
+    pub missed_at: Option<f64>,
+    /// The result in words: `9.73 req/s`, `at least 32 req/s (the upper
+    /// bound)`, `none`, `searching`.
+    pub capacity: String,
+    /// Every point probed, in the order they were probed.
+    pub probes: Vec<ProbeInfo>,
+}
+
+/// One probed point.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeInfo {
+    pub point: f64,
+    /// The profile its jobs (and its block) carry: `chat@r16.5`.
+    pub profile: String,
+    /// Whether the SLOs held there; `None` while a job there runs.
+    pub held: Option<bool>,
+    /// The SLOs' statistics there, the worst repeat's.
+    pub measured: String,
+    /// Why they did not hold.
+    pub missed: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -106,6 +162,13 @@ pub struct ProfileInfo {
     /// The profile as the references list it: `dataset_name: ShareGPT`,
     /// `request_rate: 8`, `total_requests: 1000`, ...
     pub parameters: Vec<(String, String)>,
+    /// A search profile's search in words: `rate from 1 to 32 req/s, at
+    /// most 5 probes after the bounds, holding P99 TTFT <= 500 ms`.
+    #[serde(default)]
+    pub search: Option<String>,
+    /// For a probe of a search: the search profile's name.
+    #[serde(default)]
+    pub probe_of: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

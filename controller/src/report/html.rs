@@ -75,27 +75,26 @@ pub fn render(doc: &ReportDoc) -> String {
             }
         }
         None => {
-            let _ = writeln!(
-                out,
-                "<p>No configuration met the acceptance on the primary profile: nothing is recommended.</p>"
-            );
+            let why = super::words::no_capacity(doc)
+                .unwrap_or_else(|| "No configuration met the acceptance on the primary profile".to_owned());
+            let _ = writeln!(out, "<p>{}: nothing is recommended.</p>", esc(&why));
         }
     }
 
     let _ = writeln!(out, "<h2>Charts</h2>");
-    for p in &doc.profiles {
+    // A search's probes are its table's rows, and the points of the
+    // throughput-latency curve.
+    for p in doc.profiles.iter().filter(|p| p.probe_of.is_none()) {
         out.push_str(&objective_chart(doc, &p.name));
     }
     out.push_str(&throughput_latency_chart(doc));
-    let primary = doc.run.primary_profile.as_str();
-    out.push_str(&distribution_chart(doc, primary, "TTFT", |b| &b.ttft_ms));
-    out.push_str(&distribution_chart(doc, primary, "ITL", |b| &b.itl_ms));
-    for c in &doc.configurations {
-        if let Some(b) = c.block(primary) {
-            out.push_str(&telemetry_chart(&c.name, b));
-        }
+    let (primary, blocks) = primary_blocks(doc);
+    out.push_str(&distribution_chart(&primary, &blocks, "TTFT", |b| &b.ttft_ms));
+    out.push_str(&distribution_chart(&primary, &blocks, "ITL", |b| &b.itl_ms));
+    for (c, b) in &blocks {
+        out.push_str(&telemetry_chart(&c.name, b));
     }
-    out.push_str(&clock_chart(doc, primary));
+    out.push_str(&clock_chart(&primary, &blocks));
 
     if !doc.comparisons.is_empty() {
         let _ = writeln!(out, "<h2>Against the baseline</h2>");
@@ -115,6 +114,44 @@ pub fn render(doc: &ReportDoc) -> String {
                 v(r.baseline_value),
                 esc(&r.said)
             );
+        }
+        let _ = writeln!(out, "</table>");
+    }
+
+    for s in &doc.searches {
+        let _ = writeln!(out, "<h2>SLO search: {}</h2>", esc(&s.profile));
+        let _ = writeln!(
+            out,
+            "<p>The highest {} from {} to {} {} at which {} held.</p>",
+            esc(&s.over),
+            s.lo,
+            s.hi,
+            esc(&s.unit),
+            esc(&s.slo.join(", "))
+        );
+        let _ = writeln!(
+            out,
+            "<table><tr><th>Configuration</th><th>Capacity</th><th>Probe</th><th>SLOs</th><th>Measured</th>\
+             <th>Why not</th></tr>"
+        );
+        for r in &s.results {
+            for (i, p) in r.probes.iter().enumerate() {
+                let (config, capacity) = if i == 0 { (r.config.as_str(), r.capacity.as_str()) } else { ("", "") };
+                let held = match p.held {
+                    Some(true) => "held",
+                    Some(false) => "missed",
+                    None => "running",
+                };
+                let _ = writeln!(
+                    out,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{held}</td><td>{}</td><td>{}</td></tr>",
+                    esc(config),
+                    esc(capacity),
+                    esc(&p.profile),
+                    esc(&p.measured),
+                    esc(p.missed.as_deref().unwrap_or(""))
+                );
+            }
         }
         let _ = writeln!(out, "</table>");
     }
@@ -396,12 +433,35 @@ fn throughput_latency_chart(doc: &ReportDoc) -> String {
 
 /// A distribution on one profile as its percentile curve (percentile on x,
 /// the value on y), one line per configuration.
-fn distribution_chart(doc: &ReportDoc, profile: &str, name: &str, of: fn(&Block) -> &Vec<Percentile>) -> String {
-    let lines: Vec<(String, Vec<(f64, f64)>)> = doc
+/// Each configuration's block on the primary profile, and the profile's
+/// name for charts; when the primary profile searches, each one's block at
+/// the load it found (`chat at capacity`).
+fn primary_blocks(doc: &ReportDoc) -> (String, Vec<(&Configuration, &Block)>) {
+    let primary = doc.run.primary_profile.as_str();
+    let Some(search) = doc.searches.iter().find(|s| s.profile == primary) else {
+        let blocks = doc.configurations.iter().filter_map(|c| c.block(primary).map(|b| (c, b))).collect();
+        return (primary.to_owned(), blocks);
+    };
+    let blocks = doc
         .configurations
         .iter()
-        .filter_map(|c| c.block(profile).map(|b| (c.name.clone(), of(b).iter().map(|p| (p.p, p.value)).collect())))
+        .filter_map(|c| {
+            let r = search.results.iter().find(|r| r.config == c.name)?;
+            let probe = r.probes.iter().find(|p| Some(p.point) == r.found)?;
+            c.block(&probe.profile).map(|b| (c, b))
+        })
         .collect();
+    (format!("{primary} at capacity"), blocks)
+}
+
+fn distribution_chart(
+    profile: &str,
+    blocks: &[(&Configuration, &Block)],
+    name: &str,
+    of: fn(&Block) -> &Vec<Percentile>,
+) -> String {
+    let lines: Vec<(String, Vec<(f64, f64)>)> =
+        blocks.iter().map(|(c, b)| (c.name.clone(), of(b).iter().map(|p| (p.p, p.value)).collect())).collect();
     line_chart(
         (&format!("{name} distribution on {profile}"), "percentile", &format!("{name} (ms)")),
         Some(100.0),
@@ -413,12 +473,10 @@ fn distribution_chart(doc: &ReportDoc, profile: &str, name: &str, of: fn(&Block)
 
 /// Each configuration's GPUs' SM clocks during its first repeat on a
 /// profile: a GPU held down shows as a line below the others.
-fn clock_chart(doc: &ReportDoc, profile: &str) -> String {
-    let lines: Vec<(String, Vec<(f64, f64)>)> = doc
-        .configurations
+fn clock_chart(profile: &str, blocks: &[(&Configuration, &Block)]) -> String {
+    let lines: Vec<(String, Vec<(f64, f64)>)> = blocks
         .iter()
-        .filter_map(|c| c.block(profile).map(|b| (c, b)))
-        .flat_map(|(c, b)| {
+        .flat_map(|&(c, b)| {
             let several = b.telemetry.iter().filter(|s| s.name == "gpu_sm_clock_mhz").count() > 1;
             b.telemetry.iter().filter(|s| s.name == "gpu_sm_clock_mhz").map(move |s| {
                 let name = if several { format!("{} {}", c.name, s.gpu) } else { c.name.clone() };

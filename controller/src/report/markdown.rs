@@ -17,6 +17,7 @@ pub fn render(doc: &ReportDoc) -> String {
     let aim = match run.objective.as_str() {
         "mean_latency" => "latency",
         "output_throughput" => "output throughput",
+        "capacity" => "capacity",
         _ => "throughput",
     };
     // The matrix's model is its baseline's; variants may serve others.
@@ -33,6 +34,7 @@ pub fn render(doc: &ReportDoc) -> String {
     setup(&mut out, doc);
     profiles(&mut out, doc);
     results(&mut out, doc);
+    searches(&mut out, doc);
     summary_table(&mut out, doc);
     other_profiles(&mut out, doc);
     failures(&mut out, doc);
@@ -42,6 +44,10 @@ pub fn render(doc: &ReportDoc) -> String {
 fn conclusion(out: &mut String, doc: &ReportDoc, aim: &str) {
     let _ = writeln!(out, "## Conclusion\n");
     let Some(r) = &doc.recommendation else {
+        if let Some(why) = words::no_capacity(doc) {
+            let _ = writeln!(out, "{why}: nothing is recommended.\n");
+            return;
+        }
         let _ = writeln!(
             out,
             "No configuration met the acceptance (a valid run and a success rate of at least {:.1}%) on the primary \
@@ -189,7 +195,7 @@ fn setup(out: &mut String, doc: &ReportDoc) {
 
 fn profiles(out: &mut String, doc: &ReportDoc) {
     let _ = writeln!(out, "## Benchmark profiles\n");
-    for p in &doc.profiles {
+    for p in doc.profiles.iter().filter(|p| p.probe_of.is_none()) {
         let primary = if p.primary { " (primary)" } else { "" };
         let _ = writeln!(out, "### {}{primary}\n", p.name);
         let _ = writeln!(out, "```yaml");
@@ -205,18 +211,31 @@ fn results(out: &mut String, doc: &ReportDoc) {
     if doc.stages.is_empty() {
         for c in &doc.configurations {
             let _ = writeln!(out, "### {}\n", c.name);
-            for b in &c.blocks {
+            let probe = |b: &Block| doc.profiles.iter().any(|p| p.name == b.profile && p.probe_of.is_some());
+            for b in c.blocks.iter().filter(|b| !probe(b)) {
                 block(out, c, b, "####");
+            }
+            for s in doc.searches.iter().filter(|s| s.results.iter().any(|r| r.config == c.name)) {
+                let _ = writeln!(out, "#### Search {}\n", s.profile);
+                searched(out, c, s, Some("#####"));
             }
         }
         return;
     }
     let primary = doc.run.primary_profile.as_str();
+    // A configuration's probe blocks are shown the first time it appears.
+    let mut probed: Vec<&str> = Vec::new();
     for s in &doc.stages {
         let _ = writeln!(out, "### Stage {}: {}\n", s.number, s.title);
         for name in &s.configurations {
             let Some(c) = doc.configurations.iter().find(|c| &c.name == name) else { continue };
             let _ = writeln!(out, "#### {name}\n");
+            if let Some(search) = doc.searches.iter().find(|s| s.profile == primary) {
+                let again = probed.contains(&name.as_str());
+                probed.push(name);
+                searched(out, c, search, if again { None } else { Some("#####") });
+                continue;
+            }
             match c.block(primary) {
                 Some(b) => block(out, c, b, "#####"),
                 None => {
@@ -246,6 +265,77 @@ fn results(out: &mut String, doc: &ReportDoc) {
             (None, None) => {
                 let _ = writeln!(out, "Nothing chosen: {}\n", g.reason);
             }
+        }
+    }
+}
+
+/// Each search: the load found per configuration (every probe is under
+/// Results).
+fn searches(out: &mut String, doc: &ReportDoc) {
+    if doc.searches.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## SLO search\n");
+    for s in &doc.searches {
+        let primary = if s.primary { " (primary)" } else { "" };
+        let _ = writeln!(out, "### {}{primary}\n", s.profile);
+        let _ = writeln!(
+            out,
+            "The highest {} from {} to {} {} at which {} held, by bisection: at most {} probes after the bounds.\n",
+            if s.over == "rate" { "request rate" } else { "concurrency" },
+            words::number(s.lo),
+            words::number(s.hi),
+            s.unit,
+            s.slo.join(", "),
+            s.steps
+        );
+        let _ = writeln!(out, "| Configuration | Capacity | Held at | Missed at | Probes |\n|---|---|---:|---:|---:|");
+        for r in &s.results {
+            let at = |x: Option<f64>| x.map_or("-".to_owned(), words::number);
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} | {} |",
+                r.config,
+                cell(&r.capacity),
+                at(r.found),
+                at(r.missed_at),
+                r.probes.len()
+            );
+        }
+        out.push('\n');
+    }
+}
+
+/// A configuration's search: what it found, its probes in the order they
+/// ran, and (with a heading for them) each probe's block.
+fn searched(out: &mut String, c: &Configuration, s: &SearchInfo, blocks: Option<&str>) {
+    let Some(r) = s.results.iter().find(|r| r.config == c.name) else {
+        let _ = writeln!(out, "No probe of the search {}.\n", s.profile);
+        return;
+    };
+    let _ = writeln!(out, "Capacity within {}: {}.\n", s.slo.join(", "), r.capacity);
+    let _ = writeln!(out, "| Probe | Load | SLOs | Measured | Why not |\n|---|---:|---|---|---|");
+    for p in &r.probes {
+        let held = match p.held {
+            Some(true) => "held",
+            Some(false) => "missed",
+            None => "running",
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} {} | {held} | {} | {} |",
+            p.profile,
+            words::number(p.point),
+            s.unit,
+            cell(&p.measured),
+            cell(p.missed.as_deref().unwrap_or(""))
+        );
+    }
+    out.push('\n');
+    let Some(heading) = blocks else { return };
+    for p in &r.probes {
+        if let Some(b) = c.block(&p.profile) {
+            block(out, c, b, heading);
         }
     }
 }
@@ -363,6 +453,7 @@ fn summary_table(out: &mut String, doc: &ReportDoc) {
         let value = |v: Option<f64>, tpot: Option<f64>| match (v, tpot) {
             (Some(v), _) if doc.run.objective == "mean_latency" => format!("Mean latency: {v:.2}s/req"),
             (Some(v), Some(t)) => format!("{}: {v:.2} Mean TPOT(ms): {t:.2}", r.metric),
+            (Some(v), None) => format!("{}: {}", r.metric, words::number(v)),
             _ => "no result".to_owned(),
         };
         let decision = doc
@@ -391,7 +482,7 @@ fn other_profiles(out: &mut String, doc: &ReportDoc) {
     if doc.stages.is_empty() {
         return;
     }
-    let others: Vec<&ProfileInfo> = doc.profiles.iter().filter(|p| !p.primary).collect();
+    let others: Vec<&ProfileInfo> = doc.profiles.iter().filter(|p| !p.primary && p.probe_of.is_none()).collect();
     if others.is_empty() {
         return;
     }
@@ -404,8 +495,13 @@ fn other_profiles(out: &mut String, doc: &ReportDoc) {
     let _ = writeln!(out, "## Other benchmark profiles\n");
     for p in others {
         let _ = writeln!(out, "### {}\n", p.name);
+        let search = doc.searches.iter().find(|s| s.profile == p.name);
         for c in &shown {
-            if let Some(b) = c.block(&p.name) {
+            if let Some(s) = search {
+                let role = if c.is_baseline() { "Baseline" } else { "Optimized" };
+                let _ = writeln!(out, "#### {role}: {}\n", c.name);
+                searched(out, c, s, Some("#####"));
+            } else if let Some(b) = c.block(&p.name) {
                 let role = if c.is_baseline() { "Baseline" } else { "Optimized" };
                 let _ = writeln!(out, "#### {role}: {}\n", c.name);
                 block(out, c, b, "#####");

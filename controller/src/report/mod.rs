@@ -18,6 +18,7 @@ mod csv;
 pub mod doc;
 mod html;
 mod markdown;
+mod searches;
 mod words;
 
 use std::collections::HashMap;
@@ -134,6 +135,8 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
     // needed to read its acceptance.
     let matrix = crate::matrix::reparse(&run.matrix_file, &run.matrix_yaml, &|_| Some(String::new())).ok();
     let objective = Objective::of(matrix.as_ref().map_or("", |m| m.objective.as_str()));
+    // Blocks are measured at a fixed load: a capacity is a search's.
+    let ranked = objective.for_blocks();
     let min_success_rate = matrix.as_ref().map_or(1.0, |m| m.min_success_rate);
     let min_effect = matrix.as_ref().map_or(crate::matrix::DEFAULT_MIN_EFFECT, |m| m.min_effect);
 
@@ -143,9 +146,26 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
             profile_list.push(&j.profile);
         }
     }
-    // In the matrix's order (a greedy run measures the primary one first).
+    // A search profile that was probed is listed with its probes.
     if let Some(m) = &matrix {
-        profile_list.sort_by_key(|p| m.profiles.iter().position(|q| q.name == p.name).unwrap_or(usize::MAX));
+        for (p, _) in m.searches() {
+            if profile_list.iter().any(|q| q.probe.as_ref().is_some_and(|probe| probe.search == p.name)) {
+                profile_list.push(p);
+            }
+        }
+    }
+    // In the matrix's order (a greedy run measures the primary one first),
+    // each search's probes after it by their load.
+    if let Some(m) = &matrix {
+        profile_list.sort_by(|a, b| {
+            let key = |p: &Profile| {
+                let name = p.probe.as_ref().map_or(&p.name, |probe| &probe.search);
+                let at = m.profiles.iter().position(|q| q.name == *name).unwrap_or(usize::MAX);
+                (at, p.probe.as_ref().map_or(f64::MIN, |probe| probe.point))
+            };
+            let (ka, kb) = (key(a), key(b));
+            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        });
     }
     let primary = matrix
         .as_ref()
@@ -183,7 +203,7 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
     let mut stages = Vec::new();
     let mut greedy_outcome = None;
     if let Some(m) = matrix.as_ref().filter(|m| m.strategy == Strategy::Greedy) {
-        let planned = greedy::plan(m, &greedy::Results::of(&all_groups, &stored_jobs, &m.primary_profile));
+        let planned = greedy::plan(m, &greedy::Results::of(&all_groups, &stored_jobs, m));
         for d in &planned.decisions {
             if stages.last().is_none_or(|s: &StageInfo| s.number != d.stage) {
                 let mut measured: Vec<String> = Vec::new();
@@ -214,14 +234,21 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
         // best single variant against its combinations).
         for s in &mut stages {
             let decided: Vec<String> = s.decisions.iter().map(|d| d.config.clone()).collect();
-            s.summary = words::stage_sentence(objective, &configurations, &decided, &primary, min_success_rate);
+            s.summary = words::stage_sentence(ranked, &configurations, &decided, &primary, min_success_rate);
         }
     }
 
-    let comparisons = comparisons(&configurations, &profiles, (min_success_rate, min_effect), objective);
+    let searches = matrix.as_ref().map(|m| searches::gather(m, &groups, &jobs)).unwrap_or_default();
+    let fixed: Vec<ProfileInfo> =
+        profiles.iter().filter(|p| p.search.is_none() && p.probe_of.is_none()).cloned().collect();
+    let mut comparisons = comparisons(&configurations, &fixed, (min_success_rate, min_effect), ranked);
+    comparisons.extend(searches::comparisons(&searches, &configurations, min_effect));
     let winner = greedy_outcome.as_ref().and_then(|g| g.chosen.as_deref());
-    let recommendation = matrix.as_ref().and_then(|m| {
-        recommendation(&configurations, &profiles, &primary, (m.min_success_rate, m.min_effect), objective, winner)
+    let recommendation = matrix.as_ref().and_then(|m| match searches.iter().find(|s| s.primary) {
+        Some(s) if objective == Objective::Capacity => {
+            searches::recommendation(s, &configurations, &profiles, (ranked, m.min_effect), winner)
+        }
+        _ => recommendation(&configurations, &fixed, &primary, (m.min_success_rate, m.min_effect), ranked, winner),
     });
 
     let mut setup = Setup::default();
@@ -296,6 +323,7 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
         greedy: greedy_outcome,
         comparisons,
         recommendation,
+        searches,
     })
 }
 
@@ -516,8 +544,13 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
             set("dataset_seed", seed.to_string());
         }
     }
-    set("request_rate", p.rate.map_or("inf".to_owned(), words::number));
-    if p.rate.is_some() {
+    let searched = |over: crate::search::Over| p.search.as_ref().is_some_and(|s| s.over == over);
+    if searched(crate::search::Over::Rate) {
+        set("request_rate", "searched".into());
+    } else {
+        set("request_rate", p.rate.map_or("inf".to_owned(), words::number));
+    }
+    if p.rate.is_some() || searched(crate::search::Over::Rate) {
         set(
             "arrival",
             match p.arrival {
@@ -528,7 +561,9 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
         );
     }
     set("total_requests", p.requests.to_string());
-    if let Some(c) = p.max_concurrency {
+    if searched(crate::search::Over::Concurrency) {
+        set("max_concurrency", "searched".into());
+    } else if let Some(c) = p.max_concurrency {
         set("max_concurrency", c.to_string());
     }
     set(
@@ -565,6 +600,9 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
     if let Some(t) = &p.processor {
         set("processor", t.file.clone());
     }
+    if let Some(s) = &p.search {
+        set("search", searches::search_words(s));
+    }
     ProfileInfo {
         name: p.name.clone(),
         primary,
@@ -584,6 +622,8 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
         .to_owned(),
         seed: p.seed,
         parameters,
+        search: p.search.as_ref().map(searches::search_words),
+        probe_of: p.probe.as_ref().map(|probe| probe.search.clone()),
     }
 }
 
@@ -675,7 +715,7 @@ pub(crate) fn objective_metric(objective: Objective) -> (&'static str, fn(&Summa
     match objective {
         Objective::MeanLatency => ("Mean latency (s)", |s| s.latency_s.mean),
         Objective::OutputThroughput => ("Output TPS", |s| s.output_throughput),
-        Objective::TotalTokenThroughput => ("Total TPS", |s| s.total_token_throughput),
+        Objective::TotalTokenThroughput | Objective::Capacity => ("Total TPS", |s| s.total_token_throughput),
     }
 }
 

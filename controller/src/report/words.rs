@@ -5,6 +5,19 @@ use benchfleet_core::{Summary, pool};
 use super::doc::Configuration;
 use crate::greedy::{Objective, Verdict};
 
+/// Why nothing is recommended, when the primary profile searches: `None`
+/// otherwise (the acceptance says why).
+pub fn no_capacity(doc: &super::doc::ReportDoc) -> Option<String> {
+    let s = doc.searches.iter().find(|s| s.primary)?;
+    Some(format!(
+        "No configuration held the SLOs of the primary profile `{}` ({}) at any load it probed, from {} {}",
+        s.profile,
+        s.slo.join(", "),
+        number(s.lo),
+        s.unit
+    ))
+}
+
 /// A number without trailing zeros: `8`, `0.5`, `12.25`.
 pub fn number(x: f64) -> String {
     if x.is_infinite() {
@@ -36,7 +49,7 @@ pub fn headline(objective: Objective, s: &Summary, base: Option<&Summary>) -> St
     let change = base.map_or(String::new(), |b| format!(" ({})", objective.change(b, s)));
     match objective {
         Objective::MeanLatency => format!("Mean latency: {:.2}s/req{change}", s.latency_s.mean),
-        Objective::TotalTokenThroughput => {
+        Objective::TotalTokenThroughput | Objective::Capacity => {
             format!("Total TPS: {:.2}{change} Mean TPOT(ms): {:.2}", s.total_token_throughput, s.tpot_ms.mean)
         }
         Objective::OutputThroughput => {
@@ -74,7 +87,9 @@ pub fn stage_sentence(
         .iter()
         .map(|(name, s, _)| match objective {
             Objective::MeanLatency => format!("{name} Mean latency = {:.2}s", s.latency_s.mean),
-            Objective::TotalTokenThroughput => format!("{name} Total TPS = {:.2}", s.total_token_throughput),
+            Objective::TotalTokenThroughput | Objective::Capacity => {
+                format!("{name} Total TPS = {:.2}", s.total_token_throughput)
+            }
             Objective::OutputThroughput => format!("{name} Output TPS = {:.2}", s.output_throughput),
         })
         .collect();

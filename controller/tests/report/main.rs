@@ -644,3 +644,141 @@ profiles:
     let md = report::render_as(&doc, Format::Markdown);
     assert!(md.contains(&format!("| Total token throughput (tok/s) | {mean:.2} | {half:.2} |")), "{md}");
 }
+
+/// A capacity study (Qwen3.5-9B on H100, ShareGPT in Poisson arrivals):
+/// the primary profile searches for the highest rate at which P99 TTFT and
+/// P99 TPOT hold, and the greedy strategy ranks by the rate found.
+const CAPACITY: &str = "\
+name: qwen3.5-9b-h100-capacity
+model: Qwen/Qwen3.5-9B
+hardware: { gpu: H100, gpus_per_job: 1 }
+acceptance: { min_success_rate: 0.99 }
+engines:
+  vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192] }
+  sglang: { image: lmsysorg/sglang:v0.5.9, args: [--context-length=8192] }
+variants:
+  prefix-caching: { engines: [vllm], args: [--enable-prefix-caching] }
+  chunked-prefill: { engines: [vllm], args: [--max-num-batched-tokens=16384] }
+  kv-fp8: { engines: [vllm], args: [--kv-cache-dtype=fp8] }
+profiles:
+  chat:
+    dataset: { sharegpt: sharegpt.json }
+    arrival: poisson
+    requests: 1000
+    search: { rate: [1, 32], steps: 5, slo: { ttft_p99_ms: 500, tpot_p99_ms: 50 } }
+  throughput: { dataset: { random: { input_tokens: 1024, output_tokens: 128, seed: 42 } }, requests: 500 }
+strategy: greedy
+";
+
+/// The capacity study's engine: each configuration has a knee (req/s)
+/// where its P99 TTFT reaches 500 ms, steeply; P99 TPOT stays within 50 ms
+/// to 1.2 times the knee.
+fn capacity_summary(engine: &str, variants: &[String], profile: &str, requests: u64) -> Summary {
+    let mut knee = if engine == "sglang" { 7.0 } else { 10.0 };
+    for v in variants {
+        knee *= match v.as_str() {
+            "prefix-caching" => 1.25,
+            "chunked-prefill" => 1.02,
+            "kv-fp8" => 0.8,
+            other => panic!("no factor for {other}"),
+        };
+    }
+    let rate: Option<f64> = profile.split_once("@r").map(|(_, r)| r.parse().expect("a probe's rate"));
+    let load = rate.map_or(1.0, |r| r / knee);
+    let dist = |mean: f64, p99: f64| Distribution {
+        mean,
+        median: mean * 0.9,
+        p95: (mean + p99) / 2.0,
+        p99,
+        count: requests,
+        percentiles: Vec::new(),
+    };
+    let duration_s = rate.map_or(50.0 * 10.0 / knee, |r| requests as f64 / r);
+    let ttft_p99 = 120.0 + 380.0 * load.powi(4);
+    let tpot_p99 = 20.0 + 25.0 * load;
+    Summary {
+        successful: requests,
+        duration_s,
+        total_input_tokens: 342 * requests,
+        total_output_tokens: 281 * requests,
+        request_throughput: requests as f64 / duration_s,
+        output_throughput: 281.0 * requests as f64 / duration_s,
+        peak_output_throughput: Some(2.0 * 281.0 * requests as f64 / duration_s),
+        peak_concurrent: 64,
+        total_token_throughput: 623.0 * requests as f64 / duration_s,
+        latency_s: dist(2.0 * load, 4.0 * load),
+        ttft_ms: dist(ttft_p99 / 3.0, ttft_p99),
+        tpot_ms: dist(tpot_p99 / 2.0, tpot_p99),
+        itl_ms: dist(tpot_p99 / 2.2, tpot_p99 * 1.1),
+        achieved_rate: rate.unwrap_or(0.0),
+        offered_rate: rate,
+        lag_limit_ms: 5.0,
+        rate_tolerance: 0.05,
+        ..Summary::default()
+    }
+}
+
+#[test]
+fn the_capacity_study_finds_each_configuration_s_rate_and_ranks_by_it() {
+    let (_dir, store, run) = study_of(CAPACITY, capacity_summary);
+    let doc = doc_of(&store, run);
+    assert_eq!(doc.run.objective, "capacity");
+    let search = doc.searches.iter().find(|s| s.profile == "chat").expect("the search");
+    let found = |config: &str| {
+        let r = search.results.iter().find(|r| r.config == config).expect(config);
+        assert!(r.done, "{config}'s search ended");
+        (r.found, r.missed_at, r.probes.len())
+    };
+    // Each knee lies in the bracket found, the bounds and five steps probed.
+    assert_eq!(found("vllm"), (Some(9.73), Some(10.7), 7));
+    assert_eq!(found("sglang"), (Some(6.82), Some(7.79), 7));
+    assert_eq!(found("vllm+prefix-caching"), (Some(11.7), Some(12.6), 7));
+    // Every probe is a job with its block.
+    let vllm = doc.configurations.iter().find(|c| c.name == "vllm").expect("vllm");
+    for p in &search.results[0].probes {
+        assert!(vllm.block(&p.profile).is_some(), "no block for {}", p.profile);
+    }
+
+    let md = report::render_as(&doc, Format::Markdown);
+    let rec = doc.recommendation.as_ref().expect("a recommendation");
+    assert_eq!(rec.config, "vllm+prefix-caching", "{md}");
+    // The planner's decisions rank by the capacity; a difference inside the
+    // searches' resolution is none.
+    let verdicts: Vec<String> =
+        doc.stages.iter().flat_map(|s| &s.decisions).map(|d| format!("{}: {}", d.config, d.verdict)).collect();
+    assert!(verdicts.contains(&"vllm: capacity 9.73 req/s within the SLOs, chosen".to_owned()), "{verdicts:#?}");
+    assert!(
+        verdicts.contains(&"vllm+prefix-caching: +20.25% (9.73 req/s vs 11.7 req/s), helps".to_owned()),
+        "{verdicts:#?}"
+    );
+    assert!(verdicts.iter().any(|v| v.starts_with("vllm+kv-fp8: -") && v.ends_with("does not help")), "{verdicts:#?}");
+    assert!(
+        verdicts.iter().any(|v| v.starts_with("vllm+chunked-prefill: +0.00%") && v.contains("not adopted")),
+        "{verdicts:#?}"
+    );
+    assert!(
+        md.contains("| chat | Capacity: 9.73 req/s within P99 TTFT <= 500 ms, P99 TPOT <= 50 ms | Capacity: 11.7 req/s (+20.25%)"),
+        "{md}"
+    );
+    assert!(md.contains("## SLO search"), "{md}");
+    assert!(
+        md.contains(
+            "| chat@r12.6 | 12.6 req/s | missed | P99 TTFT 512.3 ms, P99 TPOT 45.2 ms | P99 TTFT 512.3 ms > 500 ms |"
+        ),
+        "{md}"
+    );
+    snapshot("capacity-study.md", &md);
+    snapshot("capacity-study.txt", &report::render_as(&doc, Format::Console));
+
+    // The JSON names every field it writes in its documentation.
+    let json = report::render_as(&doc, Format::Json);
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/report-json.md"))
+        .expect("docs/report-json.md");
+    let mut keys = std::collections::BTreeSet::new();
+    collect_keys(&serde_json::from_str(&json).expect("json"), &mut keys);
+    let missing: Vec<&String> = keys.iter().filter(|k| !docs.contains(&format!("`{k}`"))).collect();
+    assert!(missing.is_empty(), "docs/report-json.md does not name {missing:?}");
+    // The HTML page holds the search too.
+    let html = report::render_as(&doc, Format::Html);
+    assert!(html.contains("chat@r12.6"), "no probe in the page");
+}
