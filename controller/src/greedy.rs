@@ -120,12 +120,8 @@ impl Results {
         final_scheduled: bool,
     ) -> Results {
         let mut primary = BTreeMap::new();
-        for g in groups {
-            if primary.contains_key(&g.config.name) {
-                continue;
-            }
-            let ids: Vec<u64> = groups.iter().filter(|o| o.config.name == g.config.name).map(|o| o.id).collect();
-            let probes = search::probes_of(profile, jobs.iter().filter(|j| ids.contains(&j.group)));
+        for (g, of_config) in search::jobs_by_config(groups, jobs) {
+            let probes = search::probes_of(profile, of_config);
             if probes.is_empty() {
                 continue;
             }

@@ -210,22 +210,12 @@ type Work = Vec<(EngineConfig, Vec<Profile>)>;
 
 fn next_probes(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> BTreeMap<u32, Work> {
     let mut by_stage: BTreeMap<u32, Work> = BTreeMap::new();
-    let mut seen: Vec<&str> = Vec::new();
-    for g in groups {
-        if seen.contains(&g.config.name.as_str()) {
-            continue;
-        }
-        seen.push(&g.config.name);
-        let of_config: Vec<&Group> = groups.iter().filter(|o| o.config.name == g.config.name).collect();
-        let config_jobs: Vec<&Job> = jobs.iter().filter(|j| of_config.iter().any(|o| o.id == j.group)).collect();
+    let stage_of: std::collections::HashMap<u64, u32> = groups.iter().map(|g| (g.id, g.stage)).collect();
+    for (g, config_jobs) in search::jobs_by_config(groups, jobs) {
         for (profile, s) in matrix.searches().filter(|(p, _)| g.config.runs(&p.name)) {
             let probes = search::probes_of(&profile.name, config_jobs.iter().copied());
-            let Some(stage) = probes
-                .iter()
-                .flat_map(|(_, js)| js)
-                .filter_map(|j| of_config.iter().find(|o| o.id == j.group))
-                .map(|o| o.stage)
-                .max()
+            let Some(stage) =
+                probes.iter().flat_map(|(_, js)| js).filter_map(|j| stage_of.get(&j.group)).max().copied()
             else {
                 continue;
             };

@@ -12,13 +12,13 @@
 //! point holds when every repeat there succeeded, was valid, met the
 //! matrix's success rate and kept every SLO; the worst repeat decides.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use benchfleet_core::Summary;
 use benchfleet_core::metrics::Distribution;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Job, JobState, Profile};
+use crate::model::{Group, Job, JobState, Profile};
 
 /// What a search varies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -389,6 +389,32 @@ pub fn midpoint(over: Over, a: f64, b: f64) -> Option<f64> {
         }
     };
     (mid > a && mid < b).then_some(mid)
+}
+
+/// Each configuration's jobs, with its first group, in the order the
+/// configurations were planned (a greedy run measures one again in a group
+/// of a later stage).
+pub fn jobs_by_config<'a>(groups: &'a [Group], jobs: &'a [Job]) -> Vec<(&'a Group, Vec<&'a Job>)> {
+    let mut out: Vec<(&Group, Vec<&Job>)> = Vec::new();
+    let mut at_name: HashMap<&str, usize> = HashMap::new();
+    let mut at_group: HashMap<u64, usize> = HashMap::new();
+    for g in groups {
+        let i = match at_name.get(g.config.name.as_str()) {
+            Some(&i) => i,
+            None => {
+                out.push((g, Vec::new()));
+                at_name.insert(&g.config.name, out.len() - 1);
+                out.len() - 1
+            }
+        };
+        at_group.insert(g.id, i);
+    }
+    for j in jobs {
+        if let Some(&i) = at_group.get(&j.group) {
+            out[i].1.push(j);
+        }
+    }
+    out
 }
 
 /// A configuration's jobs of one search, by the point they probe, in

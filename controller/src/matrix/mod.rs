@@ -1961,6 +1961,35 @@ profiles:
     }
 
     #[test]
+    fn a_search_profile_is_read_with_its_bounds_and_slos_and_ranks_by_capacity() {
+        let yaml = include_str!("../../../examples/capacity.yaml");
+        let m = parse("capacity.yaml", yaml, &|_| Some(String::new())).expect("valid matrix");
+        assert_eq!(m.objective, "capacity", "the default when the primary profile searches");
+        let (p, s) = m.searches().next().expect("a search");
+        assert_eq!((p.name.as_str(), p.rate, p.arrival), ("chat", None, Arrival::Poisson));
+        assert_eq!((s.over, s.lo, s.hi, s.steps, s.goodput), (Over::Rate, 4.0, 32.0, 3, None));
+        let keys: Vec<String> = s.slo.iter().map(|b| format!("{} {}", b.key(), b.ms)).collect();
+        assert_eq!(keys, ["ttft_p99_ms 1500", "tpot_p99_ms 50"], "in the file's order");
+        assert_eq!(m.grid_jobs(), 2 * (2 + 3), "each search counts its most probes");
+
+        // A concurrency at a fixed rate, judged on goodput.
+        let yaml = "name: c\nmodel: m\nhardware: { gpu: H100 }\nengines:\n  vllm: {}\nprofiles:\n  p:\n    \
+                    dataset: { random: { input_tokens: 8, output_tokens: 8 } }\n    requests: 100\n    rate: 50\n    \
+                    goodput: { ttft_ms: 200 }\n    search: { max_concurrency: [1, 256], slo: { goodput: 100% } }\n  \
+                    q: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 10 }\n\
+                    primary_profile: q\n";
+        let m = parse("c.yaml", yaml, &hash).expect("valid");
+        let (p, s) = m.searches().next().expect("a search");
+        assert_eq!((p.rate, s.over, s.steps, s.goodput), (Some(50.0), Over::Concurrency, 5, Some(1.0)));
+        assert_eq!(m.objective, "total_token_throughput", "the primary profile does not search");
+        check_err(
+            &yaml.replace("primary_profile: q\n", "primary_profile: q\nobjective: capacity\n"),
+            "m.yaml:15: objective: capacity ranks by the load a search found, but the primary profile 'q' does not \
+             search; give it search: or make a search profile primary",
+        );
+    }
+
+    #[test]
     fn a_profile_may_set_its_own_lag_limit_and_rate_tolerance() {
         let yaml = GOOD.replace("rate: 20", "rate: 20\n    lag_limit_ms: 20\n    rate_tolerance: 2.5%");
         let m = parse("m.yaml", &yaml, &hash).expect("valid");

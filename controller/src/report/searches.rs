@@ -38,8 +38,8 @@ pub fn gather(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> Vec<SearchInfo
     let mut out = Vec::new();
     for (profile, s) in matrix.searches() {
         let mut results = Vec::new();
-        for g in groups {
-            let probes = search::probes_of(&profile.name, jobs.iter().filter(|j| j.group == g.id));
+        for (g, of_config) in search::jobs_by_config(groups, jobs) {
+            let probes = search::probes_of(&profile.name, of_config);
             if probes.is_empty() {
                 continue;
             }
