@@ -8,6 +8,12 @@
 //! alone decides, and the table says so). A block that succeeded in A and
 //! has no successful repeat in B fails the gate, as does an INVALID block
 //! in B: neither can show that nothing regressed.
+//!
+//! A search profile compares the capacity each configuration's search
+//! found (metric `capacity`): it regressed when B found less by more than
+//! the threshold and B missed its SLOs at a load where A held them (the two
+//! searches' brackets do not overlap). Its probes' blocks, at points each
+//! search chose for itself, are not compared one by one.
 
 use std::fmt::Write as _;
 
@@ -23,16 +29,20 @@ pub fn default_gate(a: &ReportDoc) -> Vec<String> {
     let objective = match a.run.objective.as_str() {
         "mean_latency" => "mean_latency_ms",
         "output_throughput" => "output_throughput",
+        "capacity" => CAPACITY,
         _ => "total_token_throughput",
     };
     vec![objective.to_owned(), "mean_ttft_ms".to_owned(), "mean_tpot_ms".to_owned()]
 }
 
+/// The metric of a search profile: the load found within its SLOs.
+pub const CAPACITY: &str = "capacity";
+
 /// Checks `--metric` names.
 pub fn check_metrics(names: &[String]) -> Result<(), String> {
     for n in names {
-        if !HEADLINE.iter().any(|h| h.key == n) {
-            let known: Vec<&str> = HEADLINE.iter().map(|h| h.key).collect();
+        if n != CAPACITY && !HEADLINE.iter().any(|h| h.key == n) {
+            let known: Vec<&str> = HEADLINE.iter().map(|h| h.key).chain([CAPACITY]).collect();
             return Err(format!("unknown metric {n:?}: use one of {}", known.join(", ")));
         }
     }
@@ -94,7 +104,8 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
             out.notes.push(format!("{} is not in run {}", ca.name, b.run.id));
             continue;
         };
-        for ba in &ca.blocks {
+        let probe = |block: &Block| a.profiles.iter().any(|p| p.name == block.profile && p.probe_of.is_some());
+        for ba in ca.blocks.iter().filter(|b| !probe(b)) {
             let Some(bb) = cb.block(&ba.profile) else {
                 out.notes.push(format!("{} on {} is not in run {}", ca.name, ba.profile, b.run.id));
                 continue;
@@ -151,12 +162,60 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
             }
         }
     }
+    capacities(a, b, threshold, gate, &mut out);
     for cb in &b.configurations {
         if !a.configurations.iter().any(|c| c.name == cb.name) {
             out.notes.push(format!("{} is only in run {}", cb.name, b.run.id));
         }
     }
     out
+}
+
+/// Each search's capacity per configuration, B against A.
+fn capacities(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String], out: &mut Comparison) {
+    for sa in &a.searches {
+        let sb = b.searches.iter().find(|s| s.profile == sa.profile);
+        for ra in &sa.results {
+            let what = format!("{} on {}", ra.config, sa.profile);
+            let Some(rb) = sb.and_then(|s| s.results.iter().find(|r| r.config == ra.config)) else {
+                out.notes.push(format!("{what}: no search in run {}", b.run.id));
+                continue;
+            };
+            if !ra.done {
+                out.notes.push(format!("{what}: the search did not end in run {}", a.run.id));
+                continue;
+            }
+            if !rb.done {
+                out.failures.push(format!("{what}: the search did not end in run {}", b.run.id));
+                continue;
+            }
+            let (fa, fb) = (ra.found.unwrap_or(0.0), rb.found.unwrap_or(0.0));
+            let relative = if fa == 0.0 { 0.0 } else { (fb - fa) / fa };
+            // Beyond the brackets: one held where the other missed.
+            let dropped = ra.found.is_some_and(|f| rb.missed_at.is_some_and(|m| m <= f));
+            let rose = rb.found.is_some_and(|f| ra.missed_at.is_some_and(|m| m <= f));
+            let change = if relative.abs() <= threshold {
+                Change::WithinNoise
+            } else if relative < 0.0 && dropped {
+                Change::Regression
+            } else if relative > 0.0 && rose {
+                Change::Improvement
+            } else {
+                Change::WithinNoise
+            };
+            out.rows.push(Row {
+                config: ra.config.clone(),
+                profile: sa.profile.clone(),
+                metric: CAPACITY,
+                gated: gate.iter().any(|g| g == CAPACITY),
+                a: fa,
+                b: fb,
+                relative,
+                half_width: None,
+                change,
+            });
+        }
+    }
 }
 
 fn invalid(b: &Block) -> Option<&str> {

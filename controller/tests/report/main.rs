@@ -782,3 +782,33 @@ fn the_capacity_study_finds_each_configuration_s_rate_and_ranks_by_it() {
     let html = report::render_as(&doc, Format::Html);
     assert!(html.contains("chat@r12.6"), "no probe in the page");
 }
+
+#[test]
+fn a_capacity_that_dropped_beyond_its_bracket_fails_the_gate() {
+    let (_dir, store, run) = study_of(CAPACITY, capacity_summary);
+    let a = doc_of(&store, run);
+    let same = compare::compare(&a, &a, 0.05, &compare::default_gate(&a));
+    assert!(same.passed(), "{}", compare::render(&same, &a, &a, 0.05));
+    let rows: Vec<&compare::Row> = same.rows.iter().filter(|r| r.metric == "capacity").collect();
+    assert_eq!(rows.len(), 5, "one per configuration that searched");
+    assert!(same.notes.iter().all(|n| !n.contains('@')), "probes are not compared one by one: {:?}", same.notes);
+
+    // B: vllm found 8 req/s, missing at 8.75 where A held.
+    let mut b = a.clone();
+    b.run.id = 2;
+    let r = b.searches[0].results.iter_mut().find(|r| r.config == "vllm").expect("vllm");
+    (r.found, r.missed_at) = (Some(8.0), Some(8.75));
+    let c = compare::compare(&a, &b, 0.05, &compare::default_gate(&a));
+    let text = compare::render(&c, &a, &b, 0.05);
+    assert_eq!(c.regressions(), 1, "{text}");
+    assert!(text.contains("-17.78% (no interval)  REGRESSION"), "{text}");
+    // 9, missing at 10: less, but B never held where A missed (10.7) nor
+    // missed where A held (9.73): within the brackets.
+    let r = b.searches[0].results.iter_mut().find(|r| r.config == "vllm").expect("vllm");
+    (r.found, r.missed_at) = (Some(9.0), Some(10.0));
+    assert!(compare::compare(&a, &b, 0.05, &compare::default_gate(&a)).passed());
+    // A search that did not end in B cannot show there is no regression.
+    let r = b.searches[0].results.iter_mut().find(|r| r.config == "vllm").expect("vllm");
+    r.done = false;
+    assert_eq!(compare::compare(&a, &b, 0.05, &compare::default_gate(&a)).failures.len(), 1);
+}
