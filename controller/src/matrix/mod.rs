@@ -1161,6 +1161,10 @@ type SweepPoint<'a> = (String, Option<&'a RawRate>, Option<i64>);
 pub const MAX_SWEEP: usize = 64;
 /// The highest concurrency a search may reach.
 pub const MAX_SEARCH_CONCURRENCY: i64 = 100_000;
+/// The bounds of a rate search, requests per second: the probes' names
+/// and midpoints keep three significant digits down to the lowest.
+pub const MIN_SEARCH_RATE: f64 = 0.01;
+pub const MAX_SEARCH_RATE: f64 = 100_000.0;
 
 /// The profiles a raw profile makes, by name, with the rate and the cap of
 /// each: itself, or one per point of its sweeps (`NAME-r8` for a rate of 8,
@@ -1471,6 +1475,15 @@ fn search_of(
                 return Err(err(
                     &field("search.rate"),
                     format!("must be [lo, hi] with 0 < lo < hi requests per second, got [{lo}, {hi}]"),
+                ));
+            }
+            if !(MIN_SEARCH_RATE..=MAX_SEARCH_RATE).contains(&lo) || hi > MAX_SEARCH_RATE {
+                return Err(err(
+                    &field("search.rate"),
+                    format!(
+                        "the bounds must be from {MIN_SEARCH_RATE} to {MAX_SEARCH_RATE} requests per second, got \
+                         [{lo}, {hi}]"
+                    ),
                 ));
             }
             if p.rate.is_some() {
