@@ -599,6 +599,19 @@ fn parse_as(
             profiles.push(p);
         }
     }
+    // A cap above the requests sent changes nothing: those probes repeat one.
+    for (p, s) in profiles.iter().filter_map(|p| p.search.as_ref().map(|s| (p, s))) {
+        if s.over == Over::Concurrency && s.hi > p.requests as f64 {
+            let e = err(
+                &format!("profiles.{}.search.max_concurrency", p.name),
+                format!(
+                    "the upper bound {} is above the profile's {} requests: caps above {} all send the same load",
+                    s.hi, p.requests, p.requests
+                ),
+            );
+            warnings.push(e.to_string());
+        }
+    }
     // Each profile that runs only on configurations with some variants.
     let mut only_with: Vec<(String, Vec<String>)> = Vec::new();
     for name in key_order(&value, "profiles") {
