@@ -719,6 +719,24 @@ pub(crate) fn objective_metric(objective: Objective) -> (&'static str, fn(&Summa
     }
 }
 
+/// A profile's row of the recommendation's table: the baseline's and the
+/// chosen configuration's pooled headline, with the change.
+fn before_after(
+    objective: Objective,
+    profile: &str,
+    baseline: Option<&Configuration>,
+    best: &Configuration,
+) -> BeforeAfter {
+    let of = |c: &Configuration| c.block(profile).and_then(|b| pool(&b.summaries().collect::<Vec<_>>(), None));
+    let base = baseline.and_then(of);
+    let opt = of(best);
+    BeforeAfter {
+        profile: profile.to_owned(),
+        baseline: base.as_ref().map(|b| words::headline(objective, b, None)),
+        optimized: opt.as_ref().map(|o| words::headline(objective, o, base.as_ref())),
+    }
+}
+
 /// The baseline a variant configuration is compared with: its engine's
 /// configuration without variants.
 fn baseline_of<'a>(configs: &'a [Configuration], c: &Configuration) -> Option<&'a Configuration> {
@@ -817,19 +835,7 @@ fn recommendation(
     });
     let (best, s) = candidates.max_by(|a, b| objective.score(&a.1).total_cmp(&objective.score(&b.1)))?;
     let baseline = baseline_of(configs, best).filter(|b| b.name != best.name);
-    let table = profiles
-        .iter()
-        .map(|p| {
-            let of = |c: &Configuration| pool(&summaries(c, &p.name).iter().collect::<Vec<_>>(), None);
-            let base = baseline.and_then(of);
-            let opt = of(best);
-            BeforeAfter {
-                profile: p.name.clone(),
-                baseline: base.as_ref().map(|b| words::headline(objective, b, None)),
-                optimized: opt.as_ref().map(|o| words::headline(objective, o, base.as_ref())),
-            }
-        })
-        .collect();
+    let table = profiles.iter().map(|p| before_after(objective, &p.name, baseline, best)).collect();
     Some(Recommendation {
         config: best.name.clone(),
         serve_command: best.serve_command.clone(),

@@ -4,7 +4,6 @@
 //! configuration to serve.
 
 use super::doc::*;
-use super::words;
 use crate::greedy::{self, Measured, Objective};
 use crate::matrix::Matrix;
 use crate::model::{Group, Job};
@@ -184,9 +183,6 @@ pub fn recommendation(
         let change = base.map_or(String::new(), |b| format!(" ({})", Objective::Capacity.change(b, m)));
         format!("Capacity: {c}{change} within {}", search.slo.join(", "))
     };
-    let pooled = |c: &Configuration, profile: &str| {
-        c.block(profile).and_then(|b| benchfleet_core::pool(&b.summaries().collect::<Vec<_>>(), None))
-    };
     let table = profiles
         .iter()
         .filter(|p| p.probe_of.is_none())
@@ -198,13 +194,7 @@ pub fn recommendation(
                     optimized: Some(said(&m, base_m.as_ref())),
                 };
             }
-            let base = baseline.and_then(|b| pooled(b, &p.name));
-            let opt = pooled(best, &p.name);
-            BeforeAfter {
-                profile: p.name.clone(),
-                baseline: base.as_ref().map(|b| words::headline(objective, b, None)),
-                optimized: opt.as_ref().map(|o| words::headline(objective, o, base.as_ref())),
-            }
+            super::before_after(objective, &p.name, baseline, best)
         })
         .collect();
     Some(Recommendation {
