@@ -231,6 +231,9 @@ pub struct Judged {
     /// Why the SLOs did not hold, when they did not: `P99 TTFT 312.4 ms >
     /// 200 ms`, `job failed: ...`, `INVALID: ...`.
     pub missed: Option<String>,
+    /// Each latency SLO's statistic there, ms, the worst repeat's, in the
+    /// order of `Search::slo`; empty when no repeat succeeded.
+    pub values: Vec<f64>,
 }
 
 /// Judges a point from its jobs (its repeats); `None` while one has not
@@ -261,9 +264,11 @@ pub fn judge(search: &Search, point: f64, jobs: &[&Job], min_success_rate: f64) 
     }
     // The worst repeat's value of each bound.
     let mut measured: Vec<String> = Vec::new();
+    let mut values: Vec<f64> = Vec::new();
     if !summaries.is_empty() {
         for b in &search.slo {
             let worst = summaries.iter().map(|s| b.value(s)).fold(f64::MIN, f64::max);
+            values.push(worst);
             measured.push(format!("{} {worst:.1} ms", b.label()));
             if worst > b.ms {
                 missed.push(format!("{} {worst:.1} ms > {} ms", b.label(), number(b.ms)));
@@ -289,6 +294,7 @@ pub fn judge(search: &Search, point: f64, jobs: &[&Job], min_success_rate: f64) 
         held: missed.is_empty(),
         measured: measured.join(", "),
         missed: (!missed.is_empty()).then(|| missed.join("; ")),
+        values,
     })
 }
 

@@ -57,6 +57,10 @@ pub struct SearchInfo {
     pub steps: u32,
     /// The SLOs in words: `P99 TTFT <= 500 ms`, `goodput >= 95% of requests`.
     pub slo: Vec<String>,
+    /// The latency SLOs as data: each one's `key` (`ttft_p99_ms`), `label`
+    /// (`P99 TTFT`) and bound `ms`.
+    #[serde(default)]
+    pub bounds: Vec<SloBound>,
     /// Per configuration that ran it, in the order they were planned.
     pub results: Vec<SearchResult>,
 }
@@ -92,6 +96,18 @@ pub struct ProbeInfo {
     pub measured: String,
     /// Why they did not hold.
     pub missed: Option<String>,
+    /// Each of `bounds`' statistic there, ms, the worst repeat's; empty
+    /// when none succeeded.
+    #[serde(default)]
+    pub values: Vec<f64>,
+}
+
+/// A latency SLO of a search.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SloBound {
+    pub key: String,
+    pub label: String,
+    pub ms: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

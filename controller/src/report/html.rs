@@ -4,9 +4,10 @@
 //!
 //! Charts: the objective per configuration on each profile with its 95%
 //! interval; throughput against latency across the profiles (one line per
-//! configuration, in the order of the profiles' rates); and the TTFT and
-//! ITL distributions on the primary profile (percentiles of the pooled
-//! samples).
+//! configuration, in the order of the profiles' rates); the TTFT and ITL
+//! distributions on the primary profile (percentiles of the pooled
+//! samples; at each configuration's capacity when it searches); and for
+//! each search, each latency SLO against the load probed, with the bound.
 
 use std::fmt::Write as _;
 
@@ -154,6 +155,9 @@ pub fn render(doc: &ReportDoc) -> String {
             }
         }
         let _ = writeln!(out, "</table>");
+        for (i, bound) in s.bounds.iter().enumerate() {
+            out.push_str(&search_chart(s, i, bound));
+        }
     }
 
     let _ = writeln!(out, "<h2>Results</h2>");
@@ -433,6 +437,38 @@ fn throughput_latency_chart(doc: &ReportDoc) -> String {
 
 /// A distribution on one profile as its percentile curve (percentile on x,
 /// the value on y), one line per configuration.
+/// How far above its bound a search chart draws a statistic: the knee
+/// stays readable when the upper bound's probe is far past it.
+const SEARCH_CHART_CEILING: f64 = 3.0;
+
+/// A search's latency SLO against the load probed: one line per
+/// configuration through its probes, and the bound as a line of its own.
+fn search_chart(s: &SearchInfo, i: usize, bound: &SloBound) -> String {
+    let ceiling = bound.ms * SEARCH_CHART_CEILING;
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = s
+        .results
+        .iter()
+        .map(|r| {
+            let mut points: Vec<(f64, f64)> =
+                r.probes.iter().filter_map(|p| p.values.get(i).map(|v| (p.point, v.min(ceiling)))).collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (r.config.clone(), points)
+        })
+        .collect();
+    lines.push((format!("SLO: {} {} ms", bound.label, bound.ms), vec![(s.lo, bound.ms), (s.hi, bound.ms)]));
+    line_chart(
+        (&format!("{} against the load on {}", bound.label, s.profile), &s.unit, &format!("{} (ms)", bound.label)),
+        Some(s.hi),
+        "search",
+        &lines,
+        &format!(
+            "Each probe's {} (the worst repeat's); the search keeps the highest load below the SLO line. Values \
+             above {}x the bound are drawn at it.",
+            bound.label, SEARCH_CHART_CEILING
+        ),
+    )
+}
+
 /// Each configuration's block on the primary profile, and the profile's
 /// name for charts; when the primary profile searches, each one's block at
 /// the load it found (`chat at capacity`).

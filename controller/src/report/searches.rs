@@ -54,6 +54,7 @@ pub fn gather(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> Vec<SearchInfo
                         held: j.as_ref().map(|j| j.held),
                         measured: j.as_ref().map(|j| j.measured.clone()).unwrap_or_default(),
                         missed: j.as_ref().and_then(|j| j.missed.clone()),
+                        values: j.as_ref().map(|j| j.values.clone()).unwrap_or_default(),
                     };
                     (first, info)
                 })
@@ -85,6 +86,7 @@ pub fn gather(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> Vec<SearchInfo
             hi: s.hi,
             steps: s.steps,
             slo: slo_words(s),
+            bounds: s.slo.iter().map(|b| SloBound { key: b.key(), label: b.label(), ms: b.ms }).collect(),
             results,
         });
     }

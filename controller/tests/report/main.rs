@@ -778,9 +778,12 @@ fn the_capacity_study_finds_each_configuration_s_rate_and_ranks_by_it() {
     collect_keys(&serde_json::from_str(&json).expect("json"), &mut keys);
     let missing: Vec<&String> = keys.iter().filter(|k| !docs.contains(&format!("`{k}`"))).collect();
     assert!(missing.is_empty(), "docs/report-json.md does not name {missing:?}");
-    // The HTML page holds the search too.
+    // The HTML page holds the search: its table, and a chart per SLO with
+    // a line per configuration and the bound's.
     let html = report::render_as(&doc, Format::Html);
-    assert!(html.contains("chat@r12.6"), "no probe in the page");
+    assert!(html.contains("<td>chat@r12.6</td>"), "no probe in the page");
+    assert_eq!(html.matches("<polyline class=\"search\"").count(), 2 * (5 + 1), "two SLOs, five configurations");
+    assert!(html.contains("P99 TTFT against the load on chat"));
 }
 
 #[test]
