@@ -202,8 +202,9 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
             Some(Some(m)) if let Some(c) = &m.capacity => match c.found {
                 Some(_) => Ok(m),
                 None => Err(format!(
-                    "the SLOs did not hold even at the lower bound, {}; not adopted",
-                    search::show(c.over, c.missed_at.unwrap_or_default())
+                    "the SLOs did not hold even at the lower bound, {} ({}); not adopted",
+                    search::show(c.over, c.missed_at.unwrap_or_default()),
+                    c.why_none.as_deref().unwrap_or("no reason given")
                 )),
             },
             Some(Some(m)) => match &m.summary.invalid {
@@ -947,7 +948,7 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
     fn capacities_differ_only_beyond_the_other_s_bracket() {
         let cap = |found: Option<f64>, missed_at: Option<f64>| Measured {
             summary: Summary::default(),
-            capacity: Some(Capacity { over: search::Over::Rate, found, missed_at }),
+            capacity: Some(Capacity { over: search::Over::Rate, found, missed_at, why_none: None }),
         };
         let o = Objective::Capacity;
         let base = cap(Some(10.0), Some(11.0));
@@ -966,6 +967,37 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         // Held at the upper bound: at least as good.
         assert_eq!(verdict(&cap(Some(32.0), None)).verdict, Verdict::Better);
         assert_eq!(o.show(&cap(Some(32.0), None)), "capacity at least 32 req/s (the upper bound) within the SLOs");
+    }
+
+    #[test]
+    fn an_engine_whose_search_held_nothing_says_why_and_is_not_chosen() {
+        let yaml = MATRIX.replace(
+            "  p: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 100 }",
+            "  p: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 100, \
+             search: { rate: [1, 32], slo: { ttft_p99_ms: 200 } } }",
+        );
+        let m = crate::matrix::parse("m.yaml", &yaml, &|_| None).expect("valid matrix");
+        assert_eq!(m.objective, "capacity");
+        let cap = |found: Option<f64>, missed_at: Option<f64>, why: Option<&str>| Measured {
+            summary: Summary::default(),
+            capacity: Some(Capacity { over: search::Over::Rate, found, missed_at, why_none: why.map(str::to_owned) }),
+        };
+        let mut r = Results::default();
+        r.primary.insert("vllm".into(), Some(cap(Some(8.0), Some(9.0), None)));
+        r.primary
+            .insert("sglang".into(), Some(cap(None, Some(1.0), Some("repeat 1 failed: engine exited with code 1"))));
+        let planned = plan(&m, &r);
+        let verdicts: Vec<String> = planned.decisions.iter().map(|d| format!("{}: {}", d.config, d.verdict)).collect();
+        assert_eq!(
+            verdicts,
+            [
+                "vllm: capacity 8 req/s within the SLOs, chosen",
+                "sglang: the SLOs did not hold even at the lower bound, 1 req/s (repeat 1 failed: engine exited with \
+                 code 1); not adopted",
+            ]
+        );
+        let Plan::Next(stage) = planned.plan else { panic!("stage 2 next") };
+        assert_eq!((stage.number, stage.configs[0].name.as_str()), (2, "vllm+a"));
     }
 
     /// Results where each configuration has three repeats of the given

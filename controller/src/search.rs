@@ -308,6 +308,9 @@ pub struct Capacity {
     /// The lowest point above it where they did not; `None` when they held
     /// at the upper bound.
     pub missed_at: Option<f64>,
+    /// Why they did not hold at the lower bound, when nothing held: an SLO
+    /// beyond its bound, or the jobs' own failure.
+    pub why_none: Option<String>,
 }
 
 impl Capacity {
@@ -362,15 +365,21 @@ pub fn step(search: &Search, judged: &[Option<Judged>]) -> Step {
         return Step::Probe(missing);
     };
     if !lo.held {
-        return Step::Done(Capacity { over: search.over, found: None, missed_at: Some(search.lo) });
+        return Step::Done(Capacity {
+            over: search.over,
+            found: None,
+            missed_at: Some(search.lo),
+            why_none: lo.missed.clone(),
+        });
     }
     if hi.held {
-        return Step::Done(Capacity { over: search.over, found: Some(search.hi), missed_at: None });
+        return Step::Done(Capacity { over: search.over, found: Some(search.hi), missed_at: None, why_none: None });
     }
     // The lowest point that missed, and the highest below it that held.
     let missed_at = judged.iter().filter(|j| !j.held).map(|j| j.point).fold(f64::MAX, f64::min);
     let found = judged.iter().filter(|j| j.held && j.point < missed_at).map(|j| j.point).fold(search.lo, f64::max);
-    let done = Step::Done(Capacity { over: search.over, found: Some(found), missed_at: Some(missed_at) });
+    let done =
+        Step::Done(Capacity { over: search.over, found: Some(found), missed_at: Some(missed_at), why_none: None });
     let probed_between = judged.len().saturating_sub(2);
     if probed_between >= search.steps as usize {
         return done;
@@ -494,7 +503,7 @@ mod tests {
         // TTFT crosses 200 ms at 10.5 req/s.
         let (rounds, c) = run(&search(Over::Rate, 1.0, 32.0, 5), |r| 20.0 * r - 10.0);
         assert_eq!(rounds, vec![vec![1.0, 32.0], vec![16.5], vec![8.75], vec![12.6], vec![10.7], vec![9.73]]);
-        assert_eq!(c, Capacity { over: Over::Rate, found: Some(9.73), missed_at: Some(10.7) });
+        assert_eq!(c, Capacity { over: Over::Rate, found: Some(9.73), missed_at: Some(10.7), why_none: None });
         assert_eq!(c.shown(), "9.73 req/s");
         assert_eq!(c.bracket(), "9.73-10.7 req/s");
     }
@@ -502,7 +511,7 @@ mod tests {
     #[test]
     fn concurrency_is_whole_and_stops_at_adjacent_caps() {
         let (rounds, c) = run(&search(Over::Concurrency, 1.0, 64.0, 20), |n| if n <= 37.0 { 100.0 } else { 300.0 });
-        assert_eq!(c, Capacity { over: Over::Concurrency, found: Some(37.0), missed_at: Some(38.0) });
+        assert_eq!(c, Capacity { over: Over::Concurrency, found: Some(37.0), missed_at: Some(38.0), why_none: None });
         assert!(rounds.iter().flatten().all(|p| p.fract() == 0.0), "{rounds:?}");
         assert_eq!(rounds.len(), 1 + 6, "log2(64) bisections after the bounds: {rounds:?}");
     }
@@ -515,6 +524,7 @@ mod tests {
         let (rounds, c) = run(&search(Over::Rate, 1.0, 32.0, 5), |_| 500.0);
         assert_eq!(rounds, vec![vec![1.0, 32.0]]);
         assert_eq!((c.found, c.shown()), (None, "none".to_owned()));
+        assert_eq!(c.why_none.as_deref(), Some("P99 TTFT 500.0 ms > 200 ms"));
     }
 
     #[test]

@@ -98,7 +98,7 @@ fn capacity_of(info: &SearchInfo, r: &SearchResult) -> Option<Measured> {
     let over = if info.over == "rate" { search::Over::Rate } else { search::Over::Concurrency };
     r.done.then(|| Measured {
         summary: Default::default(),
-        capacity: Some(Capacity { over, found: r.found, missed_at: r.missed_at }),
+        capacity: Some(Capacity { over, found: r.found, missed_at: r.missed_at, why_none: None }),
     })
 }
 
