@@ -546,6 +546,81 @@ async fn a_restarted_controller_goes_on_with_the_next_greedy_stage() {
     assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), (0..5).collect::<Vec<_>>());
 }
 
+const SEARCH: &str = "\
+name: search
+model: m
+hardware: { gpu: H200 }
+engines:
+  vllm: { runtime: process }
+profiles:
+  cap:
+    dataset: { random: { input_tokens: 4, output_tokens: 2 } }
+    requests: 2
+    search: { rate: [1, 32], steps: 2, slo: { ttft_p99_ms: 200 } }
+";
+
+/// A probe's job done as an agent with loadgen would, its P99 TTFT 20 ms
+/// per request per second of its rate (200 ms at 10 req/s).
+async fn run_probes(url: &str, agent: &FakeAgent, group: &pb::AssignGroup) {
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel(url).await);
+    for job in &group.jobs {
+        let rate: f64 = job.profile.split_once("@r").expect("a probe").1.parse().expect("its rate");
+        let attempt = job.attempt.clone().expect("attempt");
+        let ttft = pb::Distribution { p99: 20.0 * rate, count: 2, ..Default::default() };
+        let summary = pb::Summary { successful: 2, ttft_ms: Some(ttft), ..Default::default() };
+        let batch =
+            pb::RecordBatch { attempt: Some(attempt.clone()), batch: 0, summary: Some(summary), ..Default::default() };
+        let mut acks = ingest.records(tokio_stream::iter([batch])).await.expect("stream").into_inner();
+        assert!(acks.next().await.expect("a reply").expect("ack").summary_stored);
+        agent
+            .send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
+                attempt: Some(attempt),
+                state: pb::JobState::Succeeded as i32,
+                ..Default::default()
+            }))
+            .await;
+    }
+    agent.done(group).await;
+}
+
+#[tokio::test]
+async fn a_search_is_scheduled_round_by_round_and_a_restarted_controller_goes_on() {
+    let f = controller().await;
+    let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
+    let run_id: benchfleet_controller::model::RunId =
+        submit_matrix(&f.url, "search.yaml", SEARCH).await.parse().expect("run id");
+
+    // The bounds, then a midpoint a round: each round appears only when the
+    // one before has ended.
+    let (shown, groups) = next_stage(&mut a, 1).await;
+    assert_eq!(shown, ["vllm on cap@r1,cap@r32"]);
+    run_probes(&f.url, &a, &groups[0]).await;
+    let (shown, _) = next_stage(&mut a, 1).await;
+    assert_eq!(shown, ["vllm on cap@r16.5"]);
+
+    // The controller stops with the second round done and nothing planned:
+    // the next one starts from the store.
+    drop(a);
+    for mut job in f.store.jobs(run_id).expect("jobs").into_iter().filter(|j| j.profile.name == "cap@r16.5") {
+        let mut summary = benchfleet_core::Summary { successful: 2, ..Default::default() };
+        summary.ttft_ms.p99 = 330.0;
+        job.state = benchfleet_controller::model::JobState::Succeeded;
+        f.store
+            .commit_records(&benchfleet_controller::store::RecordCommit {
+                summaries: vec![(job.key(), summary)],
+                ..Default::default()
+            })
+            .expect("summary");
+        f.store.apply(&[benchfleet_controller::model::Write::Job(job)]).expect("put");
+    }
+    Controller::start(f.store.clone(), ControllerConfig::new(f.url.clone())).expect("restart");
+    let probes: Vec<String> = f.store.jobs(run_id).expect("jobs").into_iter().map(|j| j.profile.name).collect();
+    assert_eq!(probes, ["cap@r1", "cap@r32", "cap@r16.5", "cap@r8.75"]);
+    let doc = benchfleet_controller::report::document(f.store.as_ref(), run_id, &|_, _| {}).expect("report");
+    let result = &doc.searches[0].results[0];
+    assert_eq!((result.done, result.capacity.as_str()), (false, "searching"), "one probe still to run");
+}
+
 #[tokio::test]
 async fn the_controller_serves_health_reflection_and_metrics() {
     let f = controller().await;
