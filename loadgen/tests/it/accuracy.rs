@@ -67,13 +67,15 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
         }
         within_2_percent("p99 ttft", s.ttft_ms.p99, true_ttft.p99);
         // From the schedule, the client's own dispatch adds to the server's
-        // time: exactly the send lag of each request, and little of it (the
-        // machine may be busy with other work, hence 5%).
+        // time: exactly the send lag of each request, and little of it. The
+        // bound catches a client that sends on the wrong schedule (a whole
+        // TTFT late), not a machine busy with other work: 10 ms of lag on
+        // a shared machine once failed a 5% bound.
         let ok: Vec<_> = result.records.iter().filter(|r| r.outcome.is_ok()).collect();
         let lag_ms = ok.iter().map(|r| (r.sent_ns - r.scheduled_ns) as f64 / 1e6).sum::<f64>() / ok.len() as f64;
         assert!((s.ttft_from_scheduled_ms.mean - (s.ttft_ms.mean + lag_ms)).abs() < 1e-6);
         assert!((s.latency_from_scheduled_s.mean - (s.latency_s.mean + lag_ms / 1e3)).abs() < 1e-9);
-        assert!(s.ttft_from_scheduled_ms.mean < ttft * 1.05, "{:?}", s.ttft_from_scheduled_ms);
+        assert!(s.ttft_from_scheduled_ms.mean < ttft * 1.25, "{:?}", s.ttft_from_scheduled_ms);
         within_2_percent("p99 latency", s.latency_s.p99, true_latency.p99);
         // The block's ITL counts a 4-token chunk once; per token it is a quarter.
         assert_eq!(s.itl_ms.count, 6 * (CHUNKS - 1));
