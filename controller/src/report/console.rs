@@ -81,11 +81,7 @@ pub fn render(doc: &ReportDoc) -> String {
         for r in &s.results {
             let _ = writeln!(out, "  {:<40} {}", r.config, r.capacity);
             for p in &r.probes {
-                let held = match p.held {
-                    Some(true) => "held",
-                    Some(false) => "missed",
-                    None => "running",
-                };
+                let held = p.verdict();
                 let why = p.missed.as_deref().map_or(String::new(), |m| format!(": {m}"));
                 let _ = writeln!(out, "    {:<24} {held:<7} {}{why}", p.profile, p.measured);
             }

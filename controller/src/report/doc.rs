@@ -102,6 +102,17 @@ pub struct ProbeInfo {
     pub values: Vec<f64>,
 }
 
+impl ProbeInfo {
+    /// `held`, `missed`, or `running` while its jobs run.
+    pub fn verdict(&self) -> &'static str {
+        match self.held {
+            Some(true) => "held",
+            Some(false) => "missed",
+            None => "running",
+        }
+    }
+}
+
 /// A latency SLO of a search.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SloBound {

@@ -138,11 +138,7 @@ pub fn render(doc: &ReportDoc) -> String {
         for r in &s.results {
             for (i, p) in r.probes.iter().enumerate() {
                 let (config, capacity) = if i == 0 { (r.config.as_str(), r.capacity.as_str()) } else { ("", "") };
-                let held = match p.held {
-                    Some(true) => "held",
-                    Some(false) => "missed",
-                    None => "running",
-                };
+                let held = p.verdict();
                 let _ = writeln!(
                     out,
                     "<tr><td>{}</td><td>{}</td><td>{}</td><td>{held}</td><td>{}</td><td>{}</td></tr>",

@@ -316,11 +316,7 @@ fn searched(out: &mut String, c: &Configuration, s: &SearchInfo, blocks: Option<
     let _ = writeln!(out, "Capacity within {}: {}.\n", s.slo.join(", "), r.capacity);
     let _ = writeln!(out, "| Probe | Load | SLOs | Measured | Why not |\n|---|---:|---|---|---|");
     for p in &r.probes {
-        let held = match p.held {
-            Some(true) => "held",
-            Some(false) => "missed",
-            None => "running",
-        };
+        let held = p.verdict();
         let _ = writeln!(
             out,
             "| {} | {} {} | {held} | {} | {} |",

@@ -402,16 +402,24 @@ async fn submit_greedy(url: &str) -> String {
     submit_matrix(url, "greedy.yaml", GREEDY).await
 }
 
-/// Runs every job of a group as an agent with loadgen would: the summary
-/// through the ingest service, then the job's end, then the group's.
+/// Runs every job of a group as an agent with loadgen would, each with its
+/// configuration's numbers.
 async fn run_group(url: &str, agent: &FakeAgent, group: &pb::AssignGroup) {
     let config = group.engine.as_ref().expect("engine").config_name.clone();
     let (tps, successful) = measured(&config);
+    let summary =
+        |_: &str| pb::Summary { successful, failed: 2 - successful, total_token_throughput: tps, ..Default::default() };
+    run_jobs(url, agent, group, summary).await;
+}
+
+/// Runs every job of a group as an agent with loadgen would: the summary
+/// (of its profile) through the ingest service, then the job's end, then
+/// the group's.
+async fn run_jobs(url: &str, agent: &FakeAgent, group: &pb::AssignGroup, summary_of: impl Fn(&str) -> pb::Summary) {
     let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel(url).await);
     for job in &group.jobs {
         let attempt = job.attempt.clone().expect("attempt");
-        let summary =
-            pb::Summary { successful, failed: 2 - successful, total_token_throughput: tps, ..Default::default() };
+        let summary = summary_of(&job.profile);
         let batch =
             pb::RecordBatch { attempt: Some(attempt.clone()), batch: 0, summary: Some(summary), ..Default::default() };
         let mut acks = ingest.records(tokio_stream::iter([batch])).await.expect("stream").into_inner();
@@ -559,28 +567,12 @@ profiles:
     search: { rate: [1, 32], steps: 2, slo: { ttft_p99_ms: 200 } }
 ";
 
-/// A probe's job done as an agent with loadgen would, its P99 TTFT 20 ms
-/// per request per second of its rate (200 ms at 10 req/s).
-async fn run_probes(url: &str, agent: &FakeAgent, group: &pb::AssignGroup) {
-    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel(url).await);
-    for job in &group.jobs {
-        let rate: f64 = job.profile.split_once("@r").expect("a probe").1.parse().expect("its rate");
-        let attempt = job.attempt.clone().expect("attempt");
-        let ttft = pb::Distribution { p99: 20.0 * rate, count: 2, ..Default::default() };
-        let summary = pb::Summary { successful: 2, ttft_ms: Some(ttft), ..Default::default() };
-        let batch =
-            pb::RecordBatch { attempt: Some(attempt.clone()), batch: 0, summary: Some(summary), ..Default::default() };
-        let mut acks = ingest.records(tokio_stream::iter([batch])).await.expect("stream").into_inner();
-        assert!(acks.next().await.expect("a reply").expect("ack").summary_stored);
-        agent
-            .send(pb::agent_message::Msg::JobUpdate(pb::JobUpdate {
-                attempt: Some(attempt),
-                state: pb::JobState::Succeeded as i32,
-                ..Default::default()
-            }))
-            .await;
-    }
-    agent.done(group).await;
+/// A probe's summary, its P99 TTFT 20 ms per request per second of its
+/// rate (200 ms at 10 req/s).
+fn probe_summary(profile: &str) -> pb::Summary {
+    let rate: f64 = profile.split_once("@r").expect("a probe").1.parse().expect("its rate");
+    let ttft = pb::Distribution { p99: 20.0 * rate, count: 2, ..Default::default() };
+    pb::Summary { successful: 2, ttft_ms: Some(ttft), ..Default::default() }
 }
 
 #[tokio::test]
@@ -594,7 +586,7 @@ async fn a_search_is_scheduled_round_by_round_and_a_restarted_controller_goes_on
     // one before has ended.
     let (shown, groups) = next_stage(&mut a, 1).await;
     assert_eq!(shown, ["vllm on cap@r1,cap@r32"]);
-    run_probes(&f.url, &a, &groups[0]).await;
+    run_jobs(&f.url, &a, &groups[0], probe_summary).await;
     let (shown, _) = next_stage(&mut a, 1).await;
     assert_eq!(shown, ["vllm on cap@r16.5"]);
 
