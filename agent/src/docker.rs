@@ -22,7 +22,10 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::engine::{Engine, EngineError, EnginePort, EngineRuntime, LogTail, engine_command, engine_env, free_port};
+use crate::engine::{
+    Engine, EngineError, EnginePort, EngineRuntime, LogTail, SIMULATED_GPU_PREFIX, engine_command, engine_env,
+    free_port,
+};
 use crate::job::EngineLaunch;
 
 /// The label that names the agent owning a container; `remove_orphans`
@@ -32,10 +35,6 @@ pub const AGENT_LABEL: &str = "benchfleet.agent";
 /// Where the model cache is mounted in the container: the Hugging Face cache
 /// of the root user, which is who the vLLM and SGLang images run as.
 pub const CONTAINER_MODEL_CACHE: &str = "/root/.cache/huggingface";
-
-/// The simulated GPU probe's UUIDs start with this; such GPUs do not exist,
-/// so a container is given no devices for them.
-const SIMULATED_GPU_PREFIX: &str = "GPU-sim-";
 
 /// Requests that may take long: pulls, following a log, waiting for exit,
 /// stopping with a grace period. bollard applies one timeout (120 s by

@@ -108,14 +108,26 @@ pub fn engine_env(kind: &str) -> Vec<(String, String)> {
     }
 }
 
+/// The agent's own environment variables an engine process gets: what a
+/// program needs to run at all. The rest (tokens, credentials, the agent's
+/// own settings) stays with the agent.
+pub const INHERITED_ENV: [&str; 5] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"];
+
+/// The simulated GPU probe's UUIDs start with this; such GPUs do not exist,
+/// so an engine is given no devices for them.
+pub(crate) const SIMULATED_GPU_PREFIX: &str = "GPU-sim-";
+
 /// Runs the engine as a local process on a free loopback port.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ProcessRuntime {
     /// Put before the engine's command line: the simulator binary, for
     /// simulated engines; empty to run the real `vllm`/`python3`.
     pub launcher: Vec<String>,
     /// Set in the engine's environment (for the simulator: which GPU it
-    /// stands in for).
+    /// stands in for; for real engines, `HF_TOKEN` where the agent has
+    /// one). The engine gets these, [`INHERITED_ENV`] and [`engine_env`],
+    /// nothing else of the agent's environment. Values may be secrets:
+    /// `Debug` shows only the names.
     pub env: Vec<(String, String)>,
     /// How long a stopped engine has to exit after SIGTERM before it is
     /// killed.
@@ -123,6 +135,39 @@ pub struct ProcessRuntime {
     /// Where each engine's pid file goes, so that an agent restarted after
     /// a kill stops the engines it left (`PidDir::sweep`).
     pub pids: Option<PidDir>,
+}
+
+impl std::fmt::Debug for ProcessRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env: Vec<&str> = self.env.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("ProcessRuntime")
+            .field("launcher", &self.launcher)
+            .field("env", &env)
+            .field("stop_grace", &self.stop_grace)
+            .field("pids", &self.pids)
+            .finish()
+    }
+}
+
+/// An engine process's whole environment, in the order set (a later value
+/// of a name wins): the agent's [`INHERITED_ENV`] (from `inherited`), the
+/// engine kind's [`engine_env`], its GPUs as `CUDA_VISIBLE_DEVICES` (by
+/// UUID, when it was given real ones), then the runtime's `env`.
+pub fn process_env(
+    launch: &EngineLaunch,
+    env: &[(String, String)],
+    inherited: impl Fn(&'static str) -> Option<std::ffi::OsString>,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut out: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+        INHERITED_ENV.iter().filter_map(|name| Some((name.into(), inherited(name)?))).collect();
+    out.extend(engine_env(&launch.kind).into_iter().map(|(k, v)| (k.into(), v.into())));
+    let gpus: Vec<&str> =
+        launch.gpu_uuids.iter().map(String::as_str).filter(|u| !u.starts_with(SIMULATED_GPU_PREFIX)).collect();
+    if !gpus.is_empty() {
+        out.push(("CUDA_VISIBLE_DEVICES".into(), gpus.join(",").into()));
+    }
+    out.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    out
 }
 
 impl Default for ProcessRuntime {
@@ -145,8 +190,10 @@ impl EngineRuntime for ProcessRuntime {
         })?;
         let mut child = Command::new(program)
             .args(args)
-            .envs(engine_env(&launch.kind))
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            // Nothing of the agent's environment but what `process_env`
+            // names: the agent may hold tokens the engine has no need of.
+            .env_clear()
+            .envs(process_env(launch, &self.env, std::env::var_os))
             // Its own process group, so that stopping it reaches the worker
             // processes an engine forks (vLLM's engine core, SGLang's
             // schedulers) and none is left holding GPU memory.
@@ -720,6 +767,97 @@ mod tests {
             let err = wait_until_serving(engine.as_mut(), "m", Duration::from_secs(10)).await.expect_err("it exits");
             assert_eq!(err.to_string(), "the engine rejected its flags: vllm: error: unrecognized arguments: --bogus");
             engine.stop().await;
+        }
+    }
+
+    #[test]
+    fn an_engine_process_s_environment_is_named_not_inherited() {
+        let agent = |name: &str| match name {
+            "PATH" => Some("/usr/bin".into()),
+            "LANG" => Some("C.UTF-8".into()),
+            "HF_TOKEN" | "AWS_SECRET_ACCESS_KEY" => Some("agent_secret".into()),
+            _ => None,
+        };
+        let launch = EngineLaunch {
+            kind: "vllm".into(),
+            gpu_uuids: vec!["GPU-1".into(), "GPU-2".into()],
+            ..EngineLaunch::default()
+        };
+        let env = process_env(&launch, &[("BENCHFLEET_SIM_GPU".into(), "H200".into())], agent);
+        let shown: Vec<String> =
+            env.iter().map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy())).collect();
+        assert_eq!(
+            shown,
+            [
+                "PATH=/usr/bin",
+                "LANG=C.UTF-8",
+                "VLLM_SERVER_DEV_MODE=1",
+                "CUDA_VISIBLE_DEVICES=GPU-1,GPU-2",
+                "BENCHFLEET_SIM_GPU=H200"
+            ]
+        );
+        // Simulated GPUs do not exist: no device list for them.
+        let simulated = EngineLaunch { gpu_uuids: vec!["GPU-sim-h-0".into()], ..launch };
+        assert!(!process_env(&simulated, &[], agent).iter().any(|(k, _)| k == "CUDA_VISIBLE_DEVICES"));
+    }
+
+    #[test]
+    fn a_process_runtime_shows_its_environment_s_names_only() {
+        let runtime =
+            ProcessRuntime { env: vec![("HF_TOKEN".into(), "hf_process_secret".into())], ..ProcessRuntime::default() };
+        let shown = format!("{runtime:?}");
+        assert!(!shown.contains("hf_process_secret"), "{shown}");
+        assert!(shown.contains("HF_TOKEN"), "{shown}");
+    }
+
+    /// The agent's environment is this test process's; one with a secret in
+    /// it is this test run again, by the test binary, with the variable set.
+    const AGENT_SECRET: &str = "BENCHFLEET_TEST_AGENT_SECRET";
+
+    #[tokio::test]
+    async fn a_process_engine_gets_none_of_the_agent_s_environment() {
+        if std::env::var_os(AGENT_SECRET).is_none() {
+            let name = "engine::tests::a_process_engine_gets_none_of_the_agent_s_environment";
+            let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+                .args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(AGENT_SECRET, "agent_secret_value")
+                .env("HF_TOKEN", "hf_agent_secret")
+                .output()
+                .expect("the test binary runs");
+            let text = String::from_utf8_lossy(&output.stdout);
+            assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));
+            assert!(text.contains("1 passed"), "the test ran again: {text}");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("env");
+        let runtime = ProcessRuntime {
+            launcher: vec!["sh".into(), "-c".into(), format!("env > {}", out.display()), "sh".into()],
+            env: vec![("BENCHFLEET_SIM_GPU".into(), "H200".into())],
+            stop_grace: Duration::from_secs(1),
+            pids: None,
+        };
+        let launch = EngineLaunch { kind: "vllm".into(), model: "m".into(), ..EngineLaunch::default() };
+        let mut engine = runtime.start(&launch).await.expect("the shell starts");
+        for _ in 0..250 {
+            if engine.exit_status().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        engine.stop().await;
+        let env = std::fs::read_to_string(&out).expect("the engine wrote its environment");
+        assert!(!env.contains("agent_secret"), "{env}");
+        let names: Vec<&str> = env.lines().filter_map(|l| l.split_once('=').map(|(name, _)| name)).collect();
+        // What the shell itself sets, besides what the engine was given.
+        let shell = ["PWD", "OLDPWD", "SHLVL", "_"];
+        let given = ["VLLM_SERVER_DEV_MODE", "BENCHFLEET_SIM_GPU"];
+        let unexpected: Vec<&&str> =
+            names.iter().filter(|n| !(INHERITED_ENV.contains(n) || shell.contains(n) || given.contains(n))).collect();
+        assert!(unexpected.is_empty(), "the engine inherited {unexpected:?}: {env}");
+        assert!(env.lines().any(|l| l == "BENCHFLEET_SIM_GPU=H200") && env.contains("VLLM_SERVER_DEV_MODE=1"), "{env}");
+        if let Ok(path) = std::env::var("PATH") {
+            assert!(env.lines().any(|l| l == format!("PATH={path}")), "PATH is passed on: {env}");
         }
     }
 
