@@ -725,9 +725,52 @@ mod tests {
     #[test]
     fn the_token_never_shows_in_debug_output() {
         let options = DockerOptions { hf_token: Some(Secret::new("hf_secret")), ..DockerOptions::default() };
-        let shown = format!("{:?}", runtime(options));
-        assert!(!shown.contains("hf_secret"), "{shown}");
-        assert!(shown.contains("<redacted>"), "{shown}");
+        let args = DockerArgs {
+            mode: DockerMode::On,
+            docker_socket: PathBuf::from("/var/run/docker.sock"),
+            model_cache: None,
+            hf_token: Some(Secret::new("hf_secret")),
+            shm_size_gib: None,
+            stop_grace_s: 30,
+        };
+        let process = crate::engine::ProcessRuntime {
+            env: vec![("HF_TOKEN".into(), "hf_secret".into())],
+            ..crate::engine::ProcessRuntime::default()
+        };
+        let launch = EngineLaunch { image: "vllm/vllm-openai:v1".into(), ..EngineLaunch::default() };
+        let body = runtime(options.clone()).container_body(&launch, Vec::new());
+        for shown in [
+            format!("{:?}", runtime(options.clone())),
+            format!("{options:?}"),
+            format!("{args:?}"),
+            format!("{process:?}"),
+            format!("{launch:?}"),
+            format!("{:?}", crate::policy::EnginePolicy::default()),
+        ] {
+            assert!(!shown.contains("hf_secret"), "{shown}");
+        }
+        assert!(format!("{options:?}").contains("<redacted>"));
+        // What the daemon is sent has it, and bollard logs request bodies at
+        // debug level: the agent's binary caps bollard's logs at info.
+        assert!(body.env.expect("the engine's environment").contains(&"HF_TOKEN=hf_secret".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn a_refused_image_is_never_asked_of_the_daemon() {
+        // Nothing listens at the client's address: any call to the daemon
+        // fails as the container runtime's error, not the policy's.
+        let policy = std::sync::Arc::new(crate::policy::EnginePolicy::default());
+        let runtime: std::sync::Arc<dyn EngineRuntime> = std::sync::Arc::new(runtime(DockerOptions::default()));
+        let offered = policy.offered([("docker".to_owned(), runtime)]);
+        let launch =
+            |image: &str| EngineLaunch { image: image.into(), runtime: "docker".into(), ..EngineLaunch::default() };
+        let refused = offered["docker"].prepare(&launch("evil/miner:latest"), &|_| {}).await.expect_err("refused");
+        assert_eq!(
+            refused.to_string(),
+            "image 'evil/miner:latest' is not allowed on this agent: add it to [engines] images in the agent's config file"
+        );
+        let reached = offered["docker"].prepare(&launch("vllm/vllm-openai:v1"), &|_| {}).await.expect_err("no daemon");
+        assert!(matches!(reached, EngineError::Container { .. }), "an allowed image goes to the daemon: {reached:?}");
     }
 
     #[test]

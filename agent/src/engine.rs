@@ -40,6 +40,10 @@ pub enum EngineError {
     ImageMissing { image: String, message: String },
     #[error("the container runtime could not {action}: {message}")]
     Container { action: String, message: String },
+    /// The agent's engine policy (`[engines]` in its config file) refuses
+    /// the launch: `allow` says which key would allow it.
+    #[error("{what} is not allowed on this agent: {allow}")]
+    NotAllowed { what: String, allow: String },
 }
 
 /// A running engine.

@@ -122,7 +122,12 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
     group.engine.gpu_uuids = group.gpu_uuids.clone();
 
     let Some(runtime) = ctx.runtimes.get(&group.engine.runtime) else {
-        let error = format!("runtime `{}` is not available on agent {}", group.engine.runtime, ctx.agent_name);
+        let error = format!(
+            "runtime `{}` is not available on agent {}: {}",
+            group.engine.runtime,
+            ctx.agent_name,
+            crate::policy::not_offered(&group.engine.runtime)
+        );
         give_up(0, Failure::Host, &error, "");
         return;
     };
@@ -349,10 +354,11 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
 /// How many times (50 ms apart) a failed job looks for its engine's exit.
 const ENGINE_EXIT_POLLS: u32 = 40;
 
-/// A failed engine start: a flag the engine rejects fails everywhere.
+/// A failed engine start: a flag the engine rejects fails everywhere, and
+/// what the agent's policy refuses is not tried on other hosts.
 fn failure_of(e: &EngineError) -> Failure {
     match e {
-        EngineError::BadFlag { .. } => Failure::Config,
+        EngineError::BadFlag { .. } | EngineError::NotAllowed { .. } => Failure::Config,
         EngineError::Unsupported(_) => Failure::Host,
         _ => Failure::Attempt,
     }
@@ -432,6 +438,61 @@ mod tests {
         fn xid_events_after(&self, mark: u64) -> Vec<XidEvent> {
             self.xids.iter().filter(|e| e.seq > mark).cloned().collect()
         }
+    }
+
+    /// A runtime that only counts what it is asked.
+    #[derive(Default)]
+    struct Untouched(std::sync::atomic::AtomicUsize);
+
+    #[tonic::async_trait]
+    impl EngineRuntime for Untouched {
+        async fn prepare(&self, _: &EngineLaunch, _: &(dyn Fn(String) + Send + Sync)) -> Result<(), EngineError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+        async fn start(&self, _: &EngineLaunch) -> Result<Box<dyn Engine>, EngineError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err(EngineError::Unsupported("untouched".into()))
+        }
+    }
+
+    impl Reports for Mutex<Vec<JobReport>> {
+        fn report(&self, report: JobReport) {
+            self.lock().expect("not poisoned").push(report);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_engine_the_policy_refuses_is_never_prepared_and_fails_as_the_configuration_s() {
+        let untouched = Arc::new(Untouched::default());
+        let policy = Arc::new(crate::policy::EnginePolicy::default());
+        let runtimes = policy.offered([("docker".to_owned(), untouched.clone() as Arc<dyn EngineRuntime>)]);
+        let launch = EngineLaunch {
+            kind: "vllm".into(),
+            model: "m".into(),
+            image: "evil/miner:latest".into(),
+            runtime: "docker".into(),
+            ..EngineLaunch::default()
+        };
+        let reports = Mutex::new(Vec::new());
+        let Err(e) = start_engine(runtimes["docker"].as_ref(), &launch, &Attempt::default(), &reports).await else {
+            panic!("the image is refused");
+        };
+        assert_eq!(
+            format!("engine did not start: {e}"),
+            "engine did not start: image 'evil/miner:latest' is not allowed on this agent: \
+             add it to [engines] images in the agent's config file"
+        );
+        assert_eq!(failure_of(&e), Failure::Config);
+        assert_eq!(untouched.0.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was pulled or started");
+        assert!(reports.lock().expect("not poisoned").is_empty(), "no pull progress either");
+    }
+
+    #[test]
+    fn what_the_policy_refuses_is_the_configuration_s_fault() {
+        let refused = EngineError::NotAllowed { what: "image 'x'".into(), allow: "add it".into() };
+        assert_eq!(failure_of(&refused), Failure::Config, "not tried again on another host");
+        assert_eq!(failure_of(&EngineError::Unsupported("x".into())), Failure::Host);
     }
 
     #[tokio::test]

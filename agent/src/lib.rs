@@ -7,6 +7,7 @@
 //! groups held across sessions; `group` runs one engine group; `job` holds
 //! the domain types of an assignment and their conversion from and to gRPC;
 //! `engine` the engine runtimes, `docker` the one that runs containers;
+//! `policy` what engines the agent's config file lets it run;
 //! `load` runs loadgen; `telemetry` samples the engine's `/metrics` and the
 //! GPUs while it runs; `procs` keeps the pid files of what the agent
 //! starts; `gpu` the GPU inventory, `nvml` reads it on real hosts, `verdict`
@@ -20,6 +21,7 @@ pub mod group;
 pub mod job;
 pub mod load;
 pub mod nvml;
+pub mod policy;
 pub mod procs;
 pub mod session;
 pub mod telemetry;

@@ -1,6 +1,5 @@
 //! `benchfleet-agent`: the daemon an operator runs on every GPU host.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,6 +10,7 @@ use benchfleet_agent::engine::{EnginePorts, EngineRuntime, ExternalRuntime, Proc
 use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe};
 use benchfleet_agent::load::ProcessLoadRunner;
 use benchfleet_agent::nvml::NvmlProbe;
+use benchfleet_agent::policy::EnginePolicy;
 use benchfleet_agent::procs::PidDir;
 use benchfleet_agent::verdict::Policy;
 use benchfleet_agent::verify::{VerifyReport, all_usable, table, watch_xids};
@@ -23,7 +23,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "benchfleet's GPU host daemon",
     args_conflicts_with_subcommands = true,
-    after_help = "Environment: the flags' variables (shown with each), HF_TOKEN (given to engine containers), \
+    after_help = "Environment: the flags' variables (shown with each), HF_TOKEN (given to engines), \
                   RUST_LOG (the log filter), PATH (where benchfleet-loadgen and benchfleet-sim are found, beside \
                   the agent's own binary first).\n\nExit status: run: 0 after SIGINT or SIGTERM once its engines \
                   are stopped, 1 on an error; verify: 0 when every GPU is usable, 1 when one is not, 2 when the GPUs \
@@ -85,7 +85,8 @@ struct RunArgs {
 /// How the agent reads and judges its GPUs.
 #[derive(clap::Args, Debug)]
 struct GpuArgs {
-    /// The agent's config file (TOML): its [gpu] table holds the GPU policy (see agent.example.toml).
+    /// The agent's config file (TOML): its [gpu] table holds the GPU policy, its [engines] table what engines the
+    /// agent runs (see agent.example.toml).
     #[arg(long, env = "BENCHFLEET_AGENT_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     /// The NVML library to load instead of the NVIDIA driver's libnvidia-ml.so.1.
@@ -179,6 +180,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "agent".to_owned(), |h| h.trim().to_owned())
     });
+    // What engines this agent runs: the config file's [engines] table.
+    let mut policy = match &args.gpu.config {
+        Some(path) => EnginePolicy::from_file(path)?,
+        None => EnginePolicy::default(),
+    };
+    policy.simulator = args.sim_engines;
+    let policy = Arc::new(policy);
     let mut sim_env = Vec::new();
     let gpus: Arc<dyn GpuProbe> = match &args.sim_gpus {
         Some(spec) => {
@@ -209,15 +217,32 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (first, last) = EnginePorts::parse_range(&args.engine_ports).map_err(anyhow::Error::msg)?;
     EnginePorts::global().set_range(first, last, ephemeral_range()).map_err(anyhow::Error::msg)?;
     let pids = PidDir(args.work_dir.join("pids"));
-    let mut runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::new();
-    runtimes.insert(
-        "process".into(),
-        Arc::new(ProcessRuntime { launcher, env: sim_env, pids: Some(pids.clone()), ..ProcessRuntime::default() }),
-    );
-    runtimes.insert("external".into(), Arc::new(ExternalRuntime));
-    if let Some(docker) = benchfleet_agent::docker::runtime_from_args(&args.docker, &name).await? {
-        runtimes.insert("docker".into(), Arc::new(docker));
+    // Process engines get none of the agent's environment but what they need.
+    let mut process_env = sim_env;
+    process_env.extend(policy.passed_env());
+    if let (false, Some(token)) = (args.sim_engines, &args.docker.hf_token) {
+        process_env.push(("HF_TOKEN".to_owned(), token.expose().to_owned()));
     }
+    let mut runtimes: Vec<(String, Arc<dyn EngineRuntime>)> = vec![
+        (
+            "process".into(),
+            Arc::new(ProcessRuntime {
+                launcher,
+                env: process_env,
+                pids: Some(pids.clone()),
+                ..ProcessRuntime::default()
+            }),
+        ),
+        ("external".into(), Arc::new(ExternalRuntime)),
+    ];
+    if let Some(docker) = benchfleet_agent::docker::runtime_from_args(&args.docker, &name).await? {
+        runtimes.push(("docker".into(), Arc::new(docker)));
+    }
+    // Only what the policy allows is offered (and so told to the controller).
+    let runtimes = policy.offered(runtimes);
+    let mut offered: Vec<&str> = runtimes.keys().map(String::as_str).collect();
+    offered.sort_unstable();
+    tracing::info!(runtimes = ?offered, "offering engine runtimes");
 
     let config = AgentConfig {
         controller_url: args.controller,

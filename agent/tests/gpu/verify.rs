@@ -182,3 +182,17 @@ fn the_example_config_is_valid_and_lenient_policies_apply() {
     let out = s.agent(&["verify", "--config", config.to_str().expect("utf-8 path")]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+#[test]
+fn a_misspelled_engines_key_stops_the_agent_before_it_starts() {
+    let s = Scenario::new("gpus = 1\n");
+    let config = s.file("agent.toml", "[engines]\nimages = [\"vllm/vllm-openai\"]\nproces = true\n");
+    let work = s.file("work", "");
+    std::fs::remove_file(&work).expect("a free path for the work directory");
+    let config = config.to_str().expect("utf-8 path");
+    let out = s.agent(&["--config", config, "--docker", "off", "--work-dir", work.to_str().expect("utf-8 path")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("the agent config {config} is not valid")), "{stderr}");
+    assert!(stderr.contains("unknown field `proces`"), "{stderr}");
+}
