@@ -19,6 +19,7 @@ use tracing::{error, info, warn};
 use crate::engine::EngineRuntime;
 use crate::gpu::GpuProbe;
 use crate::group::{Files, GroupContext};
+use crate::job::ReportTls;
 use crate::load::LoadRunner;
 use crate::procs::PidDir;
 use crate::session::{self, ControllerFiles, SessionConfig, SessionError, Shared};
@@ -30,6 +31,8 @@ pub struct AgentConfig {
     pub controller_url: String,
     /// Unique in the fleet; a restarted agent registers under the same name.
     pub name: String,
+    /// What it holds to reach the controller (`identity`).
+    pub tls: benchfleet_core::tls::ClientTls,
     pub gpus: Arc<dyn GpuProbe>,
     /// By runtime name: "process", "docker", "external".
     pub runtimes: HashMap<String, Arc<dyn EngineRuntime>>,
@@ -96,6 +99,7 @@ pub async fn run(config: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> 
         Arc::new(ControllerFiles { shared: shared.clone(), dir: config.work_dir.join("files") });
     let cfg = Arc::new(SessionConfig {
         controller_url: config.controller_url.clone(),
+        tls: config.tls.clone(),
         name: config.name.clone(),
         hostname: hostname(),
         instance: instance(),
@@ -108,6 +112,10 @@ pub async fn run(config: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> 
             loadgen: config.loadgen.clone(),
             files,
             startup_timeout: config.startup_timeout,
+            report: ReportTls {
+                ca: config.tls.ca.as_ref().and(config.tls.source.as_ref()).map(|dir| dir.join(crate::identity::CA)),
+                insecure: config.tls.insecure,
+            },
         },
     });
     let mut backoff = Duration::from_millis(100);

@@ -78,6 +78,8 @@ pub struct GroupContext {
     pub loadgen: Arc<dyn LoadRunner>,
     pub files: Arc<dyn Files>,
     pub startup_timeout: Duration,
+    /// How loadgen reaches the ingest service.
+    pub report: crate::job::ReportTls,
 }
 
 /// Runs a group to its end (or until `stop`); the engine is stopped when
@@ -268,6 +270,7 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             base_url: engine.base_url(),
             model: group.engine.model.clone(),
             ingest_url: group.ingest_url.clone(),
+            report: ctx.report.clone(),
             dataset_path,
             processor_path,
         };

@@ -137,10 +137,21 @@ pub struct LoadRun {
     pub base_url: String,
     pub model: String,
     pub ingest_url: String,
+    /// How loadgen reaches the ingest service (the agent's own CA and rule).
+    pub report: ReportTls,
     /// The dataset file on disk, for ShareGPT jobs.
     pub dataset_path: Option<PathBuf>,
     /// The tokenizer file on disk, when the job names one.
     pub processor_path: Option<PathBuf>,
+}
+
+/// What loadgen holds to reach the ingest service: the fleet's CA (a file:
+/// loadgen is another process) and whether plain text may go to another
+/// host, as the agent's own session.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReportTls {
+    pub ca: Option<PathBuf>,
+    pub insecure: bool,
 }
 
 /// A job's state as the agent reports it.

@@ -7,6 +7,7 @@
 //! groups held across sessions; `group` runs one engine group; `job` holds
 //! the domain types of an assignment and their conversion from and to gRPC;
 //! `engine` the engine runtimes, `docker` the one that runs containers;
+//! `identity` the certificate it is known by (`WORK_DIR/identity/`);
 //! `policy` what engines the agent's config file lets it run;
 //! `load` runs loadgen; `telemetry` samples the engine's `/metrics` and the
 //! GPUs while it runs; `procs` keeps the pid files of what the agent
@@ -18,6 +19,7 @@ pub mod docker;
 pub mod engine;
 pub mod gpu;
 pub mod group;
+pub mod identity;
 pub mod job;
 pub mod load;
 pub mod nvml;

@@ -153,6 +153,12 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
         "--epoch".into(),
         job.attempt.epoch.to_string(),
     ]);
+    if let Some(ca) = &run.report.ca {
+        args.extend(["--report-ca".into(), ca.display().to_string()]);
+    }
+    if run.report.insecure {
+        args.push("--report-insecure".into());
+    }
     args
 }
 
@@ -243,6 +249,7 @@ mod tests {
             base_url: "http://127.0.0.1:8123".into(),
             model: "m".into(),
             ingest_url: "http://127.0.0.1:7070".into(),
+            report: Default::default(),
             dataset_path,
             processor_path: None,
         }

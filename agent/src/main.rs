@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use benchfleet_agent::engine::{EnginePorts, EngineRuntime, ExternalRuntime, ProcessRuntime, ephemeral_range};
 use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe};
+use benchfleet_agent::identity;
 use benchfleet_agent::load::ProcessLoadRunner;
 use benchfleet_agent::nvml::NvmlProbe;
 use benchfleet_agent::policy::EnginePolicy;
@@ -50,12 +51,15 @@ enum Command {
 
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// The controller's gRPC URL.
+    /// The controller's gRPC URL. https:// uses the certificate `join` stored in WORK_DIR/identity/.
     #[arg(long, env = "BENCHFLEET_CONTROLLER", default_value = "http://127.0.0.1:7070")]
     controller: String,
-    /// The agent's name in the fleet (default: the host name).
+    /// The agent's name in the fleet (default: the host name; under https://, its certificate's).
     #[arg(long, env = "BENCHFLEET_AGENT_NAME")]
     name: Option<String>,
+    /// Allow an http:// controller URL to a host other than this one (plain text, unauthenticated).
+    #[arg(long)]
+    insecure: bool,
     /// Simulate GPUs instead of probing them: MODELxCOUNT, e.g. H200x8.
     #[arg(long, value_name = "MODELxCOUNT")]
     sim_gpus: Option<String>,
@@ -176,10 +180,9 @@ fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let name = args.name.clone().unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map_or_else(|_| "agent".to_owned(), |h| h.trim().to_owned())
-    });
+    // Who this agent is, before any GPU or Docker is touched.
+    let (name, tls) = identity::resolve(&args.work_dir, &args.controller, args.name.as_deref(), args.insecure)?;
+    identity::check_url(&args.controller, &tls)?;
     // What engines this agent runs: the config file's [engines] table.
     let mut policy = match &args.gpu.config {
         Some(path) => EnginePolicy::from_file(path)?,
@@ -246,6 +249,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let config = AgentConfig {
         controller_url: args.controller,
+        tls,
         gpus,
         name,
         runtimes,

@@ -266,6 +266,7 @@ async fn download(channel: tonic::transport::Channel, sha256: &str, dir: &std::p
 /// What a session needs.
 pub struct SessionConfig {
     pub controller_url: String,
+    pub tls: benchfleet_core::tls::ClientTls,
     pub name: String,
     pub hostname: String,
     pub instance: String,
@@ -287,9 +288,8 @@ pub enum SessionError {
 /// One session, until the controller or the connection ends it.
 pub async fn session(cfg: Arc<SessionConfig>, shared: Shared) -> Result<(), SessionError> {
     let (cfg, shared) = (cfg.as_ref(), &shared);
-    let channel = tonic::transport::Endpoint::from_shared(cfg.controller_url.clone())
+    let channel = benchfleet_core::tls::endpoint(&cfg.controller_url, &cfg.tls)
         .map_err(anyhow::Error::from)?
-        .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(10))
         .connect()

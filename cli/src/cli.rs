@@ -20,8 +20,9 @@ use benchfleet_proto as pb;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
-use crate::client::{self, Unreachable};
+use crate::client::{self, Target, Unreachable};
 use crate::local::{LocalFleet, simulated_agent};
+use benchfleet_core::tls::ClientTls;
 
 pub const EXIT_FAILED_JOBS: i32 = 1;
 pub const EXIT_BAD_INPUT: i32 = 2;
@@ -46,6 +47,14 @@ pub struct Cli {
     /// A running controller's gRPC URL; without it, the listings, report, export and import use the local store.
     #[arg(long, global = true, env = "BENCHFLEET_CONTROLLER")]
     pub controller: Option<String>,
+    /// The operator's identity for an https:// controller: a directory with ca.pem, operator.pem and
+    /// operator-key.pem (`benchfleet certs issue`). Default: the data directory's pki/ (admin.pem), else
+    /// $XDG_CONFIG_HOME/benchfleet/identity/.
+    #[arg(long, global = true, env = "BENCHFLEET_IDENTITY", value_name = "DIR")]
+    pub identity: Option<PathBuf>,
+    /// Allow an http:// controller URL to a host other than this one (sent in plain text, unauthenticated).
+    #[arg(long, global = true)]
+    pub insecure: bool,
     /// Print listings as JSON.
     #[arg(long, global = true)]
     pub json: bool,
@@ -138,6 +147,33 @@ pub enum Command {
     },
     /// Undo a drain.
     Undrain { agent: String },
+    /// The fleet's certificates: a new CA (init) and operators' identities (issue), in the data directory's pki/.
+    #[command(subcommand)]
+    Certs(Certs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Certs {
+    /// Create DATA_DIR/pki/: the CA, the controller's certificate, the first admin operator's, the ingest key.
+    /// Prints the CA's hash, which agents pin when they join. Never overwrites.
+    Init {
+        /// Another name or address the controller is reached at (repeatable); localhost, 127.0.0.1, ::1 and
+        /// this host's name are always in its certificate.
+        #[arg(long = "san", value_name = "NAME")]
+        sans: Vec<String>,
+    },
+    /// Issue an operator's identity: a directory with ca.pem, operator.pem and operator-key.pem, for
+    /// `benchfleet --identity DIR`.
+    Issue {
+        /// The operator's name, as notes record who cancelled or drained.
+        name: String,
+        /// read: listings, reports, watch, export, plans; admin: also submit, cancel, retry, drain, import.
+        #[arg(long, value_parser = ["read", "admin"])]
+        role: String,
+        /// Where to write it (default: ./NAME).
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// Who the operator is, until operators authenticate.
@@ -157,16 +193,94 @@ pub async fn main(cli: Cli) -> i32 {
     }
 }
 
-fn need_controller(cli: &Cli) -> anyhow::Result<&str> {
-    cli.controller.as_deref().context("give the controller's URL with --controller (or BENCHFLEET_CONTROLLER)")
+fn need_controller(controller: &Option<Target>) -> anyhow::Result<&Target> {
+    controller.as_ref().context("give the controller's URL with --controller (or BENCHFLEET_CONTROLLER)")
+}
+
+/// The controller given with --controller, and what this operator holds to
+/// reach it (see `Cli::identity`).
+fn target(cli: &Cli) -> anyhow::Result<Option<Target>> {
+    let Some(url) = &cli.controller else { return Ok(None) };
+    let mut tls = operator_identity(cli)?;
+    tls.insecure = cli.insecure;
+    Ok(Some(Target { url: url.clone(), tls }))
+}
+
+fn operator_identity(cli: &Cli) -> anyhow::Result<ClientTls> {
+    let from = |dir: &Path| -> anyhow::Result<ClientTls> {
+        let mut tls = ClientTls::from_dir(dir, "operator")?;
+        if tls.identity.is_none() {
+            tls = ClientTls::from_dir(dir, "admin")?;
+        }
+        Ok(tls)
+    };
+    if let Some(dir) = &cli.identity {
+        anyhow::ensure!(dir.is_dir(), "--identity {}: no such directory", dir.display());
+        return from(dir);
+    }
+    let pki = data_dir(cli.data_dir.as_deref()).join("pki");
+    if pki.join(benchfleet_controller::pki::ADMIN_CERT).is_file() {
+        return from(&pki);
+    }
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
+    match config.map(|c| c.join("benchfleet/identity")) {
+        Some(dir) if dir.is_dir() => from(&dir),
+        _ => Ok(ClientTls::default()),
+    }
+}
+
+/// `benchfleet certs ...`, on the data directory's pki/.
+fn certs(cli: &Cli, command: &Certs) -> anyhow::Result<i32> {
+    use benchfleet_controller::pki::{self, Role};
+    let dir = data_dir(cli.data_dir.as_deref()).join("pki");
+    match command {
+        Certs::Init { sans } => {
+            let made = pki::init(&dir, &hostname(), sans)?;
+            println!(
+                "created {}/ ({}, {}, {}, {}, {}, {}, {})",
+                made.dir.display(),
+                pki::CA_CERT,
+                pki::CA_KEY,
+                pki::CONTROLLER_CERT,
+                pki::CONTROLLER_KEY,
+                pki::ADMIN_CERT,
+                pki::ADMIN_KEY,
+                pki::INGEST_KEY
+            );
+            println!("CA hash: {}", made.ca_hash);
+        }
+        Certs::Issue { name, role, out } => {
+            let role = Role::parse(role).context("--role is read or admin")?;
+            let out = out.clone().unwrap_or_else(|| PathBuf::from(name));
+            let issued = pki::issue_operator(&dir, name, role, &out)?;
+            println!(
+                "created {}/ ({}, {}, {}): {role} operator '{name}', serial {}",
+                out.display(),
+                pki::CA_CERT,
+                pki::OPERATOR_CERT,
+                pki::OPERATOR_KEY,
+                issued.serial
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// This host's name (what `certs init` puts in the controller's certificate).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let json = cli.json;
+    let controller = target(&cli)?;
     match &cli.command {
+        Command::Certs(command) => certs(&cli, command),
         Command::Run { matrix, local: true } => run_local(matrix, &data_dir(cli.data_dir.as_deref()), json).await,
         Command::Run { matrix, local: false } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let sub = client::submission(matrix, None)?;
             note_datasets(&sub);
             let mut c = client::connect(url).await?;
@@ -230,7 +344,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Submit { matrix, dry_run: true } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let sub = client::submission(matrix, None)?;
             note_datasets(&sub);
             let plan = client::plan(&mut client::connect(url).await?, sub).await?;
@@ -259,7 +373,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Submit { matrix, dry_run: false } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let sub = client::submission(matrix, None)?;
             note_datasets(&sub);
             let submitted = client::submit(&mut client::connect(url).await?, sub).await?;
@@ -277,11 +391,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Watch { run_id, reconnect_for_s } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             follow(url, run_id, Duration::from_secs(*reconnect_for_s), json, false).await
         }
         Command::Runs => {
-            let runs = match &cli.controller {
+            let runs = match &controller {
                 Some(url) => {
                     client::connect(url)
                         .await?
@@ -309,7 +423,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Jobs { run_id } => {
-            let jobs = match &cli.controller {
+            let jobs = match &controller {
                 Some(url) => {
                     client::connect(url)
                         .await?
@@ -343,7 +457,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Report { run_id, format, output } => {
             let format = if json { Format::Json } else { Format::parse(format).map_err(anyhow::Error::msg)? };
-            let (text, recommended) = report_text(&cli, run_id, format).await?;
+            let (text, recommended) = report_text(&cli, controller.as_ref(), run_id, format).await?;
             match output {
                 Some(path) => {
                     std::fs::write(path, &text).with_context(|| format!("cannot write {}", path.display()))?
@@ -355,8 +469,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Compare { run_a, run_b, threshold, metrics } => {
             let threshold = compare::parse_threshold(threshold).map_err(anyhow::Error::msg)?;
             compare::check_metrics(metrics).map_err(anyhow::Error::msg)?;
-            let a = report_doc(&cli, run_a).await?;
-            let b = report_doc(&cli, run_b).await?;
+            let a = report_doc(&cli, controller.as_ref(), run_a).await?;
+            let b = report_doc(&cli, controller.as_ref(), run_b).await?;
             let gate = if metrics.is_empty() { compare::default_gate(&a) } else { metrics.clone() };
             let c = compare::compare(&a, &b, threshold, &gate);
             print!("{}", compare::render(&c, &a, &b, threshold));
@@ -364,10 +478,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Export { run_id, output } => {
             let output = output.as_deref().filter(|p| *p != Path::new("-"));
-            export(cli.controller.as_deref(), &data_dir(cli.data_dir.as_deref()), run_id, output).await
+            export(controller.as_ref(), &data_dir(cli.data_dir.as_deref()), run_id, output).await
         }
         Command::Import { file } => {
-            let imported = match &cli.controller {
+            let imported = match &controller {
                 Some(url) => client::import(&mut client::connect(url).await?, file).await?,
                 None => import_local(&data_dir(cli.data_dir.as_deref()), file)?,
             };
@@ -375,7 +489,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Agents => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let agents = client::connect(url)
                 .await?
                 .list_agents(pb::ListAgentsRequest {})
@@ -391,7 +505,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Cancel { run_id, reason } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let run = client::connect(url)
                 .await?
                 .cancel_run(pb::CancelRunRequest { run_id: run_id.clone(), reason: reason.clone(), by: whoami() })
@@ -411,7 +525,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Retry { run_id } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let r = client::connect(url)
                 .await?
                 .retry_run(pb::RetryRunRequest { run_id: run_id.clone() })
@@ -426,7 +540,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Drain { agent, reason } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let a = client::connect(url)
                 .await?
                 .drain_agent(pb::DrainAgentRequest { agent: agent.clone(), reason: reason.clone(), by: whoami() })
@@ -441,7 +555,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Undrain { agent } => {
-            let url = need_controller(&cli)?;
+            let url = need_controller(&controller)?;
             let a = client::connect(url)
                 .await?
                 .undrain_agent(pb::UndrainAgentRequest { agent: agent.clone() })
@@ -538,7 +652,7 @@ impl std::io::Write for ExportOutput {
 }
 
 /// `export`: from the controller's store when given one, else the local.
-async fn export(controller: Option<&str>, dir: &Path, run_id: &str, output: Option<&Path>) -> anyhow::Result<i32> {
+async fn export(controller: Option<&Target>, dir: &Path, run_id: &str, output: Option<&Path>) -> anyhow::Result<i32> {
     use benchfleet_controller::export::{self, Counts};
     // A bad id is refused before a file is made.
     let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
@@ -672,7 +786,7 @@ async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32>
     eprintln!("data directory: {}", dir.display());
     let work_dir = dir.join("agent");
     let fleet = LocalFleet::start(store, |url| simulated_agent(url, &gpu, work_dir)).await?;
-    let url = fleet.url.clone();
+    let url = Target::plain(fleet.url.clone());
     let mut submitted_id = None;
     let work = async {
         let mut c = client::connect(&url).await?;
@@ -704,8 +818,13 @@ async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32>
 
 /// A run's report in a format, from the controller or the local store, and
 /// whether it recommends a configuration.
-async fn report_text(cli: &Cli, run_id: &str, format: Format) -> anyhow::Result<(String, bool)> {
-    Ok(match &cli.controller {
+async fn report_text(
+    cli: &Cli,
+    controller: Option<&Target>,
+    run_id: &str,
+    format: Format,
+) -> anyhow::Result<(String, bool)> {
+    Ok(match controller {
         Some(url) => {
             let r = client::connect(url)
                 .await?
@@ -726,12 +845,12 @@ async fn report_text(cli: &Cli, run_id: &str, format: Format) -> anyhow::Result<
 
 /// A run's report as data: from a JSON report file when `run` names one,
 /// else from the controller or the local store.
-async fn report_doc(cli: &Cli, run: &str) -> anyhow::Result<ReportDoc> {
+async fn report_doc(cli: &Cli, controller: Option<&Target>, run: &str) -> anyhow::Result<ReportDoc> {
     let path = Path::new(run);
     let (text, from) = if path.is_file() {
         (std::fs::read_to_string(path).with_context(|| format!("cannot read {run}"))?, run.to_owned())
     } else {
-        (report_text(cli, run, Format::Json).await?.0, format!("run {run}'s report"))
+        (report_text(cli, controller, run, Format::Json).await?.0, format!("run {run}'s report"))
     };
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{from} is not a JSON report"))?;
@@ -744,7 +863,7 @@ async fn report_doc(cli: &Cli, run: &str) -> anyhow::Result<ReportDoc> {
 
 /// Watches a run to its end, then (with `report`) prints its report; the
 /// exit code says how it ended.
-async fn follow(url: &str, run_id: &str, reconnect_for: Duration, json: bool, report: bool) -> anyhow::Result<i32> {
+async fn follow(url: &Target, run_id: &str, reconnect_for: Duration, json: bool, report: bool) -> anyhow::Result<i32> {
     let bar = (!json).then(progress_bar).flatten();
     let mut last_line = String::new();
     let watching = client::watch(url, run_id, reconnect_for, |p| {

@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use benchfleet_controller::matrix;
 use benchfleet_controller::model::Dataset;
 use benchfleet_core::sharegpt::{self, ShareGpt};
+use benchfleet_core::tls::{self, ClientTls};
 use benchfleet_proto as pb;
 use sha2::Digest as _;
 use tokio_stream::StreamExt;
@@ -28,10 +29,52 @@ pub struct Unreachable {
     pub reason: String,
 }
 
-pub async fn connect(url: &str) -> anyhow::Result<OperatorClient> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("'{url}' is not a controller URL"))?
-        .connect_timeout(Duration::from_secs(5));
+/// A controller: its URL, and what this operator holds to reach it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub url: String,
+    pub tls: ClientTls,
+}
+
+impl Target {
+    /// A controller reached as the client rule allows without an identity
+    /// (loopback, plain text): local mode and tests.
+    pub fn plain(url: impl Into<String>) -> Target {
+        Target { url: url.into(), tls: ClientTls::default() }
+    }
+}
+
+impl From<&str> for Target {
+    fn from(url: &str) -> Target {
+        Target::plain(url)
+    }
+}
+
+impl From<&String> for Target {
+    fn from(url: &String) -> Target {
+        Target::plain(url.as_str())
+    }
+}
+
+impl From<&Target> for Target {
+    fn from(t: &Target) -> Target {
+        t.clone()
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+/// Connects under the client rule (`benchfleet_core::tls`): https verified
+/// against the operator's CA, with the operator's certificate; plain text
+/// only to loopback or with --insecure.
+pub async fn connect(target: impl Into<Target>) -> anyhow::Result<OperatorClient> {
+    let target = target.into();
+    let url = &target.url;
+    let endpoint = tls::endpoint(url, &target.tls)?;
     let channel = endpoint.connect().await.map_err(|e| Unreachable { url: url.to_owned(), reason: error_chain(&e) })?;
     Ok(OperatorClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -275,15 +318,17 @@ pub fn shown(path: &str) -> String {
 /// controller that goes away (a restart) is waited for, up to `reconnect_for`,
 /// and the run re-attached.
 pub async fn watch(
-    url: &str,
+    target: impl Into<Target>,
     run_id: &str,
     reconnect_for: Duration,
     mut on_progress: impl FnMut(&pb::RunProgress),
 ) -> anyhow::Result<pb::RunProgress> {
+    let target = target.into();
+    let url = &target.url;
     let mut lost_since: Option<tokio::time::Instant> = None;
     loop {
         let attempt = async {
-            let mut client = connect(url).await?;
+            let mut client = connect(&target).await?;
             let mut stream = client
                 .watch_run(pb::WatchRunRequest { run_id: run_id.to_owned() })
                 .await

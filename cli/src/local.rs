@@ -104,6 +104,7 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
     );
     Ok(AgentConfig {
         controller_url,
+        tls: Default::default(),
         name: "local".into(),
         gpus: Arc::new(SimGpuProbe::new(gpu, 1, "local")),
         runtimes,

@@ -34,6 +34,9 @@ pub struct ControllerConfig {
     pub sched: SchedConfig,
     /// How often leases and deadlines are checked.
     pub tick: Duration,
+    /// TLS, with client certificates checked by `auth`; `None` serves plain
+    /// text and checks no one.
+    pub tls: Option<crate::pki::ServerTls>,
 }
 
 impl ControllerConfig {
@@ -42,6 +45,7 @@ impl ControllerConfig {
             advertise_url: advertise_url.into(),
             sched: SchedConfig::default(),
             tick: Duration::from_millis(250),
+            tls: None,
         }
     }
 }
@@ -103,6 +107,8 @@ pub struct Controller {
     pub shutdown: CancellationToken,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     digester: Digester,
+    /// The certificates no longer trusted (by serial).
+    pub revoked: crate::auth::Revoked,
 }
 
 impl std::fmt::Debug for Controller {
@@ -169,6 +175,7 @@ impl Controller {
             shutdown: CancellationToken::new(),
             threads: Mutex::new(vec![thread, ingest_thread, digest_thread]),
             digester,
+            revoked: crate::auth::Revoked::default(),
         });
         let ticker = Arc::downgrade(&controller);
         let every = controller.config.tick;

@@ -15,8 +15,10 @@
 //! persists everything (sled); `service` is the gRPC face, and `convert` the
 //! one place wire types become domain types; `metrics` serves Prometheus
 //! `/metrics`; `report` renders reports; `export` writes a run out as JSON
-//! lines and reads one into another store.
+//! lines and reads one into another store; `pki` makes and reads the
+//! fleet's certificates and `auth` decides which certificate may call what.
 
+pub mod auth;
 pub mod convert;
 pub mod digests;
 pub mod driver;
@@ -26,6 +28,7 @@ pub mod ingest;
 pub mod matrix;
 pub mod metrics;
 pub mod model;
+pub mod pki;
 pub mod plan;
 pub mod report;
 pub mod sched;

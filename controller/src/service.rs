@@ -95,6 +95,9 @@ impl pb::agent_service_server::AgentService for Services {
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let peer = req.remote_addr().map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
+        // Under TLS the agent is who its certificate says, whatever its
+        // hello claims.
+        let certified = crate::auth::caller(&req).map(|p| p.name.clone());
         let mut inbound = req.into_inner();
         let first = tokio::time::timeout(Duration::from_secs(10), inbound.next()).await;
         let hello = match first {
@@ -103,6 +106,12 @@ impl pb::agent_service_server::AgentService for Services {
             _ => return Err(Status::invalid_argument("a session starts with hello")),
         };
         let name = hello.name.clone();
+        if let Some(certified) = certified.filter(|c| *c != name) {
+            warn!(%name, %certified, %peer, "session refused: a hello naming another agent");
+            return Err(Status::permission_denied(format!(
+                "this certificate is agent '{certified}'s; a hello may not name '{name}'"
+            )));
+        }
         let hello = convert::hello(hello, peer.clone())?;
         let (tx, rx) = mpsc::channel(256);
         let closed = self.0.shutdown.child_token();
@@ -287,6 +296,15 @@ fn to_batch(b: pb::RecordBatch) -> Result<Batch, Status> {
         sent: b.sent,
         summary: b.summary.map(Into::into),
     })
+}
+
+/// Who made an operator's call: its certificate's name under TLS, else
+/// what the client says (`by`, its user name).
+fn operator<T>(req: &Request<T>, said: impl Fn(&T) -> &String) -> String {
+    match crate::auth::caller(req) {
+        Some(peer) => peer.name.clone(),
+        None => said(req.get_ref()).clone(),
+    }
 }
 
 fn note(by: String, reason: String) -> Note {
@@ -508,9 +526,10 @@ impl pb::operator_service_server::OperatorService for Services {
     }
 
     async fn cancel_run(&self, req: Request<pb::CancelRunRequest>) -> Result<Response<pb::RunInfo>, Status> {
+        let by = operator(&req, |r| &r.by);
         let req = req.into_inner();
         let run = convert::run_id(&req.run_id)?;
-        self.0.cancel(run, note(req.by, req.reason)).await?.map_err(Status::failed_precondition)?;
+        self.0.cancel(run, note(by, req.reason)).await?.map_err(Status::failed_precondition)?;
         info!(%run, "run cancelled");
         Ok(Response::new(run_info(&self.0, run).await?))
     }
@@ -577,8 +596,9 @@ impl pb::operator_service_server::OperatorService for Services {
     }
 
     async fn drain_agent(&self, req: Request<pb::DrainAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
+        let by = operator(&req, |r| &r.by);
         let req = req.into_inner();
-        let id = self.0.drain(req.agent, Some(note(req.by, req.reason))).await?.map_err(Status::not_found)?;
+        let id = self.0.drain(req.agent, Some(note(by, req.reason))).await?.map_err(Status::not_found)?;
         info!(agent = %id, "agent drained");
         Ok(Response::new(agent_info(&self.0, id).await?))
     }
@@ -706,7 +726,13 @@ pub async fn serve(
         stopper.stop().await;
         let _ = done_tx.send(());
     };
-    let mut router = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &controller.config.tls {
+        server = server.tls_config(tls.config())?;
+    }
+    let auth = crate::auth::AuthLayer { enabled: controller.config.tls.is_some(), revoked: controller.revoked.clone() };
+    let mut router = server
+        .layer(auth)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(health_service)

@@ -8,7 +8,8 @@
 //! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `telemetry`
 //! summarizes what an agent samples during a job (engine `/metrics`, GPU
 //! readings) and words a throttled GPU; `convert` is the one place records and summaries cross to and
-//! from their gRPC form.
+//! from their gRPC form; `tls` is the rule every client keeps to reach the
+//! controller (https verified, plain text only to loopback or when asked).
 
 pub mod block;
 pub mod convert;
@@ -19,6 +20,7 @@ pub mod record;
 pub mod sharegpt;
 pub mod stats;
 pub mod telemetry;
+pub mod tls;
 
 pub use block::render_block;
 pub use digest::{Digest, DigestBuilder, Histogram, pool};

@@ -188,6 +188,12 @@ pub struct Args {
     /// The lease epoch the attempt was granted under, for --report-to.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
+    /// The CA the controller's certificate must chain to, for an https:// --report-to (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub report_ca: Option<PathBuf>,
+    /// Allow an http:// --report-to on a host other than this one (plain text).
+    #[arg(long)]
+    pub report_insecure: bool,
     /// MiB of records not yet acknowledged by the controller kept in memory,
     /// for --report-to; past it they wait in a temporary file.
     #[arg(long, default_value_t = 16)]
@@ -440,15 +446,22 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
 }
 
 /// Where the flags send the records, if anywhere.
-pub fn sink_config(args: &Args) -> Option<SinkConfig> {
+pub fn sink_config(args: &Args) -> anyhow::Result<Option<SinkConfig>> {
     match (&args.report_to, &args.run_id, args.job, args.attempt) {
         (Some(url), Some(run_id), Some(job), Some(attempt)) => {
             let mut sink = SinkConfig::new(url.clone(), run_id.clone(), job, attempt);
             sink.epoch = args.epoch;
             sink.memory_bytes = args.report_buffer_mib.saturating_mul(1 << 20);
-            Some(sink)
+            sink.tls.insecure = args.report_insecure;
+            if let Some(ca) = &args.report_ca {
+                sink.tls.ca = Some(std::fs::read(ca).with_context(|| format!("--report-ca {}", ca.display()))?);
+            }
+            // The URL is checked now: a refusal is the command line's error,
+            // not a controller that cannot be reached.
+            benchfleet_core::tls::endpoint(url, &sink.tls).map_err(|e| anyhow::anyhow!("--report-to: {e}"))?;
+            Ok(Some(sink))
         }
-        _ => None,
+        _ => Ok(None),
     }
 }
 
@@ -457,6 +470,6 @@ pub fn sink_config(args: &Args) -> Option<SinkConfig> {
 pub fn parse(args: &[String]) -> anyhow::Result<(Args, LoadConfig, Option<SinkConfig>)> {
     let args = Args::try_parse_from(std::iter::once("benchfleet-loadgen").chain(args.iter().map(String::as_str)))?;
     let config = load_config(&args)?;
-    let sink = sink_config(&args);
+    let sink = sink_config(&args)?;
     Ok((args, config, sink))
 }

@@ -40,7 +40,7 @@ fn main() -> ExitCode {
 
 async fn start(args: Args) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
-    let sink = sink_config(&args);
+    let sink = sink_config(&args)?;
     // Ctrl-C ends the run early; what was sent is still recorded.
     let stop = config.stop.clone();
     tokio::spawn(async move {

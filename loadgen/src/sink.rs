@@ -49,6 +49,9 @@ pub struct SinkConfig {
     pub memory_bytes: usize,
     /// Where the spill file is made, when one is needed.
     pub spill_dir: PathBuf,
+    /// The fleet's CA (PEM) for an https:// URL, and whether plain text may
+    /// go to another host (`benchfleet_core::tls`).
+    pub tls: benchfleet_core::tls::ClientTls,
 }
 
 /// The default bound of unacknowledged batches in memory.
@@ -65,6 +68,7 @@ impl SinkConfig {
             retry_for: Duration::from_secs(30),
             memory_bytes: DEFAULT_MEMORY_BYTES,
             spill_dir: std::env::temp_dir(),
+            tls: benchfleet_core::tls::ClientTls::default(),
         }
     }
 }
@@ -451,9 +455,10 @@ impl State {
     /// on it; those in the spill file follow as acknowledgements make room.
     async fn connect(&mut self) -> Result<(), String> {
         let open = async {
-            let mut client = IngestServiceClient::connect(self.config.url.clone())
-                .await
-                .map_err(|e| crate::client::error_chain(&e))?;
+            let endpoint =
+                benchfleet_core::tls::endpoint(&self.config.url, &self.config.tls).map_err(|e| e.to_string())?;
+            let channel = endpoint.connect().await.map_err(|e| crate::client::error_chain(&e))?;
+            let mut client = IngestServiceClient::new(channel);
             let (tx, rx) = mpsc::unbounded_channel();
             for (batch, _) in &self.memory {
                 let _ = tx.send(batch.clone());

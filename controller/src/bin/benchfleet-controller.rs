@@ -1,10 +1,11 @@
 //! `benchfleet-controller`: the fleet's controller daemon.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use benchfleet_controller::pki::{self, ServerTls};
 use benchfleet_controller::{Controller, ControllerConfig, SledStore};
 use clap::Parser;
 
@@ -27,6 +28,22 @@ struct Args {
     /// Where the sled store lives.
     #[arg(long, env = "BENCHFLEET_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// Where the CA, the controller's certificate and the ingest key live (`benchfleet certs init`); default
+    /// DATA_DIR/pki.
+    #[arg(long, env = "BENCHFLEET_PKI_DIR", value_name = "DIR")]
+    pki_dir: Option<PathBuf>,
+    /// The controller's certificate chain (PEM; default PKI_DIR/controller.pem).
+    #[arg(long, env = "BENCHFLEET_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The controller's key (PEM; default PKI_DIR/controller-key.pem).
+    #[arg(long, env = "BENCHFLEET_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// The CA clients' certificates must chain to (PEM; default PKI_DIR/ca.pem).
+    #[arg(long, env = "BENCHFLEET_CLIENT_CA", value_name = "FILE")]
+    client_ca: Option<PathBuf>,
+    /// Serve plain text, unauthenticated, even on an address other hosts reach.
+    #[arg(long)]
+    insecure: bool,
     /// Address to serve Prometheus `/metrics` on (HTTP); "off" for none.
     #[arg(long, env = "BENCHFLEET_METRICS_LISTEN", default_value = "127.0.0.1:7071")]
     metrics_listen: String,
@@ -65,14 +82,26 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let dir = benchfleet_controller::store::data_dir(args.data_dir.as_deref()).join("store");
+    let base = benchfleet_controller::store::data_dir(args.data_dir.as_deref());
+    // Refused before anything binds or opens.
+    let tls = server_tls(&args, &base)?;
+    let dir = base.join("store");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let store = Arc::new(SledStore::open(&dir)?);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let mut config = ControllerConfig::new(args.advertise_url.unwrap_or_else(|| format!("http://{addr}")));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let advertised = match &args.advertise_url {
+        Some(url) => url.clone(),
+        // An address no one else can dial is advertised by the host's name
+        // (which `certs init` puts in the controller's certificate).
+        None if addr.ip().is_unspecified() => format!("{scheme}://{}:{}", hostname(), addr.port()),
+        None => format!("{scheme}://{addr}"),
+    };
+    let mut config = ControllerConfig::new(advertised);
+    config.tls = tls;
     let l = &args.leases;
     let ms = Duration::from_millis;
     config.sched.heartbeat_interval = ms(l.heartbeat_interval_ms.max(50));
@@ -85,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
         config.sched.lease_ttl > config.sched.heartbeat_interval * 2,
         "--lease-ttl-ms must be more than twice --heartbeat-interval-ms, or agents lose leases between heartbeats"
     );
-    tracing::info!(%addr, store = %dir.display(), "controller serving");
+    tracing::info!(%addr, store = %dir.display(), tls = config.tls.is_some(), "controller serving");
     let controller = Controller::start(store, config)?;
     if args.metrics_listen != "off" {
         let metrics = tokio::net::TcpListener::bind(&args.metrics_listen).await.with_context(|| {
@@ -98,6 +127,52 @@ async fn main() -> anyhow::Result<()> {
     benchfleet_controller::serve(controller, listener, stop_signal()).await?;
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// The TLS material, or none: plain text only on loopback, or with
+/// --insecure (said at every start).
+fn server_tls(args: &Args, base: &Path) -> anyhow::Result<Option<ServerTls>> {
+    if args.insecure {
+        tracing::warn!(
+            listen = %args.listen,
+            "--insecure: serving plain text; anyone who reaches this address can register agents, submit runs \
+             and read results"
+        );
+        return Ok(None);
+    }
+    let pki = args.pki_dir.clone().unwrap_or_else(|| base.join("pki"));
+    let given = args.tls_cert.is_some() || args.tls_key.is_some() || args.client_ca.is_some();
+    let cert = args.tls_cert.clone().unwrap_or_else(|| pki.join(pki::CONTROLLER_CERT));
+    let key = args.tls_key.clone().unwrap_or_else(|| pki.join(pki::CONTROLLER_KEY));
+    let ca = args.client_ca.clone().unwrap_or_else(|| pki.join(pki::CA_CERT));
+    if given || cert.exists() {
+        return Ok(Some(ServerTls::read(&cert, &key, &ca)?));
+    }
+    anyhow::ensure!(
+        listens_on_loopback(&args.listen),
+        "refusing to serve {} in plain text: give --tls-cert, --tls-key and --client-ca (or run `benchfleet certs \
+         init` for {}), or --insecure",
+        args.listen,
+        pki.display()
+    );
+    Ok(None)
+}
+
+/// Whether `HOST:PORT` is a loopback address (a name is looked up as the
+/// client rule reads it: only `localhost`).
+fn listens_on_loopback(listen: &str) -> bool {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(addr) => addr.ip().is_loopback(),
+        Err(_) => listen.rsplit_once(':').is_some_and(|(host, _)| benchfleet_core::tls::is_loopback(host)),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// SIGTERM or SIGINT (Ctrl-C).

@@ -99,6 +99,7 @@ fn agent_with(
     let runtimes: HashMap<String, Arc<dyn EngineRuntime>> = HashMap::from([(runtime_name.to_owned(), runtime)]);
     AgentConfig {
         controller_url,
+        tls: Default::default(),
         name: name.to_owned(),
         gpus: Arc::new(SimGpuProbe::new("H200", 1, name)),
         runtimes,

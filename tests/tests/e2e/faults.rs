@@ -93,7 +93,7 @@ impl Proc {
         }
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

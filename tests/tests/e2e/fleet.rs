@@ -118,6 +118,7 @@ pub async fn start_with_gpus(dir: &Path, gpus: u32) -> anyhow::Result<(LocalFlee
         runtimes.insert("process".into(), Arc::new(InProcessSim));
         Ok(AgentConfig {
             controller_url,
+            tls: Default::default(),
             name: "in-process".into(),
             gpus: Arc::new(SimGpuProbe::new("H200", gpus, "test")),
             runtimes,

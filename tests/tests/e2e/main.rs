@@ -8,4 +8,5 @@ mod fleet;
 mod help;
 mod local_pipeline;
 mod placement;
+mod security;
 mod telemetry;

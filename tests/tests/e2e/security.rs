@@ -1,0 +1,448 @@
+//! Security on loopback: mutual TLS, identities from certificates, operator
+//! roles, and the plain-text rule. Each refusal is checked on both sides:
+//! the caller's error, and that the controller did not act (nothing stored,
+//! no session). The full run uses the real binaries: `benchfleet certs
+//! init`, a TLS controller, two simulated agents and the CLI as an admin.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use benchfleet_cli::client::{self, Target};
+use benchfleet_controller::pki::{self, Ca, Role};
+use benchfleet_controller::{Controller, ControllerConfig, SledStore, Store, serve};
+use benchfleet_core::tls::ClientTls;
+use benchfleet_proto as pb;
+use tokio_stream::StreamExt as _;
+
+use crate::faults::{Proc, bin};
+
+/// `benchfleet --data-dir DATA certs init`, as an operator runs it; returns
+/// the CA hash it printed.
+fn certs_init(data: &Path) -> String {
+    let out = Command::new(bin("benchfleet"))
+        .args(["--data-dir", &data.display().to_string(), "certs", "init", "--san", "ctl.test"])
+        .output()
+        .expect("benchfleet runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "certs init: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    let dir = data.join("pki");
+    assert_eq!(
+        lines[0],
+        format!(
+            "created {}/ (ca.pem, ca-key.pem, controller.pem, controller-key.pem, admin.pem, admin-key.pem, \
+             ingest.key)",
+            dir.display()
+        )
+    );
+    let hash = lines[1].strip_prefix("CA hash: ").expect("the CA hash line");
+    assert!(hash.starts_with("sha256:") && hash.len() == 71 && hash[7..].bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(lines.len(), 2, "{stdout}");
+    hash.to_owned()
+}
+
+/// An agent's identity directory, as `join` leaves it, issued by the CA.
+fn agent_identity(pki: &Path, work: &Path, name: &str) {
+    let issued = Ca::load(pki).expect("the CA").issue(name, Role::Agent, pki::AGENT_LIFETIME, &[]).expect("issued");
+    let dir = work.join("identity");
+    pki::private_dir(&dir).expect("dir");
+    pki::write_new(&dir.join("agent.pem"), issued.cert_pem.as_bytes(), false).expect("cert");
+    pki::write_new(&dir.join("agent-key.pem"), issued.key_pem.expect("a key").as_bytes(), true).expect("key");
+    std::fs::copy(pki.join("ca.pem"), dir.join("ca.pem")).expect("ca");
+}
+
+/// A controller served in-process over TLS on 127.0.0.1, with the PKI of
+/// `data/pki`.
+struct TlsController {
+    url: String,
+    store: Arc<dyn Store>,
+    controller: Arc<Controller>,
+}
+
+impl TlsController {
+    async fn start(data: &Path) -> TlsController {
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&data.join("store")).expect("store"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("https://127.0.0.1:{}", listener.local_addr().expect("addr").port());
+        let dir = data.join("pki");
+        let mut config = ControllerConfig::new(url.clone());
+        config.tls = Some(
+            pki::ServerTls::read(&dir.join("controller.pem"), &dir.join("controller-key.pem"), &dir.join("ca.pem"))
+                .expect("TLS files"),
+        );
+        let controller = Controller::start(store.clone(), config).expect("controller");
+        tokio::spawn(serve(controller.clone(), listener, std::future::pending()));
+        TlsController { url, store, controller }
+    }
+
+    fn target(&self, tls: ClientTls) -> Target {
+        Target { url: self.url.clone(), tls }
+    }
+}
+
+impl Drop for TlsController {
+    fn drop(&mut self) {
+        self.controller.shutdown.cancel();
+    }
+}
+
+fn identity(dir: &Path, name: &str) -> ClientTls {
+    ClientTls::from_dir(dir, name).expect("readable")
+}
+
+/// The CA alone: a client that verifies the controller but presents nothing.
+fn ca_only(data: &Path) -> ClientTls {
+    ClientTls { identity: None, ..identity(&data.join("pki"), "admin") }
+}
+
+fn matrix(dir: &Path) -> PathBuf {
+    let path = dir.join("tls.yaml");
+    std::fs::write(
+        &path,
+        "name: tls
+model: Qwen/Qwen3.5-9B
+hardware: { gpu: H200, gpus_per_job: 1 }
+engines:
+  vllm: { runtime: process, args: [--max-model-len=4096] }
+variants:
+  small: { args: [--max-num-seqs=64] }
+profiles:
+  load:
+    dataset: { random: { input_tokens: 64, output_tokens: 16, seed: 1 } }
+    rate: 40
+    requests: 60
+",
+    )
+    .expect("matrix");
+    path
+}
+
+async fn list_runs(target: &Target) -> Result<usize, tonic::Status> {
+    let mut c = client::connect(target).await.map_err(|e| tonic::Status::unavailable(format!("{e:#}")))?;
+    Ok(c.list_runs(pb::ListRunsRequest {}).await?.into_inner().runs.len())
+}
+
+async fn submit(target: &Target, dir: &Path) -> Result<pb::SubmitRunResponse, String> {
+    let mut c = client::connect(target).await.map_err(|e| format!("{e:#}"))?;
+    let sub = client::submission(&matrix(dir), None).expect("a valid matrix");
+    client::submit(&mut c, sub).await.map_err(|e| format!("{e:#}"))
+}
+
+fn refused(r: Result<usize, tonic::Status>, code: tonic::Code, words: &str) {
+    match r {
+        Ok(n) => panic!("accepted ({n} runs listed); expected {code:?}: {words}"),
+        Err(s) => {
+            assert_eq!(s.code(), code, "{s:?}");
+            assert!(s.message().contains(words), "{:?} does not say {words:?}", s.message());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_are_who_their_certificates_say_and_may_do_what_their_role_allows() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    certs_init(&data);
+    let c = TlsController::start(&data).await;
+    let pki = data.join("pki");
+
+    // An admin lists and submits.
+    let admin = c.target(identity(&pki, "admin"));
+    assert_eq!(list_runs(&admin).await.expect("admin lists"), 0);
+
+    // No certificate: refused, naming what is needed.
+    refused(list_runs(&c.target(ca_only(&data))).await, tonic::Code::Unauthenticated, "needs a client certificate");
+
+    // A read operator lists, and may not submit: nothing is stored.
+    let alice = tmp.path().join("alice");
+    pki::issue_operator(&pki, "alice", Role::Read, &alice).expect("issued");
+    let read = c.target(identity(&alice, "operator"));
+    assert_eq!(list_runs(&read).await.expect("read lists"), 0);
+    let e = submit(&read, tmp.path()).await.expect_err("a read operator may not submit");
+    assert!(e.contains("read-only operator 'alice' may not call"), "{e}");
+    assert!(c.store.runs().expect("runs").is_empty(), "nothing was stored");
+
+    // An agent's certificate opens no operator call.
+    let work = tmp.path().join("gpu-1");
+    agent_identity(&pki, &work, "gpu-1");
+    let agent = c.target(identity(&work.join("identity"), "agent"));
+    let e = submit(&agent, tmp.path()).await.expect_err("an agent may not submit");
+    assert!(e.contains("agent 'gpu-1' may not call"), "{e}");
+    refused(list_runs(&agent).await, tonic::Code::PermissionDenied, "needs an operator's certificate");
+
+    // A certificate of another CA: the handshake fails.
+    let other = tmp.path().join("other");
+    pki::init(&other.join("pki"), "h", &[]).expect("another CA");
+    let foreign = ClientTls { ca: ca_only(&data).ca, ..identity(&other.join("pki"), "admin") };
+    assert!(list_runs(&c.target(foreign)).await.is_err(), "another CA's certificate is refused");
+
+    // An expired certificate of the right CA: the handshake fails too.
+    let expired = tmp.path().join("expired");
+    expired_operator(&pki, &expired);
+    assert!(list_runs(&c.target(identity(&expired, "operator"))).await.is_err(), "an expired certificate is refused");
+
+    // The admin submits; the note of a cancel names the certificate, not
+    // what the client says.
+    let run = submit(&admin, tmp.path()).await.expect("the admin submits").run_id;
+    let mut op = client::connect(&admin).await.expect("connect");
+    op.cancel_run(pb::CancelRunRequest { run_id: run.clone(), by: "mallory".into(), reason: "test".into() })
+        .await
+        .expect("cancelled");
+    let stored = c.store.run(run.parse().expect("id")).expect("read").expect("stored");
+    let note = format!("{stored:?}");
+    assert!(note.contains("by: \"admin\"") && !note.contains("mallory"), "{note}");
+}
+
+/// An operator identity whose certificate expired an hour ago.
+fn expired_operator(pki: &Path, out: &Path) {
+    let ca_pem = std::fs::read_to_string(pki.join("ca.pem")).expect("ca");
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca-key.pem")).expect("key")).expect("key");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).expect("issuer");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(rcgen::DnType::OrganizationalUnitName, "admin");
+    params.distinguished_name.push(rcgen::DnType::CommonName, "late");
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(2);
+    params.not_after = now - time::Duration::hours(1);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).expect("signed");
+    std::fs::create_dir_all(out).expect("dir");
+    std::fs::write(out.join("operator.pem"), cert.pem()).expect("cert");
+    std::fs::write(out.join("operator-key.pem"), key.serialize_pem()).expect("key");
+    std::fs::write(out.join("ca.pem"), ca_pem).expect("ca");
+}
+
+/// Opens an agent session with `hello`; the controller's answer.
+async fn hello(target: &Target, name: &str) -> Result<pb::ControllerMessage, tonic::Status> {
+    let channel = benchfleet_core::tls::endpoint(&target.url, &target.tls)
+        .expect("endpoint")
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut agent = pb::agent_service_client::AgentServiceClient::new(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let hello = pb::Hello {
+        name: name.to_owned(),
+        hostname: "h".into(),
+        instance: "i".into(),
+        gpus: vec![pb::Gpu {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "NVIDIA H200".into(),
+            usable: true,
+            ..Default::default()
+        }],
+        runtimes: vec!["process".into()],
+        ..Default::default()
+    };
+    tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(hello)) }).await.expect("queued");
+    let mut stream = agent.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let first = stream.next().await.ok_or_else(|| tonic::Status::unknown("no answer"))?;
+    drop(tx);
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_is_the_agent_its_certificate_names() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    certs_init(&data);
+    let c = TlsController::start(&data).await;
+    let pki = data.join("pki");
+    let work = tmp.path().join("gpu-a");
+    agent_identity(&pki, &work, "gpu-a");
+    let agent = c.target(identity(&work.join("identity"), "agent"));
+
+    // A hello naming another agent is refused, and no agent is registered.
+    let e = hello(&agent, "gpu-b").await.expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("this certificate is agent 'gpu-a's; a hello may not name 'gpu-b'"), "{e:?}");
+    // Without a certificate, or with an operator's, no session opens.
+    let e = hello(&c.target(ca_only(&data)), "gpu-a").await.expect_err("no certificate");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let e = hello(&c.target(identity(&pki, "admin")), "gpu-a").await.expect_err("an operator");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(c.store.agents().expect("agents").is_empty(), "no agent registered");
+
+    // Its own name is welcomed.
+    let welcome = hello(&agent, "gpu-a").await.expect("welcomed");
+    assert!(matches!(welcome.msg, Some(pb::controller_message::Msg::Welcome(_))), "{welcome:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_text_is_refused_where_it_would_cross_a_network() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+
+    // The controller: a non-loopback address without TLS exits before it
+    // binds or opens its store.
+    let out = Command::new(bin("benchfleet-controller"))
+        .args(["--listen", "0.0.0.0:0", "--data-dir", &data.display().to_string(), "--metrics-listen", "off"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("refusing to serve 0.0.0.0:0 in plain text: give --tls-cert, --tls-key and --client-ca"));
+    assert!(!data.join("store").exists(), "nothing was opened");
+    // TLS files named but missing: the same, naming the file.
+    let out = Command::new(bin("benchfleet-controller"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir", &data.display().to_string(), "--tls-cert", "/nonexistent.pem"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.pem is missing"));
+
+    // Clients: http:// to another host needs --insecure; nothing is sent.
+    let e = client::connect("http://10.255.255.1:7070").await.expect_err("refused").to_string();
+    assert!(e.contains("refusing to talk to 10.255.255.1 in plain text"), "{e}");
+    let out = Command::new(bin("benchfleet"))
+        .args(["--controller", "http://10.255.255.1:7070", "runs"])
+        .env("BENCHFLEET_DATA_DIR", &data)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2), "bad input, not an unreachable controller");
+    let out = Command::new(bin("benchfleet-loadgen"))
+        .args(["--base-url", "http://127.0.0.1:9", "--model", "m", "--num-prompts", "1"])
+        .args(["--report-to", "http://10.255.255.1:7070", "--run-id", "1", "--job", "1", "--attempt", "1"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--report-to: refusing to talk to 10.255.255.1 in plain text")
+    );
+
+    // https:// to a plain-text listener fails; it never falls back.
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(&tmp.path().join("plain")).expect("store"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let plain = Controller::start(store.clone(), ControllerConfig::new(format!("http://127.0.0.1:{port}"))).expect("c");
+    tokio::spawn(serve(plain.clone(), listener, std::future::pending()));
+    certs_init(&data);
+    let https = Target { url: format!("https://127.0.0.1:{port}"), tls: identity(&data.join("pki"), "admin") };
+    assert!(list_runs(&https).await.is_err(), "https to a plain listener fails");
+    assert_eq!(list_runs(&Target::plain(format!("http://127.0.0.1:{port}"))).await.expect("plain works"), 0);
+    let e = submit(&https, tmp.path()).await.expect_err("nothing submitted");
+    assert!(e.contains("cannot reach the controller"), "{e}");
+    assert!(store.runs().expect("runs").is_empty());
+    plain.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_a_certificate_or_under_another_name_does_not_start() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    certs_init(&data);
+    let work = tmp.path().join("w");
+    let run = |extra: &[&str]| {
+        Command::new(bin("benchfleet-agent"))
+            .args(["--controller", "https://127.0.0.1:9", "--sim-gpus", "H200x1", "--sim-engines", "--docker", "off"])
+            .args(["--work-dir", &work.display().to_string()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs")
+    };
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "no agent certificate in {}: run `benchfleet-agent join",
+            work.join("identity").display()
+        )),
+        "{stderr}"
+    );
+    agent_identity(&data.join("pki"), &work, "gpu-a");
+    let out = run(&["--name", "gpu-b"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--name gpu-b: this agent's certificate"), "{stderr}");
+    assert!(stderr.contains("names it 'gpu-a'"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_over_mutual_tls_with_two_agents_succeeds_and_no_secret_is_logged() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    certs_init(&data);
+    let pki = data.join("pki");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let listen = format!("127.0.0.1:{port}");
+    let args: Vec<String> = ["--listen", &listen, "--data-dir", &data.display().to_string(), "--metrics-listen", "off"]
+        .map(String::from)
+        .to_vec();
+    let controller = Proc::spawn_with(&bin("benchfleet-controller"), &args, &[], tmp.path().join("controller.log"));
+    let url = format!("https://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let hf_token = "hf_FAKEtokenThatMustNeverBeLogged";
+    let token_file = tmp.path().join("hf");
+    std::fs::write(&token_file, hf_token).expect("token");
+    let mut agents = Vec::new();
+    for name in ["gpu-a", "gpu-b"] {
+        let work = tmp.path().join(name);
+        agent_identity(&pki, &work, name);
+        let args: Vec<String> =
+            ["--controller", &url, "--sim-gpus", "H200x1", "--sim-engines", "--docker", "off", "--work-dir"]
+                .map(String::from)
+                .into_iter()
+                .chain([work.display().to_string()])
+                .collect();
+        agents.push(Proc::spawn_with(
+            &bin("benchfleet-agent"),
+            &args,
+            &[("HF_TOKEN", Path::new(hf_token))],
+            tmp.path().join(format!("{name}.log")),
+        ));
+    }
+    // The CLI as the admin `certs init` made (found in DATA/pki).
+    let out = tokio::task::spawn_blocking({
+        let (data, url, matrix) = (data.clone(), url.clone(), matrix(tmp.path()));
+        move || {
+            Command::new(bin("benchfleet"))
+                .args(["--data-dir", &data.display().to_string(), "--controller", &url, "run"])
+                .arg(&matrix)
+                .stdin(Stdio::null())
+                .output()
+                .expect("runs")
+        }
+    })
+    .await
+    .expect("joined");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}\ncontroller:\n{}", controller.text());
+    assert!(stdout.contains("Serving Benchmark Result"), "{stdout}");
+    // Both agents ran a group, over their certificates.
+    let text = controller.text();
+    for name in ["gpu-a", "gpu-b"] {
+        assert!(text.contains(&format!("name={name}")), "{name} never held a session:\n{text}");
+    }
+    // No key, nor the token, in any log or output.
+    let mut logs = vec![controller.text(), stdout.into_owned(), stderr.into_owned()];
+    logs.extend(agents.iter().map(Proc::text));
+    let keys: Vec<String> = ["ca-key.pem", "controller-key.pem", "admin-key.pem"]
+        .iter()
+        .map(|k| std::fs::read_to_string(pki.join(k)).expect("key"))
+        .collect();
+    for log in &logs {
+        assert!(!log.contains(hf_token), "HF_TOKEN in a log");
+        assert!(!log.contains("PRIVATE KEY"), "a key in a log");
+        for key in &keys {
+            let body: String = key.lines().nth(1).unwrap_or_default().to_owned();
+            assert!(!log.contains(&body), "a key's text in a log");
+        }
+    }
+}
