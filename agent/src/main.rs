@@ -47,6 +47,33 @@ enum Command {
     /// Exit code 0: every GPU is usable; 1: some GPU is not (the table says why), or reported an XID during
     /// --watch-xid-ms; 2: the GPUs could not be read.
     Verify(VerifyArgs),
+    /// Enrol with the controller: pin its CA by hash, send a CSR with a join token, store the certificate in
+    /// WORK_DIR/identity/. Touches neither the GPUs nor Docker; does nothing when a valid identity is there.
+    ///
+    /// Exit code 0: joined (or already); 1: refused or unreachable (the message says why).
+    Join(JoinArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct JoinArgs {
+    /// The controller's URL (https://).
+    #[arg(long, env = "BENCHFLEET_CONTROLLER")]
+    controller: String,
+    /// The join token (ID.SECRET) from `benchfleet token create`.
+    #[arg(long, conflicts_with = "token_file", required_unless_present = "token_file")]
+    token: Option<String>,
+    /// A file holding the join token (keeps it out of `ps` and shell history).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// sha256:HEX of the controller's CA, as `benchfleet token create` printed it.
+    #[arg(long)]
+    ca_hash: String,
+    /// The name to join as (default: the host name).
+    #[arg(long, env = "BENCHFLEET_AGENT_NAME")]
+    name: Option<String>,
+    /// Where the identity goes (WORK_DIR/identity/); the agent's own --work-dir.
+    #[arg(long, default_value = "/var/lib/benchfleet-agent")]
+    work_dir: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -141,6 +168,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Verify(args)) => verify(&args),
+        Some(Command::Join(args)) => join(args).await,
         Some(Command::Run(args)) => run(args).await.map(|()| ExitCode::SUCCESS),
         None => run(cli.run).await.map(|()| ExitCode::SUCCESS),
     }
@@ -177,6 +205,38 @@ fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(if all_usable(&gpus) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+async fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
+    let token = match (&args.token, &args.token_file) {
+        (Some(token), _) => token.clone(),
+        (None, Some(file)) => {
+            std::fs::read_to_string(file).with_context(|| format!("--token-file {}", file.display()))?.trim().to_owned()
+        }
+        (None, None) => anyhow::bail!("give --token or --token-file"),
+    };
+    let joined = identity::join(&args.controller, &token, &args.ca_hash, args.name.as_deref(), &args.work_dir).await?;
+    let dir = identity::dir(&args.work_dir);
+    match joined {
+        identity::Joined::New { name, not_after_unix } => println!(
+            "joined as '{name}': {} holds its certificate (until {}); start it with: benchfleet-agent --controller {} \
+             --work-dir {}",
+            dir.display(),
+            when(not_after_unix),
+            args.controller,
+            args.work_dir.display()
+        ),
+        identity::Joined::Already { name, not_after_unix } => println!(
+            "already joined as '{name}': {} holds a valid certificate (until {}); nothing to do",
+            dir.display(),
+            when(not_after_unix)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn when(unix: i64) -> String {
+    benchfleet_core::utc(unix.saturating_mul(1000))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {

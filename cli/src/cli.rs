@@ -150,6 +150,49 @@ pub enum Command {
     /// The fleet's certificates: a new CA (init) and operators' identities (issue), in the data directory's pki/.
     #[command(subcommand)]
     Certs(Certs),
+    /// Join tokens for agents (`benchfleet-agent join`): on the local store, or the controller's (admin).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Cut an agent or operator off: every certificate of NAME issued until now opens nothing, live sessions
+    /// included; an agent of that name may join again with a new token.
+    Revoke {
+        name: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create a join token: printed alone on stdout; its expiry and the agent's join command on stderr.
+    Create {
+        /// How long it may be used: 90s, 30m, 1h, 2d.
+        #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+        ttl: u64,
+        /// Only an agent of this name may join with it.
+        #[arg(long)]
+        agent: Option<String>,
+        /// How many agents may join with it.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        uses: u32,
+    },
+}
+
+/// `90s`, `30m`, `1h`, `2d` (or plain seconds) as seconds.
+fn parse_ttl(s: &str) -> Result<u64, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().map_err(|_| format!("'{s}' is not a duration like 90s, 30m, 1h or 2d"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("'{s}': the unit is s, m, h or d")),
+    };
+    match n.checked_mul(scale) {
+        Some(0) | None => Err(format!("'{s}' is not a usable lifetime")),
+        Some(secs) => Ok(secs),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -268,6 +311,79 @@ fn certs(cli: &Cli, command: &Certs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `benchfleet token create`: through the controller, or on the local store
+/// (the controller that uses it must not be running).
+async fn token(cli: &Cli, controller: Option<&Target>, command: &TokenCommand) -> anyhow::Result<i32> {
+    let TokenCommand::Create { ttl, agent, uses } = command;
+    let (token, expires_unix_ms, ca_hash, url) = match controller {
+        Some(target) => {
+            let r = client::connect(target)
+                .await?
+                .create_token(pb::CreateTokenRequest {
+                    ttl_s: *ttl,
+                    agent: agent.clone().unwrap_or_default(),
+                    uses: *uses,
+                })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            (r.token, r.expires_unix_ms, r.ca_hash, r.url)
+        }
+        None => {
+            let dir = data_dir(cli.data_dir.as_deref());
+            let ca_hash = benchfleet_controller::pki::ca_hash(&dir.join("pki"))?;
+            let store = open_store(&dir)?;
+            let now = benchfleet_controller::plan::unix_ms() / 1000;
+            let (token, expires) = enrol_local(&store, |e| e.create_token(now, *ttl, agent.clone(), *uses))??;
+            let url = format!("https://{}:7070", hostname());
+            (token, u64::try_from(expires).unwrap_or_default() * 1000, ca_hash, url)
+        }
+    };
+    println!("{token}");
+    let expires = benchfleet_controller::report::words::utc(i64::try_from(expires_unix_ms).unwrap_or(i64::MAX));
+    let who = agent.as_ref().map_or_else(|| "any agent".to_owned(), |a| format!("agent '{a}' only"));
+    eprintln!("expires {expires}; {uses} use{} by {who}", if *uses == 1 { "" } else { "s" });
+    eprintln!("on the agent: benchfleet-agent join --controller {url} --token {token} --ca-hash {ca_hash}");
+    Ok(0)
+}
+
+/// Changes the local store's enrolment state.
+fn enrol_local<T>(
+    store: &SledStore,
+    change: impl FnOnce(&mut benchfleet_controller::enrol::Enrolment) -> T,
+) -> anyhow::Result<T> {
+    use benchfleet_controller::enrol::Enrolment;
+    let mut state = match store.enrolment()? {
+        Some(json) => Enrolment::from_json(&json).map_err(anyhow::Error::msg)?,
+        None => Enrolment::default(),
+    };
+    let out = change(&mut state);
+    store.put_enrolment(&state.to_json())?;
+    Ok(out)
+}
+
+async fn revoke(cli: &Cli, controller: Option<&Target>, name: &str, reason: &str) -> anyhow::Result<i32> {
+    let certificates = match controller {
+        Some(target) => {
+            client::connect(target)
+                .await?
+                .revoke(pb::RevokeRequest { name: name.to_owned(), reason: reason.to_owned() })
+                .await
+                .map_err(client::status)?
+                .into_inner()
+                .certificates
+        }
+        None => {
+            anyhow::ensure!(benchfleet_controller::pki::valid_name(name), "'{name}' is not a certificate's name");
+            let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+            let now = benchfleet_controller::plan::unix_ms() / 1000;
+            enrol_local(&store, |e| e.revoke(now, name, whoami(), reason.to_owned()))?
+        }
+    };
+    println!("revoked every certificate of '{name}' issued until now ({certificates} live agent certificate(s))");
+    Ok(0)
+}
+
 /// This host's name (what `certs init` puts in the controller's certificate).
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
@@ -278,6 +394,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let controller = target(&cli)?;
     match &cli.command {
         Command::Certs(command) => certs(&cli, command),
+        Command::Token(command) => token(&cli, controller.as_ref(), command).await,
+        Command::Revoke { name, reason } => revoke(&cli, controller.as_ref(), name, reason).await,
         Command::Run { matrix, local: true } => run_local(matrix, &data_dir(cli.data_dir.as_deref()), json).await,
         Command::Run { matrix, local: false } => {
             let url = need_controller(&controller)?;

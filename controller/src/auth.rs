@@ -6,12 +6,12 @@
 //! certificates `OperatorService` only (read: listings, reports, watch,
 //! export, plans; admin: everything); enrolment and ingest need no
 //! certificate (they carry their own credential), health and reflection
-//! are open. A certificate whose serial is revoked opens nothing. The
+//! are open. A revoked certificate opens nothing. The
 //! caller's identity (`pki::Peer`) goes into the request's extensions for
 //! the handlers. Without TLS (loopback, `--insecure`) nothing is checked
 //! and no handler finds a peer.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
@@ -85,22 +85,35 @@ fn who(role: Role) -> &'static str {
     }
 }
 
-/// The certificates no longer trusted, by serial: shared by the layer and
-/// whoever revokes.
-#[derive(Clone, Debug, Default)]
-pub struct Revoked(Arc<RwLock<HashSet<String>>>);
+/// The revocations, by name (certificates of that name issued before the
+/// time are revoked; see `enrol`), shared by the layer and whoever
+/// revokes; `changed` wakes live sessions to check themselves.
+#[derive(Clone, Debug)]
+pub struct Revoked {
+    names: Arc<RwLock<HashMap<String, i64>>>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Revoked {
+    fn default() -> Revoked {
+        Revoked { names: Arc::default(), changed: tokio::sync::watch::channel(0).0 }
+    }
+}
 
 impl Revoked {
-    pub fn new(serials: impl IntoIterator<Item = String>) -> Revoked {
-        Revoked(Arc::new(RwLock::new(serials.into_iter().collect())))
+    pub fn contains(&self, peer: &Peer) -> bool {
+        let names = self.names.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        names.get(&peer.name).is_some_and(|at| peer.not_before_unix < *at)
     }
 
-    pub fn contains(&self, serial: &str) -> bool {
-        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(serial)
+    pub fn insert(&self, name: String, at_unix: i64) {
+        self.names.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name, at_unix);
+        self.changed.send_modify(|n| *n += 1);
     }
 
-    pub fn insert(&self, serial: String) {
-        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(serial);
+    /// Wakes when a revocation is added.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 }
 
@@ -110,7 +123,7 @@ pub fn peer_of_request<B>(req: &http::Request<B>, revoked: &Revoked) -> Result<O
     let certs = req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>().and_then(TlsConnectInfo::peer_certs);
     let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else { return Ok(None) };
     let peer = pki::peer_of(leaf).map_err(Status::unauthenticated)?;
-    if revoked.contains(&peer.serial) {
+    if revoked.contains(&peer) {
         return Err(Status::permission_denied(format!(
             "the certificate of {} '{}' (serial {}) is revoked",
             who(peer.role),
@@ -211,7 +224,7 @@ mod tests {
     use super::*;
 
     fn peer(role: Role) -> Peer {
-        Peer { name: "x".into(), role, serial: "01".into(), not_after_unix: 0 }
+        Peer { name: "x".into(), role, serial: "01".into(), not_before_unix: 0, not_after_unix: 0 }
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct ControllerConfig {
     /// TLS, with client certificates checked by `auth`; `None` serves plain
     /// text and checks no one.
     pub tls: Option<crate::pki::ServerTls>,
+    /// The CA, to sign agents' certificates at join and renewal; `None`
+    /// when this controller holds no CA key.
+    pub ca: Option<Arc<crate::pki::Ca>>,
 }
 
 impl ControllerConfig {
@@ -46,6 +49,7 @@ impl ControllerConfig {
             sched: SchedConfig::default(),
             tick: Duration::from_millis(250),
             tls: None,
+            ca: None,
         }
     }
 }
@@ -107,8 +111,10 @@ pub struct Controller {
     pub shutdown: CancellationToken,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     digester: Digester,
-    /// The certificates no longer trusted (by serial).
+    /// The certificates no longer trusted.
     pub revoked: crate::auth::Revoked,
+    /// Join tokens, agents' certificates, revocations (`enrol`).
+    enrolment: Mutex<crate::enrol::Enrolment>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -123,12 +129,33 @@ pub fn now() -> Now {
 }
 
 impl Controller {
+    /// Changes the enrolment state and stores it (flushed) before it
+    /// answers; a change the store refuses is not kept.
+    pub fn enrol<T>(&self, change: impl FnOnce(&mut crate::enrol::Enrolment) -> T) -> Result<T, StoreError> {
+        let mut state = self.enrolment.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut next = state.clone();
+        let out = change(&mut next);
+        if next != *state {
+            self.store.put_enrolment(&next.to_json())?;
+            *state = next;
+        }
+        Ok(out)
+    }
     /// Opens the controller over a store: the scheduler is restored from it
     /// (runs in progress go on, known agents get the restart grace to come
     /// back), and what a restart owes (fences of running attempts, stages
     /// that ended while no controller ran) is done before this returns.
     /// Must be called inside a Tokio runtime (the lease timer runs on it).
     pub fn start(store: Arc<dyn Store>, config: ControllerConfig) -> Result<Arc<Controller>, StoreError> {
+        let enrolment = match store.enrolment()? {
+            Some(json) => crate::enrol::Enrolment::from_json(&json)
+                .map_err(|reason| StoreError::Corrupt { what: "enrolment".to_owned(), reason })?,
+            None => crate::enrol::Enrolment::default(),
+        };
+        let revoked = crate::auth::Revoked::default();
+        for r in &enrolment.revoked {
+            revoked.insert(r.name.clone(), r.at_unix);
+        }
         let (tx, rx) = mpsc::channel();
         let summaries = tx.clone();
         let (digester, digest_rx) = Digester::new();
@@ -175,7 +202,8 @@ impl Controller {
             shutdown: CancellationToken::new(),
             threads: Mutex::new(vec![thread, ingest_thread, digest_thread]),
             digester,
-            revoked: crate::auth::Revoked::default(),
+            revoked,
+            enrolment: Mutex::new(enrolment),
         });
         let ticker = Arc::downgrade(&controller);
         let every = controller.config.tick;

@@ -16,12 +16,14 @@
 //! one place wire types become domain types; `metrics` serves Prometheus
 //! `/metrics`; `report` renders reports; `export` writes a run out as JSON
 //! lines and reads one into another store; `pki` makes and reads the
-//! fleet's certificates and `auth` decides which certificate may call what.
+//! fleet's certificates, `enrol` keeps join tokens and revocations, and
+//! `auth` decides which certificate may call what.
 
 pub mod auth;
 pub mod convert;
 pub mod digests;
 pub mod driver;
+pub mod enrol;
 pub mod export;
 pub mod greedy;
 pub mod ingest;

@@ -91,6 +91,7 @@ pub struct Issued {
     pub cert_pem: String,
     pub key_pem: Option<String>,
     pub serial: String,
+    pub not_before_unix: i64,
     pub not_after_unix: i64,
 }
 
@@ -119,6 +120,11 @@ impl Ca {
 
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
+    }
+
+    /// `sha256:HEX` of the CA's key, for `--ca-hash`.
+    pub fn hash(&self) -> Result<String, PkiError> {
+        tls::first_cert(self.cert_pem.as_bytes()).map_err(PkiError::Cert).and_then(|der| spki_hash(&der))
     }
 
     /// A certificate for `name` in `role`, with a key made here.
@@ -152,9 +158,11 @@ impl Ca {
         params.distinguished_name = subject(name, role);
         let serial = random_serial()?;
         params.serial_number = Some(SerialNumber::from_slice(&serial));
+        // Issued now: a revocation covers the certificates issued before it
+        // (`enrol`). Clients check the controller's certificate, made at
+        // `certs init`, not their own.
         let now = time::OffsetDateTime::now_utc();
-        // A minute of slack for clocks a little behind the controller's.
-        params.not_before = now - time::Duration::minutes(1);
+        params.not_before = now;
         params.not_after = now + lifetime;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![match role {
@@ -167,6 +175,7 @@ impl Ca {
             cert_pem: cert.pem(),
             key_pem: None,
             serial: hex(&serial),
+            not_before_unix: params.not_before.unix_timestamp(),
             not_after_unix: params.not_after.unix_timestamp(),
         })
     }
@@ -222,6 +231,12 @@ pub struct Initialized {
 
 /// The ingest credentials' key, beside the CA: 32 random bytes, hex.
 pub const INGEST_KEY: &str = "ingest.key";
+
+/// The CA's hash from the CA file in `dir`.
+pub fn ca_hash(dir: &Path) -> Result<String, PkiError> {
+    let pem = read(&dir.join(CA_CERT), NO_PKI)?;
+    tls::first_cert(pem.as_bytes()).map_err(PkiError::Cert).and_then(|der| spki_hash(&der))
+}
 
 /// `benchfleet certs init`: a new CA in `dir` (which must not hold one),
 /// the controller's certificate for localhost, 127.0.0.1, ::1, `host` and

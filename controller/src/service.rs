@@ -97,7 +97,8 @@ impl pb::agent_service_server::AgentService for Services {
         let peer = req.remote_addr().map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
         // Under TLS the agent is who its certificate says, whatever its
         // hello claims.
-        let certified = crate::auth::caller(&req).map(|p| p.name.clone());
+        let certificate = crate::auth::caller(&req).cloned();
+        let certified = certificate.as_ref().map(|p| p.name.clone());
         let mut inbound = req.into_inner();
         let first = tokio::time::timeout(Duration::from_secs(10), inbound.next()).await;
         let hello = match first {
@@ -124,11 +125,20 @@ impl pb::agent_service_server::AgentService for Services {
         info!(%agent, %name, %peer, epoch = session, kept = welcome.keep.len(), "agent session started");
         let controller = self.0.clone();
         let ended = closed.clone();
+        let mut revocations = self.0.revoked.subscribe();
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
                     () = ended.cancelled() => break,
                     next = inbound.next() => next,
+                    Ok(()) = revocations.changed() => {
+                        if certificate.as_ref().is_some_and(|c| controller.revoked.contains(c)) {
+                            warn!(%agent, "the agent's certificate was revoked: its session ends");
+                            ended.cancel();
+                            break;
+                        }
+                        continue;
+                    }
                 };
                 let msg = match next {
                     None => break,
@@ -608,6 +618,87 @@ impl pb::operator_service_server::OperatorService for Services {
         info!(agent = %id, "agent undrained");
         Ok(Response::new(agent_info(&self.0, id).await?))
     }
+
+    async fn create_token(
+        &self,
+        req: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let req = req.into_inner();
+        let ca = self.0.config.ca.as_ref().ok_or_else(no_ca)?;
+        let ca_hash = ca.hash().map_err(|e| Status::internal(e.to_string()))?;
+        let agent = Some(req.agent).filter(|a| !a.is_empty());
+        let now = plan::unix_ms() / 1000;
+        let (token, expires) = self
+            .0
+            .enrol(|e| e.create_token(now, req.ttl_s, agent, req.uses))?
+            .map_err(|e| Status::internal(e.to_string()))?;
+        info!(expires, "join token created");
+        Ok(Response::new(pb::CreateTokenResponse {
+            token,
+            expires_unix_ms: u64::try_from(expires).unwrap_or_default() * 1000,
+            ca_hash,
+            url: self.0.config.advertise_url.clone(),
+        }))
+    }
+
+    async fn revoke(&self, req: Request<pb::RevokeRequest>) -> Result<Response<pb::RevokeResponse>, Status> {
+        let by = crate::auth::caller(&req).map_or_else(|| "an operator".to_owned(), |p| p.name.clone());
+        let req = req.into_inner();
+        if !crate::pki::valid_name(&req.name) {
+            return Err(Status::invalid_argument(format!("'{}' is not a certificate's name", req.name)));
+        }
+        let now = plan::unix_ms() / 1000;
+        let reason = req.reason.clone();
+        let (certificates, at) = self.0.enrol(|e| {
+            let n = e.revoke(now, &req.name, by.clone(), reason);
+            (n, e.revoked.iter().find(|r| r.name == req.name).map_or(now + 1, |r| r.at_unix))
+        })?;
+        self.0.revoked.insert(req.name.clone(), at);
+        warn!(name = %req.name, %by, reason = %req.reason, "certificates revoked");
+        Ok(Response::new(pb::RevokeResponse { certificates }))
+    }
+}
+
+fn no_ca() -> Status {
+    Status::failed_precondition(
+        "this controller holds no CA key: start it with the --pki-dir `benchfleet certs init` made",
+    )
+}
+
+#[tonic::async_trait]
+impl pb::enroll_service_server::EnrollService for Services {
+    async fn join(&self, req: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
+        let from = req.remote_addr().map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
+        let req = req.into_inner();
+        let ca = self.0.config.ca.clone().ok_or_else(no_ca)?;
+        let now = plan::unix_ms() / 1000;
+        // The token is checked (and a use taken) before anything is signed;
+        // a CSR that cannot be read costs that use.
+        self.0.enrol(|e| e.join(now, &req.token, &req.name))?.map_err(|e| {
+            warn!(name = %req.name, %from, "join refused: {e}");
+            Status::permission_denied(e.to_string())
+        })?;
+        let issued = ca
+            .sign_csr(&req.csr_pem, &req.name, crate::pki::Role::Agent, crate::pki::AGENT_LIFETIME)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.0.enrol(|e| {
+            e.enrolled(
+                now,
+                crate::enrol::Enrolled {
+                    name: req.name.clone(),
+                    serial: issued.serial.clone(),
+                    issued_unix: issued.not_before_unix,
+                    not_after_unix: issued.not_after_unix,
+                },
+            );
+        })?;
+        info!(name = %req.name, %from, serial = %issued.serial, "agent joined");
+        Ok(Response::new(pb::JoinResponse {
+            certificate_pem: issued.cert_pem,
+            ca_pem: ca.cert_pem().to_owned(),
+            expires_unix_ms: u64::try_from(issued.not_after_unix).unwrap_or_default() * 1000,
+        }))
+    }
 }
 
 /// An export's bytes, sent as chunks down a response stream.
@@ -708,6 +799,7 @@ pub async fn serve(
     health.set_serving::<pb::agent_service_server::AgentServiceServer<Services>>().await;
     health.set_serving::<pb::ingest_service_server::IngestServiceServer<Services>>().await;
     health.set_serving::<pb::operator_service_server::OperatorServiceServer<Services>>().await;
+    health.set_serving::<pb::enroll_service_server::EnrollServiceServer<Services>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1();
@@ -745,6 +837,7 @@ pub async fn serve(
             pb::ingest_service_server::IngestServiceServer::new(services.clone())
                 .max_decoding_message_size(MAX_BATCH_BYTES),
         )
+        .add_service(pb::enroll_service_server::EnrollServiceServer::new(services.clone()))
         .add_service(
             pb::operator_service_server::OperatorServiceServer::new(services)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -134,7 +134,9 @@ pub struct Peer {
     pub role: Role,
     /// The certificate's serial number, in hex.
     pub serial: String,
-    /// When it expires (seconds since the epoch).
+    /// When it was issued (its notBefore) and when it expires (seconds
+    /// since the epoch).
+    pub not_before_unix: i64,
     pub not_after_unix: i64,
 }
 
@@ -163,7 +165,13 @@ pub fn peer_of(der: &[u8]) -> Result<Peer, String> {
     let role = first(Box::new(subject.iter_organizational_unit()))
         .and_then(|r| Role::parse(&r))
         .ok_or_else(|| format!("the certificate of '{name}' names no benchfleet role"))?;
-    Ok(Peer { name, role, serial: hex(cert.raw_serial()), not_after_unix: cert.validity().not_after.timestamp() })
+    Ok(Peer {
+        name,
+        role,
+        serial: hex(cert.raw_serial()),
+        not_before_unix: cert.validity().not_before.timestamp(),
+        not_after_unix: cert.validity().not_after.timestamp(),
+    })
 }
 
 /// The first certificate of a PEM file, as DER.

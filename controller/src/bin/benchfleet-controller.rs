@@ -101,6 +101,11 @@ async fn main() -> anyhow::Result<()> {
         None => format!("{scheme}://{addr}"),
     };
     let mut config = ControllerConfig::new(advertised);
+    // With the CA's key at hand, agents can join and renew.
+    let pki_dir = args.pki_dir.clone().unwrap_or_else(|| base.join("pki"));
+    if config_has_ca(&pki_dir) && tls.is_some() {
+        config.ca = Some(Arc::new(pki::Ca::load(&pki_dir)?));
+    }
     config.tls = tls;
     let l = &args.leases;
     let ms = Duration::from_millis;
@@ -156,6 +161,10 @@ fn server_tls(args: &Args, base: &Path) -> anyhow::Result<Option<ServerTls>> {
         pki.display()
     );
     Ok(None)
+}
+
+fn config_has_ca(pki: &Path) -> bool {
+    pki.join(pki::CA_KEY).is_file() && pki.join(pki::CA_CERT).is_file()
 }
 
 /// Whether `HOST:PORT` is a loopback address (a name is looked up as the

@@ -19,7 +19,7 @@ pub mod doc;
 mod html;
 mod markdown;
 mod searches;
-mod words;
+pub mod words;
 
 use std::collections::HashMap;
 

@@ -126,6 +126,15 @@ pub trait Store: Send + Sync + 'static {
     fn job(&self, run: RunId, job: u64) -> Result<Option<Job>, StoreError>;
     fn agents(&self) -> Result<Vec<AgentRecord>, StoreError>;
     fn counters(&self) -> Result<Counters, StoreError>;
+    /// The enrolment state (`enrol`): join tokens, agents' certificates,
+    /// revocations, as its JSON.
+    fn enrolment(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    /// Stores the enrolment state, flushed.
+    fn put_enrolment(&self, _json: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError::Invalid("this store keeps no enrolment".to_owned()))
+    }
     /// Applies one ingest commit and flushes (a commit of digests alone,
     /// which can be built again, is left to the next flush).
     fn commit_records(&self, commit: &RecordCommit) -> Result<(), StoreError>;
@@ -548,6 +557,16 @@ impl Store for SledStore {
 
     fn agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
         scan(&self.agents, &[], "agent")
+    }
+
+    fn enrolment(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.meta.get("enrolment")?.map(|v| v.to_vec()))
+    }
+
+    fn put_enrolment(&self, json: &[u8]) -> Result<(), StoreError> {
+        self.meta.insert("enrolment", json)?;
+        self.meta.flush()?;
+        Ok(())
     }
 
     fn counters(&self) -> Result<Counters, StoreError> {

@@ -446,3 +446,164 @@ async fn a_run_over_mutual_tls_with_two_agents_succeeds_and_no_secret_is_logged(
         }
     }
 }
+
+fn run_cli(program: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(bin(program)).args(args).stdin(Stdio::null()).output().expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_joins_with_a_token_and_a_revoked_one_is_cut_off() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let ca_hash = certs_init(&data);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = data.display().to_string();
+    let args: Vec<String> = [
+        "--listen",
+        &listen,
+        "--data-dir",
+        &d,
+        "--metrics-listen",
+        "off",
+        "--heartbeat-interval-ms",
+        "200",
+        "--suspect-after-ms",
+        "600",
+        "--lease-ttl-ms",
+        "2000",
+    ]
+    .map(String::from)
+    .to_vec();
+    let controller = Proc::spawn_with(&bin("benchfleet-controller"), &args, &[], tmp.path().join("controller.log"));
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let url = format!("https://127.0.0.1:{port}");
+
+    // A token through the controller, as an admin: the token alone on
+    // stdout, the expiry and the join command on stderr.
+    let (code, stdout, stderr) =
+        run_cli("benchfleet", &["--data-dir", &d, "--controller", &url, "token", "create", "--ttl", "1h"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let token = stdout.trim().to_owned();
+    let (id, secret) = token.split_once('.').expect("ID.SECRET");
+    assert!(id.len() == 6 && secret.len() == 16, "{token}");
+    assert!(token.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.'), "{token}");
+    assert_eq!(stdout, format!("{token}\n"));
+    assert!(stderr.starts_with("expires 20") && stderr.contains("; 1 use by any agent\n"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "on the agent: benchfleet-agent join --controller {url} --token {token} --ca-hash {ca_hash}"
+        )),
+        "{stderr}"
+    );
+
+    // A wrong CA hash: refused before anything is sent.
+    let work = tmp.path().join("gpu-j");
+    let w = work.display().to_string();
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let (code, _, stderr) = run_cli(
+        "benchfleet-agent",
+        &["join", "--controller", &url, "--token", &token, "--ca-hash", &wrong, "--name", "gpu-j", "--work-dir", &w],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("has --ca-hash sha256:000"), "{stderr}");
+    assert!(!work.join("identity/agent.pem").exists());
+
+    // The join: the key is made here, the certificate stored 0600.
+    let join = |token: &str, name: &str, work: &str| {
+        run_cli(
+            "benchfleet-agent",
+            &[
+                "join",
+                "--controller",
+                &url,
+                "--token",
+                token,
+                "--ca-hash",
+                &ca_hash,
+                "--name",
+                name,
+                "--work-dir",
+                work,
+            ],
+        )
+    };
+    let (code, stdout, stderr) = join(&token, "gpu-j", &w);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.starts_with(&format!(
+            "joined as 'gpu-j': {} holds its certificate (until 20",
+            work.join("identity").display()
+        )),
+        "{stdout}"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    for file in ["agent.pem", "agent-key.pem", "ca.pem"] {
+        let mode = std::fs::metadata(work.join("identity").join(file)).expect("stored").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{file}");
+    }
+    let (code, stdout, _) = join(&token, "gpu-j", &w);
+    assert_eq!(code, Some(0));
+    assert!(stdout.starts_with("already joined as 'gpu-j'"), "{stdout}");
+    // The token is spent; an unknown one is refused; the secret is never
+    // echoed.
+    let other = tmp.path().join("gpu-k").display().to_string();
+    let (code, _, stderr) = join(&token, "gpu-k", &other);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains(&format!("join token {id} has been used")) && !stderr.contains(secret), "{stderr}");
+    let (code, _, stderr) = join("aaaaaa.bbbbbbbbbbbbbbbb", "gpu-k", &other);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("join token aaaaaa is not known here"), "{stderr}");
+
+    // The joined agent runs under its certificate.
+    let args: Vec<String> =
+        ["--controller", &url, "--sim-gpus", "H200x1", "--sim-engines", "--docker", "off", "--work-dir", &w]
+            .map(String::from)
+            .to_vec();
+    let agent = Proc::spawn_with(&bin("benchfleet-agent"), &args, &[], tmp.path().join("agent.log"));
+    let admin = Target { url: url.clone(), tls: identity(&data.join("pki"), "admin") };
+    let state = |admin: Target| async move {
+        let mut c = client::connect(&admin).await.ok()?;
+        let agents = c.list_agents(pb::ListAgentsRequest {}).await.ok()?.into_inner().agents;
+        agents.iter().find(|a| a.name == "gpu-j").map(|a| a.state.clone())
+    };
+    let mut ready = false;
+    for _ in 0..150 {
+        if state(admin.clone()).await.as_deref() == Some("ready") {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ready, "the joined agent never became ready:\n{}\n{}", agent.text(), controller.text());
+
+    // Revoked: its live session ends, and it cannot open another.
+    let (code, stdout, stderr) =
+        run_cli("benchfleet", &["--data-dir", &d, "--controller", &url, "revoke", "gpu-j", "--reason", "re-imaged"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("revoked every certificate of 'gpu-j' issued until now (1 live"), "{stdout}");
+    let mut cut = false;
+    for _ in 0..100 {
+        if state(admin.clone()).await.is_some_and(|s| s != "ready") {
+            cut = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(cut, "the revoked agent still holds a lease:\n{}", controller.text());
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let text = controller.text();
+    assert!(text.contains("the agent's certificate was revoked: its session ends"), "{text}");
+    assert!(text.contains("is revoked"), "a new session is refused:\n{text}");
+    assert!(!text.contains(secret), "the token's secret in the controller's log");
+}
