@@ -25,7 +25,7 @@ fn within_2_percent(name: &str, measured: f64, truth: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
-    let _quiet = crate::QUIET.lock().await;
+    let _machine = crate::alone().await;
     let (url, served) = fake_openai::start_recorded(TIMING).await;
     for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
         served.lock().expect("truth lock").clear();
@@ -102,7 +102,7 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_at_a_rate_keeps_its_schedule_and_says_so() {
-    let _quiet = crate::QUIET.lock().await;
+    let _machine = crate::alone().await;
     let url = fake_openai::start(TIMING).await;
     let mut config = random_load(&url, "good", 40, 10, 8);
     config.request_rate = Some(40.0);
@@ -123,6 +123,7 @@ async fn a_client_at_a_rate_keeps_its_schedule_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_malformed_streams_and_the_end_of_the_run_are_outcomes() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(TIMING).await;
     let check = |model: &'static str, outcome: Outcome, error: &'static str| {
         let url = url.clone();

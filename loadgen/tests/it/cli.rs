@@ -18,6 +18,7 @@ fn loadgen() -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn saved_records_recompute_to_the_saved_summary() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(QUICK).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (records_path, summary_path) = (dir.path().join("records.jsonl"), dir.path().join("summary.json"));
@@ -55,6 +56,7 @@ async fn saved_records_recompute_to_the_saved_summary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asked_percentiles_reach_the_json_and_the_csv_and_the_block_says_n_a() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(QUICK).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (summary_path, csv_path) = (dir.path().join("summary.json"), dir.path().join("summary.csv"));
@@ -98,6 +100,7 @@ async fn asked_percentiles_reach_the_json_and_the_csv_and_the_block_says_n_a() {
 
 #[tokio::test]
 async fn failures_exit_1_with_an_error_line() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(QUICK).await;
     let output =
         loadgen().args(["--base-url", &url, "--model", "nope", "--num-prompts", "1"]).output().await.expect("runs");
@@ -117,6 +120,7 @@ async fn failures_exit_1_with_an_error_line() {
 
 #[tokio::test]
 async fn a_run_in_which_no_request_succeeded_exits_4_saying_why() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(QUICK).await;
     let output = loadgen()
         .args(["--base-url", &url, "--model", "http-500", "--num-prompts", "3", "--quiet"])
@@ -137,6 +141,7 @@ async fn a_run_in_which_no_request_succeeded_exits_4_saying_why() {
 
 #[tokio::test]
 async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(QUICK).await;
     let port = url.rsplit(':').next().expect("a port").to_owned();
     let dir = tempfile::tempdir().expect("tempdir");

@@ -16,6 +16,7 @@ fn within_10_percent(name: &str, measured: f64, truth: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measured_metrics_match_the_servers_timings() {
+    let _machine = crate::alone().await;
     let url = fake_openai::start(TIMING).await;
     for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
         let mut config = random_load(&url, "good", 24, 50, 20);
@@ -49,6 +50,7 @@ async fn measured_metrics_match_the_servers_timings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_requests_are_recorded_and_counted() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(TIMING).await;
     let check = |model: &'static str, outcome: Outcome, error: &'static str| {
         let url = url.clone();
@@ -72,6 +74,7 @@ async fn failed_requests_are_recorded_and_counted() {
 
 #[tokio::test]
 async fn a_server_that_is_down_or_lacks_the_model_fails_the_run() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(TIMING).await;
     let err = run(random_load(&url, "other-model", 1, 1, 1), None).await.expect_err("unknown model");
     assert!(matches!(err, LoadError::ModelNotServed { .. }), "{err:?}");

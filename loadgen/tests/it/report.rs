@@ -39,6 +39,7 @@ async fn report_run_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_and_the_summary_reach_the_controller() {
+    let _machine = crate::beside().await;
     let (result, received) = report_run(Behaviour::default()).await;
     let result = result.expect("run");
     assert_eq!(received.stored.len(), 30);
@@ -50,6 +51,7 @@ async fn every_record_and_the_summary_reach_the_controller() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_attempt_stops_at_once_and_is_not_resent() {
+    let _machine = crate::beside().await;
     let (result, received) = report_run_with(Behaviour { abandon_after_one: true, ..Behaviour::default() }, |sink| {
         sink.retry_for = Duration::from_secs(10)
     })
@@ -64,6 +66,7 @@ async fn an_abandoned_attempt_stops_at_once_and_is_not_resent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stream_is_reopened_and_nothing_is_lost_or_doubled() {
+    let _machine = crate::beside().await;
     let (result, received) = report_run(Behaviour { break_first_stream: true, ..Behaviour::default() }).await;
     let result = result.expect("run");
     assert!(received.streams >= 2, "the stream was reopened");
@@ -75,6 +78,7 @@ async fn a_broken_stream_is_reopened_and_nothing_is_lost_or_doubled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_memory_bound_records_wait_in_a_file_until_the_controller_is_back() {
+    let _machine = crate::beside().await;
     let dir = tempfile::tempdir().expect("temp dir");
     // Watches the spill directory while the run goes on: the file must appear
     // (memory holds about one batch) and be gone at the end.
@@ -113,6 +117,7 @@ async fn past_the_memory_bound_records_wait_in_a_file_until_the_controller_is_ba
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_that_never_acknowledges_fails_the_run() {
+    let _machine = crate::beside().await;
     let (result, received) = report_run(Behaviour { never_ack: true, ..Behaviour::default() }).await;
     let err = result.expect_err("nothing was acknowledged");
     assert!(err.to_string().starts_with("30 of 30 records were not acknowledged"), "{err}");
@@ -121,6 +126,7 @@ async fn a_controller_that_never_acknowledges_fails_the_run() {
 
 #[tokio::test]
 async fn an_unreachable_controller_fails_before_the_load() {
+    let _machine = crate::beside().await;
     let url = fake_openai::start(QUICK).await;
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let down = format!("http://{}", closed.local_addr().expect("addr"));

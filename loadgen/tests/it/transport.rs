@@ -226,6 +226,7 @@ fn assert_all_ok(result: &benchfleet_loadgen::LoadResult, chunks: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_that_arrive_a_byte_at_a_time_read_the_same_and_keep_the_connection() {
+    let _machine = crate::beside().await;
     for pace in [Pace::AtOnce, Pace::ByteByByte] {
         let server = start(Reply::Chunked, pace).await;
         let result = run(one_at_a_time(&server, 3, true), None).await.expect("run");
@@ -239,6 +240,7 @@ async fn replies_that_arrive_a_byte_at_a_time_read_the_same_and_keep_the_connect
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_framed_by_length_or_by_close_are_read_whole() {
+    let _machine = crate::beside().await;
     let server = start(Reply::Whole, Pace::ByteByByte).await;
     let result = run(one_at_a_time(&server, 2, false), None).await.expect("run");
     assert_all_ok(&result, 1);
@@ -252,6 +254,7 @@ async fn bodies_framed_by_length_or_by_close_are_read_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_the_server_closes_or_garbles_are_not_used_again() {
+    let _machine = crate::beside().await;
     // Said in the reply, or not said at all: the next request goes on a new
     // connection either way (when unsaid, after its send on the old one
     // found it closed), and no request fails for it. Bytes after a reply's
@@ -266,6 +269,7 @@ async fn connections_the_server_closes_or_garbles_are_not_used_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_status_keeps_the_start_of_its_body() {
+    let _machine = crate::beside().await;
     let server = start(Reply::Overloaded, Pace::ByteByByte).await;
     let result = run(one_at_a_time(&server, 2, true), None).await.expect("run");
     assert_eq!(result.summary.failed, 2);
@@ -277,6 +281,7 @@ async fn an_error_status_keeps_the_start_of_its_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_name_works_whichever_of_its_addresses_listens() {
+    let _machine = crate::beside().await;
     let server = start(Reply::Chunked, Pace::AtOnce).await;
     // `localhost` may resolve to ::1 first, where nothing listens: the
     // connection goes to the next address.
@@ -289,6 +294,7 @@ async fn a_host_name_works_whichever_of_its_addresses_listens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_that_never_ends_is_malformed_not_kept_in_memory() {
+    let _machine = crate::beside().await;
     let server = start(Reply::EndlessHead, Pace::AtOnce).await;
     let result = run(one_at_a_time(&server, 1, true), None).await.expect("run");
     let r = &result.records[0];
@@ -361,6 +367,7 @@ fn paced_server(requested: Arc<std::sync::atomic::AtomicBool>) -> String {
 /// arrives: the token is timed by its arrival, not by the late read.
 #[tokio::test(flavor = "current_thread")]
 async fn a_chunk_is_timed_by_its_arrival_not_by_a_late_read() {
+    let _machine = crate::alone().await;
     let requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let url = paced_server(Arc::clone(&requested));
     tokio::spawn(async move {
@@ -386,6 +393,7 @@ async fn a_chunk_is_timed_by_its_arrival_not_by_a_late_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_streams_read_the_same_and_keep_their_connection() {
+    let _machine = crate::beside().await;
     let dir = tempfile::tempdir().expect("tempdir");
     // A byte per write is a TLS record per byte; a record per line in one
     // write brings records past the reply's `[DONE]` in the same read.
@@ -402,6 +410,7 @@ async fn https_streams_read_the_same_and_keep_their_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_connections_closed_with_or_without_a_word_are_not_used_again() {
+    let _machine = crate::beside().await;
     let dir = tempfile::tempdir().expect("tempdir");
     // With a close_notify after `Connection: close`, or a bare TCP close.
     for reply in [Reply::ChunkedThenClose, Reply::ChunkedThenSilentClose] {
@@ -416,6 +425,7 @@ async fn https_connections_closed_with_or_without_a_word_are_not_used_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_says_why() {
+    let _machine = crate::beside().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (server, _) = start_tls(Reply::Chunked, Pace::AtOnce, dir.path()).await;
     let error = run(one_at_a_time(&server, 1, true), None).await.expect_err("an unknown issuer");
@@ -440,6 +450,7 @@ async fn an_untrusted_certificate_or_an_unreadable_ca_file_fails_the_run_and_say
 /// with a tokenizer, loadgen says so in its summary and its check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_whose_token_counts_disagree_with_the_tokenizer_is_told() {
+    let _machine = crate::beside().await;
     let server = start(Reply::Chunked, Pace::AtOnce).await;
     let mut config = one_at_a_time(&server, 3, true);
     config.dataset = benchfleet_loadgen::Dataset::Random { input_tokens: 40, output_tokens: 3, seed: 1 };
