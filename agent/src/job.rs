@@ -104,6 +104,9 @@ pub struct LoadJob {
     pub goodput: Vec<String>,
     /// The model's tokenizer.json, fetched by its hash: (name, sha256).
     pub processor: Option<(String, String)>,
+    /// Under TLS, the attempt's ingest credential: loadgen gets it in its
+    /// environment (`BENCHFLEET_INGEST_TOKEN`), never on its command line.
+    pub ingest_token: Option<crate::docker::Secret>,
 }
 
 /// A group of jobs on one engine, in the order they run.
@@ -356,6 +359,7 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
                     goodput: load.goodput,
                     processor: load.processor.map(|f| (f.name, f.sha256)),
                     dataset,
+                    ingest_token: (!j.ingest_token.is_empty()).then(|| crate::docker::Secret::new(j.ingest_token)),
                 })
             })
             .collect::<Result<Vec<_>, &str>>()?;

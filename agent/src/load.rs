@@ -162,6 +162,24 @@ pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
     args
 }
 
+/// The variable loadgen reads its ingest credential from.
+pub const INGEST_TOKEN_ENV: &str = "BENCHFLEET_INGEST_TOKEN";
+
+/// loadgen's whole environment: the few variables of the agent's it needs
+/// (`var` reads them) and the attempt's ingest credential; none of the
+/// agent's secrets.
+pub fn loadgen_env(run: &LoadRun, var: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> =
+        ["PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "RUST_LOG", "SSL_CERT_FILE", "SSL_CERT_DIR"]
+            .into_iter()
+            .filter_map(|k| Some((k.to_owned(), var(k)?)))
+            .collect();
+    if let Some(token) = &run.job.ingest_token {
+        env.push((INGEST_TOKEN_ENV.to_owned(), token.expose().to_owned()));
+    }
+    env
+}
+
 #[tonic::async_trait]
 impl LoadRunner for ProcessLoadRunner {
     /// The binary's `--version` ("benchfleet-loadgen 0.1.0"), asked once.
@@ -177,6 +195,8 @@ impl LoadRunner for ProcessLoadRunner {
     async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()> {
         let mut child = Command::new(&self.binary)
             .args(loadgen_args(run))
+            .env_clear()
+            .envs(loadgen_env(run, |k| std::env::var(k).ok()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -276,6 +296,7 @@ mod tests {
             extra_body: Some(r#"{"temperature":0}"#.into()),
             goodput: vec!["ttft:200".into(), "tpot:50".into()],
             processor: Some(("tokenizer.json".into(), "ab".repeat(32))),
+            ingest_token: Some(crate::docker::Secret::new("c0ffee")),
         }
     }
 
@@ -303,6 +324,7 @@ mod tests {
             extra_body,
             goodput,
             processor,
+            ingest_token,
         } = job();
         // The tokenizer, fetched by its hash, is passed as the file on disk.
         let tokenizer =
@@ -335,6 +357,11 @@ mod tests {
             config.dataset
         );
         assert_eq!((config.base_url.as_str(), config.model.as_str()), ("http://127.0.0.1:8123", "m"));
+        // The credential goes in loadgen's environment, never its arguments.
+        let token = ingest_token.expect("a credential");
+        assert!(!loadgen_args(&run).iter().any(|a| a.contains(token.expose())));
+        let env = loadgen_env(&run, |_| None);
+        assert_eq!(env, [("BENCHFLEET_INGEST_TOKEN".to_owned(), token.expose().to_owned())]);
         let sink = sink.expect("records go to the controller");
         assert_eq!(
             (sink.url.as_str(), sink.run_id.as_str(), sink.job, sink.attempt, sink.epoch),

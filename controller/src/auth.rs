@@ -214,6 +214,67 @@ fn check<B>(req: &mut http::Request<B>, revoked: &Revoked) -> Result<(), Status>
     }
 }
 
+/// The metadata key loadgen's record stream carries its credential in.
+pub const INGEST_TOKEN_HEADER: &str = "x-benchfleet-ingest-token";
+
+/// The key of the attempts' ingest credentials: each `JobSpec` carries
+/// HMAC-SHA256(run, job, attempt, epoch) under it, the agent hands it to
+/// loadgen in its environment, and the ingest service takes a batch only
+/// under its own attempt's credential. Kept in `--pki-dir` (`ingest.key`),
+/// so that a restarted controller still takes running attempts' records.
+#[derive(Clone)]
+pub struct IngestKey(ring::hmac::Key);
+
+impl std::fmt::Debug for IngestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IngestKey(redacted)")
+    }
+}
+
+impl IngestKey {
+    pub fn new(secret: &[u8]) -> IngestKey {
+        IngestKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret))
+    }
+
+    /// The key in `dir/ingest.key`, made (0600) when there is none.
+    pub fn read_or_make(dir: &std::path::Path) -> Result<IngestKey, pki::PkiError> {
+        let path = dir.join(pki::INGEST_KEY);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(IngestKey::new(text.trim().as_bytes())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                pki::private_dir(dir)?;
+                let secret = pki::hex(&pki::random::<32>()?);
+                pki::write_new(&path, secret.as_bytes(), true)?;
+                Ok(IngestKey::new(secret.as_bytes()))
+            }
+            Err(e) => Err(pki::PkiError::Io { path, reason: e.to_string() }),
+        }
+    }
+
+    fn message(run: &str, job: u64, attempt: u32, epoch: u64) -> String {
+        format!("benchfleet-ingest/v1\0{run}\0{job}\0{attempt}\0{epoch}")
+    }
+
+    /// The credential of one attempt, hex.
+    pub fn sign(&self, run: &str, job: u64, attempt: u32, epoch: u64) -> String {
+        pki::hex(ring::hmac::sign(&self.0, Self::message(run, job, attempt, epoch).as_bytes()).as_ref())
+    }
+
+    /// Whether `token` is that attempt's credential (compared in constant
+    /// time).
+    pub fn verify(&self, run: &str, job: u64, attempt: u32, epoch: u64, token: &str) -> bool {
+        let Some(tag) = unhex(token) else { return false };
+        ring::hmac::verify(&self.0, Self::message(run, job, attempt, epoch).as_bytes(), &tag).is_ok()
+    }
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
 /// The caller's identity, when the call came over TLS with a certificate.
 pub fn caller<T>(req: &tonic::Request<T>) -> Option<&Peer> {
     req.extensions().get::<Peer>()
@@ -250,6 +311,22 @@ mod tests {
         assert!(seen >= 18, "{seen} methods read");
         assert_eq!(access("/benchfleet.v1.Other/Thing"), None);
         assert_eq!(access("nonsense"), None);
+    }
+
+    #[test]
+    fn an_ingest_credential_opens_its_own_attempt_only() {
+        let key = IngestKey::new(b"k");
+        let token = key.sign("7", 3, 2, 9);
+        assert_eq!(token.len(), 64);
+        assert!(key.verify("7", 3, 2, 9, &token));
+        for (run, job, attempt, epoch) in [("8", 3, 2, 9), ("7", 4, 2, 9), ("7", 3, 3, 9), ("7", 3, 2, 10)] {
+            assert!(!key.verify(run, job, attempt, epoch, &token), "{run} {job} {attempt} {epoch}");
+        }
+        assert!(!IngestKey::new(b"other").verify("7", 3, 2, 9, &token));
+        for bad in ["", "zz", "abc", &token[..62]] {
+            assert!(!key.verify("7", 3, 2, 9, bad), "{bad}");
+        }
+        assert_eq!(format!("{key:?}"), "IngestKey(redacted)");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use benchfleet_proto as pb;
 use tonic::Status;
 
+use crate::auth::IngestKey;
 use crate::driver::{Outbound, Progress};
 use crate::model::{
     AgentId, Arrival, AttemptKey, AttemptStats, Dataset, Endpoint, EngineConfig, FailureKind, GpuState, Group, Job,
@@ -190,7 +191,7 @@ pub fn update(u: pb::JobUpdate) -> Result<Update, Status> {
     })
 }
 
-fn assignment(a: &Assignment, ingest_url: &str) -> pb::AssignGroup {
+fn assignment(a: &Assignment, ingest_url: &str, key: Option<&IngestKey>) -> pb::AssignGroup {
     pb::AssignGroup {
         run_id: a.run.to_string(),
         group: a.group,
@@ -203,6 +204,10 @@ fn assignment(a: &Assignment, ingest_url: &str) -> pb::AssignGroup {
                 profile: j.profile.name.clone(),
                 repeat: j.repeat,
                 load: Some(load_profile(&j.profile)),
+                ingest_token: key.map_or_else(String::new, |k| {
+                    let f = &j.fence;
+                    k.sign(&f.key.run.to_string(), f.key.job, f.key.attempt, f.epoch)
+                }),
             })
             .collect(),
         ingest_url: ingest_url.to_owned(),
@@ -211,7 +216,7 @@ fn assignment(a: &Assignment, ingest_url: &str) -> pb::AssignGroup {
     }
 }
 
-pub fn outbound(o: &Outbound, ingest_url: &str) -> pb::ControllerMessage {
+pub fn outbound(o: &Outbound, ingest_url: &str, key: Option<&IngestKey>) -> pb::ControllerMessage {
     use pb::controller_message::Msg;
     let msg = match o {
         Outbound::Welcome(w) => Msg::Welcome(pb::Welcome {
@@ -221,7 +226,7 @@ pub fn outbound(o: &Outbound, ingest_url: &str) -> pb::ControllerMessage {
             lease_ttl_ms: w.lease_ttl.as_millis().min(u128::from(u32::MAX)) as u32,
             keep: w.keep.iter().map(|(run, group)| pb::GroupRef { run_id: run.to_string(), group: *group }).collect(),
         }),
-        Outbound::Msg(ToAgent::Assign(a)) => Msg::AssignGroup(assignment(a, ingest_url)),
+        Outbound::Msg(ToAgent::Assign(a)) => Msg::AssignGroup(assignment(a, ingest_url, key)),
         Outbound::Msg(ToAgent::Cancel { run, group, reason }) => {
             Msg::CancelGroup(pb::CancelGroup { run_id: run.to_string(), group: *group, reason: reason.clone() })
         }

@@ -40,6 +40,9 @@ pub struct ControllerConfig {
     /// The CA, to sign agents' certificates at join and renewal; `None`
     /// when this controller holds no CA key.
     pub ca: Option<Arc<crate::pki::Ca>>,
+    /// Under TLS, the key of the attempts' ingest credentials: record
+    /// batches need their attempt's. `None`: ingest checks no credential.
+    pub ingest_key: Option<crate::auth::IngestKey>,
 }
 
 impl ControllerConfig {
@@ -50,6 +53,7 @@ impl ControllerConfig {
             tick: Duration::from_millis(250),
             tls: None,
             ca: None,
+            ingest_key: None,
         }
     }
 }

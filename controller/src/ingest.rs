@@ -191,13 +191,11 @@ impl Committer {
         let key = batch.fence.key;
         match self.fences.get(&(key.run, key.job)) {
             Some(f) if *f == batch.fence => {}
-            current => {
-                let now = match current {
-                    Some(f) => format!("the job's current attempt is {} (epoch {})", f.key.attempt, f.epoch),
-                    None => "no attempt of the job is running".to_owned(),
-                };
+            // The refusal names only the batch's own attempt: which attempt
+            // is current is no business of whoever holds a stale one.
+            _ => {
                 return Err(IngestError::Stale(format!(
-                    "{key} (epoch {}) may not send records: it ended or was abandoned, and {now}",
+                    "{key} (epoch {}) may not send records: it ended, was abandoned, or never ran",
                     batch.fence.epoch
                 )));
             }

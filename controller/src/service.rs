@@ -156,9 +156,10 @@ impl pb::agent_service_server::AgentService for Services {
             controller.event(Event::SessionClosed { agent, session });
         });
         let url = self.0.config.advertise_url.clone();
+        let key = self.0.config.ingest_key.clone();
         // The stream ends when the driver drops its sender or ends the
         // session (a lost lease, a newer session, shutdown).
-        let out = ReceiverStream::new(rx).map(move |o: Outbound| Ok(convert::outbound(&o, &url)));
+        let out = ReceiverStream::new(rx).map(move |o: Outbound| Ok(convert::outbound(&o, &url, key.as_ref())));
         let out = futures_util::StreamExt::take_until(out, async move { closed.cancelled().await });
         Ok(Response::new(Box::pin(out)))
     }
@@ -231,6 +232,25 @@ impl pb::ingest_service_server::IngestService for Services {
     type RecordsStream = ServerStream<pb::RecordAck>;
 
     async fn records(&self, req: Request<Streaming<pb::RecordBatch>>) -> Result<Response<Self::RecordsStream>, Status> {
+        // Under TLS a batch is taken only under its own attempt's
+        // credential, which the stream carries once.
+        let credential = match &self.0.config.ingest_key {
+            None => None,
+            Some(key) => {
+                let token = req
+                    .metadata()
+                    .get(crate::auth::INGEST_TOKEN_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        Status::permission_denied(
+                            "record batches need their attempt's ingest credential (loadgen reads it from \
+                             BENCHFLEET_INGEST_TOKEN, which the agent sets)",
+                        )
+                    })?;
+                Some((key.clone(), token))
+            }
+        };
         let mut inbound = req.into_inner();
         let controller = self.0.clone();
         let (tx, rx) = mpsc::channel(16);
@@ -273,6 +293,16 @@ impl pb::ingest_service_server::IngestService for Services {
                     Some(Ok(b)) => b,
                 };
                 let number = batch.batch;
+                if let (Some((key, token)), Some(a)) = (&credential, &batch.attempt)
+                    && !key.verify(&a.run_id, a.job, a.attempt, a.epoch, token)
+                {
+                    // Says nothing of which attempt the credential is for.
+                    warn!(run = %a.run_id, job = a.job, "a record batch under another attempt's credential was refused");
+                    let _ = tx
+                        .send(Err(Status::permission_denied("the ingest credential is not this batch's attempt's")))
+                        .await;
+                    return;
+                }
                 let reply = match to_batch(batch) {
                     Ok(b) => controller.ingest.submit(b),
                     Err(status) => {

@@ -17,7 +17,7 @@ use crate::{Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCo
     name = "benchfleet-loadgen",
     version,
     about = "OpenAI-compatible streaming load generator",
-    after_help = "Environment: OPENAI_API_KEY (as --api-key), RUST_LOG (the log filter).\n\nExit status: 0 when the run completed; 1 on an error (bad flags, a server that cannot be \
+    after_help = "Environment: OPENAI_API_KEY (as --api-key), BENCHFLEET_INGEST_TOKEN (the attempt's ingest credential, for --report-to), RUST_LOG (the log filter).\n\nExit status: 0 when the run completed; 1 on an error (bad flags, a server that cannot be \
                   reached, a dataset that cannot be read); 3 with --fail-on-invalid when the run is INVALID; 4 when \
                   requests were sent and none succeeded."
 )]
@@ -453,6 +453,9 @@ pub fn sink_config(args: &Args) -> anyhow::Result<Option<SinkConfig>> {
             sink.epoch = args.epoch;
             sink.memory_bytes = args.report_buffer_mib.saturating_mul(1 << 20);
             sink.tls.insecure = args.report_insecure;
+            // From the environment, never a flag: argv shows in `ps`.
+            sink.token =
+                std::env::var("BENCHFLEET_INGEST_TOKEN").ok().filter(|t| !t.is_empty()).map(crate::sink::Token);
             if let Some(ca) = &args.report_ca {
                 sink.tls.ca = Some(std::fs::read(ca).with_context(|| format!("--report-ca {}", ca.display()))?);
             }

@@ -52,6 +52,18 @@ pub struct SinkConfig {
     /// The fleet's CA (PEM) for an https:// URL, and whether plain text may
     /// go to another host (`benchfleet_core::tls`).
     pub tls: benchfleet_core::tls::ClientTls,
+    /// The attempt's ingest credential, sent with the stream (a secret).
+    pub token: Option<Token>,
+}
+
+/// An ingest credential: its `Debug` never shows it.
+#[derive(Clone)]
+pub struct Token(pub String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(redacted)")
+    }
 }
 
 /// The default bound of unacknowledged batches in memory.
@@ -69,6 +81,7 @@ impl SinkConfig {
             memory_bytes: DEFAULT_MEMORY_BYTES,
             spill_dir: std::env::temp_dir(),
             tls: benchfleet_core::tls::ClientTls::default(),
+            token: None,
         }
     }
 }
@@ -463,7 +476,12 @@ impl State {
             for (batch, _) in &self.memory {
                 let _ = tx.send(batch.clone());
             }
-            let acks = client.records(UnboundedReceiverStream::new(rx)).await.map_err(|s| s.message().to_owned())?;
+            let mut request = tonic::Request::new(UnboundedReceiverStream::new(rx));
+            if let Some(Token(token)) = &self.config.token {
+                let value = token.parse().map_err(|_| "the ingest credential is not printable".to_owned())?;
+                request.metadata_mut().insert("x-benchfleet-ingest-token", value);
+            }
+            let acks = client.records(request).await.map_err(|s| s.message().to_owned())?;
             Ok::<_, String>(Conn { tx, acks: acks.into_inner() })
         };
         let conn = tokio::time::timeout(Duration::from_secs(5), open)

@@ -17,6 +17,7 @@ const MAY_NAME_PROST_TYPES: &[&str] = &[
     "cli/src/cli.rs",
     "agent/src/session.rs",
     "agent/src/job.rs",
+    "agent/src/identity.rs",
     "loadgen/src/sink.rs",
     "loadgen/src/sink/spill.rs",
 ];

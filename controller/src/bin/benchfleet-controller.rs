@@ -106,6 +106,10 @@ async fn main() -> anyhow::Result<()> {
     if config_has_ca(&pki_dir) && tls.is_some() {
         config.ca = Some(Arc::new(pki::Ca::load(&pki_dir)?));
     }
+    // Under TLS, record batches need their attempt's credential.
+    if tls.is_some() {
+        config.ingest_key = Some(benchfleet_controller::auth::IngestKey::read_or_make(&pki_dir)?);
+    }
     config.tls = tls;
     let l = &args.leases;
     let ms = Duration::from_millis;

@@ -463,7 +463,8 @@ fn provenance(j: &Job) -> Provenance {
 
 /// The flags of loadgen's run that tie it to the fleet: the stream of its
 /// records to the controller.
-const FLEET_FLAGS: [&str; 6] = ["--report-to", "--run-id", "--job", "--attempt", "--epoch", "--report-buffer-mib"];
+const FLEET_FLAGS: [&str; 7] =
+    ["--report-to", "--run-id", "--job", "--attempt", "--epoch", "--report-buffer-mib", "--report-ca"];
 
 /// The standalone `benchfleet-loadgen` command that sends a job's load
 /// again: the arguments the agent ran it with (one mapping, the agent's),
@@ -481,7 +482,7 @@ pub fn reproduce(j: &Job) -> Option<String> {
             args.next();
             continue;
         }
-        if a == "--quiet" {
+        if a == "--quiet" || a == "--report-insecure" {
             continue;
         }
         let value = match a.as_str() {

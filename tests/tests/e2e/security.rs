@@ -71,6 +71,7 @@ impl TlsController {
             pki::ServerTls::read(&dir.join("controller.pem"), &dir.join("controller-key.pem"), &dir.join("ca.pem"))
                 .expect("TLS files"),
         );
+        config.ingest_key = Some(benchfleet_controller::auth::IngestKey::read_or_make(&dir).expect("ingest key"));
         let controller = Controller::start(store.clone(), config).expect("controller");
         tokio::spawn(serve(controller.clone(), listener, std::future::pending()));
         TlsController { url, store, controller }
@@ -606,4 +607,56 @@ async fn an_agent_joins_with_a_token_and_a_revoked_one_is_cut_off() {
     assert!(text.contains("the agent's certificate was revoked: its session ends"), "{text}");
     assert!(text.contains("is revoked"), "a new session is refused:\n{text}");
     assert!(!text.contains(secret), "the token's secret in the controller's log");
+}
+
+/// Sends one record batch of `attempt` under `token`; the controller's
+/// answer.
+async fn send_batch(
+    target: &Target,
+    attempt: pb::AttemptRef,
+    token: Option<&str>,
+) -> Result<pb::RecordAck, tonic::Status> {
+    let channel = benchfleet_core::tls::endpoint(&target.url, &target.tls)
+        .expect("endpoint")
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut ingest = pb::ingest_service_client::IngestServiceClient::new(channel);
+    let batch = pb::RecordBatch { attempt: Some(attempt), batch: 0, sent: 1, ..Default::default() };
+    let mut request = tonic::Request::new(tokio_stream::iter(vec![batch]));
+    if let Some(token) = token {
+        request.metadata_mut().insert("x-benchfleet-ingest-token", token.parse().expect("ascii"));
+    }
+    let mut acks = ingest.records(request).await?.into_inner();
+    acks.next().await.unwrap_or_else(|| Err(tonic::Status::unknown("no ack")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_need_their_own_attempt_s_credential() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    certs_init(&data);
+    let c = TlsController::start(&data).await;
+    // Ingest needs no certificate: loadgen holds only the CA and the token.
+    let loadgen = c.target(ca_only(&data));
+    let key = c.controller.config.ingest_key.clone().expect("a key under TLS");
+    let attempt = |job: u64| pb::AttemptRef { run_id: "1".into(), job, attempt: 1, epoch: 1 };
+    let mine = key.sign("1", 1, 1, 1);
+
+    let e = send_batch(&loadgen, attempt(1), None).await.expect_err("no credential");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("need their attempt's ingest credential"), "{e:?}");
+    let e = send_batch(&loadgen, attempt(2), Some(&mine)).await.expect_err("another attempt's credential");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert_eq!(e.message(), "the ingest credential is not this batch's attempt's");
+    let e = send_batch(&loadgen, attempt(1), Some("00")).await.expect_err("a made-up credential");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    // Its own credential, for an attempt that is not running: stale, and
+    // the refusal names no other attempt or epoch.
+    let e = send_batch(&loadgen, attempt(1), Some(&mine)).await.expect_err("no such attempt runs");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(!e.message().contains("current"), "{e:?}");
+    let key = benchfleet_controller::model::AttemptKey { run: "1".parse().expect("id"), job: 2, attempt: 1 };
+    assert_eq!(c.store.records(&key).count(), 0, "nothing was stored");
 }
