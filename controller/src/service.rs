@@ -167,7 +167,19 @@ impl pb::agent_service_server::AgentService for Services {
     type FetchFileStream = ServerStream<pb::FileChunk>;
 
     async fn fetch_file(&self, req: Request<pb::FetchFileRequest>) -> Result<Response<Self::FetchFileStream>, Status> {
+        let agent = crate::auth::caller(&req).map(|p| p.name.clone());
         let sha = req.into_inner().sha256;
+        // Under TLS an agent fetches only what its own groups' jobs name.
+        if let Some(agent) = agent {
+            let wanted = sha.clone();
+            let name = agent.clone();
+            if !self.0.query(move |s, _| s.agent_needs_file(&name, &wanted)).await? {
+                warn!(%agent, sha256 = %sha, "a file no group of the agent names was refused");
+                return Err(Status::permission_denied(format!(
+                    "agent '{agent}' runs no job that names the file {sha}"
+                )));
+            }
+        }
         let store = self.0.store().clone();
         let wanted = sha.clone();
         let (file, size) = blocking(move || Ok(store.open_file(&wanted)?))

@@ -1602,6 +1602,21 @@ impl Scheduler {
         })
     }
 
+    /// Whether a group placed on the agent named `agent` has a job that
+    /// names the file `sha256` (its ShareGPT dataset or its tokenizer): an
+    /// agent may fetch only those.
+    pub fn agent_needs_file(&self, agent: &str, sha256: &str) -> bool {
+        let Ok(id) = self.find_agent(agent) else { return false };
+        let Some(a) = self.agents.get(&id) else { return false };
+        a.groups.iter().filter_map(|key| self.groups.get(key)).any(|g| {
+            g.group.jobs.iter().filter_map(|j| self.jobs.get(&(g.group.run, *j))).any(|j| {
+                let p = &j.job.profile;
+                matches!(&p.dataset, crate::model::Dataset::Sharegpt { sha256: s, .. } if s == sha256)
+                    || p.processor.as_ref().is_some_and(|f| f.sha256 == sha256)
+            })
+        })
+    }
+
     /// The run's jobs as the scheduler holds them (only runs in progress,
     /// or over with groups still stopping).
     pub fn run_jobs(&self, run: RunId) -> Option<(Run, Vec<&Job>, Vec<&Group>)> {

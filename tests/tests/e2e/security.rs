@@ -97,7 +97,20 @@ fn ca_only(data: &Path) -> ClientTls {
     ClientTls { identity: None, ..identity(&data.join("pki"), "admin") }
 }
 
+/// A small ShareGPT file: the agents fetch it by hash over their session.
+fn chats(dir: &Path) {
+    let convs: Vec<String> = (0..80)
+        .map(|i| {
+            format!(
+                r#"{{"conversations":[{{"from":"human","value":"question {i} about the weather in town"}},{{"from":"gpt","value":"answer {i}: it is sunny with a light wind from the west today"}}]}}"#
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("chats.json"), format!("[{}]", convs.join(","))).expect("dataset");
+}
+
 fn matrix(dir: &Path) -> PathBuf {
+    chats(dir);
     let path = dir.join("tls.yaml");
     std::fs::write(
         &path,
@@ -113,6 +126,10 @@ profiles:
     dataset: { random: { input_tokens: 64, output_tokens: 16, seed: 1 } }
     rate: 40
     requests: 60
+  chat:
+    dataset: { sharegpt: chats.json }
+    rate: 40
+    requests: 40
 ",
     )
     .expect("matrix");
@@ -659,4 +676,36 @@ async fn records_need_their_own_attempt_s_credential() {
     assert!(!e.message().contains("current"), "{e:?}");
     let key = benchfleet_controller::model::AttemptKey { run: "1".parse().expect("id"), job: 2, attempt: 1 };
     assert_eq!(c.store.records(&key).count(), 0, "nothing was stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_fetches_only_the_files_its_own_groups_name() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    certs_init(&data);
+    let c = TlsController::start(&data).await;
+    let pki = data.join("pki");
+    // The admin uploads a run's files (the run waits: no agent has GPUs).
+    let run = submit(&c.target(identity(&pki, "admin")), tmp.path()).await.expect("submitted");
+    assert!(!run.run_id.is_empty());
+    let sha = {
+        use sha2::Digest as _;
+        let bytes = std::fs::read(tmp.path().join("chats.json")).expect("dataset");
+        sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    assert!(c.store.has_file(&sha).expect("store"), "the dataset was uploaded");
+    // An agent that runs none of its jobs may not fetch it.
+    let work = tmp.path().join("gpu-a");
+    agent_identity(&pki, &work, "gpu-a");
+    let agent = c.target(identity(&work.join("identity"), "agent"));
+    let channel =
+        benchfleet_core::tls::endpoint(&agent.url, &agent.tls).expect("endpoint").connect().await.expect("tls");
+    let mut client = pb::agent_service_client::AgentServiceClient::new(channel);
+    let e = match client.fetch_file(pb::FetchFileRequest { sha256: sha.clone() }).await {
+        Err(e) => e,
+        Ok(stream) => stream.into_inner().next().await.expect("an answer").expect_err("refused"),
+    };
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("agent 'gpu-a' runs no job that names the file"), "{e:?}");
 }
