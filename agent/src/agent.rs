@@ -100,6 +100,7 @@ pub async fn run(config: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> 
     let cfg = Arc::new(SessionConfig {
         controller_url: config.controller_url.clone(),
         tls: config.tls.clone(),
+        identity: config.tls.identity.as_ref().and(config.tls.source.clone()),
         name: config.name.clone(),
         hostname: hostname(),
         instance: instance(),

@@ -26,6 +26,7 @@ pub fn resolve(work_dir: &Path, url: &str, name: Option<&str>, insecure: bool) -
         return Ok((name, ClientTls { insecure, ..ClientTls::default() }));
     }
     let dir = dir(work_dir);
+    finish_renewal(&dir);
     let tls = ClientTls::from_dir(&dir, "agent")?;
     let peer = match (tls.peer(), &tls.ca) {
         (Some(peer), Some(_)) => {
@@ -233,5 +234,95 @@ impl rustls::client::danger::ServerCertVerifier for Capture {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Finishes a renewal a kill interrupted (see `renew`): a new certificate
+/// whose key is already in place is moved in; a pair never moved in is
+/// dropped, and the old identity stays.
+pub fn finish_renewal(dir: &Path) {
+    let (cert, key) = (dir.join(format!(".{CERT}.new")), dir.join(format!(".{KEY}.new")));
+    if key.exists() {
+        let _ = std::fs::remove_file(&key);
+        let _ = std::fs::remove_file(&cert);
+    } else if cert.exists() {
+        let _ = std::fs::rename(&cert, dir.join(CERT));
+    }
+}
+
+/// When the certificate in `dir` is due for renewal: at 2/3 of its life.
+pub fn renewal_due(dir: &Path) -> Option<std::time::SystemTime> {
+    let peer = ClientTls::from_dir(dir, "agent").ok()?.peer()?.ok()?;
+    let life = (peer.not_after_unix - peer.not_before_unix).max(0);
+    let at = peer.not_before_unix + life * 2 / 3;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(at).unwrap_or_default()))
+}
+
+/// Renews the agent's certificate over `channel` (a session's): a new key
+/// made here, a CSR, and the new pair stored so that a kill at any point
+/// leaves one whole identity (`finish_renewal`). Returns its expiry.
+pub async fn renew(channel: tonic::transport::Channel, dir: &Path, name: &str) -> anyhow::Result<i64> {
+    let key = rcgen::KeyPair::generate().context("making a key")?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).context("a CSR")?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    let csr = params.serialize_request(&key).and_then(|c| c.pem()).context("a CSR")?;
+    let reply = benchfleet_proto::agent_service_client::AgentServiceClient::new(channel)
+        .renew(benchfleet_proto::RenewRequest { csr_pem: csr })
+        .await
+        .map_err(|s| anyhow::anyhow!("the controller refused to renew: {}", s.message()))?
+        .into_inner();
+    let peer = tls::first_cert(reply.certificate_pem.as_bytes())
+        .and_then(|der| tls::peer_of(&der))
+        .map_err(|e| anyhow::anyhow!("the renewed certificate cannot be read: {e}"))?;
+    anyhow::ensure!(peer.role == Role::Agent && peer.name == name, "the controller renewed someone else");
+    // Both new files first; then the key, then the certificate, moved in.
+    write_private(dir, &format!(".{KEY}.new"), key.serialize_pem().as_bytes())?;
+    write_private(dir, &format!(".{CERT}.new"), reply.certificate_pem.as_bytes())?;
+    std::fs::rename(dir.join(format!(".{KEY}.new")), dir.join(KEY)).context("moving the new key in")?;
+    std::fs::rename(dir.join(format!(".{CERT}.new")), dir.join(CERT)).context("moving the new certificate in")?;
+    Ok(peer.not_after_unix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &Path) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = std::fs::read_dir(dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(e.path()).expect("text")))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_renewal_killed_at_any_point_leaves_one_whole_identity() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path();
+        let old = [(CERT, "old cert"), (KEY, "old key")];
+        let pair = |cert: &str, key: &str| vec![(KEY.to_owned(), key.to_owned()), (CERT.to_owned(), cert.to_owned())];
+        // Killed before anything moved in (one or both new files written):
+        // the old pair stays.
+        for written in [&[".agent-key.pem.new"][..], &[".agent-key.pem.new", ".agent.pem.new"]] {
+            for (f, text) in old {
+                std::fs::write(dir.join(f), text).expect("write");
+            }
+            for f in written {
+                std::fs::write(dir.join(f), "new").expect("write");
+            }
+            finish_renewal(dir);
+            assert_eq!(files(dir), pair("old cert", "old key"), "{written:?}");
+        }
+        // Killed after the key moved in: the new certificate follows it.
+        std::fs::write(dir.join(KEY), "new key").expect("write");
+        std::fs::write(dir.join(".agent.pem.new"), "new cert").expect("write");
+        finish_renewal(dir);
+        assert_eq!(files(dir), pair("new cert", "new key"));
+        // Nothing half done: nothing changes.
+        finish_renewal(dir);
+        assert_eq!(files(dir), pair("new cert", "new key"));
     }
 }

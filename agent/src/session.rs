@@ -267,6 +267,9 @@ async fn download(channel: tonic::transport::Channel, sha256: &str, dir: &std::p
 pub struct SessionConfig {
     pub controller_url: String,
     pub tls: benchfleet_core::tls::ClientTls,
+    /// Under https, the identity directory: read again at every connect
+    /// (a renewal replaces it) and renewed at 2/3 of its certificate's life.
+    pub identity: Option<PathBuf>,
     pub name: String,
     pub hostname: String,
     pub instance: String,
@@ -288,7 +291,17 @@ pub enum SessionError {
 /// One session, until the controller or the connection ends it.
 pub async fn session(cfg: Arc<SessionConfig>, shared: Shared) -> Result<(), SessionError> {
     let (cfg, shared) = (cfg.as_ref(), &shared);
-    let channel = benchfleet_core::tls::endpoint(&cfg.controller_url, &cfg.tls)
+    let tls = match &cfg.identity {
+        Some(dir) => {
+            crate::identity::finish_renewal(dir);
+            benchfleet_core::tls::ClientTls {
+                insecure: cfg.tls.insecure,
+                ..benchfleet_core::tls::ClientTls::from_dir(dir, "agent").map_err(anyhow::Error::from)?
+            }
+        }
+        None => cfg.tls.clone(),
+    };
+    let channel = benchfleet_core::tls::endpoint(&cfg.controller_url, &tls)
         .map_err(anyhow::Error::from)?
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(10))
@@ -375,6 +388,9 @@ pub async fn session(cfg: Arc<SessionConfig>, shared: Shared) -> Result<(), Sess
     // Heartbeats on their own task: nothing else the agent does delays them.
     tokio::spawn(heartbeats(shared.clone(), tx.clone(), beat, over.clone()));
     tokio::spawn(gpu_reports(cfg.group.gpus.clone(), tx.clone(), cfg.gpu_check_interval, gpus, over.clone()));
+    if let (Some(dir), Some(channel)) = (&cfg.identity, shared.lock().channel.clone()) {
+        tokio::spawn(renewals(channel, dir.clone(), cfg.name.clone(), over.clone()));
+    }
 
     let ended = loop {
         let next = inbound.next().await;
@@ -408,6 +424,30 @@ pub async fn session(cfg: Arc<SessionConfig>, shared: Shared) -> Result<(), Sess
     s.out = None;
     s.channel = None;
     ended
+}
+
+/// Renews the agent's certificate at 2/3 of its life, for as long as the
+/// session lasts; a failure is tried again within a minute.
+async fn renewals(channel: tonic::transport::Channel, dir: PathBuf, name: String, over: CancellationToken) {
+    loop {
+        let wait = crate::identity::renewal_due(&dir)
+            .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
+            .unwrap_or_default();
+        tokio::select! {
+            () = over.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        match crate::identity::renew(channel.clone(), &dir, &name).await {
+            Ok(until) => info!(until = %benchfleet_core::utc(until.saturating_mul(1000)), "certificate renewed"),
+            Err(e) => {
+                warn!("cannot renew the agent's certificate: {e:#}");
+                tokio::select! {
+                    () = over.cancelled() => return,
+                    () = tokio::time::sleep((wait / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))) => {}
+                }
+            }
+        }
+    }
 }
 
 async fn heartbeats(

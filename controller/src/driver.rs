@@ -43,6 +43,8 @@ pub struct ControllerConfig {
     /// Under TLS, the key of the attempts' ingest credentials: record
     /// batches need their attempt's. `None`: ingest checks no credential.
     pub ingest_key: Option<crate::auth::IngestKey>,
+    /// How long the certificates agents get at join and renewal last.
+    pub agent_lifetime: Duration,
 }
 
 impl ControllerConfig {
@@ -54,6 +56,7 @@ impl ControllerConfig {
             tls: None,
             ca: None,
             ingest_key: None,
+            agent_lifetime: crate::pki::AGENT_LIFETIME,
         }
     }
 }

@@ -164,6 +164,33 @@ impl pb::agent_service_server::AgentService for Services {
         Ok(Response::new(Box::pin(out)))
     }
 
+    async fn renew(&self, req: Request<pb::RenewRequest>) -> Result<Response<pb::RenewResponse>, Status> {
+        let name = crate::auth::caller(&req)
+            .map(|p| p.name.clone())
+            .ok_or_else(|| Status::failed_precondition("renewal is for agents holding a certificate (TLS)"))?;
+        let ca = self.0.config.ca.clone().ok_or_else(no_ca)?;
+        let issued = ca
+            .sign_csr(&req.into_inner().csr_pem, &name, crate::pki::Role::Agent, self.0.config.agent_lifetime)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let now = plan::unix_ms() / 1000;
+        self.0.enrol(|e| {
+            e.enrolled(
+                now,
+                crate::enrol::Enrolled {
+                    name: name.clone(),
+                    serial: issued.serial.clone(),
+                    issued_unix: issued.not_before_unix,
+                    not_after_unix: issued.not_after_unix,
+                },
+            );
+        })?;
+        info!(agent = %name, serial = %issued.serial, "agent certificate renewed");
+        Ok(Response::new(pb::RenewResponse {
+            certificate_pem: issued.cert_pem,
+            expires_unix_ms: u64::try_from(issued.not_after_unix).unwrap_or_default() * 1000,
+        }))
+    }
+
     type FetchFileStream = ServerStream<pb::FileChunk>;
 
     async fn fetch_file(&self, req: Request<pb::FetchFileRequest>) -> Result<Response<Self::FetchFileStream>, Status> {
@@ -721,7 +748,7 @@ impl pb::enroll_service_server::EnrollService for Services {
             Status::permission_denied(e.to_string())
         })?;
         let issued = ca
-            .sign_csr(&req.csr_pem, &req.name, crate::pki::Role::Agent, crate::pki::AGENT_LIFETIME)
+            .sign_csr(&req.csr_pem, &req.name, crate::pki::Role::Agent, self.0.config.agent_lifetime)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.0.enrol(|e| {
             e.enrolled(

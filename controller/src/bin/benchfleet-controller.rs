@@ -41,6 +41,9 @@ struct Args {
     /// The CA clients' certificates must chain to (PEM; default PKI_DIR/ca.pem).
     #[arg(long, env = "BENCHFLEET_CLIENT_CA", value_name = "FILE")]
     client_ca: Option<PathBuf>,
+    /// How long an agent's identity lasts from its join or renewal (agents renew at 2/3 of it).
+    #[arg(long, default_value_t = 7 * 24 * 3600, value_name = "S")]
+    agent_identity_lifetime_s: u64,
     /// Serve plain text, unauthenticated, even on an address other hosts reach.
     #[arg(long)]
     insecure: bool,
@@ -111,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
         config.ingest_key = Some(benchfleet_controller::auth::IngestKey::read_or_make(&pki_dir)?);
     }
     config.tls = tls;
+    config.agent_lifetime = Duration::from_secs(args.agent_identity_lifetime_s.max(3));
     let l = &args.leases;
     let ms = Duration::from_millis;
     config.sched.heartbeat_interval = ms(l.heartbeat_interval_ms.max(50));

@@ -88,6 +88,38 @@ impl Drop for TlsController {
     }
 }
 
+/// A `benchfleet-controller` process over TLS from `data/pki` on a free
+/// loopback port, with short leases; its URL once it listens.
+async fn controller_process(data: &Path, log: PathBuf, extra: &[&str]) -> (Proc, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args: Vec<String> = [
+        "--listen",
+        &listen,
+        "--data-dir",
+        &data.display().to_string(),
+        "--metrics-listen",
+        "off",
+        "--heartbeat-interval-ms",
+        "200",
+        "--suspect-after-ms",
+        "600",
+        "--lease-ttl-ms",
+        "2000",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let proc = Proc::spawn_with(&bin("benchfleet-controller"), &args, &[], log);
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    (proc, format!("https://127.0.0.1:{port}"))
+}
+
 fn identity(dir: &Path, name: &str) -> ClientTls {
     ClientTls::from_dir(dir, name).expect("readable")
 }
@@ -392,19 +424,7 @@ async fn a_run_over_mutual_tls_with_two_agents_succeeds_and_no_secret_is_logged(
     let data = tmp.path().join("data");
     certs_init(&data);
     let pki = data.join("pki");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
-    let listen = format!("127.0.0.1:{port}");
-    let args: Vec<String> = ["--listen", &listen, "--data-dir", &data.display().to_string(), "--metrics-listen", "off"]
-        .map(String::from)
-        .to_vec();
-    let controller = Proc::spawn_with(&bin("benchfleet-controller"), &args, &[], tmp.path().join("controller.log"));
-    let url = format!("https://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let (controller, url) = controller_process(&data, tmp.path().join("controller.log"), &[]).await;
     let hf_token = "hf_FAKEtokenThatMustNeverBeLogged";
     let token_file = tmp.path().join("hf");
     std::fs::write(&token_file, hf_token).expect("token");
@@ -479,33 +499,8 @@ async fn an_agent_joins_with_a_token_and_a_revoked_one_is_cut_off() {
     let tmp = tempfile::tempdir().expect("tmp");
     let data = tmp.path().join("data");
     let ca_hash = certs_init(&data);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
-    let listen = format!("127.0.0.1:{port}");
     let d = data.display().to_string();
-    let args: Vec<String> = [
-        "--listen",
-        &listen,
-        "--data-dir",
-        &d,
-        "--metrics-listen",
-        "off",
-        "--heartbeat-interval-ms",
-        "200",
-        "--suspect-after-ms",
-        "600",
-        "--lease-ttl-ms",
-        "2000",
-    ]
-    .map(String::from)
-    .to_vec();
-    let controller = Proc::spawn_with(&bin("benchfleet-controller"), &args, &[], tmp.path().join("controller.log"));
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let url = format!("https://127.0.0.1:{port}");
+    let (controller, url) = controller_process(&data, tmp.path().join("controller.log"), &[]).await;
 
     // A token through the controller, as an admin: the token alone on
     // stdout, the expiry and the join command on stderr.
@@ -708,4 +703,75 @@ async fn an_agent_fetches_only_the_files_its_own_groups_name() {
     };
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("agent 'gpu-a' runs no job that names the file"), "{e:?}");
+}
+
+/// The state of agent `name` as the admin lists it.
+async fn agent_state(admin: &Target, name: &str) -> Option<String> {
+    let mut c = client::connect(admin).await.ok()?;
+    let agents = c.list_agents(pb::ListAgentsRequest {}).await.ok()?.into_inner().agents;
+    agents.iter().find(|a| a.name == name).map(|a| a.state.clone())
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("{what}: not within 20 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_renews_its_certificate_and_outlives_the_first() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let ca_hash = certs_init(&data);
+    // Certificates of 6 s: renewed at 4 s.
+    let (controller, url) =
+        controller_process(&data, tmp.path().join("controller.log"), &["--agent-identity-lifetime-s", "6"]).await;
+    let d = data.display().to_string();
+    let (code, token, stderr) = run_cli("benchfleet", &["--data-dir", &d, "--controller", &url, "token", "create"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let work = tmp.path().join("gpu-r");
+    let w = work.display().to_string();
+    let (code, _, stderr) = run_cli(
+        "benchfleet-agent",
+        &[
+            "join",
+            "--controller",
+            &url,
+            "--token",
+            token.trim(),
+            "--ca-hash",
+            &ca_hash,
+            "--name",
+            "gpu-r",
+            "--work-dir",
+            &w,
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let serial = |work: &Path| identity(&work.join("identity"), "agent").peer().expect("a cert").expect("readable");
+    let first = serial(&work);
+    let args: Vec<String> =
+        ["--controller", &url, "--sim-gpus", "H200x1", "--sim-engines", "--docker", "off", "--work-dir", &w]
+            .map(String::from)
+            .to_vec();
+    let agent = Proc::spawn_with(&bin("benchfleet-agent"), &args, &[], tmp.path().join("agent-1.log"));
+    let admin = Target { url: url.clone(), tls: identity(&data.join("pki"), "admin") };
+    until("ready", async || agent_state(&admin, "gpu-r").await.as_deref() == Some("ready")).await;
+    until("renewed", async || serial(&work).serial != first.serial).await;
+    let renewed = serial(&work);
+    assert!(renewed.not_after_unix > first.not_after_unix && renewed.name == "gpu-r");
+    assert!(controller.text().contains("agent certificate renewed"), "{}", controller.text());
+    // Past the first certificate's life, a restarted agent comes back with
+    // the renewed one.
+    drop(agent);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() as i64;
+    tokio::time::sleep(std::time::Duration::from_secs(u64::try_from(first.not_after_unix + 1 - now).unwrap_or(0)))
+        .await;
+    let agent = Proc::spawn_with(&bin("benchfleet-agent"), &args, &[], tmp.path().join("agent-2.log"));
+    until("ready again", async || agent_state(&admin, "gpu-r").await.as_deref() == Some("ready")).await;
+    drop(agent);
 }
