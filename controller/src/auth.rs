@@ -285,7 +285,7 @@ mod tests {
     use super::*;
 
     fn peer(role: Role) -> Peer {
-        Peer { name: "x".into(), role, serial: "01".into(), not_before_unix: 0, not_after_unix: 0 }
+        Peer { name: "x".into(), role, serial: "01".into(), not_before_unix: 0, not_after_unix: 0, agent_id: None }
     }
 
     #[test]

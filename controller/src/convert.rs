@@ -135,7 +135,7 @@ pub fn gpu_message(g: &GpuState) -> pb::Gpu {
     }
 }
 
-pub fn hello(h: pb::Hello, peer: String) -> Result<Hello, Status> {
+pub fn hello(h: pb::Hello, peer: String, certified: Option<AgentId>) -> Result<Hello, Status> {
     let claims = h
         .running
         .iter()
@@ -157,6 +157,7 @@ pub fn hello(h: pb::Hello, peer: String) -> Result<Hello, Status> {
         claims,
         leaving: h.leaving,
         peer,
+        certified,
     })
 }
 

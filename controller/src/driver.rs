@@ -48,6 +48,18 @@ pub struct ControllerConfig {
 }
 
 impl ControllerConfig {
+    /// Serves TLS with `tls`; with `pki` (the `--pki-dir`) holding the CA's
+    /// key, agents can join and renew; record batches then need their
+    /// attempt's credential, under `pki`'s ingest key (made when missing).
+    pub fn secure(&mut self, tls: crate::pki::ServerTls, pki: &std::path::Path) -> Result<(), crate::pki::PkiError> {
+        if pki.join(crate::pki::CA_KEY).is_file() && pki.join(crate::pki::CA_CERT).is_file() {
+            self.ca = Some(Arc::new(crate::pki::Ca::load(pki)?));
+        }
+        self.ingest_key = Some(crate::auth::IngestKey::read_or_make(pki)?);
+        self.tls = Some(tls);
+        Ok(())
+    }
+
     pub fn new(advertise_url: impl Into<String>) -> ControllerConfig {
         ControllerConfig {
             advertise_url: advertise_url.into(),
@@ -91,6 +103,9 @@ pub enum Event {
 }
 
 type Query = Box<dyn FnOnce(&Scheduler, Now) + Send>;
+/// A change of the scheduler's state; what it returns is sent once the
+/// batch's writes are stored.
+type Change = Box<dyn FnOnce(&mut Scheduler, Now) -> Reply + Send>;
 
 enum Input {
     Event(Now, Event),
@@ -101,6 +116,7 @@ enum Input {
     Retry(Now, RunId, oneshot::Sender<Result<u64, String>>),
     Drain(Now, String, Option<Note>, oneshot::Sender<Result<AgentId, String>>),
     Query(Now, Query),
+    Change(Now, Change),
     Stop(oneshot::Sender<()>),
 }
 
@@ -294,6 +310,27 @@ impl Controller {
         .await
     }
 
+    /// Changes the scheduler's state with `f`, on its thread; answers once
+    /// what it asked to store is stored.
+    pub async fn change<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Scheduler, Now) -> T + Send + 'static,
+    ) -> Result<T, Stopped> {
+        self.ask(|reply| {
+            Input::Change(
+                now(),
+                Box::new(move |s: &mut Scheduler, now: Now| {
+                    let out = f(s, now);
+                    let reply: Reply = Box::new(move || {
+                        let _ = reply.send(out);
+                    });
+                    reply
+                }),
+            )
+        })
+        .await
+    }
+
     pub async fn agents(&self) -> Result<Vec<AgentView>, Stopped> {
         self.query(|s, now| s.agent_ids().filter_map(|id| s.agent_view(id, now)).collect()).await
     }
@@ -471,6 +508,10 @@ impl Driver {
             }
             Input::Query(now, f) => {
                 f(&self.sched, now);
+                now
+            }
+            Input::Change(now, f) => {
+                replies.push(f(&mut self.sched, now));
                 now
             }
             Input::Stop(_) => now(),

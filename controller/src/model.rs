@@ -154,6 +154,19 @@ pub struct AgentRecord {
     pub connected_unix_ms: i64,
     /// The epoch of its last session.
     pub epoch: u64,
+    /// The certificate it joined (or last renewed) with; `None` for an agent
+    /// known only by its name (plain text, or stored before schema 3).
+    pub certificate: Option<AgentCertificate>,
+}
+
+/// An agent's certificate, as the controller issued it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentCertificate {
+    /// Hex.
+    pub serial: String,
+    pub not_after_unix_ms: i64,
+    /// Set once the agent's name was revoked: its certificates open nothing.
+    pub revoked: Option<Note>,
 }
 
 /// Counters that must survive a restart so ids and epochs never repeat.

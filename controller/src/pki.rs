@@ -130,23 +130,31 @@ impl Ca {
     /// A certificate for `name` in `role`, with a key made here.
     pub fn issue(&self, name: &str, role: Role, lifetime: Duration, sans: &[String]) -> Result<Issued, PkiError> {
         let key = KeyPair::generate().map_err(cert_error("making a key"))?;
-        let mut issued = self.sign(name, role, lifetime, sans, &key)?;
+        let mut issued = self.sign(name, role, None, lifetime, sans, &key)?;
         issued.key_pem = Some(key.serialize_pem());
         Ok(issued)
     }
 
     /// A certificate for a CSR (PEM); the CSR's subject and extensions are
     /// ignored, only its key is used.
-    pub fn sign_csr(&self, csr_pem: &str, name: &str, role: Role, lifetime: Duration) -> Result<Issued, PkiError> {
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        name: &str,
+        role: Role,
+        agent_id: Option<u64>,
+        lifetime: Duration,
+    ) -> Result<Issued, PkiError> {
         let csr = CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| PkiError::Cert(format!("a certificate signing request that cannot be read: {e}")))?;
-        self.sign(name, role, lifetime, &[], &csr.public_key)
+        self.sign(name, role, agent_id, lifetime, &[], &csr.public_key)
     }
 
     fn sign(
         &self,
         name: &str,
         role: Role,
+        agent_id: Option<u64>,
         lifetime: Duration,
         sans: &[String],
         key: &impl PublicKeyData,
@@ -156,6 +164,9 @@ impl Ca {
         }
         let mut params = CertificateParams::new(sans.to_vec()).map_err(cert_error("a subject alternative name"))?;
         params.distinguished_name = subject(name, role);
+        if let Some(id) = agent_id {
+            params.distinguished_name.push(DnType::CustomDnType(tls::UID_OID.to_vec()), id.to_string());
+        }
         let serial = random_serial()?;
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         // Issued now: a revocation covers the certificates issued before it
@@ -382,16 +393,17 @@ mod tests {
         let mut params = CertificateParams::new(vec!["evil".to_owned()]).expect("params");
         params.distinguished_name = subject("someone-else", Role::Admin);
         let csr = params.serialize_request(&key).expect("csr").pem().expect("pem");
-        let issued = ca.sign_csr(&csr, "gpu-7", Role::Agent, AGENT_LIFETIME).expect("signed");
+        let issued = ca.sign_csr(&csr, "gpu-7", Role::Agent, Some(7), AGENT_LIFETIME).expect("signed");
         assert!(issued.key_pem.is_none());
         let peer = peer_of(&der(&issued.cert_pem)).expect("peer");
         assert_eq!(
             (peer.name.as_str(), peer.role, peer.serial.as_str()),
             ("gpu-7", Role::Agent, issued.serial.as_str())
         );
+        assert_eq!(peer.agent_id, Some(7), "the id the controller wrote");
         let left = peer.not_after_unix - time::OffsetDateTime::now_utc().unix_timestamp();
         assert!((AGENT_LIFETIME.as_secs() as i64 - 5..=AGENT_LIFETIME.as_secs() as i64).contains(&left), "{left}");
-        assert!(ca.sign_csr("not a csr", "gpu-7", Role::Agent, AGENT_LIFETIME).is_err());
+        assert!(ca.sign_csr("not a csr", "gpu-7", Role::Agent, None, AGENT_LIFETIME).is_err());
         assert!(matches!(ca.issue("a/b", Role::Read, SERVICE_LIFETIME, &[]), Err(PkiError::Name(_))));
     }
 

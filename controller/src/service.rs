@@ -113,7 +113,17 @@ impl pb::agent_service_server::AgentService for Services {
                 "this certificate is agent '{certified}'s; a hello may not name '{name}'"
             )));
         }
-        let hello = convert::hello(hello, peer.clone())?;
+        // Under TLS the agent is found by the id its certificate carries.
+        let certified = match &certificate {
+            None => None,
+            Some(c) => Some(AgentId(c.agent_id.ok_or_else(|| {
+                Status::permission_denied(format!(
+                    "the certificate of agent '{}' carries no agent id: join it again (`benchfleet-agent join`)",
+                    c.name
+                ))
+            })?)),
+        };
+        let hello = convert::hello(hello, peer.clone(), certified)?;
         let (tx, rx) = mpsc::channel(256);
         let closed = self.0.shutdown.child_token();
         let handle = SessionHandle { tx, closed: closed.clone() };
@@ -165,26 +175,13 @@ impl pb::agent_service_server::AgentService for Services {
     }
 
     async fn renew(&self, req: Request<pb::RenewRequest>) -> Result<Response<pb::RenewResponse>, Status> {
-        let name = crate::auth::caller(&req)
-            .map(|p| p.name.clone())
-            .ok_or_else(|| Status::failed_precondition("renewal is for agents holding a certificate (TLS)"))?;
-        let ca = self.0.config.ca.clone().ok_or_else(no_ca)?;
-        let issued = ca
-            .sign_csr(&req.into_inner().csr_pem, &name, crate::pki::Role::Agent, self.0.config.agent_lifetime)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let now = plan::unix_ms() / 1000;
-        self.0.enrol(|e| {
-            e.enrolled(
-                now,
-                crate::enrol::Enrolled {
-                    name: name.clone(),
-                    serial: issued.serial.clone(),
-                    issued_unix: issued.not_before_unix,
-                    not_after_unix: issued.not_after_unix,
-                },
-            );
-        })?;
-        info!(agent = %name, serial = %issued.serial, "agent certificate renewed");
+        let caller = crate::auth::caller(&req).cloned();
+        let (name, id) = match caller {
+            Some(crate::pki::Peer { name, agent_id: Some(id), .. }) => (name, AgentId(id)),
+            _ => return Err(Status::failed_precondition("renewal is for agents holding a certificate from join")),
+        };
+        let issued = self.issue_agent(req.into_inner().csr_pem, name.clone(), Some(id)).await?;
+        info!(agent = %id, %name, serial = %issued.serial, "agent certificate renewed");
         Ok(Response::new(pb::RenewResponse {
             certificate_pem: issued.cert_pem,
             expires_unix_ms: u64::try_from(issued.not_after_unix).unwrap_or_default() * 1000,
@@ -723,6 +720,8 @@ impl pb::operator_service_server::OperatorService for Services {
             (n, e.revoked.iter().find(|r| r.name == req.name).map_or(now + 1, |r| r.at_unix))
         })?;
         self.0.revoked.insert(req.name.clone(), at);
+        let (name, note) = (req.name.clone(), note(by.clone(), req.reason.clone()));
+        self.0.change(move |s, _| s.revoke(&name, note)).await?;
         warn!(name = %req.name, %by, reason = %req.reason, "certificates revoked");
         Ok(Response::new(pb::RevokeResponse { certificates }))
     }
@@ -732,6 +731,48 @@ fn no_ca() -> Status {
     Status::failed_precondition(
         "this controller holds no CA key: start it with the --pki-dir `benchfleet certs init` made",
     )
+}
+
+impl Services {
+    /// An agent's certificate for a CSR: a new agent (`id` none: its id is
+    /// taken now and written into the certificate, and its record stored
+    /// before the certificate goes out) or a renewal of agent `id`.
+    async fn issue_agent(&self, csr: String, name: String, id: Option<AgentId>) -> Result<crate::pki::Issued, Status> {
+        let ca = self.0.config.ca.clone().ok_or_else(no_ca)?;
+        let lifetime = self.0.config.agent_lifetime;
+        let issued = self
+            .0
+            .change(move |s, now| {
+                let id = id.unwrap_or_else(|| s.next_agent_id());
+                let issued = ca.sign_csr(&csr, &name, crate::pki::Role::Agent, Some(id.0), lifetime)?;
+                let certificate = crate::model::AgentCertificate {
+                    serial: issued.serial.clone(),
+                    not_after_unix_ms: issued.not_after_unix.saturating_mul(1000),
+                    revoked: None,
+                };
+                match s.renewed(id, certificate.clone()) {
+                    Ok(()) => {}
+                    Err(_) => s.enrolled(now, id, &name, certificate),
+                }
+                Ok::<_, crate::pki::PkiError>((name, issued))
+            })
+            .await?
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (name, issued) = issued;
+        let now = plan::unix_ms() / 1000;
+        self.0.enrol(|e| {
+            e.enrolled(
+                now,
+                crate::enrol::Enrolled {
+                    name,
+                    serial: issued.serial.clone(),
+                    issued_unix: issued.not_before_unix,
+                    not_after_unix: issued.not_after_unix,
+                },
+            );
+        })?;
+        Ok(issued)
+    }
 }
 
 #[tonic::async_trait]
@@ -747,20 +788,7 @@ impl pb::enroll_service_server::EnrollService for Services {
             warn!(name = %req.name, %from, "join refused: {e}");
             Status::permission_denied(e.to_string())
         })?;
-        let issued = ca
-            .sign_csr(&req.csr_pem, &req.name, crate::pki::Role::Agent, self.0.config.agent_lifetime)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.0.enrol(|e| {
-            e.enrolled(
-                now,
-                crate::enrol::Enrolled {
-                    name: req.name.clone(),
-                    serial: issued.serial.clone(),
-                    issued_unix: issued.not_before_unix,
-                    not_after_unix: issued.not_after_unix,
-                },
-            );
-        })?;
+        let issued = self.issue_agent(req.csr_pem, req.name.clone(), None).await?;
         info!(name = %req.name, %from, serial = %issued.serial, "agent joined");
         Ok(Response::new(pb::JoinResponse {
             certificate_pem: issued.cert_pem,

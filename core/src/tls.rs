@@ -138,7 +138,12 @@ pub struct Peer {
     /// since the epoch).
     pub not_before_unix: i64,
     pub not_after_unix: i64,
+    /// An agent's id in the controller's store, written at join (`UID`).
+    pub agent_id: Option<u64>,
 }
+
+/// The OID of a subject's `UID` (userId): an agent's id.
+pub const UID_OID: [u64; 7] = [0, 9, 2342, 19_200_300, 100, 1, 1];
 
 /// `sha256:HEX` of a certificate's SubjectPublicKeyInfo (DER): what an
 /// agent pins at join (kubeadm's `--discovery-token-ca-cert-hash`).
@@ -165,9 +170,16 @@ pub fn peer_of(der: &[u8]) -> Result<Peer, String> {
     let role = first(Box::new(subject.iter_organizational_unit()))
         .and_then(|r| Role::parse(&r))
         .ok_or_else(|| format!("the certificate of '{name}' names no benchfleet role"))?;
+    let uid = UID_OID.iter().map(u64::to_string).collect::<Vec<_>>().join(".");
+    let agent_id = subject
+        .iter_attributes()
+        .find(|a| a.attr_type().to_id_string() == uid)
+        .and_then(|a| a.as_str().ok())
+        .and_then(|s| s.parse().ok());
     Ok(Peer {
         name,
         role,
+        agent_id,
         serial: hex(cert.raw_serial()),
         not_before_unix: cert.validity().not_before.timestamp(),
         not_after_unix: cert.validity().not_after.timestamp(),

@@ -105,15 +105,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut config = ControllerConfig::new(advertised);
     // With the CA's key at hand, agents can join and renew.
-    let pki_dir = args.pki_dir.clone().unwrap_or_else(|| base.join("pki"));
-    if config_has_ca(&pki_dir) && tls.is_some() {
-        config.ca = Some(Arc::new(pki::Ca::load(&pki_dir)?));
+    if let Some(tls) = tls {
+        config.secure(tls, &args.pki_dir.clone().unwrap_or_else(|| base.join("pki")))?;
     }
-    // Under TLS, record batches need their attempt's credential.
-    if tls.is_some() {
-        config.ingest_key = Some(benchfleet_controller::auth::IngestKey::read_or_make(&pki_dir)?);
-    }
-    config.tls = tls;
     config.agent_lifetime = Duration::from_secs(args.agent_identity_lifetime_s.max(3));
     let l = &args.leases;
     let ms = Duration::from_millis;
@@ -169,10 +163,6 @@ fn server_tls(args: &Args, base: &Path) -> anyhow::Result<Option<ServerTls>> {
         pki.display()
     );
     Ok(None)
-}
-
-fn config_has_ca(pki: &Path) -> bool {
-    pki.join(pki::CA_KEY).is_file() && pki.join(pki::CA_CERT).is_file()
 }
 
 /// Whether `HOST:PORT` is a loopback address (a name is looked up as the

@@ -22,8 +22,8 @@ use benchfleet_core::telemetry::Telemetry;
 use tokio::time::Instant;
 
 use crate::model::{
-    AgentId, AgentRecord, AttemptInfo, AttemptKey, AttemptOutcome, Counters, EngineConfig, FailureKind, GpuState,
-    Group, Job, JobState, Note, Placement, Profile, Run, RunId, RunState, RuntimeKind, Write,
+    AgentCertificate, AgentId, AgentRecord, AttemptInfo, AttemptKey, AttemptOutcome, Counters, EngineConfig,
+    FailureKind, GpuState, Group, Job, JobState, Note, Placement, Profile, Run, RunId, RunState, RuntimeKind, Write,
 };
 
 #[cfg(test)]
@@ -105,6 +105,9 @@ pub struct Hello {
     pub leaving: bool,
     /// Where the session comes from, for the operator.
     pub peer: String,
+    /// Under TLS, the agent its certificate names (its id was written into
+    /// the certificate at join): the agent is found by it, not by name.
+    pub certified: Option<AgentId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -587,7 +590,25 @@ impl Scheduler {
         if hello.name.trim().is_empty() {
             return Err(Refused("an agent must have a name".to_owned()));
         }
-        let existing = self.by_name.get(&hello.name).copied();
+        let existing = match hello.certified {
+            Some(id) => {
+                let a = self.agents.get(&id).ok_or_else(|| {
+                    Refused(format!(
+                        "agent '{}' ({id}) is not enrolled with this controller (its store was replaced?): join it \
+                         again with a new token",
+                        hello.name
+                    ))
+                })?;
+                if a.rec.name != hello.name {
+                    return Err(Refused(format!("{id} is agent '{}', not '{}'", a.rec.name, hello.name)));
+                }
+                if let Some(note) = a.rec.certificate.as_ref().and_then(|c| c.revoked.as_ref()) {
+                    return Err(Refused(format!("agent '{}' ({id}) was revoked by {}", hello.name, note.by)));
+                }
+                Some(id)
+            }
+            None => self.by_name.get(&hello.name).copied(),
+        };
         if let Some(id) = existing
             && let Some(a) = self.agents.get(&id)
             && let Some(s) = &a.session
@@ -625,6 +646,7 @@ impl Scheduler {
                 registered_unix_ms: now.unix_ms,
                 connected_unix_ms: now.unix_ms,
                 epoch,
+                certificate: None,
             },
             session: None,
             last_heard: None,
@@ -1615,6 +1637,80 @@ impl Scheduler {
                     || p.processor.as_ref().is_some_and(|f| f.sha256 == sha256)
             })
         })
+    }
+
+    /// A new agent id, never given before (a joining agent's, written into
+    /// its certificate).
+    pub fn next_agent_id(&mut self) -> AgentId {
+        let id = AgentId(self.counters.next_agent.max(1));
+        self.counters.next_agent = id.0 + 1;
+        self.persist(Write::Counters(self.counters));
+        id
+    }
+
+    /// An agent joined with a certificate for `id` (from `next_agent_id`):
+    /// its record is stored before it ever connects, and its name is its
+    /// from now on (an earlier agent of that name keeps its own id).
+    pub fn enrolled(&mut self, now: Now, id: AgentId, name: &str, certificate: AgentCertificate) {
+        let entry = self.agents.entry(id).or_insert_with(|| AgentEntry {
+            rec: AgentRecord {
+                id,
+                name: name.to_owned(),
+                hostname: String::new(),
+                version: String::new(),
+                gpus: Vec::new(),
+                runtimes: Vec::new(),
+                drain: None,
+                registered_unix_ms: now.unix_ms,
+                connected_unix_ms: 0,
+                epoch: 0,
+                certificate: None,
+            },
+            session: None,
+            last_heard: None,
+            lost: false,
+            leaving: false,
+            groups: BTreeSet::new(),
+            free: 0,
+        });
+        entry.rec.certificate = Some(certificate);
+        self.by_name.insert(name.to_owned(), id);
+        self.persist_agent(id);
+    }
+
+    /// An agent's certificate was renewed.
+    pub fn renewed(&mut self, id: AgentId, certificate: AgentCertificate) -> Result<(), String> {
+        let a = self.agents.get_mut(&id).ok_or_else(|| format!("{id} is not enrolled with this controller"))?;
+        a.rec.certificate = Some(certificate);
+        self.persist_agent(id);
+        Ok(())
+    }
+
+    /// Every agent of `name` that holds a certificate is revoked: the note
+    /// is kept on its record, and a live session is closed (its lease then
+    /// runs out as any silent agent's). Returns how many.
+    pub fn revoke(&mut self, name: &str, note: Note) -> usize {
+        let ids: Vec<AgentId> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.rec.name == name && a.rec.certificate.as_ref().is_some_and(|c| c.revoked.is_none()))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            let Some(a) = self.agents.get_mut(id) else { continue };
+            if let Some(c) = a.rec.certificate.as_mut() {
+                c.revoked = Some(note.clone());
+            }
+            if let Some(s) = &a.session {
+                self.out.push(Command::CloseSession {
+                    agent: *id,
+                    session: s.epoch,
+                    reason: format!("its certificate was revoked by {}", note.by),
+                });
+            }
+            self.persist_agent(*id);
+        }
+        ids.len()
     }
 
     /// The run's jobs as the scheduler holds them (only runs in progress,

@@ -6,6 +6,10 @@
 //! summary moves to the `summaries` tree and its agent from a name to an id
 //! number; records move from one JSON value per record to binary batches;
 //! files move from a tree to files named by their hash.
+//!
+//! Schema 2 to 3: an agent's record says which certificate it holds; those
+//! stored before certificates hold none (`"certificate": null`), so under
+//! TLS such an agent must join, and is a new agent (a new id) when it does.
 
 use benchfleet_core::RequestRecord;
 use serde_json::Value;
@@ -23,6 +27,23 @@ pub(super) fn run(store: &SledStore, from: u32) -> Result<(), StoreError> {
         jobs(store)?;
         records(store)?;
         files(store)?;
+    }
+    if from < 3 {
+        tracing::info!("migrating the store from schema 2 to 3");
+        agents(store)?;
+    }
+    Ok(())
+}
+
+fn agents(store: &SledStore) -> Result<(), StoreError> {
+    for kv in store.agents.iter() {
+        let (k, v) = kv?;
+        let mut agent: Value = serde_json::from_slice(&v).map_err(|e| corrupt("agent", e))?;
+        let Some(obj) = agent.as_object_mut() else { continue };
+        if !obj.contains_key("certificate") {
+            obj.insert("certificate".to_owned(), Value::Null);
+            store.agents.insert(k, serde_json::to_vec(&agent).map_err(|e| corrupt("agent", e))?)?;
+        }
     }
     Ok(())
 }

@@ -47,7 +47,7 @@ pub fn data_dir(given: Option<&Path>) -> PathBuf {
 
 /// Bumped when the layout of stored values changes; `migrate` knows every
 /// earlier one.
-const SCHEMA_VERSION: u32 = 2;
+const SCHEMA_VERSION: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -242,6 +242,41 @@ fn a_schema_1_store_is_migrated_in_place() {
 }
 
 #[test]
+fn a_schema_2_store_s_agents_hold_no_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = crate::model::AgentRecord {
+        id: crate::model::AgentId(4),
+        name: "gpu-4".into(),
+        hostname: "gpu-4.lab".into(),
+        version: "0.1.0".into(),
+        gpus: Vec::new(),
+        runtimes: vec!["docker".into()],
+        drain: None,
+        registered_unix_ms: 1,
+        connected_unix_ms: 2,
+        epoch: 7,
+        certificate: None,
+    };
+    {
+        let db = sled::open(dir.path()).expect("sled");
+        db.insert("schema_version", &2u32.to_be_bytes()).expect("version");
+        let mut a = serde_json::to_value(&agent).expect("json");
+        a.as_object_mut().expect("object").remove("certificate");
+        db.open_tree("agents")
+            .expect("tree")
+            .insert(4u64.to_be_bytes(), serde_json::to_vec(&a).expect("json"))
+            .expect("agent");
+        db.flush().expect("flush");
+    }
+    let store = SledStore::open(dir.path()).expect("migrated");
+    assert_eq!(store.agents().expect("agents"), std::slice::from_ref(&agent));
+    let raw = store.agents.get(4u64.to_be_bytes()).expect("read").expect("stored");
+    assert!(String::from_utf8_lossy(&raw).contains("\"certificate\":null"));
+    drop(store);
+    assert_eq!(SledStore::open(dir.path()).expect("reopen").agents().expect("agents"), [agent]);
+}
+
+#[test]
 fn a_large_batch_is_stored_in_parts_and_read_back_whole() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SledStore::open(dir.path()).expect("open");

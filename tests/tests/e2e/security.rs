@@ -42,7 +42,41 @@ fn certs_init(data: &Path) -> String {
     hash.to_owned()
 }
 
-/// An agent's identity directory, as `join` leaves it, issued by the CA.
+/// An agent joined as an operator would make it: `benchfleet token
+/// create` as the admin, then `benchfleet-agent join` (on a blocking
+/// thread: the controller may be served by this test's runtime).
+async fn join_agent(data: &Path, url: &str, work: &Path, name: &str) {
+    let (data, url, work, name) = (data.to_owned(), url.to_owned(), work.to_owned(), name.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let d = data.display().to_string();
+        let ca_hash = pki::ca_hash(&data.join("pki")).expect("the CA's hash");
+        let (code, token, stderr) = run_cli("benchfleet", &["--data-dir", &d, "--controller", &url, "token", "create"]);
+        assert_eq!(code, Some(0), "{stderr}");
+        let w = work.display().to_string();
+        let (code, _, stderr) = run_cli(
+            "benchfleet-agent",
+            &[
+                "join",
+                "--controller",
+                &url,
+                "--token",
+                token.trim(),
+                "--ca-hash",
+                &ca_hash,
+                "--name",
+                &name,
+                "--work-dir",
+                &w,
+            ],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+    })
+    .await
+    .expect("joined");
+}
+
+/// An agent's identity directory as `join` leaves it, issued by the CA
+/// offline (no agent id in it: good only where no controller is asked).
 fn agent_identity(pki: &Path, work: &Path, name: &str) {
     let issued = Ca::load(pki).expect("the CA").issue(name, Role::Agent, pki::AGENT_LIFETIME, &[]).expect("issued");
     let dir = work.join("identity");
@@ -67,11 +101,10 @@ impl TlsController {
         let url = format!("https://127.0.0.1:{}", listener.local_addr().expect("addr").port());
         let dir = data.join("pki");
         let mut config = ControllerConfig::new(url.clone());
-        config.tls = Some(
+        let tls =
             pki::ServerTls::read(&dir.join("controller.pem"), &dir.join("controller-key.pem"), &dir.join("ca.pem"))
-                .expect("TLS files"),
-        );
-        config.ingest_key = Some(benchfleet_controller::auth::IngestKey::read_or_make(&dir).expect("ingest key"));
+                .expect("TLS files");
+        config.secure(tls, &dir).expect("the PKI");
         let controller = Controller::start(store.clone(), config).expect("controller");
         tokio::spawn(serve(controller.clone(), listener, std::future::pending()));
         TlsController { url, store, controller }
@@ -216,7 +249,7 @@ async fn operators_are_who_their_certificates_say_and_may_do_what_their_role_all
 
     // An agent's certificate opens no operator call.
     let work = tmp.path().join("gpu-1");
-    agent_identity(&pki, &work, "gpu-1");
+    join_agent(&data, &c.url, &work, "gpu-1").await;
     let agent = c.target(identity(&work.join("identity"), "agent"));
     let e = submit(&agent, tmp.path()).await.expect_err("an agent may not submit");
     assert!(e.contains("agent 'gpu-1' may not call"), "{e}");
@@ -305,7 +338,7 @@ async fn an_agent_is_the_agent_its_certificate_names() {
     let c = TlsController::start(&data).await;
     let pki = data.join("pki");
     let work = tmp.path().join("gpu-a");
-    agent_identity(&pki, &work, "gpu-a");
+    join_agent(&data, &c.url, &work, "gpu-a").await;
     let agent = c.target(identity(&work.join("identity"), "agent"));
 
     // A hello naming another agent is refused, and no agent is registered.
@@ -317,7 +350,14 @@ async fn an_agent_is_the_agent_its_certificate_names() {
     assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
     let e = hello(&c.target(identity(&pki, "admin")), "gpu-a").await.expect_err("an operator");
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-    assert!(c.store.agents().expect("agents").is_empty(), "no agent registered");
+    let agents = c.store.agents().expect("agents");
+    assert!(agents.len() == 1 && agents[0].connected_unix_ms == 0, "only the join's record: {agents:?}");
+    // A certificate the CA made without an agent id (not by join) opens no
+    // session.
+    let offline = tmp.path().join("offline");
+    agent_identity(&pki, &offline, "gpu-a");
+    let e = hello(&c.target(identity(&offline.join("identity"), "agent")), "gpu-a").await.expect_err("no id");
+    assert!(e.message().contains("carries no agent id: join it again"), "{e:?}");
 
     // Its own name is welcomed.
     let welcome = hello(&agent, "gpu-a").await.expect("welcomed");
@@ -431,7 +471,7 @@ async fn a_run_over_mutual_tls_with_two_agents_succeeds_and_no_secret_is_logged(
     let mut agents = Vec::new();
     for name in ["gpu-a", "gpu-b"] {
         let work = tmp.path().join(name);
-        agent_identity(&pki, &work, name);
+        join_agent(&data, &url, &work, name).await;
         let args: Vec<String> =
             ["--controller", &url, "--sim-gpus", "H200x1", "--sim-engines", "--docker", "off", "--work-dir"]
                 .map(String::from)
@@ -619,6 +659,16 @@ async fn an_agent_joins_with_a_token_and_a_revoked_one_is_cut_off() {
     assert!(text.contains("the agent's certificate was revoked: its session ends"), "{text}");
     assert!(text.contains("is revoked"), "a new session is refused:\n{text}");
     assert!(!text.contains(secret), "the token's secret in the controller's log");
+
+    // The name may join again (a re-imaged host): it is a new agent, with
+    // an id of its own; the revoked one keeps its record and its note.
+    join_agent(&data, &url, &tmp.path().join("gpu-j-again"), "gpu-j").await;
+    let mut c = client::connect(&admin).await.expect("connect");
+    let agents = c.list_agents(pb::ListAgentsRequest {}).await.expect("agents").into_inner().agents;
+    let ids: Vec<&str> = agents.iter().filter(|a| a.name == "gpu-j").map(|a| a.agent_id.as_str()).collect();
+    assert_eq!(ids.len(), 2, "{agents:?}");
+    assert_ne!(ids[0], ids[1]);
+    drop(agent);
 }
 
 /// Sends one record batch of `attempt` under `token`; the controller's
@@ -692,7 +742,7 @@ async fn an_agent_fetches_only_the_files_its_own_groups_name() {
     assert!(c.store.has_file(&sha).expect("store"), "the dataset was uploaded");
     // An agent that runs none of its jobs may not fetch it.
     let work = tmp.path().join("gpu-a");
-    agent_identity(&pki, &work, "gpu-a");
+    join_agent(&data, &c.url, &work, "gpu-a").await;
     let agent = c.target(identity(&work.join("identity"), "agent"));
     let channel =
         benchfleet_core::tls::endpoint(&agent.url, &agent.tls).expect("endpoint").connect().await.expect("tls");
@@ -774,4 +824,106 @@ async fn an_agent_renews_its_certificate_and_outlives_the_first() {
     let agent = Proc::spawn_with(&bin("benchfleet-agent"), &args, &[], tmp.path().join("agent-2.log"));
     until("ready again", async || agent_state(&admin, "gpu-r").await.as_deref() == Some("ready")).await;
     drop(agent);
+}
+
+/// An agent's open session: what it sends, what it is told.
+struct Session {
+    tx: tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    rx: tonic::Streaming<pb::ControllerMessage>,
+}
+
+async fn open_session(target: &Target, name: &str) -> Session {
+    let channel =
+        benchfleet_core::tls::endpoint(&target.url, &target.tls).expect("endpoint").connect().await.expect("tls");
+    let mut agent = pb::agent_service_client::AgentServiceClient::new(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let hello = pb::Hello {
+        name: name.to_owned(),
+        hostname: name.to_owned(),
+        instance: name.to_owned(),
+        gpus: vec![pb::Gpu {
+            index: 0,
+            uuid: format!("GPU-{name}"),
+            name: "NVIDIA H200".into(),
+            usable: true,
+            ..Default::default()
+        }],
+        runtimes: vec!["process".into()],
+        ..Default::default()
+    };
+    tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(hello)) }).await.expect("queued");
+    let mut rx = agent.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await.expect("session").into_inner();
+    let welcome = rx.next().await.expect("an answer").expect("welcomed");
+    assert!(matches!(welcome.msg, Some(pb::controller_message::Msg::Welcome(_))), "{welcome:?}");
+    Session { tx, rx }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cannot_report_for_another_agent_s_job() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    certs_init(&data);
+    let c = TlsController::start(&data).await;
+    let mut sessions = Vec::new();
+    for name in ["gpu-a", "gpu-b"] {
+        let work = tmp.path().join(name);
+        join_agent(&data, &c.url, &work, name).await;
+        sessions.push(open_session(&c.target(identity(&work.join("identity"), "agent")), name).await);
+    }
+    let admin = c.target(identity(&data.join("pki"), "admin"));
+    let run = submit(&admin, tmp.path()).await.expect("submitted").run_id;
+    // One of them is given a group; the other reports that group's first
+    // job as failed.
+    let (owner, assigned) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let [a, b] = &mut sessions[..] else { unreachable!() };
+        loop {
+            tokio::select! {
+                Some(Ok(m)) = a.rx.next() => if let Some(pb::controller_message::Msg::AssignGroup(g)) = m.msg { break (0, g) },
+                Some(Ok(m)) = b.rx.next() => if let Some(pb::controller_message::Msg::AssignGroup(g)) = m.msg { break (1, g) },
+            }
+        }
+    })
+    .await
+    .expect("a group is assigned");
+    let attempt = assigned.jobs[0].attempt.clone().expect("an attempt");
+    let job = attempt.job;
+    let other = &sessions[1 - owner];
+    let forged = pb::JobUpdate {
+        attempt: Some(attempt),
+        state: pb::JobState::Failed as i32,
+        error: "forged".into(),
+        failure: pb::FailureKind::Config as i32,
+        ..Default::default()
+    };
+    other.tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobUpdate(forged)) }).await.expect("sent");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut op = client::connect(&admin).await.expect("connect");
+    let jobs = op.list_jobs(pb::ListJobsRequest { run_id: run.clone() }).await.expect("jobs").into_inner().jobs;
+    let j = jobs.iter().find(|j| j.job == job).expect("the job");
+    assert_ne!(j.state, "failed", "another agent's report changed the job: {j:?}");
+    assert!(!format!("{j:?}").contains("forged"), "{j:?}");
+    // The same report from the agent that runs it is taken.
+    let own = pb::JobUpdate {
+        attempt: assigned.jobs[0].attempt.clone(),
+        state: pb::JobState::Failed as i32,
+        error: "its own".into(),
+        failure: pb::FailureKind::Config as i32,
+        ..Default::default()
+    };
+    sessions[owner]
+        .tx
+        .send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobUpdate(own)) })
+        .await
+        .expect("sent");
+    let mut failed = false;
+    for _ in 0..50 {
+        let jobs = op.list_jobs(pb::ListJobsRequest { run_id: run.clone() }).await.expect("jobs").into_inner().jobs;
+        if jobs.iter().any(|j| j.job == job && j.state == "failed") {
+            failed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(failed, "the owner's report was not taken either: the test shows nothing");
 }
