@@ -253,7 +253,7 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 }
 
 /// Waits until every named agent holds a ready lease.
-async fn ready(url: &str, names: &[&str]) {
+pub(crate) async fn ready(url: &str, names: &[&str]) {
     eventually(Duration::from_secs(30), &format!("{names:?} ready"), || async {
         let listed = agents(url).await;
         names.iter().all(|n| listed.iter().any(|a| a.name == *n && a.state == "ready")).then_some(())

@@ -617,6 +617,13 @@ async fn an_agent_joins_with_a_token_and_a_revoked_one_is_cut_off() {
     let (code, _, stderr) = join("aaaaaa.bbbbbbbbbbbbbbbb", "gpu-k", &other);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("join token aaaaaa is not known here"), "{stderr}");
+    let (code, short, stderr) =
+        run_cli("benchfleet", &["--data-dir", &d, "--controller", &url, "token", "create", "--ttl", "1s"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let (code, _, stderr) = join(short.trim(), "gpu-k", &other);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains(&format!("join token {} has expired", &short[..6])), "{stderr}");
 
     // The joined agent runs under its certificate.
     let args: Vec<String> =
@@ -926,4 +933,71 @@ async fn an_agent_cannot_report_for_another_agent_s_job() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(failed, "the owner's report was not taken either: the test shows nothing");
+}
+
+/// A simulated agent process on a plain loopback controller, with `extra`
+/// flags (its engine policy is the default unless they say otherwise).
+fn policy_agent(dir: &Path, name: &str, url: &str, extra: &[&str]) -> Proc {
+    let work = dir.join(name).display().to_string();
+    let mut args: Vec<String> =
+        ["--controller", url, "--name", name, "--sim-gpus", "H200x1", "--work-dir", &work].map(String::from).to_vec();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    Proc::spawn_with(&bin("benchfleet-agent"), &args, &[], dir.join(format!("{name}.log")))
+}
+
+fn one_engine(dir: &Path, engine: &str) -> PathBuf {
+    let path = dir.join("policy.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "name: policy
+model: Qwen/Qwen3.5-9B
+hardware: {{ gpu: H200, gpus_per_job: 1 }}
+engines:
+  vllm: {engine}
+profiles:
+  load:
+    dataset: {{ random: {{ input_tokens: 64, output_tokens: 16, seed: 1 }} }}
+    rate: 10
+    requests: 10
+"
+        ),
+    )
+    .expect("matrix");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_runs_only_the_engines_its_policy_allows() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let c = crate::faults::Controller::start(tmp.path());
+    let url = c.url();
+    // Without --sim-engines or `process = true`, local commands are not
+    // offered: a process engine is never placed, and the run says why.
+    let _plain = policy_agent(tmp.path(), "gpu-p", &url, &["--docker", "off"]);
+    crate::faults::ready(&url, &["gpu-p"]).await;
+    let run =
+        crate::faults::submit(&url, &one_engine(tmp.path(), "{ runtime: process, args: [--max-model-len=4096] }"))
+            .await;
+    assert_eq!(run.warnings, ["no agent runs engines with the process runtime"]);
+    let mut op = client::connect(url.as_str()).await.expect("connect");
+    op.cancel_run(pb::CancelRunRequest { run_id: run.run_id, reason: String::new(), by: String::new() })
+        .await
+        .expect("cancelled");
+
+    // An image off the agent's list fails as the configuration's fault on
+    // its first attempt, before any pull, naming the key that allows it.
+    let _docker = policy_agent(tmp.path(), "gpu-d", &url, &["--sim-engines", "--docker", "on"]);
+    crate::faults::ready(&url, &["gpu-d"]).await;
+    let run =
+        crate::faults::submit(&url, &one_engine(tmp.path(), "{ runtime: docker, image: \"evil/miner:latest\" }")).await;
+    let last = crate::faults::finished(&url, &run.run_id).await;
+    assert_eq!(last.state, "finished with failures");
+    let jobs = op.list_jobs(pb::ListJobsRequest { run_id: run.run_id }).await.expect("jobs").into_inner().jobs;
+    let job = &jobs[0];
+    assert_eq!((job.state.as_str(), job.attempts.len()), ("failed", 1), "{job:?}");
+    assert!(
+        job.error.contains("image 'evil/miner:latest' is not allowed on this agent: add it to [engines] images"),
+        "{job:?}"
+    );
 }
