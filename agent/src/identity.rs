@@ -107,11 +107,7 @@ pub async fn join(
     );
     let name = name.map(str::to_owned).unwrap_or_else(hostname);
     let ca = pinned_ca(url, &ca_hash.to_ascii_lowercase()).await?;
-    let key = rcgen::KeyPair::generate().context("making a key")?;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).context("a CSR")?;
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(rcgen::DnType::CommonName, name.as_str());
-    let csr = params.serialize_request(&key).and_then(|c| c.pem()).context("a CSR")?;
+    let (key, csr) = new_key(&name)?;
     let tls = ClientTls { ca: Some(ca.clone().into_bytes()), ..ClientTls::default() };
     let channel = tls::endpoint(url, &tls)?.connect().await.with_context(|| format!("cannot reach {url}"))?;
     let reply = benchfleet_proto::enroll_service_client::EnrollServiceClient::new(channel)
@@ -131,6 +127,17 @@ pub async fn join(
     write_private(&dir, CERT, reply.certificate_pem.as_bytes())?;
     write_private(&dir, CA, ca.as_bytes())?;
     Ok(Joined::New { name, not_after_unix: peer.not_after_unix })
+}
+
+/// A key made here and its CSR (PEM); the controller writes the subject,
+/// the CN only says which name is asked for.
+fn new_key(name: &str) -> anyhow::Result<(rcgen::KeyPair, String)> {
+    let key = rcgen::KeyPair::generate().context("making a key")?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).context("a CSR")?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    let csr = params.serialize_request(&key).and_then(|c| c.pem()).context("a CSR")?;
+    Ok((key, csr))
 }
 
 /// Writes `dir/file` (0600; the directory 0700), replacing what an earlier,
@@ -262,11 +269,7 @@ pub fn renewal_due(dir: &Path) -> Option<std::time::SystemTime> {
 /// made here, a CSR, and the new pair stored so that a kill at any point
 /// leaves one whole identity (`finish_renewal`). Returns its expiry.
 pub async fn renew(channel: tonic::transport::Channel, dir: &Path, name: &str) -> anyhow::Result<i64> {
-    let key = rcgen::KeyPair::generate().context("making a key")?;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).context("a CSR")?;
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(rcgen::DnType::CommonName, name);
-    let csr = params.serialize_request(&key).and_then(|c| c.pem()).context("a CSR")?;
+    let (key, csr) = new_key(name)?;
     let reply = benchfleet_proto::agent_service_client::AgentServiceClient::new(channel)
         .renew(benchfleet_proto::RenewRequest { csr_pem: csr })
         .await

@@ -291,6 +291,34 @@ struct AgentEntry {
     free: usize,
 }
 
+impl AgentEntry {
+    /// An agent first seen now: by its hello, or by its join (which stores
+    /// it before it ever connects).
+    fn new(id: AgentId, name: &str, now: Now) -> AgentEntry {
+        AgentEntry {
+            rec: AgentRecord {
+                id,
+                name: name.to_owned(),
+                hostname: String::new(),
+                version: String::new(),
+                gpus: Vec::new(),
+                runtimes: Vec::new(),
+                drain: None,
+                registered_unix_ms: now.unix_ms,
+                connected_unix_ms: 0,
+                epoch: 0,
+                certificate: None,
+            },
+            session: None,
+            last_heard: None,
+            lost: false,
+            leaving: false,
+            groups: BTreeSet::new(),
+            free: 0,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct RunEntry {
     run: Run,
@@ -634,27 +662,7 @@ impl Scheduler {
         self.counters.next_epoch = epoch + 1;
         self.persist(Write::Counters(self.counters));
 
-        let entry = self.agents.entry(id).or_insert_with(|| AgentEntry {
-            rec: AgentRecord {
-                id,
-                name: hello.name.clone(),
-                hostname: String::new(),
-                version: String::new(),
-                gpus: Vec::new(),
-                runtimes: Vec::new(),
-                drain: None,
-                registered_unix_ms: now.unix_ms,
-                connected_unix_ms: now.unix_ms,
-                epoch,
-                certificate: None,
-            },
-            session: None,
-            last_heard: None,
-            lost: false,
-            leaving: false,
-            groups: BTreeSet::new(),
-            free: 0,
-        });
+        let entry = self.agents.entry(id).or_insert_with(|| AgentEntry::new(id, &hello.name, now));
         if let Some(old) = entry.session.take() {
             self.out.push(Command::CloseSession {
                 agent: id,
@@ -1652,27 +1660,7 @@ impl Scheduler {
     /// its record is stored before it ever connects, and its name is its
     /// from now on (an earlier agent of that name keeps its own id).
     pub fn enrolled(&mut self, now: Now, id: AgentId, name: &str, certificate: AgentCertificate) {
-        let entry = self.agents.entry(id).or_insert_with(|| AgentEntry {
-            rec: AgentRecord {
-                id,
-                name: name.to_owned(),
-                hostname: String::new(),
-                version: String::new(),
-                gpus: Vec::new(),
-                runtimes: Vec::new(),
-                drain: None,
-                registered_unix_ms: now.unix_ms,
-                connected_unix_ms: 0,
-                epoch: 0,
-                certificate: None,
-            },
-            session: None,
-            last_heard: None,
-            lost: false,
-            leaving: false,
-            groups: BTreeSet::new(),
-            free: 0,
-        });
+        let entry = self.agents.entry(id).or_insert_with(|| AgentEntry::new(id, name, now));
         entry.rec.certificate = Some(certificate);
         self.by_name.insert(name.to_owned(), id);
         self.persist_agent(id);

@@ -783,32 +783,13 @@ async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
 async fn an_agent_renews_its_certificate_and_outlives_the_first() {
     let tmp = tempfile::tempdir().expect("tmp");
     let data = tmp.path().join("data");
-    let ca_hash = certs_init(&data);
+    certs_init(&data);
     // Certificates of 6 s: renewed at 4 s.
     let (controller, url) =
         controller_process(&data, tmp.path().join("controller.log"), &["--agent-identity-lifetime-s", "6"]).await;
-    let d = data.display().to_string();
-    let (code, token, stderr) = run_cli("benchfleet", &["--data-dir", &d, "--controller", &url, "token", "create"]);
-    assert_eq!(code, Some(0), "{stderr}");
     let work = tmp.path().join("gpu-r");
+    join_agent(&data, &url, &work, "gpu-r").await;
     let w = work.display().to_string();
-    let (code, _, stderr) = run_cli(
-        "benchfleet-agent",
-        &[
-            "join",
-            "--controller",
-            &url,
-            "--token",
-            token.trim(),
-            "--ca-hash",
-            &ca_hash,
-            "--name",
-            "gpu-r",
-            "--work-dir",
-            &w,
-        ],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
     let serial = |work: &Path| identity(&work.join("identity"), "agent").peer().expect("a cert").expect("readable");
     let first = serial(&work);
     let args: Vec<String> =
