@@ -34,8 +34,9 @@ pub const EXIT_INTERRUPTED: i32 = 130;
     name = "benchfleet",
     version,
     about = "Benchmark LLM inference engines across a fleet of GPU hosts",
-    after_help = "Environment: BENCHFLEET_CONTROLLER and BENCHFLEET_DATA_DIR (as their flags), RUST_LOG (the log \
-                  filter), USER (who cancelled or drained, in the notes).\n\nExit status: 0 on success; 1 when a \
+    after_help = "Environment: BENCHFLEET_CONTROLLER, BENCHFLEET_DATA_DIR and BENCHFLEET_IDENTITY (as their flags), \
+                  RUST_LOG (the log filter), USER (who cancelled or drained, in the notes, without TLS; under \
+                  TLS the certificate's name).\n\nExit status: 0 on success; 1 when a \
                   run's jobs failed or its report recommends nothing (run, watch, report); 2 for bad input (a \
                   matrix, an export file, a flag, an unknown run or agent, a run not over yet for export); 3 \
                   when the controller cannot be reached; 130 when interrupted."
