@@ -321,10 +321,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let shutdown = Shutdown::new();
     let on_signal = shutdown.clone();
+    // Installed before READY=1: a SIGTERM right after it is a leave, not a kill.
+    use tokio::signal::unix::{SignalKind, signal};
+    let (term, int) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
     tokio::spawn(async move {
         // The first SIGTERM or SIGINT: leave (no new work, finish, exit);
         // the second: stop at once.
-        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        let (Ok(mut term), Ok(mut int)) = (term, int) else {
             let _ = tokio::signal::ctrl_c().await;
             on_signal.now.cancel();
             return;
@@ -332,10 +335,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         for n in 0.. {
             tokio::select! {
                 _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+                _ = int.recv() => {}
             }
             if n == 0 {
                 tracing::info!("signalled: leaving (signal again to stop at once)");
+                if let Err(e) = benchfleet_core::notify::notify("STOPPING=1") {
+                    tracing::warn!("cannot tell the service manager this agent is stopping: {e}");
+                }
                 on_signal.leave.cancel();
             } else {
                 tracing::info!("signalled again: stopping now");
@@ -344,5 +350,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
     });
+    // Its GPUs and engine runtimes are checked: ready, whether or not the
+    // controller answers yet (it reconnects on its own).
+    if let Err(e) = benchfleet_core::notify::notify("READY=1") {
+        tracing::warn!("cannot tell the service manager this agent is ready: {e}");
+    }
     benchfleet_agent::run(config, shutdown).await
 }

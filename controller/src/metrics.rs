@@ -136,13 +136,17 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`.
+/// Serves `GET /metrics`, and `/healthz` (the process answers) and
+/// `/readyz` (the store reads and the scheduler answers) for probes that
+/// cannot present a client certificate (kubelet's), on `listener` until
+/// `shutdown`.
 pub async fn serve(
     controller: Arc<Controller>,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = Arc::new(Metrics::new(&controller.ingest.metrics));
+    let ready = controller.clone();
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -152,6 +156,25 @@ pub async fn serve(
                     [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
                     metrics.render(&controller).await,
                 )
+            }
+        }),
+    );
+    let app = app.route("/healthz", axum::routing::get(|| async { "ok\n" })).route(
+        "/readyz",
+        axum::routing::get(move || {
+            let controller = ready.clone();
+            async move {
+                use axum::http::StatusCode;
+                let store = controller.store().clone();
+                let stored = tokio::task::spawn_blocking(move || store.counters()).await;
+                let scheduling = controller.query(|_, _| ()).await;
+                match (stored, scheduling) {
+                    (Ok(Ok(_)), Ok(())) if !controller.shutdown.is_cancelled() => {
+                        (StatusCode::OK, "ready\n".to_owned())
+                    }
+                    (Ok(Err(e)), _) => (StatusCode::SERVICE_UNAVAILABLE, format!("the store cannot be read: {e}\n")),
+                    _ => (StatusCode::SERVICE_UNAVAILABLE, "the scheduler is not running\n".to_owned()),
+                }
             }
         }),
     );

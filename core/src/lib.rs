@@ -9,13 +9,15 @@
 //! summarizes what an agent samples during a job (engine `/metrics`, GPU
 //! readings) and words a throttled GPU; `convert` is the one place records and summaries cross to and
 //! from their gRPC form; `tls` is the rule every client keeps to reach the
-//! controller (https verified, plain text only to loopback or when asked).
+//! controller (https verified, plain text only to loopback or when asked);
+//! `notify` tells systemd a daemon is ready or stopping.
 
 pub mod block;
 pub mod convert;
 pub mod digest;
 pub mod gpu;
 pub mod metrics;
+pub mod notify;
 pub mod record;
 pub mod sharegpt;
 pub mod stats;

@@ -131,7 +131,11 @@ async fn main() -> anyhow::Result<()> {
         let stopping = controller.shutdown.clone();
         tokio::spawn(benchfleet_controller::metrics::serve(controller.clone(), metrics, stopping.cancelled_owned()));
     }
-    benchfleet_controller::serve(controller, listener, stop_signal()).await?;
+    let stop = stop_signal();
+    if let Err(e) = benchfleet_core::notify::notify("READY=1") {
+        tracing::warn!("cannot tell the service manager this controller is ready: {e}");
+    }
+    benchfleet_controller::serve(controller, listener, stop).await?;
     tracing::info!("controller stopped");
     Ok(())
 }
@@ -183,17 +187,24 @@ fn hostname() -> String {
 }
 
 /// SIGTERM or SIGINT (Ctrl-C).
-async fn stop_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot watch for SIGTERM: {e}");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// The handlers are installed when this is called, not when it is first
+/// awaited: a SIGTERM right after READY=1 is a stop, not a kill.
+fn stop_signal() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (term, int) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+                _ = int.recv() => tracing::info!("SIGINT: stopping"),
+            },
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!("cannot watch for SIGTERM and SIGINT: {e}");
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        if let Err(e) = benchfleet_core::notify::notify("STOPPING=1") {
+            tracing::warn!("cannot tell the service manager this controller is stopping: {e}");
+        }
     }
 }

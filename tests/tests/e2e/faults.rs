@@ -65,7 +65,7 @@ impl Proc {
         self.child.id()
     }
 
-    fn signal(&self, signal: rustix::process::Signal) {
+    pub(crate) fn signal(&self, signal: rustix::process::Signal) {
         if let Some(pid) = rustix::process::Pid::from_raw(self.pid() as i32) {
             let _ = rustix::process::kill_process(pid, signal);
         }
@@ -77,7 +77,7 @@ impl Proc {
     }
 
     /// Waits for the process to exit by itself.
-    async fn exit(&mut self, within: Duration) -> std::process::ExitStatus {
+    pub(crate) async fn exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
