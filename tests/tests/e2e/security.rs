@@ -44,8 +44,9 @@ fn certs_init(data: &Path) -> String {
 
 /// An agent joined as an operator would make it: `benchfleet token
 /// create` as the admin, then `benchfleet-agent join` (on a blocking
-/// thread: the controller may be served by this test's runtime).
-async fn join_agent(data: &Path, url: &str, work: &Path, name: &str) {
+/// thread: the controller may be served by this test's runtime). Returns
+/// the token it joined with.
+async fn join_agent(data: &Path, url: &str, work: &Path, name: &str) -> String {
     let (data, url, work, name) = (data.to_owned(), url.to_owned(), work.to_owned(), name.to_owned());
     tokio::task::spawn_blocking(move || {
         let d = data.display().to_string();
@@ -70,9 +71,10 @@ async fn join_agent(data: &Path, url: &str, work: &Path, name: &str) {
             ],
         );
         assert_eq!(code, Some(0), "{stderr}");
+        token.trim().to_owned()
     })
     .await
-    .expect("joined");
+    .expect("joined")
 }
 
 /// An agent's identity directory as `join` leaves it, issued by the CA
@@ -469,9 +471,10 @@ async fn a_run_over_mutual_tls_with_two_agents_succeeds_and_no_secret_is_logged(
     let token_file = tmp.path().join("hf");
     std::fs::write(&token_file, hf_token).expect("token");
     let mut agents = Vec::new();
+    let mut tokens = Vec::new();
     for name in ["gpu-a", "gpu-b"] {
         let work = tmp.path().join(name);
-        join_agent(&data, &url, &work, name).await;
+        tokens.push(join_agent(&data, &url, &work, name).await);
         let args: Vec<String> =
             ["--controller", &url, "--sim-gpus", "H200x1", "--sim-engines", "--docker", "off", "--work-dir"]
                 .map(String::from)
@@ -517,6 +520,10 @@ async fn a_run_over_mutual_tls_with_two_agents_succeeds_and_no_secret_is_logged(
         .collect();
     for log in &logs {
         assert!(!log.contains(hf_token), "HF_TOKEN in a log");
+        for token in &tokens {
+            let secret = token.split_once('.').map_or(token.as_str(), |(_, s)| s);
+            assert!(!log.contains(secret), "a join token's secret in a log");
+        }
         assert!(!log.contains("PRIVATE KEY"), "a key in a log");
         for key in &keys {
             let body: String = key.lines().nth(1).unwrap_or_default().to_owned();
