@@ -1111,6 +1111,8 @@ fn agent_json(a: &pb::AgentInfo) -> serde_json::Value {
         "agent_id": a.agent_id, "name": a.name, "hostname": a.hostname, "state": a.state, "connected": a.connected,
         "lease_age_ms": a.lease_age_ms, "drained": a.drained, "drain_note": (!a.drain_note.is_empty()).then_some(&a.drain_note),
         "leaving": a.leaving, "version": a.version, "epoch": a.epoch,
+        "certificate_expires_unix_ms": (a.certificate_expires_unix_ms > 0).then_some(a.certificate_expires_unix_ms),
+        "revoked_note": (!a.revoked_note.is_empty()).then_some(&a.revoked_note),
         "running": a.running.iter().map(|g| json!({ "run_id": g.run_id, "group": g.group })).collect::<Vec<_>>(),
         "gpus": a.gpus.iter().map(|g| json!({
             "index": g.index, "uuid": g.uuid, "name": g.name, "usable": g.usable, "reasons": g.reasons,
@@ -1183,6 +1185,12 @@ fn print_agents(agents: &[pb::AgentInfo]) {
         );
         if a.drained && !a.drain_note.is_empty() {
             println!("  drained {}", a.drain_note);
+        }
+        if !a.revoked_note.is_empty() {
+            println!("  revoked {}", a.revoked_note);
+        } else if a.certificate_expires_unix_ms > 0 {
+            let until = i64::try_from(a.certificate_expires_unix_ms).unwrap_or(i64::MAX);
+            println!("  certificate until {}", benchfleet_controller::report::words::utc(until));
         }
         for g in &a.gpus {
             let verdict = if g.usable { "usable".to_owned() } else { format!("not used: {}", g.reasons.join("; ")) };

@@ -323,6 +323,18 @@ pub fn agent_info(v: &AgentView) -> pb::AgentInfo {
         version: v.rec.version.clone(),
         epoch: v.session.unwrap_or(v.rec.epoch),
         leaving: v.leaving,
+        certificate_expires_unix_ms: v
+            .rec
+            .certificate
+            .as_ref()
+            .map_or(0, |c| u64::try_from(c.not_after_unix_ms).unwrap_or_default()),
+        revoked_note: v
+            .rec
+            .certificate
+            .as_ref()
+            .and_then(|c| c.revoked.as_ref())
+            .map(ToString::to_string)
+            .unwrap_or_default(),
     }
 }
 

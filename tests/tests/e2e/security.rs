@@ -682,6 +682,12 @@ async fn an_agent_joins_with_a_token_and_a_revoked_one_is_cut_off() {
     let ids: Vec<&str> = agents.iter().filter(|a| a.name == "gpu-j").map(|a| a.agent_id.as_str()).collect();
     assert_eq!(ids.len(), 2, "{agents:?}");
     assert_ne!(ids[0], ids[1]);
+    // The operator's listing says which was revoked, by whom and why, and
+    // until when the other's certificate holds.
+    let (code, listing, stderr) = run_cli("benchfleet", &["--data-dir", &d, "--controller", &url, "agents"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(listing.contains("  revoked by admin: re-imaged"), "{listing}");
+    assert!(listing.contains("  certificate until 20"), "{listing}");
     drop(agent);
 }
 
