@@ -71,12 +71,6 @@ impl Shutdown {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned())
-}
-
 /// A random id for this start of the agent process.
 fn instance() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -102,7 +96,7 @@ pub async fn run(config: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> 
         tls: config.tls.clone(),
         identity: config.tls.identity.as_ref().and(config.tls.source.clone()),
         name: config.name.clone(),
-        hostname: hostname(),
+        hostname: benchfleet_core::hostname().unwrap_or_else(|| "unknown".to_owned()),
         instance: instance(),
         runtimes: config.runtimes.keys().cloned().collect(),
         gpu_check_interval: config.gpu_check_interval,

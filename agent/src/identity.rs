@@ -55,11 +55,7 @@ pub fn resolve(work_dir: &Path, url: &str, name: Option<&str>, insecure: bool) -
 
 /// This host's name, the agent's name by default.
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "agent".to_owned())
+    benchfleet_core::hostname().unwrap_or_else(|| "agent".to_owned())
 }
 
 /// Whether `url` may be reached at all under the client rule (a typo'd

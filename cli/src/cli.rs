@@ -334,10 +334,10 @@ async fn token(cli: &Cli, controller: Option<&Target>, command: &TokenCommand) -
             let dir = data_dir(cli.data_dir.as_deref());
             let ca_hash = benchfleet_controller::pki::ca_hash(&dir.join("pki"))?;
             let store = open_store(&dir)?;
-            let now = benchfleet_controller::plan::unix_ms() / 1000;
+            let now = benchfleet_controller::enrol::now_s();
             let (token, expires) = enrol_local(&store, |e| e.create_token(now, *ttl, agent.clone(), *uses))??;
             let url = format!("https://{}:7070", hostname());
-            (token, u64::try_from(expires).unwrap_or_default() * 1000, ca_hash, url)
+            (token, benchfleet_controller::enrol::wire_ms(expires), ca_hash, url)
         }
     };
     println!("{token}");
@@ -377,8 +377,8 @@ async fn revoke(cli: &Cli, controller: Option<&Target>, name: &str, reason: &str
         None => {
             anyhow::ensure!(benchfleet_controller::pki::valid_name(name), "'{name}' is not a certificate's name");
             let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-            let now = benchfleet_controller::plan::unix_ms() / 1000;
-            enrol_local(&store, |e| e.revoke(now, name, whoami(), reason.to_owned()))?
+            let now = benchfleet_controller::enrol::now_s();
+            enrol_local(&store, |e| e.revoke(now, name, whoami(), reason.to_owned()))?.0
         }
     };
     println!("revoked every certificate of '{name}' issued until now ({certificates} live agent certificate(s))");
@@ -387,7 +387,7 @@ async fn revoke(cli: &Cli, controller: Option<&Target>, name: &str, reason: &str
 
 /// This host's name (what `certs init` puts in the controller's certificate).
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
+    benchfleet_core::hostname().unwrap_or_default()
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<i32> {

@@ -87,33 +87,18 @@ fn who(role: Role) -> &'static str {
 
 /// The revocations, by name (certificates of that name issued before the
 /// time are revoked; see `enrol`), shared by the layer and whoever
-/// revokes; `changed` wakes live sessions to check themselves.
-#[derive(Clone, Debug)]
-pub struct Revoked {
-    names: Arc<RwLock<HashMap<String, i64>>>,
-    changed: tokio::sync::watch::Sender<u64>,
-}
-
-impl Default for Revoked {
-    fn default() -> Revoked {
-        Revoked { names: Arc::default(), changed: tokio::sync::watch::channel(0).0 }
-    }
-}
+/// revokes.
+#[derive(Clone, Debug, Default)]
+pub struct Revoked(Arc<RwLock<HashMap<String, i64>>>);
 
 impl Revoked {
     pub fn contains(&self, peer: &Peer) -> bool {
-        let names = self.names.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let names = self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         names.get(&peer.name).is_some_and(|at| peer.not_before_unix < *at)
     }
 
     pub fn insert(&self, name: String, at_unix: i64) {
-        self.names.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name, at_unix);
-        self.changed.send_modify(|n| *n += 1);
-    }
-
-    /// Wakes when a revocation is added.
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.changed.subscribe()
+        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name, at_unix);
     }
 }
 

@@ -71,6 +71,16 @@ pub enum JoinError {
     Taken(String),
 }
 
+/// Now, in the seconds enrolment counts in.
+pub fn now_s() -> i64 {
+    crate::plan::unix_ms() / 1000
+}
+
+/// Seconds since the epoch as the milliseconds the wire carries.
+pub fn wire_ms(unix_s: i64) -> u64 {
+    u64::try_from(unix_s).unwrap_or_default().saturating_mul(1000)
+}
+
 const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 
 fn random_word(n: usize) -> Result<String, pki::PkiError> {
@@ -172,13 +182,15 @@ impl Enrolment {
     }
 
     /// Revokes every certificate of `name` issued until `now`; returns how
-    /// many agents' certificates of that name were live.
-    pub fn revoke(&mut self, now: i64, name: &str, by: String, reason: String) -> u32 {
+    /// many agents' certificates of that name were live, and the time the
+    /// revocation holds until (`Revocation::at_unix`).
+    pub fn revoke(&mut self, now: i64, name: &str, by: String, reason: String) -> (u32, i64) {
         let live = self.agents.iter().filter(|a| a.name == name && a.not_after_unix > now).count();
         self.revoked.retain(|r| r.name != name);
         // A certificate issued in this very second is revoked too.
-        self.revoked.push(Revocation { name: name.to_owned(), at_unix: now + 1, by, reason });
-        u32::try_from(live).unwrap_or(u32::MAX)
+        let at_unix = now + 1;
+        self.revoked.push(Revocation { name: name.to_owned(), at_unix, by, reason });
+        (u32::try_from(live).unwrap_or(u32::MAX), at_unix)
     }
 
     /// Whether a certificate of `name` whose notBefore is `not_before` is
@@ -235,7 +247,7 @@ mod tests {
         e.enrolled(10, enrolled("gpu-1", 10));
         assert_eq!(e.join(11, &two, "gpu-1"), Err(JoinError::Taken("gpu-1".into())), "a live name is not given again");
         // Revoked, the name may join again; its old certificate stays revoked.
-        assert_eq!(e.revoke(12, "gpu-1", "admin".into(), "re-imaged".into()), 1);
+        assert_eq!(e.revoke(12, "gpu-1", "admin".into(), "re-imaged".into()), (1, 13));
         assert!(e.revoked("gpu-1", 10) && e.revoked("gpu-1", 12) && !e.revoked("gpu-1", 13));
         assert_eq!(e.join(13, &two, "gpu-1"), Ok(()));
         assert_eq!(e.join(13, &two, "gpu-1"), Err(JoinError::Used(id(&two))));

@@ -97,6 +97,7 @@ impl pb::agent_service_server::AgentService for Services {
         let peer = req.remote_addr().map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
         // Under TLS the agent is who its certificate says, whatever its
         // hello claims.
+        // (A revocation ends the session through the scheduler.)
         let certificate = crate::auth::caller(&req).cloned();
         let certified = certificate.as_ref().map(|p| p.name.clone());
         let mut inbound = req.into_inner();
@@ -135,20 +136,11 @@ impl pb::agent_service_server::AgentService for Services {
         info!(%agent, %name, %peer, epoch = session, kept = welcome.keep.len(), "agent session started");
         let controller = self.0.clone();
         let ended = closed.clone();
-        let mut revocations = self.0.revoked.subscribe();
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
                     () = ended.cancelled() => break,
                     next = inbound.next() => next,
-                    Ok(()) = revocations.changed() => {
-                        if certificate.as_ref().is_some_and(|c| controller.revoked.contains(c)) {
-                            warn!(%agent, "the agent's certificate was revoked: its session ends");
-                            ended.cancel();
-                            break;
-                        }
-                        continue;
-                    }
                 };
                 let msg = match next {
                     None => break,
@@ -184,7 +176,7 @@ impl pb::agent_service_server::AgentService for Services {
         info!(agent = %id, %name, serial = %issued.serial, "agent certificate renewed");
         Ok(Response::new(pb::RenewResponse {
             certificate_pem: issued.cert_pem,
-            expires_unix_ms: u64::try_from(issued.not_after_unix).unwrap_or_default() * 1000,
+            expires_unix_ms: crate::enrol::wire_ms(issued.not_after_unix),
         }))
     }
 
@@ -693,7 +685,7 @@ impl pb::operator_service_server::OperatorService for Services {
         let ca = self.0.config.ca.as_ref().ok_or_else(no_ca)?;
         let ca_hash = ca.hash().map_err(|e| Status::internal(e.to_string()))?;
         let agent = Some(req.agent).filter(|a| !a.is_empty());
-        let now = plan::unix_ms() / 1000;
+        let now = crate::enrol::now_s();
         let (token, expires) = self
             .0
             .enrol(|e| e.create_token(now, req.ttl_s, agent, req.uses))?
@@ -701,7 +693,7 @@ impl pb::operator_service_server::OperatorService for Services {
         info!(expires, "join token created");
         Ok(Response::new(pb::CreateTokenResponse {
             token,
-            expires_unix_ms: u64::try_from(expires).unwrap_or_default() * 1000,
+            expires_unix_ms: crate::enrol::wire_ms(expires),
             ca_hash,
             url: self.0.config.advertise_url.clone(),
         }))
@@ -713,12 +705,9 @@ impl pb::operator_service_server::OperatorService for Services {
         if !crate::pki::valid_name(&req.name) {
             return Err(Status::invalid_argument(format!("'{}' is not a certificate's name", req.name)));
         }
-        let now = plan::unix_ms() / 1000;
+        let now = crate::enrol::now_s();
         let reason = req.reason.clone();
-        let (certificates, at) = self.0.enrol(|e| {
-            let n = e.revoke(now, &req.name, by.clone(), reason);
-            (n, e.revoked.iter().find(|r| r.name == req.name).map_or(now + 1, |r| r.at_unix))
-        })?;
+        let (certificates, at) = self.0.enrol(|e| e.revoke(now, &req.name, by.clone(), reason))?;
         self.0.revoked.insert(req.name.clone(), at);
         let (name, note) = (req.name.clone(), note(by.clone(), req.reason.clone()));
         self.0.change(move |s, _| s.revoke(&name, note)).await?;
@@ -759,7 +748,7 @@ impl Services {
             .await?
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let (name, issued) = issued;
-        let now = plan::unix_ms() / 1000;
+        let now = crate::enrol::now_s();
         self.0.enrol(|e| {
             e.enrolled(
                 now,
@@ -781,7 +770,7 @@ impl pb::enroll_service_server::EnrollService for Services {
         let from = req.remote_addr().map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
         let req = req.into_inner();
         let ca = self.0.config.ca.clone().ok_or_else(no_ca)?;
-        let now = plan::unix_ms() / 1000;
+        let now = crate::enrol::now_s();
         // The token is checked (and a use taken) before anything is signed;
         // a CSR that cannot be read costs that use.
         self.0.enrol(|e| e.join(now, &req.token, &req.name))?.map_err(|e| {
@@ -793,7 +782,7 @@ impl pb::enroll_service_server::EnrollService for Services {
         Ok(Response::new(pb::JoinResponse {
             certificate_pem: issued.cert_pem,
             ca_pem: ca.cert_pem().to_owned(),
-            expires_unix_ms: u64::try_from(issued.not_after_unix).unwrap_or_default() * 1000,
+            expires_unix_ms: crate::enrol::wire_ms(issued.not_after_unix),
         }))
     }
 }

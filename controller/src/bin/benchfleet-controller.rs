@@ -100,7 +100,9 @@ async fn main() -> anyhow::Result<()> {
         Some(url) => url.clone(),
         // An address no one else can dial is advertised by the host's name
         // (which `certs init` puts in the controller's certificate).
-        None if addr.ip().is_unspecified() => format!("{scheme}://{}:{}", hostname(), addr.port()),
+        None if addr.ip().is_unspecified() => {
+            format!("{scheme}://{}:{}", benchfleet_core::hostname().unwrap_or_else(|| "localhost".into()), addr.port())
+        }
         None => format!("{scheme}://{addr}"),
     };
     let mut config = ControllerConfig::new(advertised);
@@ -176,14 +178,6 @@ fn listens_on_loopback(listen: &str) -> bool {
         Ok(addr) => addr.ip().is_loopback(),
         Err(_) => listen.rsplit_once(':').is_some_and(|(host, _)| benchfleet_core::tls::is_loopback(host)),
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// SIGTERM or SIGINT (Ctrl-C).

@@ -295,20 +295,25 @@ impl AgentEntry {
     /// An agent first seen now: by its hello, or by its join (which stores
     /// it before it ever connects).
     fn new(id: AgentId, name: &str, now: Now) -> AgentEntry {
+        AgentEntry::of(AgentRecord {
+            id,
+            name: name.to_owned(),
+            hostname: String::new(),
+            version: String::new(),
+            gpus: Vec::new(),
+            runtimes: Vec::new(),
+            drain: None,
+            registered_unix_ms: now.unix_ms,
+            connected_unix_ms: 0,
+            epoch: 0,
+            certificate: None,
+        })
+    }
+
+    /// A known agent (from the store), not connected.
+    fn of(rec: AgentRecord) -> AgentEntry {
         AgentEntry {
-            rec: AgentRecord {
-                id,
-                name: name.to_owned(),
-                hostname: String::new(),
-                version: String::new(),
-                gpus: Vec::new(),
-                runtimes: Vec::new(),
-                drain: None,
-                registered_unix_ms: now.unix_ms,
-                connected_unix_ms: 0,
-                epoch: 0,
-                certificate: None,
-            },
+            rec,
             session: None,
             last_heard: None,
             lost: false,
@@ -461,18 +466,7 @@ impl Scheduler {
             s.counters.next_agent = s.counters.next_agent.max(rec.id.0 + 1);
             s.counters.next_epoch = s.counters.next_epoch.max(rec.epoch + 1);
             s.by_name.insert(rec.name.clone(), rec.id);
-            s.agents.insert(
-                rec.id,
-                AgentEntry {
-                    rec,
-                    session: None,
-                    last_heard: None,
-                    lost: false,
-                    leaving: false,
-                    groups: BTreeSet::new(),
-                    free: 0,
-                },
-            );
+            s.agents.insert(rec.id, AgentEntry::of(rec));
         }
         for data in runs {
             s.insert_run(data, now);

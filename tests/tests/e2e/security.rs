@@ -97,6 +97,17 @@ struct TlsController {
 }
 
 impl TlsController {
+    /// A new PKI (`certs init`) in a temporary directory's `data/`, and a
+    /// controller over it.
+    async fn fresh() -> (tempfile::TempDir, PathBuf, TlsController) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tmp = tempfile::tempdir().expect("tmp");
+        let data = tmp.path().join("data");
+        certs_init(&data);
+        let c = TlsController::start(&data).await;
+        (tmp, data, c)
+    }
+
     async fn start(data: &Path) -> TlsController {
         let store: Arc<dyn Store> = Arc::new(SledStore::open(&data.join("store")).expect("store"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -226,11 +237,7 @@ fn refused(r: Result<usize, tonic::Status>, code: tonic::Code, words: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_are_who_their_certificates_say_and_may_do_what_their_role_allows() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let data = tmp.path().join("data");
-    certs_init(&data);
-    let c = TlsController::start(&data).await;
+    let (tmp, data, c) = TlsController::fresh().await;
     let pki = data.join("pki");
 
     // An admin lists and submits.
@@ -303,20 +310,27 @@ fn expired_operator(pki: &Path, out: &Path) {
 
 /// Opens an agent session with `hello`; the controller's answer.
 async fn hello(target: &Target, name: &str) -> Result<pb::ControllerMessage, tonic::Status> {
+    let (_session, first) = session(target, name).await?;
+    Ok(first)
+}
+
+/// An agent's session as `name` (one H200, the process runtime): the
+/// session and the controller's first answer.
+async fn session(target: &Target, name: &str) -> Result<(Session, pb::ControllerMessage), tonic::Status> {
     let channel = benchfleet_core::tls::endpoint(&target.url, &target.tls)
         .expect("endpoint")
         .connect()
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let mut agent = pb::agent_service_client::AgentServiceClient::new(channel);
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
     let hello = pb::Hello {
         name: name.to_owned(),
-        hostname: "h".into(),
-        instance: "i".into(),
+        hostname: name.to_owned(),
+        instance: name.to_owned(),
         gpus: vec![pb::Gpu {
             index: 0,
-            uuid: "GPU-0".into(),
+            uuid: format!("GPU-{name}"),
             name: "NVIDIA H200".into(),
             usable: true,
             ..Default::default()
@@ -325,19 +339,14 @@ async fn hello(target: &Target, name: &str) -> Result<pb::ControllerMessage, ton
         ..Default::default()
     };
     tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(hello)) }).await.expect("queued");
-    let mut stream = agent.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
-    let first = stream.next().await.ok_or_else(|| tonic::Status::unknown("no answer"))?;
-    drop(tx);
-    first
+    let mut rx = agent.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let first = rx.next().await.ok_or_else(|| tonic::Status::unknown("no answer"))??;
+    Ok((Session { tx, rx }, first))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_is_the_agent_its_certificate_names() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let data = tmp.path().join("data");
-    certs_init(&data);
-    let c = TlsController::start(&data).await;
+    let (tmp, data, c) = TlsController::fresh().await;
     let pki = data.join("pki");
     let work = tmp.path().join("gpu-a");
     join_agent(&data, &c.url, &work, "gpu-a").await;
@@ -670,7 +679,7 @@ async fn an_agent_joins_with_a_token_and_a_revoked_one_is_cut_off() {
     assert!(cut, "the revoked agent still holds a lease:\n{}", controller.text());
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let text = controller.text();
-    assert!(text.contains("the agent's certificate was revoked: its session ends"), "{text}");
+    assert!(text.contains("ending session: its certificate was revoked by admin"), "{text}");
     assert!(text.contains("is revoked"), "a new session is refused:\n{text}");
     assert!(!text.contains(secret), "the token's secret in the controller's log");
 
@@ -715,11 +724,7 @@ async fn send_batch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_need_their_own_attempt_s_credential() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let data = tmp.path().join("data");
-    certs_init(&data);
-    let c = TlsController::start(&data).await;
+    let (_tmp, data, c) = TlsController::fresh().await;
     // Ingest needs no certificate: loadgen holds only the CA and the token.
     let loadgen = c.target(ca_only(&data));
     let key = c.controller.config.ingest_key.clone().expect("a key under TLS");
@@ -745,11 +750,7 @@ async fn records_need_their_own_attempt_s_credential() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_fetches_only_the_files_its_own_groups_name() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let data = tmp.path().join("data");
-    certs_init(&data);
-    let c = TlsController::start(&data).await;
+    let (tmp, data, c) = TlsController::fresh().await;
     let pki = data.join("pki");
     // The admin uploads a run's files (the run waits: no agent has GPUs).
     let run = submit(&c.target(identity(&pki, "admin")), tmp.path()).await.expect("submitted");
@@ -797,9 +798,10 @@ async fn an_agent_renews_its_certificate_and_outlives_the_first() {
     let tmp = tempfile::tempdir().expect("tmp");
     let data = tmp.path().join("data");
     certs_init(&data);
-    // Certificates of 6 s: renewed at 4 s.
+    // Certificates of 12 s: renewed at 8 s, so that a restarted agent has
+    // seconds to spare with the renewed one on a busy machine.
     let (controller, url) =
-        controller_process(&data, tmp.path().join("controller.log"), &["--agent-identity-lifetime-s", "6"]).await;
+        controller_process(&data, tmp.path().join("controller.log"), &["--agent-identity-lifetime-s", "12"]).await;
     let work = tmp.path().join("gpu-r");
     join_agent(&data, &url, &work, "gpu-r").await;
     let w = work.display().to_string();
@@ -834,38 +836,14 @@ struct Session {
 }
 
 async fn open_session(target: &Target, name: &str) -> Session {
-    let channel =
-        benchfleet_core::tls::endpoint(&target.url, &target.tls).expect("endpoint").connect().await.expect("tls");
-    let mut agent = pb::agent_service_client::AgentServiceClient::new(channel);
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let hello = pb::Hello {
-        name: name.to_owned(),
-        hostname: name.to_owned(),
-        instance: name.to_owned(),
-        gpus: vec![pb::Gpu {
-            index: 0,
-            uuid: format!("GPU-{name}"),
-            name: "NVIDIA H200".into(),
-            usable: true,
-            ..Default::default()
-        }],
-        runtimes: vec!["process".into()],
-        ..Default::default()
-    };
-    tx.send(pb::AgentMessage { msg: Some(pb::agent_message::Msg::Hello(hello)) }).await.expect("queued");
-    let mut rx = agent.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await.expect("session").into_inner();
-    let welcome = rx.next().await.expect("an answer").expect("welcomed");
+    let (session, welcome) = session(target, name).await.expect("a session");
     assert!(matches!(welcome.msg, Some(pb::controller_message::Msg::Welcome(_))), "{welcome:?}");
-    Session { tx, rx }
+    session
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_cannot_report_for_another_agent_s_job() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let data = tmp.path().join("data");
-    certs_init(&data);
-    let c = TlsController::start(&data).await;
+    let (tmp, data, c) = TlsController::fresh().await;
     let mut sessions = Vec::new();
     for name in ["gpu-a", "gpu-b"] {
         let work = tmp.path().join(name);
@@ -927,6 +905,11 @@ async fn an_agent_cannot_report_for_another_agent_s_job() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(failed, "the owner's report was not taken either: the test shows nothing");
+    // Had the forged report been taken, the job would have failed with its
+    // words, and the owner's would have changed nothing.
+    let jobs = op.list_jobs(pb::ListJobsRequest { run_id: run }).await.expect("jobs").into_inner().jobs;
+    let j = jobs.iter().find(|j| j.job == job).expect("the job");
+    assert!(j.error.contains("its own") && !j.error.contains("forged"), "{j:?}");
 }
 
 /// A simulated agent process on a plain loopback controller, with `extra`
