@@ -79,6 +79,11 @@ fn instance() -> String {
 
 /// Runs the agent until `shutdown` says otherwise.
 pub async fn run(config: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+    run_with(config, shutdown, Shared::default()).await
+}
+
+/// [`run`], keeping its state in `shared` (which `observe` reads).
+pub async fn run_with(config: AgentConfig, shutdown: Shutdown, shared: Shared) -> anyhow::Result<()> {
     // The HTTP client needs a TLS provider even for plain http; ring is the
     // project's one (a no-op when the binary installed it already).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -88,7 +93,6 @@ pub async fn run(config: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> 
     if !stopped.is_empty() {
         info!(processes = ?stopped, "stopped what an earlier run of this agent left");
     }
-    let shared = Shared::default();
     let files: Arc<dyn Files> =
         Arc::new(ControllerFiles { shared: shared.clone(), dir: config.work_dir.join("files") });
     let cfg = Arc::new(SessionConfig {

@@ -12,7 +12,8 @@
 //! `load` runs loadgen; `telemetry` samples the engine's `/metrics` and the
 //! GPUs while it runs; `procs` keeps the pid files of what the agent
 //! starts; `gpu` the GPU inventory, `nvml` reads it on real hosts, `verdict`
-//! judges it and `verify` shows it.
+//! judges it and `verify` shows it; `observe` serves `--metrics-listen`
+//! (`/metrics`, `/healthz`, `/readyz`).
 
 pub mod agent;
 pub mod docker;
@@ -23,6 +24,7 @@ pub mod identity;
 pub mod job;
 pub mod load;
 pub mod nvml;
+pub mod observe;
 pub mod policy;
 pub mod procs;
 pub mod session;
@@ -30,7 +32,7 @@ pub mod telemetry;
 pub mod verdict;
 pub mod verify;
 
-pub use agent::{AgentConfig, Shutdown, run};
+pub use agent::{AgentConfig, Shutdown, run, run_with};
 
 /// Finds a sibling binary of the running executable (they are built into
 /// the same directory), else on `PATH`.

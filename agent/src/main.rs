@@ -16,6 +16,7 @@ use benchfleet_agent::procs::PidDir;
 use benchfleet_agent::verdict::Policy;
 use benchfleet_agent::verify::{VerifyReport, all_usable, table, watch_xids};
 use benchfleet_agent::{AgentConfig, Shutdown, find_binary};
+use benchfleet_core::config;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -107,6 +108,13 @@ struct RunArgs {
     /// up (a second SIGTERM or SIGINT stops them at once).
     #[arg(long, default_value_t = 600)]
     leave_grace_s: u64,
+    /// Address to serve Prometheus `/metrics`, `/healthz` and `/readyz` on (HTTP), e.g. 0.0.0.0:7072; none by
+    /// default.
+    #[arg(long, env = "BENCHFLEET_AGENT_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// Print the configuration these flags, variables and file make (each value's source as a comment), and exit.
+    #[arg(long)]
+    print_config: bool,
     #[command(flatten)]
     gpu: GpuArgs,
     #[command(flatten)]
@@ -116,8 +124,9 @@ struct RunArgs {
 /// How the agent reads and judges its GPUs.
 #[derive(clap::Args, Debug)]
 struct GpuArgs {
-    /// The agent's config file (TOML): its [gpu] table holds the GPU policy, its [engines] table what engines the
-    /// agent runs (see agent.example.toml).
+    /// The agent's config file (TOML): every flag of `run` is a key (its name with `_` for `-`), the [gpu] table
+    /// holds the GPU policy, the [engines] table what engines the agent runs (see deploy/agent.example.toml). A flag
+    /// or its variable beats the file.
     #[arg(long, env = "BENCHFLEET_AGENT_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     /// The NVML library to load instead of the NVIDIA driver's libnvidia-ml.so.1.
@@ -165,7 +174,13 @@ async fn main() -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|_| "info".into())
         .add_directive("bollard=info".parse().context("a fixed log directive")?);
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let cli = Cli::parse();
+    let spec =
+        config::Spec { config: "config", print: "print_config", daemon: Some("run"), tables: &["gpu", "engines"] };
+    let (cli, layered) = config::parse::<Cli>(&spec)?;
+    if layered.print {
+        print!("{}", layered.render());
+        return Ok(ExitCode::SUCCESS);
+    }
     match cli.command {
         Some(Command::Verify(args)) => verify(&args),
         Some(Command::Join(args)) => join(args).await,
@@ -320,6 +335,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         leave_grace: Duration::from_secs(args.leave_grace_s),
     };
     let shutdown = Shutdown::new();
+    let shared = benchfleet_agent::session::Shared::default();
+    if let Some(addr) = &args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot serve metrics on {addr} (--metrics-listen)"))?;
+        tracing::info!(addr = %listener.local_addr()?, "metrics at /metrics, probes at /healthz and /readyz");
+        let (gpus, shared, stopped) = (config.gpus.clone(), shared.clone(), shutdown.now.clone());
+        tokio::spawn(benchfleet_agent::observe::serve(gpus, shared, listener, stopped.cancelled_owned()));
+    }
     let on_signal = shutdown.clone();
     // Installed before READY=1: a SIGTERM right after it is a leave, not a kill.
     use tokio::signal::unix::{SignalKind, signal};
@@ -355,5 +379,5 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Err(e) = benchfleet_core::notify::notify("READY=1") {
         tracing::warn!("cannot tell the service manager this agent is ready: {e}");
     }
-    benchfleet_agent::run(config, shutdown).await
+    benchfleet_agent::run_with(config, shutdown, shared).await
 }

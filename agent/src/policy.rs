@@ -29,7 +29,7 @@ pub const DEFAULT_IMAGES: [&str; 2] = ["vllm/vllm-openai", "lmsysorg/sglang"];
 pub const SIMULATOR_IMAGE: &str = "benchfleet-sim";
 
 /// The `[engines]` table of the agent's config file (see
-/// `agent.example.toml`). The defaults run the vLLM and SGLang images and
+/// `deploy/agent.example.toml`). The defaults run the vLLM and SGLang images and
 /// nothing else.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -63,6 +63,17 @@ struct State {
     leaving: bool,
 }
 
+/// The agent's session and work, as its metrics show them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionStatus {
+    /// A session with the controller is open.
+    pub connected: bool,
+    /// The agent was told to leave: it takes no new work.
+    pub leaving: bool,
+    /// Engine groups not yet ended.
+    pub running: usize,
+}
+
 /// What the agent keeps across sessions.
 #[derive(Clone, Default)]
 pub struct Shared(Arc<Mutex<State>>);
@@ -79,6 +90,17 @@ impl Shared {
     fn send(state: &State, m: pb::agent_message::Msg) {
         if let Some(out) = &state.out {
             let _ = out.send(msg(m));
+        }
+    }
+
+    /// What `/metrics` and `/readyz` say of this agent's work.
+    pub fn status(&self) -> SessionStatus {
+        let s = self.lock();
+        SessionStatus {
+            // An aborted session leaves its sender behind, closed.
+            connected: s.out.as_ref().is_some_and(|out| !out.is_closed()),
+            leaving: s.leaving,
+            running: s.groups.values().filter(|h| h.done_at.is_none()).count(),
         }
     }
 

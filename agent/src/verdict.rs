@@ -11,7 +11,7 @@ use crate::gpu::{GpuInfo, THROTTLE_REASONS, UNKNOWN_XID, XidEvent};
 use benchfleet_core::gpu::model_matches;
 
 /// The thresholds a GPU must meet; the `[gpu]` table of the agent's config
-/// file (see `agent.example.toml`). The defaults suit a benchmark host: a
+/// file (see `deploy/agent.example.toml`). The defaults suit a benchmark host: a
 /// clean, idle, full-speed GPU.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]

@@ -10,9 +10,11 @@
 //! readings) and words a throttled GPU; `convert` is the one place records and summaries cross to and
 //! from their gRPC form; `tls` is the rule every client keeps to reach the
 //! controller (https verified, plain text only to loopback or when asked);
-//! `notify` tells systemd a daemon is ready or stopping.
+//! `notify` tells systemd a daemon is ready or stopping; `config` is the
+//! daemons' one precedence: flag, environment, `--config` file, default.
 
 pub mod block;
+pub mod config;
 pub mod convert;
 pub mod digest;
 pub mod gpu;

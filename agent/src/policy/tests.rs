@@ -329,6 +329,6 @@ fn not_offered_runtimes_name_what_would_offer_them() {
 
 #[test]
 fn the_example_config_file_shows_the_defaults() {
-    let example = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/agent.example.toml"));
+    let example = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/agent.example.toml"));
     assert_eq!(EnginePolicy::from_file(example).expect("the example is valid"), EnginePolicy::default());
 }

@@ -175,7 +175,7 @@ fn a_bad_policy_file_is_reported_before_any_gpu_is_read() {
 
 #[test]
 fn the_example_config_is_valid_and_lenient_policies_apply() {
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/agent.example.toml");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/agent.example.toml");
     let s = Scenario::new("gpus = 1\ngpu.0.mig = 1\n");
     assert_eq!(s.agent(&["verify", "--config", example]).status.code(), Some(1), "MIG is not allowed by the example");
     let config = s.file("agent.toml", "[gpu]\nallow_mig = true\n");

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use benchfleet_controller::pki::{self, ServerTls};
 use benchfleet_controller::{Controller, ControllerConfig, SledStore};
+use benchfleet_core::config;
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -19,6 +20,13 @@ use clap::Parser;
                   what was acknowledged is stored; 1 on an error (a store it cannot open, an address in use)."
 )]
 struct Args {
+    /// A TOML file of these flags (each a key: its name with `_` for `-`, e.g. `lease_ttl_ms = 10000`); a flag or
+    /// its variable beats the file, the file beats the default. See deploy/controller.example.toml.
+    #[arg(long, env = "BENCHFLEET_CONTROLLER_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print the configuration these flags, variables and file make (each value's source as a comment), and exit.
+    #[arg(long)]
+    print_config: bool,
     /// Address to serve gRPC on.
     #[arg(long, env = "BENCHFLEET_LISTEN", default_value = "127.0.0.1:7070")]
     listen: String,
@@ -84,7 +92,12 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let spec = config::Spec { config: "config", print: "print_config", daemon: None, tables: &[] };
+    let (args, layered) = config::parse::<Args>(&spec)?;
+    if layered.print {
+        print!("{}", layered.render());
+        return Ok(());
+    }
     let base = benchfleet_controller::store::data_dir(args.data_dir.as_deref());
     // Refused before anything binds or opens.
     let tls = server_tls(&args, &base)?;

@@ -29,8 +29,9 @@ async fn next_state(socket: &UnixDatagram) -> String {
     .expect("joined")
 }
 
+/// The whole answer, or nothing when no one listens yet.
 async fn get(addr: &str, path: &str) -> String {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await else { return String::new() };
     tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").as_bytes())
         .await
         .expect("write");
@@ -49,16 +50,15 @@ async fn the_controller_tells_systemd_and_probes_when_it_serves_and_when_it_stop
     let notify = tmp.path().join("notify");
     let socket = listener(&notify);
     let metrics = format!("127.0.0.1:{}", free_port());
-    let args: Vec<String> = [
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        &tmp.path().join("data").display().to_string(),
-        "--metrics-listen",
-        &metrics,
-    ]
-    .map(String::from)
-    .to_vec();
+    // As a unit starts it: everything from the config file.
+    let config = tmp.path().join("controller.toml");
+    let data = tmp.path().join("data");
+    std::fs::write(
+        &config,
+        format!("listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nmetrics_listen = \"{metrics}\"\n", data.display()),
+    )
+    .expect("write");
+    let args: Vec<String> = vec!["--config".into(), config.display().to_string()];
     let mut controller = Proc::spawn_with(
         &bin("benchfleet-controller"),
         &args,
@@ -80,6 +80,7 @@ async fn the_controller_tells_systemd_and_probes_when_it_serves_and_when_it_stop
     controller.signal(rustix::process::Signal::TERM);
     assert_eq!(next_state(&socket).await, "STOPPING=1");
     assert!(controller.exit(Duration::from_secs(15)).await.success(), "{}", controller.text());
+    assert!(data.join("store").is_dir(), "the store is where the file says");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,5 +104,75 @@ async fn an_agent_is_ready_once_its_gpus_are_checked_without_waiting_for_the_con
     assert_eq!(next_state(&socket).await, "READY=1");
     agent.signal(rustix::process::Signal::TERM);
     assert_eq!(next_state(&socket).await, "STOPPING=1");
+    assert!(agent.exit(Duration::from_secs(15)).await.success(), "{}", agent.text());
+}
+
+/// Scrapes `path` until it answers `status` (the agent reconnects on its own
+/// schedule), or panics with the last answer.
+async fn until(addr: &str, path: &str, status: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..300 {
+        last = get(addr, path).await;
+        if last.starts_with(&format!("HTTP/1.1 {status}")) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{path} never answered {status}; last:\n{last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_serves_its_gpus_and_session_and_is_ready_only_with_a_controller() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let work = tmp.path().join("work").display().to_string();
+    let args: Vec<String> = [
+        "--controller",
+        &format!("http://127.0.0.1:{port}"),
+        "--sim-gpus",
+        "H100x2",
+        "--sim-engines",
+        "--docker",
+        "off",
+        "--work-dir",
+        &work,
+        "--metrics-listen",
+        &metrics,
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut agent = Proc::spawn_with(&bin("benchfleet-agent"), &args, &[], tmp.path().join("agent.log"));
+    // No controller yet: alive, not ready, and it says why.
+    until(&metrics, "/healthz", "200").await;
+    let not_ready = get(&metrics, "/readyz").await;
+    assert!(
+        not_ready.starts_with("HTTP/1.1 503") && not_ready.contains("no session with the controller"),
+        "{not_ready}"
+    );
+    let scraped = get(&metrics, "/metrics").await;
+    assert!(scraped.contains("benchfleet_agent_session_connected 0"), "{scraped}");
+
+    let data = tmp.path().join("data").display().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let controller_metrics = format!("127.0.0.1:{}", free_port());
+    let cargs: Vec<String> =
+        ["--listen", &listen, "--data-dir", &data, "--metrics-listen", &controller_metrics].map(String::from).to_vec();
+    let _controller = Proc::spawn_with(&bin("benchfleet-controller"), &cargs, &[], tmp.path().join("controller.log"));
+    until(&metrics, "/readyz", "200").await;
+    let scraped = get(&metrics, "/metrics").await;
+    for line in [
+        "benchfleet_agent_session_connected 1",
+        "benchfleet_agent_groups_running 0",
+        "benchfleet_agent_leaving 0",
+        "benchfleet_agent_gpu_probe_ok 1",
+        "benchfleet_agent_gpu_usable{gpu=\"1\",",
+        "benchfleet_agent_gpu_sm_clock_hertz{gpu=\"0\",",
+        "benchfleet_agent_gpu_temperature_celsius{gpu=\"0\",",
+        "benchfleet_agent_gpu_power_watts{gpu=\"0\",",
+    ] {
+        assert!(scraped.contains(line), "{line} missing:\n{scraped}");
+    }
+    agent.signal(rustix::process::Signal::TERM);
     assert!(agent.exit(Duration::from_secs(15)).await.success(), "{}", agent.text());
 }
