@@ -1,3 +1,6 @@
+//! `core::config` against a daemon-like command: the precedence, the errors
+//! that name key and file, and the printed merge.
+
 use super::*;
 use clap::Parser;
 

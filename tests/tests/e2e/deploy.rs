@@ -173,6 +173,29 @@ async fn an_agent_serves_its_gpus_and_session_and_is_ready_only_with_a_controlle
     ] {
         assert!(scraped.contains(line), "{line} missing:\n{scraped}");
     }
+    // Every metric the Grafana dashboard queries is served by one of them.
+    let mut served = exposed(&scraped);
+    served.extend(exposed(&until(&controller_metrics, "/metrics", "200").await));
+    let dashboard = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/benchfleet.json");
+    let queried = crate::observe::dashboard_metrics(&dashboard);
+    assert!(queried.len() >= 10, "{queried:?}");
+    let missing: Vec<&String> = queried.iter().filter(|m| !served.contains(*m)).collect();
+    assert!(missing.is_empty(), "the dashboard queries metrics no daemon serves: {missing:?}\n{served:?}");
     agent.signal(rustix::process::Signal::TERM);
     assert!(agent.exit(Duration::from_secs(15)).await.success(), "{}", agent.text());
+}
+
+/// The names an exposition serves: every sample's, and every family's from
+/// its `# TYPE` line (a histogram is queried by its family's name).
+fn exposed(text: &str) -> std::collections::BTreeSet<String> {
+    let body = text.split_once("\r\n\r\n").map_or(text, |(_, body)| body);
+    body.lines()
+        .filter_map(|line| match line.strip_prefix("# TYPE ") {
+            Some(family) => family.split_whitespace().next(),
+            None if line.starts_with('#') => None,
+            None => line.split(['{', ' ']).next(),
+        })
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect()
 }

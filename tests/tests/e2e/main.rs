@@ -4,11 +4,14 @@
 
 mod config;
 mod deploy;
+mod deploy_flags;
 mod docker;
 mod faults;
 mod fleet;
 mod help;
+mod k8s;
 mod local_pipeline;
+mod observe;
 mod placement;
 mod security;
 mod telemetry;
