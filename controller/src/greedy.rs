@@ -186,19 +186,48 @@ pub struct Planned {
 
 /// Plans the next stage of a greedy run from its results so far.
 pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
+    let g = Greedy {
+        matrix,
+        results,
+        objective: Objective::of(&matrix.objective),
+        primary: matrix.profiles.iter().filter(|p| p.name == matrix.primary_profile).cloned().collect(),
+    };
     let mut decisions = Vec::new();
-    let primary: Vec<Profile> = matrix.profiles.iter().filter(|p| p.name == matrix.primary_profile).cloned().collect();
-    let next = |number: u32, configs: Vec<EngineConfig>, decisions: Vec<Decision>| Planned {
-        decisions,
-        plan: Plan::Next(Stage { number, configs, profiles: primary.clone() }),
-    };
-    let stop = |reason: String, decisions: Vec<Decision>| Planned {
-        decisions,
-        plan: Plan::Done(Outcome { winner: None, baseline: None, reason }),
-    };
-    let objective = Objective::of(&matrix.objective);
-    let acceptable = |name: &str| -> Result<&Measured, String> {
-        match results.primary.get(name) {
+    let planned = g.stage1(&mut decisions).and_then(|(engine, baseline, base)| {
+        let helping = g.stage2(engine, (&baseline, base), &mut decisions)?;
+        let (chosen, current) = g.stage3(engine, (&baseline, base), helping, &mut decisions)?;
+        Ok(g.finish(engine, (&baseline, base), (&chosen, current), &mut decisions))
+    });
+    let plan = planned.unwrap_or_else(|early| early);
+    Planned { decisions, plan }
+}
+
+/// A stage's result, or the plan it ends the procedure with (the next
+/// configurations to run, or a stop).
+type Staged<T> = Result<T, Plan>;
+
+/// What every stage reads.
+struct Greedy<'a> {
+    matrix: &'a Matrix,
+    results: &'a Results,
+    objective: Objective,
+    /// The primary profile, which stages 1 to 3 run.
+    primary: Vec<Profile>,
+}
+
+impl<'a> Greedy<'a> {
+    fn next(&self, number: u32, configs: Vec<EngineConfig>) -> Plan {
+        Plan::Next(Stage { number, configs, profiles: self.primary.clone() })
+    }
+
+    fn stop(reason: String) -> Plan {
+        Plan::Done(Outcome { winner: None, baseline: None, reason })
+    }
+
+    /// A configuration's result on the primary profile, if it may be
+    /// adopted; else why not.
+    fn acceptable(&self, name: &str) -> Result<&'a Measured, String> {
+        match self.results.primary.get(name) {
             Some(Some(m)) if let Some(c) = &m.capacity => match c.found {
                 Some(_) => Ok(m),
                 None => Err(format!(
@@ -209,203 +238,229 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
             },
             Some(Some(m)) => match &m.summary.invalid {
                 Some(why) => Err(format!("run INVALID: {why}; not adopted")),
-                None if m.summary.success_rate() < matrix.min_success_rate => {
+                None if m.summary.success_rate() < self.matrix.min_success_rate => {
                     Err(format!("success rate {:.1}%, not adopted", m.summary.success_rate() * 100.0))
                 }
                 None => Ok(m),
             },
             _ => Err("no successful repeat, not adopted".to_owned()),
         }
-    };
-    let untried = |configs: &[EngineConfig]| -> Vec<EngineConfig> {
-        configs.iter().filter(|c| !results.primary.contains_key(&c.name)).cloned().collect()
-    };
+    }
 
-    // Stage 1: each engine at its defaults; the best is built on.
-    let baselines: Vec<(&EngineDef, EngineConfig)> =
-        matrix.engines.iter().map(|e| (e, matrix.config_with(e, &[]))).collect();
-    let configs: Vec<EngineConfig> = baselines.iter().map(|(_, c)| c.clone()).collect();
-    let missing = untried(&configs);
-    if !missing.is_empty() {
-        return next(1, missing, decisions);
+    /// The configurations not yet run on the primary profile.
+    fn untried(&self, configs: &[EngineConfig]) -> Vec<EngineConfig> {
+        configs.iter().filter(|c| !self.results.primary.contains_key(&c.name)).cloned().collect()
     }
-    let mut best: Option<(&EngineDef, &EngineConfig, &Measured)> = None;
-    for (engine, config) in &baselines {
-        if let Ok(s) = acceptable(&config.name)
-            && best.is_none_or(|(_, _, b)| objective.better(s, b))
-        {
-            best = Some((engine, config, s));
+
+    fn compare(&self, reference: (&str, &Measured), candidate: (&str, &Measured)) -> Comparison {
+        let min_effect = self.matrix.min_effect;
+        if self.objective == Objective::Capacity {
+            return self.objective.compare(&[reference.1], &[candidate.1], min_effect);
         }
+        self.objective.compare(
+            &self.results.repeats_of(reference.0, &reference.1.summary),
+            &self.results.repeats_of(candidate.0, &candidate.1.summary),
+            min_effect,
+        )
     }
-    for (_, config) in &baselines {
-        let verdict = match (acceptable(&config.name), best) {
-            (Err(why), _) => why,
-            (Ok(s), Some((_, chosen, _))) if chosen.name == config.name => format!("{}, chosen", objective.show(s)),
-            (Ok(s), Some((_, chosen, _))) => format!("{}, below {}", objective.show(s), chosen.name),
-            (Ok(s), None) => objective.show(s),
-        };
-        decisions.push(Decision { stage: 1, config: config.name.clone(), verdict });
-    }
-    let Some((engine, baseline, base)) = best else {
-        return stop(
-            format!(
+
+    /// Stage 1: each engine at its defaults; the best is built on.
+    fn stage1(&self, decisions: &mut Vec<Decision>) -> Staged<(&'a EngineDef, EngineConfig, &'a Measured)> {
+        let (matrix, objective) = (self.matrix, self.objective);
+        let baselines: Vec<(&EngineDef, EngineConfig)> =
+            matrix.engines.iter().map(|e| (e, matrix.config_with(e, &[]))).collect();
+        let configs: Vec<EngineConfig> = baselines.iter().map(|(_, c)| c.clone()).collect();
+        let missing = self.untried(&configs);
+        if !missing.is_empty() {
+            return Err(self.next(1, missing));
+        }
+        let mut best: Option<(&EngineDef, &EngineConfig, &Measured)> = None;
+        for (engine, config) in &baselines {
+            if let Ok(s) = self.acceptable(&config.name)
+                && best.is_none_or(|(_, _, b)| objective.better(s, b))
+            {
+                best = Some((engine, config, s));
+            }
+        }
+        for (_, config) in &baselines {
+            let verdict = match (self.acceptable(&config.name), best) {
+                (Err(why), _) => why,
+                (Ok(s), Some((_, chosen, _))) if chosen.name == config.name => {
+                    format!("{}, chosen", objective.show(s))
+                }
+                (Ok(s), Some((_, chosen, _))) => format!("{}, below {}", objective.show(s), chosen.name),
+                (Ok(s), None) => objective.show(s),
+            };
+            decisions.push(Decision { stage: 1, config: config.name.clone(), verdict });
+        }
+        let Some((engine, baseline, base)) = best else {
+            return Err(Greedy::stop(format!(
                 "stage 1: no engine met the acceptance at its defaults on profile {}; nothing to build on",
                 matrix.primary_profile
-            ),
-            decisions,
-        );
-    };
-
-    // Stage 2: each variant that applies to the chosen engine, alone on top
-    // of it.
-    let applicable: Vec<&VariantDef> = matrix.variants.iter().filter(|v| v.applies_to(&engine.name)).collect();
-    let singles: Vec<EngineConfig> =
-        applicable.iter().map(|v| matrix.config_with(engine, &[v.name.as_str()])).collect();
-    let missing = untried(&singles);
-    if !missing.is_empty() {
-        return next(2, missing, decisions);
-    }
-    let compare = |reference: (&str, &Measured), candidate: (&str, &Measured)| {
-        if objective == Objective::Capacity {
-            return objective.compare(&[reference.1], &[candidate.1], matrix.min_effect);
-        }
-        objective.compare(
-            &results.repeats_of(reference.0, &reference.1.summary),
-            &results.repeats_of(candidate.0, &candidate.1.summary),
-            matrix.min_effect,
-        )
-    };
-    let mut helping: Vec<(&VariantDef, &Measured)> = Vec::new();
-    for (v, config) in applicable.iter().zip(&singles) {
-        let verdict = match acceptable(&config.name) {
-            Err(why) => why,
-            Ok(s) => {
-                let c = compare((&baseline.name, base), (&config.name, s));
-                match c.verdict {
-                    Verdict::Better => {
-                        helping.push((v, s));
-                        format!("{}, helps", c.shown)
-                    }
-                    Verdict::WithinNoise => format!("{}, within noise, not adopted", c.shown),
-                    Verdict::Worse => format!("{}, does not help", c.shown),
-                }
-            }
+            )));
         };
-        decisions.push(Decision { stage: 2, config: config.name.clone(), verdict });
+        Ok((engine, baseline.clone(), base))
     }
-    if !singles.is_empty() && singles.iter().all(|c| matches!(results.primary.get(&c.name), Some(None))) {
-        return stop(
-            format!(
+
+    /// Stage 2: each variant that applies to the chosen engine, alone on
+    /// top of it; those that help, with their results.
+    fn stage2(
+        &self,
+        engine: &'a EngineDef,
+        (baseline, base): (&EngineConfig, &'a Measured),
+        decisions: &mut Vec<Decision>,
+    ) -> Staged<Vec<(&'a VariantDef, &'a Measured)>> {
+        let matrix = self.matrix;
+        let applicable: Vec<&VariantDef> = matrix.variants.iter().filter(|v| v.applies_to(&engine.name)).collect();
+        let singles: Vec<EngineConfig> =
+            applicable.iter().map(|v| matrix.config_with(engine, &[v.name.as_str()])).collect();
+        let missing = self.untried(&singles);
+        if !missing.is_empty() {
+            return Err(self.next(2, missing));
+        }
+        let mut helping = Vec::new();
+        for (v, config) in applicable.iter().zip(&singles) {
+            let verdict = match self.acceptable(&config.name) {
+                Err(why) => why,
+                Ok(s) => {
+                    let c = self.compare((&baseline.name, base), (&config.name, s));
+                    match c.verdict {
+                        Verdict::Better => {
+                            helping.push((*v, s));
+                            format!("{}, helps", c.shown)
+                        }
+                        Verdict::WithinNoise => format!("{}, within noise, not adopted", c.shown),
+                        Verdict::Worse => format!("{}, does not help", c.shown),
+                    }
+                }
+            };
+            decisions.push(Decision { stage: 2, config: config.name.clone(), verdict });
+        }
+        if !singles.is_empty() && singles.iter().all(|c| matches!(self.results.primary.get(&c.name), Some(None))) {
+            return Err(Greedy::stop(format!(
                 "stage 2: every variant on top of {} failed without a result; check the engine's log lines",
                 baseline.name
-            ),
-            decisions,
-        );
+            )));
+        }
+        Ok(helping)
     }
 
-    // Stage 3: the helping variants combined cumulatively, the most helpful
-    // first (file order among equals: the sort is stable).
-    helping.sort_by(|a, b| objective.score(b.1).total_cmp(&objective.score(a.1)));
-    let mut chosen: Vec<&str> = Vec::new();
-    let mut current = base;
-    let mut current_name = baseline.name.clone();
-    if let Some((first, s)) = helping.first() {
-        chosen.push(&first.name);
-        current = s;
-        current_name = matrix.config_with(engine, &chosen).name;
-        decisions.push(Decision {
-            stage: 3,
-            config: current_name.clone(),
-            verdict: format!("{}, the best single variant, kept", objective.change(base, s)),
-        });
-    }
-    for (variant, _) in helping.iter().skip(1) {
-        // One of a group of alternatives at a time: the most helpful of it
-        // came first.
-        let taken = variant.group.as_ref().and_then(|g| {
-            chosen.iter().find(|c| matrix.variants.iter().any(|v| v.name == **c && v.group.as_ref() == Some(g)))
-        });
-        if let Some(other) = taken {
-            let group = variant.group.as_deref().unwrap_or_default();
+    /// Stage 3: the helping variants combined cumulatively, the most
+    /// helpful first (file order among equals: the sort is stable); the
+    /// variants kept and the result of the last configuration kept.
+    fn stage3(
+        &self,
+        engine: &'a EngineDef,
+        (baseline, base): (&EngineConfig, &'a Measured),
+        mut helping: Vec<(&'a VariantDef, &'a Measured)>,
+        decisions: &mut Vec<Decision>,
+    ) -> Staged<(Vec<&'a str>, &'a Measured)> {
+        let (matrix, objective) = (self.matrix, self.objective);
+        helping.sort_by(|a, b| objective.score(b.1).total_cmp(&objective.score(a.1)));
+        let mut chosen: Vec<&str> = Vec::new();
+        let mut current = base;
+        let mut current_name = baseline.name.clone();
+        if let Some((first, s)) = helping.first() {
+            chosen.push(&first.name);
+            current = s;
+            current_name = matrix.config_with(engine, &chosen).name;
             decisions.push(Decision {
                 stage: 3,
-                config: matrix.config_with(engine, &[variant.name.as_str()]).name,
-                verdict: format!("an alternative to {other} (group {group}), which is kept; not combined"),
+                config: current_name.clone(),
+                verdict: format!("{}, the best single variant, kept", objective.change(base, s)),
             });
-            continue;
         }
-        let mut candidate = chosen.clone();
-        candidate.push(&variant.name);
-        let config = matrix.config_with(engine, &candidate);
-        if !results.primary.contains_key(&config.name) {
-            return next(3, vec![config], decisions);
-        }
-        let verdict = match acceptable(&config.name) {
-            Err(why) => why,
-            Ok(s) => {
-                let c = compare((&current_name, current), (&config.name, s));
-                match c.verdict {
-                    Verdict::Better => {
-                        chosen = candidate;
-                        current = s;
-                        current_name = config.name.clone();
-                        format!("{}, kept", objective.change(base, s))
-                    }
-                    Verdict::WithinNoise => format!(
-                        "{}, within noise of the previous {} ({} against it), not kept",
-                        objective.change(base, s),
-                        objective.change(base, current),
-                        c.shown
-                    ),
-                    Verdict::Worse => format!(
-                        "{}, below the previous {}, not kept",
-                        objective.change(base, s),
-                        objective.change(base, current)
-                    ),
-                }
+        for (variant, _) in helping.iter().skip(1) {
+            // One of a group of alternatives at a time: the most helpful of
+            // it came first.
+            let taken = variant.group.as_ref().and_then(|g| {
+                chosen.iter().find(|c| matrix.variants.iter().any(|v| v.name == **c && v.group.as_ref() == Some(g)))
+            });
+            if let Some(other) = taken {
+                let group = variant.group.as_deref().unwrap_or_default();
+                decisions.push(Decision {
+                    stage: 3,
+                    config: matrix.config_with(engine, &[variant.name.as_str()]).name,
+                    verdict: format!("an alternative to {other} (group {group}), which is kept; not combined"),
+                });
+                continue;
             }
-        };
-        decisions.push(Decision { stage: 3, config: config.name, verdict });
+            let mut candidate = chosen.clone();
+            candidate.push(&variant.name);
+            let config = matrix.config_with(engine, &candidate);
+            if !self.results.primary.contains_key(&config.name) {
+                return Err(self.next(3, vec![config]));
+            }
+            let verdict = match self.acceptable(&config.name) {
+                Err(why) => why,
+                Ok(s) => {
+                    let c = self.compare((&current_name, current), (&config.name, s));
+                    match c.verdict {
+                        Verdict::Better => {
+                            chosen = candidate;
+                            current = s;
+                            current_name = config.name.clone();
+                            format!("{}, kept", objective.change(base, s))
+                        }
+                        Verdict::WithinNoise => format!(
+                            "{}, within noise of the previous {} ({} against it), not kept",
+                            objective.change(base, s),
+                            objective.change(base, current),
+                            c.shown
+                        ),
+                        Verdict::Worse => format!(
+                            "{}, below the previous {}, not kept",
+                            objective.change(base, s),
+                            objective.change(base, current)
+                        ),
+                    }
+                }
+            };
+            decisions.push(Decision { stage: 3, config: config.name, verdict });
+        }
+        Ok((chosen, current))
     }
-    let winner = matrix.config_with(engine, &chosen);
-    let reason = if chosen.is_empty() {
-        format!("no variant helped; {} at its defaults is the best", baseline.name)
-    } else {
-        format!("{} over {} on profile {}", objective.change(base, current), baseline.name, matrix.primary_profile)
-    };
-    let done = |decisions| Planned {
-        decisions,
-        plan: Plan::Done(Outcome {
-            winner: Some(winner.name.clone()),
-            baseline: Some(baseline.name.clone()),
-            reason: reason.clone(),
-        }),
-    };
 
-    // Stage 4: the winner and the baseline on the profiles they have not run.
-    let others: Vec<Profile> = matrix.profiles.iter().filter(|p| p.name != matrix.primary_profile).cloned().collect();
-    if others.is_empty() {
-        return done(decisions);
-    }
-    let mut finalists = vec![winner.clone()];
-    if winner.name != baseline.name {
-        finalists.push(baseline.clone());
-    }
-    if !results.final_scheduled {
-        return Planned {
-            decisions,
-            plan: Plan::Next(Stage { number: FINAL_STAGE, configs: finalists, profiles: others }),
+    /// The outcome, once stage 4 (the winner and the baseline on the
+    /// profiles they have not run) is done or not needed.
+    fn finish(
+        &self,
+        engine: &EngineDef,
+        (baseline, base): (&EngineConfig, &Measured),
+        (chosen, current): (&[&str], &Measured),
+        decisions: &mut Vec<Decision>,
+    ) -> Plan {
+        let (matrix, objective) = (self.matrix, self.objective);
+        let winner = matrix.config_with(engine, chosen);
+        let reason = if chosen.is_empty() {
+            format!("no variant helped; {} at its defaults is the best", baseline.name)
+        } else {
+            format!("{} over {} on profile {}", objective.change(base, current), baseline.name, matrix.primary_profile)
         };
+        let done =
+            Plan::Done(Outcome { winner: Some(winner.name.clone()), baseline: Some(baseline.name.clone()), reason });
+        let others: Vec<Profile> =
+            matrix.profiles.iter().filter(|p| p.name != matrix.primary_profile).cloned().collect();
+        if others.is_empty() {
+            return done;
+        }
+        let mut finalists = vec![winner.clone()];
+        if winner.name != baseline.name {
+            finalists.push(baseline.clone());
+        }
+        if !self.results.final_scheduled {
+            return Plan::Next(Stage { number: FINAL_STAGE, configs: finalists, profiles: others });
+        }
+        for f in &finalists {
+            let role = if f.name == winner.name { "the winner" } else { "the baseline" };
+            decisions.push(Decision {
+                stage: FINAL_STAGE,
+                config: f.name.clone(),
+                verdict: format!("{role}, measured on every profile"),
+            });
+        }
+        done
     }
-    for f in &finalists {
-        let role = if f.name == winner.name { "the winner" } else { "the baseline" };
-        decisions.push(Decision {
-            stage: FINAL_STAGE,
-            config: f.name.clone(),
-            verdict: format!("{role}, measured on every profile"),
-        });
-    }
-    done(decisions)
 }
 
 /// What a comparison of a candidate with a reference concludes.

@@ -140,33 +140,7 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
     let min_success_rate = matrix.as_ref().map_or(1.0, |m| m.min_success_rate);
     let min_effect = matrix.as_ref().map_or(crate::matrix::DEFAULT_MIN_EFFECT, |m| m.min_effect);
 
-    let mut profile_list: Vec<&Profile> = Vec::new();
-    for j in &jobs {
-        if !profile_list.iter().any(|p| p.name == j.profile.name) {
-            profile_list.push(&j.profile);
-        }
-    }
-    // A search profile that was probed is listed with its probes.
-    if let Some(m) = &matrix {
-        for (p, _) in m.searches() {
-            if profile_list.iter().any(|q| q.probe.as_ref().is_some_and(|probe| probe.search == p.name)) {
-                profile_list.push(p);
-            }
-        }
-    }
-    // In the matrix's order (a greedy run measures the primary one first),
-    // each search's probes after it by their load.
-    if let Some(m) = &matrix {
-        profile_list.sort_by(|a, b| {
-            let key = |p: &Profile| {
-                let name = p.probe.as_ref().map_or(&p.name, |probe| &probe.search);
-                let at = m.profiles.iter().position(|q| q.name == *name).unwrap_or(usize::MAX);
-                (at, p.probe.as_ref().map_or(f64::MIN, |probe| probe.point))
-            };
-            let (ka, kb) = (key(a), key(b));
-            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
-        });
-    }
+    let profile_list = profile_order(&jobs, matrix.as_ref());
     let primary = matrix
         .as_ref()
         .map(|m| m.primary_profile.clone())
@@ -200,43 +174,14 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
         });
     }
 
-    let mut stages = Vec::new();
-    let mut greedy_outcome = None;
-    if let Some(m) = matrix.as_ref().filter(|m| m.strategy == Strategy::Greedy) {
-        let planned = greedy::plan(m, &greedy::Results::of(&all_groups, &stored_jobs, m));
-        for d in &planned.decisions {
-            if stages.last().is_none_or(|s: &StageInfo| s.number != d.stage) {
-                let mut measured: Vec<String> = Vec::new();
-                for g in all_groups.iter().filter(|g| g.stage == d.stage) {
-                    if !measured.contains(&g.config.name) {
-                        measured.push(g.config.name.clone());
-                    }
-                }
-                stages.push(StageInfo {
-                    number: d.stage,
-                    title: stage_title(d.stage).to_owned(),
-                    decisions: Vec::new(),
-                    configurations: measured,
-                    summary: None,
-                });
-            }
-            if let Some(s) = stages.last_mut() {
-                s.decisions.push(Decision { config: d.config.clone(), verdict: d.verdict.clone() });
-            }
+    let (stages, greedy_outcome) = match matrix.as_ref().filter(|m| m.strategy == Strategy::Greedy) {
+        Some(m) => {
+            let (stages, outcome) =
+                greedy_stages(m, (&all_groups, &stored_jobs), &configurations, (ranked, &primary), min_success_rate);
+            (stages, Some(outcome))
         }
-        greedy_outcome = Some(match planned.plan {
-            Plan::Next(next) => GreedyOutcome { running_stage: Some(next.number), chosen: None, reason: String::new() },
-            Plan::Done(outcome) => {
-                GreedyOutcome { running_stage: None, chosen: outcome.winner, reason: outcome.reason }
-            }
-        });
-        // A stage in a sentence: what it decided between (stage 3 holds the
-        // best single variant against its combinations).
-        for s in &mut stages {
-            let decided: Vec<String> = s.decisions.iter().map(|d| d.config.clone()).collect();
-            s.summary = words::stage_sentence(ranked, &configurations, &decided, &primary, min_success_rate);
-        }
-    }
+        None => (Vec::new(), None),
+    };
 
     let searches = matrix.as_ref().map(|m| searches::gather(m, &groups, &jobs)).unwrap_or_default();
     let fixed: Vec<ProfileInfo> =
@@ -251,41 +196,7 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
         _ => recommendation(&configurations, &fixed, &primary, (m.min_success_rate, m.min_effect), ranked, winner),
     });
 
-    let mut setup = Setup::default();
-    for c in &configurations {
-        push_new(&mut setup.models, &c.model);
-        match setup.engines.iter_mut().find(|e| e.name == c.engine) {
-            Some(e) => {
-                if !c.image.is_empty() {
-                    push_new(&mut e.images, &c.image);
-                }
-            }
-            None => setup.engines.push(EngineInfo {
-                name: c.engine.clone(),
-                kind: c.kind.clone(),
-                runtime: c.runtime.clone(),
-                images: if c.image.is_empty() { Vec::new() } else { vec![c.image.clone()] },
-                versions: Vec::new(),
-                image_digests: Vec::new(),
-            }),
-        }
-        for r in c.blocks.iter().flat_map(|b| &b.repeats) {
-            if let Some(e) = setup.engines.iter_mut().find(|e| e.name == c.engine) {
-                if let Some(v) = &r.provenance.engine_version {
-                    push_new(&mut e.versions, v);
-                }
-                if let Some(d) = &r.provenance.image_digest {
-                    push_new(&mut e.image_digests, d);
-                }
-            }
-            for g in &r.provenance.gpus {
-                push_new(&mut setup.gpus, g);
-            }
-            if let Some(h) = &r.provenance.host {
-                push_new(&mut setup.hosts, h);
-            }
-        }
-    }
+    let setup = setup_of(&configurations);
 
     Ok(ReportDoc {
         schema: SCHEMA.to_owned(),
@@ -325,6 +236,125 @@ pub fn document(store: &dyn Store, run_id: RunId, keep: &dyn Fn(AttemptKey, &Dig
         recommendation,
         searches,
     })
+}
+
+/// The profiles a run's jobs ran, a search's with its probes, in the
+/// matrix's order (a greedy run measures the primary one first), each
+/// search's probes after it by their load.
+fn profile_order<'a>(jobs: &'a [Job], matrix: Option<&'a crate::matrix::Matrix>) -> Vec<&'a Profile> {
+    let mut profile_list: Vec<&Profile> = Vec::new();
+    for j in jobs {
+        if !profile_list.iter().any(|p| p.name == j.profile.name) {
+            profile_list.push(&j.profile);
+        }
+    }
+    // A search profile that was probed is listed with its probes.
+    if let Some(m) = matrix {
+        for (p, _) in m.searches() {
+            if profile_list.iter().any(|q| q.probe.as_ref().is_some_and(|probe| probe.search == p.name)) {
+                profile_list.push(p);
+            }
+        }
+    }
+    // In the matrix's order (a greedy run measures the primary one first),
+    // each search's probes after it by their load.
+    if let Some(m) = matrix {
+        profile_list.sort_by(|a, b| {
+            let key = |p: &Profile| {
+                let name = p.probe.as_ref().map_or(&p.name, |probe| &probe.search);
+                let at = m.profiles.iter().position(|q| q.name == *name).unwrap_or(usize::MAX);
+                (at, p.probe.as_ref().map_or(f64::MIN, |probe| probe.point))
+            };
+            let (ka, kb) = (key(a), key(b));
+            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        });
+    }
+    profile_list
+}
+
+/// A greedy run's stages, each with its decisions and a sentence, and how
+/// the procedure stands.
+fn greedy_stages(
+    m: &crate::matrix::Matrix,
+    (all_groups, stored_jobs): (&[Group], &[Job]),
+    configurations: &[Configuration],
+    (ranked, primary): (Objective, &str),
+    min_success_rate: f64,
+) -> (Vec<StageInfo>, GreedyOutcome) {
+    let mut stages = Vec::new();
+    let planned = greedy::plan(m, &greedy::Results::of(all_groups, stored_jobs, m));
+    for d in &planned.decisions {
+        if stages.last().is_none_or(|s: &StageInfo| s.number != d.stage) {
+            let mut measured: Vec<String> = Vec::new();
+            for g in all_groups.iter().filter(|g| g.stage == d.stage) {
+                if !measured.contains(&g.config.name) {
+                    measured.push(g.config.name.clone());
+                }
+            }
+            stages.push(StageInfo {
+                number: d.stage,
+                title: stage_title(d.stage).to_owned(),
+                decisions: Vec::new(),
+                configurations: measured,
+                summary: None,
+            });
+        }
+        if let Some(s) = stages.last_mut() {
+            s.decisions.push(Decision { config: d.config.clone(), verdict: d.verdict.clone() });
+        }
+    }
+    let outcome = match planned.plan {
+        Plan::Next(next) => GreedyOutcome { running_stage: Some(next.number), chosen: None, reason: String::new() },
+        Plan::Done(outcome) => GreedyOutcome { running_stage: None, chosen: outcome.winner, reason: outcome.reason },
+    };
+    // A stage in a sentence: what it decided between (stage 3 holds the
+    // best single variant against its combinations).
+    for s in &mut stages {
+        let decided: Vec<String> = s.decisions.iter().map(|d| d.config.clone()).collect();
+        s.summary = words::stage_sentence(ranked, configurations, &decided, primary, min_success_rate);
+    }
+    (stages, outcome)
+}
+
+/// The models, engines (their images, versions and digests), GPUs and
+/// hosts the configurations ran on.
+fn setup_of(configurations: &[Configuration]) -> Setup {
+    let mut setup = Setup::default();
+    for c in configurations {
+        push_new(&mut setup.models, &c.model);
+        match setup.engines.iter_mut().find(|e| e.name == c.engine) {
+            Some(e) => {
+                if !c.image.is_empty() {
+                    push_new(&mut e.images, &c.image);
+                }
+            }
+            None => setup.engines.push(EngineInfo {
+                name: c.engine.clone(),
+                kind: c.kind.clone(),
+                runtime: c.runtime.clone(),
+                images: if c.image.is_empty() { Vec::new() } else { vec![c.image.clone()] },
+                versions: Vec::new(),
+                image_digests: Vec::new(),
+            }),
+        }
+        for r in c.blocks.iter().flat_map(|b| &b.repeats) {
+            if let Some(e) = setup.engines.iter_mut().find(|e| e.name == c.engine) {
+                if let Some(v) = &r.provenance.engine_version {
+                    push_new(&mut e.versions, v);
+                }
+                if let Some(d) = &r.provenance.image_digest {
+                    push_new(&mut e.image_digests, d);
+                }
+            }
+            for g in &r.provenance.gpus {
+                push_new(&mut setup.gpus, g);
+            }
+            if let Some(h) = &r.provenance.host {
+                push_new(&mut setup.hosts, h);
+            }
+        }
+    }
+    setup
 }
 
 fn push_new(list: &mut Vec<String>, item: &str) {
@@ -488,7 +518,7 @@ pub fn reproduce(j: &Job) -> Option<String> {
         let value = match a.as_str() {
             "--base-url" => Some("\"$ENGINE_URL\"".to_owned()),
             "--dataset-path" => match &j.profile.dataset {
-                Dataset::Sharegpt { file, .. } => Some(crate::model::shell_word(file)),
+                Dataset::ShareGpt { file, .. } => Some(crate::model::shell_word(file)),
                 _ => None,
             },
             "--processor" | "--tokenizer" => j.profile.processor.as_ref().map(|p| crate::model::shell_word(&p.file)),
@@ -508,7 +538,7 @@ fn dataset_words(d: &Dataset) -> String {
         Dataset::Random { input_tokens, output_tokens, seed } => {
             format!("random: {input_tokens} input / {output_tokens} output tokens, seed {seed}")
         }
-        Dataset::Sharegpt { file, sha256, output_tokens } => {
+        Dataset::ShareGpt { file, sha256, output_tokens } => {
             let out = output_tokens.map_or(String::new(), |o| format!(", {o} output tokens"));
             format!("ShareGPT {file} (sha256 {sha256}){out}")
         }
@@ -529,7 +559,7 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
             set("output_tokens", output_tokens.to_string());
             set("dataset_seed", seed.to_string());
         }
-        Dataset::Sharegpt { file, output_tokens, .. } => {
+        Dataset::ShareGpt { file, output_tokens, .. } => {
             set("dataset_name", "ShareGPT".into());
             set("dataset_file", file.clone());
             if let Some(o) = output_tokens {
