@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds a Docker image of the simulated engine, benchfleet-sim, with no
 # registry involved: a root filesystem holding the binary and the shared
-# libraries it links (as `ldd` lists them), imported with `docker import`.
-# The image's entrypoint is the simulator, so it takes an engine's command
-# line, like the agent's docker runtime gives it:
+# libraries it links (as `ldd` lists them), imported with `docker import`
+# (build-images.sh's import_image). The image's entrypoint is the simulator,
+# so it takes an engine's command line, like the agent's docker runtime
+# gives it:
 #
 #   docker run --rm --network host benchfleet-sim:dev vllm serve Qwen/Qwen3.5-9B --port 8000
 #
@@ -26,38 +27,8 @@ for arg in "$@"; do
 done
 
 cd "$(dirname "$0")/.."
-command -v docker >/dev/null || { echo "build-sim-image.sh: docker is not installed" >&2; exit 1; }
-docker info >/dev/null 2>&1 || { echo "build-sim-image.sh: cannot reach the Docker daemon; start dockerd first" >&2; exit 1; }
-
-if [ "$profile" = release ]; then
-    cargo build --release -p benchfleet-sim
-else
-    cargo build -p benchfleet-sim
-fi
-binary="${CARGO_TARGET_DIR:-target}/$profile/benchfleet-sim"
-[ -x "$binary" ] || { echo "build-sim-image.sh: $binary was not built" >&2; exit 1; }
-
-rootfs=$(mktemp -d)
-trap 'rm -rf "$rootfs"' EXIT
-install -m 0755 "$binary" "$rootfs/benchfleet-sim"
-mkdir -m 1777 "$rootfs/tmp"
-# Every absolute path ldd prints (libraries and the dynamic loader), copied
-# to the same path in the image; `cp -L` follows the version symlinks.
-for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do
-    mkdir -p "$rootfs$(dirname "$lib")"
-    cp -L "$lib" "$rootfs$lib"
-done
-
-previous=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
-tar -C "$rootfs" -c . | docker import \
-    --change 'ENTRYPOINT ["/benchfleet-sim"]' \
-    --change 'LABEL org.opencontainers.image.title=benchfleet-sim' \
-    --message "benchfleet-sim ($profile build)" \
-    - "$tag" >/dev/null
-# The image this tag named before is of no use now; one a container still
-# uses stays.
-current=$(docker image inspect --format '{{.Id}}' "$tag")
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
-    docker image rm "$previous" >/dev/null 2>&1 || true
-fi
-echo "built $tag from $binary"
+# shellcheck source=deploy/build-images.sh
+source deploy/build-images.sh
+need_docker build-sim-image.sh
+cargo_build "$profile" -p benchfleet-sim
+import_image "$tag" benchfleet-sim "$profile" -- "${CARGO_TARGET_DIR:-target}/$profile/benchfleet-sim"

@@ -2,6 +2,7 @@
 //! on 127.0.0.1:0, sled in a temp dir), a real agent, the simulator's and
 //! loadgen's libraries in place of their binaries.
 
+mod compose;
 mod config;
 mod deploy;
 mod deploy_flags;
@@ -14,4 +15,5 @@ mod local_pipeline;
 mod observe;
 mod placement;
 mod security;
+mod systemd;
 mod telemetry;
