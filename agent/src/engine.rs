@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use benchfleet_core::engine::EngineKind;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
@@ -80,16 +81,13 @@ pub trait EngineRuntime: Send + Sync {
     async fn start(&self, launch: &EngineLaunch) -> Result<Box<dyn Engine>, EngineError>;
 }
 
-/// The command line that starts an engine, as its documentation gives it.
+/// The command line that starts an engine, as its documentation gives it
+/// (`benchfleet_core::engine::command`, which the reports show too),
+/// listening on `host:port`. A kind the controller does not send is
+/// started as vLLM, as the other choices by kind here make it.
 pub fn engine_command(launch: &EngineLaunch, host: &str, port: u16) -> Vec<String> {
-    let mut words: Vec<String> = match launch.kind.as_str() {
-        "sglang" => ["python3", "-m", "sglang.launch_server", "--model-path"].map(String::from).to_vec(),
-        _ => ["vllm", "serve"].map(String::from).to_vec(),
-    };
-    words.push(launch.model.clone());
-    words.extend(["--host".to_owned(), host.to_owned(), "--port".to_owned(), port.to_string()]);
-    words.extend(launch.args.iter().cloned());
-    words
+    let kind = EngineKind::from_name(&launch.kind).unwrap_or(EngineKind::Vllm);
+    benchfleet_core::engine::command(kind, &launch.model, &launch.args, Some((host, port)))
 }
 
 /// What empties an engine's prefix cache, by its kind: SGLang's

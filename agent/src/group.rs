@@ -10,12 +10,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use benchfleet_core::load::{LoadDataset, LoadTarget};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::engine::{Engine, EngineError, EngineRuntime, wait_until_serving};
 use crate::gpu::{GpuInfo, GpuProbe};
-use crate::job::{Attempt, EngineLaunch, Failure, GroupAssignment, JobReport, LoadDataset, LoadRun, Reported};
+use crate::job::{Attempt, EngineLaunch, Failure, GroupAssignment, JobReport, LoadJob, LoadRun, Reported};
 use crate::load::LoadRunner;
 use crate::telemetry::{Sampling, Sources};
 use crate::verdict::{new_errors, new_xids};
@@ -93,11 +94,45 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
         }
     };
     out.report(JobReport::new(&first.attempt, Reported::StartingEngine));
-    // The GPUs are checked again right before the engine starts: one that
-    // failed since registration must not produce a number.
+    if let Err(error) = check_gpus(ctx, &group.gpu_uuids).await {
+        warn!(config = %group.engine.config_name, "{error}");
+        give_up(0, Failure::Host, &error, "");
+        return;
+    }
+    name_engine(ctx, &mut group.engine, &group.gpu_uuids, &first.attempt);
+    let (mut engine, serving) = match bring_up(ctx, &group.engine, &first.attempt, out, stop).await {
+        Ok(up) => up,
+        Err((failure, error, tail)) => {
+            give_up(0, failure, &error, &tail);
+            return;
+        }
+    };
+    // Which jobs have had their final report: on a stop, the rest get one.
+    let mut ended = vec![false; group.jobs.len()];
+    for (i, job) in group.jobs.iter().enumerate() {
+        if stop.is_stopped() {
+            break;
+        }
+        let Some(report) = run_job(ctx, &group, (i, job), (engine.as_mut(), &serving), out, stop).await else {
+            break;
+        };
+        ended[i] = true;
+        out.report(report);
+    }
+    engine.stop().await;
+    if stop.is_stopped() {
+        let reason = stop.reason();
+        for (job, _) in group.jobs.iter().zip(&ended).filter(|(_, done)| !**done) {
+            out.report(JobReport::failed(&job.attempt, Failure::Host, reason.clone()));
+        }
+    }
+}
+
+/// The GPUs are checked again right before the engine starts: one that
+/// failed since registration must not produce a number.
+async fn check_gpus(ctx: &GroupContext, assigned: &[String]) -> Result<(), String> {
     let unusable: Vec<String> = match probe(&ctx.gpus).await {
-        Ok(gpus) => group
-            .gpu_uuids
+        Ok(gpus) => assigned
             .iter()
             .filter_map(|uuid| match gpus.iter().find(|g| &g.uuid == uuid) {
                 None => Some(format!("GPU {uuid} is gone")),
@@ -107,251 +142,255 @@ pub async fn run_group(ctx: &GroupContext, mut group: GroupAssignment, out: &dyn
             .collect(),
         Err(e) => vec![format!("cannot read the GPUs: {e:#}")],
     };
-    if !unusable.is_empty() {
-        let error = format!("GPU check before engine start failed: {}", unusable.join("; "));
-        warn!(config = %group.engine.config_name, "{error}");
-        give_up(0, Failure::Host, &error, "");
-        return;
+    if unusable.is_empty() {
+        return Ok(());
     }
-    group.engine.instance_name =
-        format!("benchfleet-{}-{}-{}", first.attempt.run_id, first.attempt.job, first.attempt.attempt);
-    group.engine.labels = vec![
-        ("benchfleet.run".into(), first.attempt.run_id.clone()),
-        ("benchfleet.job".into(), first.attempt.job.to_string()),
-        ("benchfleet.attempt".into(), first.attempt.attempt.to_string()),
+    Err(format!("GPU check before engine start failed: {}", unusable.join("; ")))
+}
+
+/// The engine's instance name, labels and GPUs, from its first attempt.
+fn name_engine(ctx: &GroupContext, engine: &mut EngineLaunch, gpu_uuids: &[String], first: &Attempt) {
+    engine.instance_name = format!("benchfleet-{}-{}-{}", first.run_id, first.job, first.attempt);
+    engine.labels = vec![
+        ("benchfleet.run".into(), first.run_id.clone()),
+        ("benchfleet.job".into(), first.job.to_string()),
+        ("benchfleet.attempt".into(), first.attempt.to_string()),
         ("benchfleet.agent".into(), ctx.agent_name.clone()),
     ];
-    group.engine.gpu_uuids = group.gpu_uuids.clone();
+    engine.gpu_uuids = gpu_uuids.to_vec();
+}
 
-    let Some(runtime) = ctx.runtimes.get(&group.engine.runtime) else {
+/// A serving engine's facts, which every result of the group carries.
+struct Serving {
+    http: reqwest::Client,
+    startup: Duration,
+    engine_version: Option<String>,
+    image_digest: Option<String>,
+}
+
+/// Starts the engine and waits until it serves; on any failure (a stop
+/// included) the engine is stopped, and the failure, its error and the
+/// engine's log tail are returned for every job.
+async fn bring_up(
+    ctx: &GroupContext,
+    launch: &EngineLaunch,
+    first: &Attempt,
+    out: &dyn Reports,
+    stop: &Stop,
+) -> Result<(Box<dyn Engine>, Serving), (Failure, String, String)> {
+    let Some(runtime) = ctx.runtimes.get(&launch.runtime) else {
         let error = format!(
             "runtime `{}` is not available on agent {}: {}",
-            group.engine.runtime,
+            launch.runtime,
             ctx.agent_name,
-            crate::policy::not_offered(&group.engine.runtime)
+            crate::policy::not_offered(&launch.runtime)
         );
-        give_up(0, Failure::Host, &error, "");
-        return;
+        return Err((Failure::Host, error, String::new()));
     };
     let started = tokio::select! {
-        () = stop.stopped() => {
-            give_up(0, Failure::Host, &stop.reason(), "");
-            return;
-        }
-        r = start_engine(runtime.as_ref(), &group.engine, &first.attempt, out) => r,
+        () = stop.stopped() => return Err((Failure::Host, stop.reason(), String::new())),
+        r = start_engine(runtime.as_ref(), launch, first, out) => r,
     };
     let mut engine = match started {
         Ok(engine) => engine,
         Err(e) => {
-            warn!(config = %group.engine.config_name, "engine did not start: {e}");
-            give_up(0, failure_of(&e), &format!("engine did not start: {e}"), "");
-            return;
+            warn!(config = %launch.config_name, "engine did not start: {e}");
+            return Err((failure_of(&e), format!("engine did not start: {e}"), String::new()));
         }
     };
     // From here the engine exists: every way out stops it first.
     let waited = tokio::select! {
         () = stop.stopped() => None,
-        r = wait_until_serving(engine.as_mut(), &group.engine.model, ctx.startup_timeout) => Some(r),
+        r = wait_until_serving(engine.as_mut(), &launch.model, ctx.startup_timeout) => Some(r),
     };
     let startup = match waited {
         None => {
             engine.stop().await;
-            give_up(0, Failure::Host, &stop.reason(), "");
-            return;
+            return Err((Failure::Host, stop.reason(), String::new()));
         }
         Some(Err(e)) => {
             let tail = engine.log_tail();
             engine.stop().await;
-            warn!(config = %group.engine.config_name, "engine did not start: {e}");
-            give_up(0, failure_of(&e), &format!("engine did not start: {e}"), &tail);
-            return;
+            warn!(config = %launch.config_name, "engine did not start: {e}");
+            return Err((failure_of(&e), format!("engine did not start: {e}"), tail));
         }
         Some(Ok(took)) => took,
     };
-    info!(config = %group.engine.config_name, "engine serving after {:.1} s", startup.as_secs_f64());
-
+    info!(config = %launch.config_name, "engine serving after {:.1} s", startup.as_secs_f64());
     let http = reqwest::Client::new();
-    // What every result of the group names its engine by.
-    let engine_version = crate::engine::engine_version(&http, &engine.base_url(), &group.engine.kind).await;
+    let engine_version = crate::engine::engine_version(&http, &engine.base_url(), &launch.kind).await;
     let image_digest = engine.image_digest();
-    // Which jobs have had their final report: on a stop, the rest get one.
-    let mut ended = vec![false; group.jobs.len()];
-    for (i, job) in group.jobs.iter().enumerate() {
-        if stop.is_stopped() {
-            break;
-        }
-        let end = |report: JobReport, ended: &mut Vec<bool>| {
-            ended[i] = true;
-            out.report(report);
-        };
-        // Taken first: an XID from here on (the cache reset included) is
-        // during this job's attempt.
-        let xid_mark = ctx.gpus.xid_mark();
-        if let Some(status) = engine.exit_status() {
-            let error = format!("the engine exited ({status}) before this job");
-            end(
-                JobReport { log_tail: engine.log_tail(), ..JobReport::failed(&job.attempt, Failure::Attempt, error) },
-                &mut ended,
-            );
-            continue;
-        }
-        // Each job starts with an empty prefix cache: the first on a fresh
-        // engine, each later one after the engine's own reset.
-        let prefix_cache = if i == 0 {
-            "cold: a freshly started engine".to_owned()
-        } else {
-            let path = crate::engine::cache_reset_path(&group.engine.kind);
-            let failed = match http.post(format!("{}{path}", engine.base_url())).send().await {
-                Ok(r) if r.status().is_success() => None,
-                Ok(r) => Some(format!("POST {path} answered {}", r.status())),
-                Err(e) => Some(format!("POST {path} failed: {e}")),
-            };
-            match failed {
-                None => format!("cold: POST {path} before the job"),
-                Some(why) if group.engine.allow_warm_cache => {
-                    warn!(job = job.attempt.job, "the prefix cache may be warm: {why}");
-                    format!("warm: the cache could not be emptied ({why}); the matrix allows warm runs")
-                }
-                Some(why) => {
-                    let error = format!(
-                        "cannot empty the engine's prefix cache before the job: {why} \
-                         (allow_warm_cache: true in the matrix runs it warm instead)"
-                    );
-                    end(JobReport::failed(&job.attempt, Failure::Config, error), &mut ended);
-                    continue;
-                }
-            }
-        };
-        // Read right before the job: its fingerprint goes with the result,
-        // and its error counts are the baseline the job is checked against.
-        let before = probe(&ctx.gpus).await.inspect_err(|e| warn!("cannot read the GPUs before the job: {e:#}")).ok();
-        let uuids = attempt_gpus(before.as_deref().unwrap_or_default(), &group.gpu_uuids);
-        out.report(JobReport {
-            engine_startup_s: Some(startup.as_secs_f64()),
-            prefix_cache,
-            gpus: before.iter().flatten().filter(|g| uuids.contains(&g.uuid)).cloned().collect(),
-            engine_version: engine_version.clone(),
-            image_digest: image_digest.clone(),
-            ..JobReport::new(&job.attempt, Reported::Running)
+    Ok((engine, Serving { http, startup, engine_version, image_digest }))
+}
+
+/// Runs the group's `i`th job on the serving engine: its final report, or
+/// `None` when the group was stopped during it.
+async fn run_job(
+    ctx: &GroupContext,
+    group: &GroupAssignment,
+    (i, job): (usize, &LoadJob),
+    (engine, serving): (&mut dyn Engine, &Serving),
+    out: &dyn Reports,
+    stop: &Stop,
+) -> Option<JobReport> {
+    // Taken first: an XID from here on (the cache reset included) is
+    // during this job's attempt.
+    let xid_mark = ctx.gpus.xid_mark();
+    if let Some(status) = engine.exit_status() {
+        let error = format!("the engine exited ({status}) before this job");
+        return Some(JobReport {
+            log_tail: engine.log_tail(),
+            ..JobReport::failed(&job.attempt, Failure::Attempt, error)
         });
-        // The files the job names, fetched by their hashes: (name, sha256, what).
-        let dataset = match &job.dataset {
-            LoadDataset::ShareGpt { sha256, name, .. } => Some((name, sha256, "dataset")),
-            LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
-        };
-        let processor = job.processor.as_ref().map(|(name, sha256)| (name, sha256, "tokenizer"));
-        let mut paths = [None, None];
-        let mut failed = None;
-        for (slot, (name, sha256, what)) in
-            paths.iter_mut().zip([dataset, processor]).filter_map(|(s, f)| Some((s, f?)))
-        {
-            let fetched = tokio::select! {
-                () = stop.stopped() => break,
-                r = ctx.files.fetch(sha256, name) => r,
-            };
-            match fetched {
-                Ok(path) => *slot = Some(path),
-                Err(e) => {
-                    failed = Some(format!("cannot fetch the {what} {name}: {e:#}"));
-                    break;
-                }
-            }
-        }
-        if stop.is_stopped() {
-            break;
-        }
-        if let Some(error) = failed {
-            end(JobReport::failed(&job.attempt, Failure::Attempt, error), &mut ended);
-            continue;
-        }
-        let [dataset_path, processor_path] = paths;
-        let run = LoadRun {
-            job: job.clone(),
+    }
+    let prefix_cache = match empty_prefix_cache(&group.engine, engine.base_url(), i, &serving.http).await {
+        Ok(how) => how,
+        Err(error) => return Some(JobReport::failed(&job.attempt, Failure::Config, error)),
+    };
+    // Read right before the job: its fingerprint goes with the result, and
+    // its error counts are the baseline the job is checked against.
+    let before = probe(&ctx.gpus).await.inspect_err(|e| warn!("cannot read the GPUs before the job: {e:#}")).ok();
+    let uuids = attempt_gpus(before.as_deref().unwrap_or_default(), &group.gpu_uuids);
+    out.report(JobReport {
+        engine_startup_s: Some(serving.startup.as_secs_f64()),
+        prefix_cache,
+        gpus: before.iter().flatten().filter(|g| uuids.contains(&g.uuid)).cloned().collect(),
+        engine_version: serving.engine_version.clone(),
+        image_digest: serving.image_digest.clone(),
+        ..JobReport::new(&job.attempt, Reported::Running)
+    });
+    let [dataset_path, processor_path] = match fetch_files(ctx, job, stop).await {
+        _ if stop.is_stopped() => return None,
+        Ok(paths) => paths,
+        Err(error) => return Some(JobReport::failed(&job.attempt, Failure::Attempt, error)),
+    };
+    let run = LoadRun {
+        job: job.clone(),
+        target: LoadTarget {
             base_url: engine.base_url(),
             model: group.engine.model.clone(),
-            ingest_url: group.ingest_url.clone(),
-            report: ctx.report.clone(),
             dataset_path,
             processor_path,
-        };
-        let loadgen_args = crate::load::loadgen_args(&run);
-        let loadgen_version = ctx.loadgen.version().await;
-        // The engine's /metrics and the GPUs, sampled for as long as loadgen runs.
-        let sources = Sources {
-            http: http.clone(),
-            base_url: engine.base_url(),
-            kind: group.engine.kind.clone(),
-            gpus: ctx.gpus.clone(),
-            uuids: uuids.clone(),
-        };
-        let sampling = CancellationToken::new();
-        let telemetry = tokio::spawn(crate::telemetry::record(sources, Sampling::default(), sampling.clone()));
-        // The runner stops loadgen itself when `stop` fires, and waits for it.
-        let result = ctx.loadgen.run(&run, stop.token()).await;
-        sampling.cancel();
-        let telemetry = telemetry.await.inspect_err(|e| warn!("the job's telemetry was lost: {e}")).ok();
-        if stop.is_stopped() {
-            break;
-        }
-        // What the final report of a job loadgen ran for carries.
-        let ran = |report: JobReport| JobReport {
-            engine_version: engine_version.clone(),
-            image_digest: image_digest.clone(),
-            loadgen_args: loadgen_args.clone(),
-            loadgen_version: loadgen_version.clone(),
-            telemetry: telemetry.clone().map(Box::new),
-            ..report
-        };
-        // A GPU error during the attempt makes its numbers worthless,
-        // whatever loadgen says.
-        if let Some(error) = gpu_errors_since(&ctx.gpus, before.as_deref(), xid_mark, &uuids).await {
-            warn!(job = job.attempt.job, "{error}");
-            end(ran(JobReport::failed(&job.attempt, Failure::Host, error)), &mut ended);
-            continue;
-        }
-        let mut exited = engine.exit_status();
-        if result.is_err() && exited.is_none() {
-            // A load that failed because the engine died may fail before the
-            // death is seen (a refused connection comes before the
-            // container's exit event): the engine's fault, if it is, is
-            // told as such.
-            for _ in 0..ENGINE_EXIT_POLLS {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                exited = engine.exit_status();
-                if exited.is_some() {
-                    break;
-                }
-            }
-        }
-        let report = match (result, exited) {
-            // Numbers measured against an engine that died are no result.
-            (Ok(()), Some(status)) => JobReport {
-                log_tail: engine.log_tail(),
-                ..JobReport::failed(
-                    &job.attempt,
-                    Failure::Attempt,
-                    format!("the engine exited ({status}) during the job"),
-                )
-            },
-            (Ok(()), None) => JobReport::new(&job.attempt, Reported::Succeeded),
-            (Err(e), exited) => {
-                warn!(job = job.attempt.job, "job failed: {e:#}");
-                let (error, tail) = match &exited {
-                    Some(status) => (format!("the engine exited ({status}) during the job: {e:#}"), engine.log_tail()),
-                    None => (format!("{e:#}"), String::new()),
-                };
-                JobReport { log_tail: tail, ..JobReport::failed(&job.attempt, Failure::Attempt, error) }
-            }
-        };
-        end(ran(report), &mut ended);
-    }
-    engine.stop().await;
+            report: Some(ctx.report.report_to(&group.ingest_url, &job.attempt)),
+            // loadgen's stderr is read for its error, not shown.
+            quiet: true,
+        },
+    };
+    let loadgen_args = crate::load::loadgen_args(&run);
+    let loadgen_version = ctx.loadgen.version().await;
+    // The engine's /metrics and the GPUs, sampled for as long as loadgen runs.
+    let sources = Sources {
+        http: serving.http.clone(),
+        base_url: engine.base_url(),
+        kind: group.engine.kind.clone(),
+        gpus: ctx.gpus.clone(),
+        uuids: uuids.clone(),
+    };
+    let sampling = CancellationToken::new();
+    let telemetry = tokio::spawn(crate::telemetry::record(sources, Sampling::default(), sampling.clone()));
+    // The runner stops loadgen itself when `stop` fires, and waits for it.
+    let result = ctx.loadgen.run(&run, stop.token()).await;
+    sampling.cancel();
+    let telemetry = telemetry.await.inspect_err(|e| warn!("the job's telemetry was lost: {e}")).ok();
     if stop.is_stopped() {
-        let reason = stop.reason();
-        for (job, _) in group.jobs.iter().zip(&ended).filter(|(_, done)| !**done) {
-            out.report(JobReport::failed(&job.attempt, Failure::Host, reason.clone()));
+        return None;
+    }
+    // What the final report of a job loadgen ran for carries.
+    let ran = |report: JobReport| JobReport {
+        engine_version: serving.engine_version.clone(),
+        image_digest: serving.image_digest.clone(),
+        loadgen_args,
+        loadgen_version,
+        telemetry: telemetry.map(Box::new),
+        ..report
+    };
+    // A GPU error during the attempt makes its numbers worthless, whatever
+    // loadgen says.
+    if let Some(error) = gpu_errors_since(&ctx.gpus, before.as_deref(), xid_mark, &uuids).await {
+        warn!(job = job.attempt.job, "{error}");
+        return Some(ran(JobReport::failed(&job.attempt, Failure::Host, error)));
+    }
+    let mut exited = engine.exit_status();
+    if result.is_err() && exited.is_none() {
+        // A load that failed because the engine died may fail before the
+        // death is seen (a refused connection comes before the container's
+        // exit event): the engine's fault, if it is, is told as such.
+        for _ in 0..ENGINE_EXIT_POLLS {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            exited = engine.exit_status();
+            if exited.is_some() {
+                break;
+            }
         }
     }
+    let report = match (result, exited) {
+        // Numbers measured against an engine that died are no result.
+        (Ok(()), Some(status)) => JobReport {
+            log_tail: engine.log_tail(),
+            ..JobReport::failed(&job.attempt, Failure::Attempt, format!("the engine exited ({status}) during the job"))
+        },
+        (Ok(()), None) => JobReport::new(&job.attempt, Reported::Succeeded),
+        (Err(e), exited) => {
+            warn!(job = job.attempt.job, "job failed: {e:#}");
+            let (error, tail) = match &exited {
+                Some(status) => (format!("the engine exited ({status}) during the job: {e:#}"), engine.log_tail()),
+                None => (format!("{e:#}"), String::new()),
+            };
+            JobReport { log_tail: tail, ..JobReport::failed(&job.attempt, Failure::Attempt, error) }
+        }
+    };
+    Some(ran(report))
+}
+
+/// Each job starts with an empty prefix cache: the first on a fresh engine,
+/// each later one after the engine's own reset. How it was emptied, or the
+/// configuration's error when it cannot be and warm runs are not allowed.
+async fn empty_prefix_cache(
+    launch: &EngineLaunch,
+    base_url: String,
+    i: usize,
+    http: &reqwest::Client,
+) -> Result<String, String> {
+    if i == 0 {
+        return Ok("cold: a freshly started engine".to_owned());
+    }
+    let path = crate::engine::cache_reset_path(&launch.kind);
+    let failed = match http.post(format!("{base_url}{path}")).send().await {
+        Ok(r) if r.status().is_success() => None,
+        Ok(r) => Some(format!("POST {path} answered {}", r.status())),
+        Err(e) => Some(format!("POST {path} failed: {e}")),
+    };
+    match failed {
+        None => Ok(format!("cold: POST {path} before the job")),
+        Some(why) if launch.allow_warm_cache => {
+            warn!("the prefix cache may be warm: {why}");
+            Ok(format!("warm: the cache could not be emptied ({why}); the matrix allows warm runs"))
+        }
+        Some(why) => Err(format!(
+            "cannot empty the engine's prefix cache before the job: {why} \
+             (allow_warm_cache: true in the matrix runs it warm instead)"
+        )),
+    }
+}
+
+/// The files the job names (its ShareGPT dataset, its tokenizer), fetched by
+/// their hashes: their paths, or what could not be fetched. A stop ends the
+/// fetching early (the caller looks at `stop`).
+async fn fetch_files(ctx: &GroupContext, job: &LoadJob, stop: &Stop) -> Result<[Option<PathBuf>; 2], String> {
+    let dataset = match &job.load.dataset {
+        LoadDataset::ShareGpt { sha256, file, .. } => Some((file, sha256, "dataset")),
+        LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
+    };
+    let processor = job.load.processor.as_ref().map(|f| (&f.file, &f.sha256, "tokenizer"));
+    let mut paths = [None, None];
+    for (slot, (name, sha256, what)) in paths.iter_mut().zip([dataset, processor]).filter_map(|(s, f)| Some((s, f?))) {
+        let fetched = tokio::select! {
+            () = stop.stopped() => break,
+            r = ctx.files.fetch(sha256, name) => r,
+        };
+        *slot = Some(fetched.map_err(|e| format!("cannot fetch the {what} {name}: {e:#}"))?);
+    }
+    Ok(paths)
 }
 
 /// How many times (50 ms apart) a failed job looks for its engine's exit.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use benchfleet_proto as pb;
 
+use benchfleet_core::load::{LoadSpec, LoadTarget, ReportTo};
 use benchfleet_core::telemetry::Telemetry;
 
 use crate::gpu::GpuInfo;
@@ -44,66 +45,13 @@ pub struct EngineLaunch {
     pub allow_warm_cache: bool,
 }
 
-/// Where a job's prompts come from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum LoadDataset {
-    Random {
-        input_tokens: u32,
-        output_tokens: u32,
-        seed: u64,
-    },
-    /// A file the controller stores; the agent fetches it by its hash.
-    ShareGpt {
-        name: String,
-        sha256: String,
-        output_tokens: Option<u32>,
-    },
-    SharedPrefix {
-        groups: u32,
-        prefix_tokens: u32,
-        suffix_tokens: u32,
-        output_tokens: u32,
-        seed: u64,
-    },
-}
-
-/// Requests, or seconds, sent and recorded but not measured.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum LoadWindow {
-    Requests(u64),
-    Seconds(f64),
-}
-
-/// One job: the traffic loadgen sends to the engine.
+/// One job: the traffic loadgen sends to the engine, and the attempt it is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadJob {
     pub attempt: Attempt,
     pub profile: String,
     pub repeat: u32,
-    /// "completions" or "chat".
-    pub endpoint: String,
-    /// None: all requests at once.
-    pub rate: Option<f64>,
-    /// "constant" or "poisson".
-    pub arrival: String,
-    pub requests: u64,
-    pub max_concurrency: Option<u64>,
-    pub seed: u64,
-    pub dataset: LoadDataset,
-    /// The P99 dispatch lag limit, ms; `None`: the one the load kind gives.
-    pub lag_limit_ms: Option<f64>,
-    /// The share of the offered rate the achieved rate may fall short by.
-    pub rate_tolerance: Option<f64>,
-    pub warmup: Option<LoadWindow>,
-    pub cooldown: Option<LoadWindow>,
-    pub max_duration_s: Option<f64>,
-    pub ignore_eos: bool,
-    /// A JSON object merged into every request body.
-    pub extra_body: Option<String>,
-    /// vLLM's goodput SLOs, as `--goodput` takes them (`ttft:200`).
-    pub goodput: Vec<String>,
-    /// The model's tokenizer.json, fetched by its hash: (name, sha256).
-    pub processor: Option<(String, String)>,
+    pub load: LoadSpec,
     /// Under TLS, the attempt's ingest credential: loadgen gets it in its
     /// environment (`BENCHFLEET_INGEST_TOKEN`), never on its command line.
     pub ingest_token: Option<crate::docker::Secret>,
@@ -133,19 +81,13 @@ impl GroupAssignment {
 /// A group, as (run, group).
 pub type GroupKey = (String, u64);
 
-/// Everything loadgen needs to run one job against a serving engine.
+/// Everything loadgen needs to run one job against a serving engine: the
+/// job, and what its command line adds to its load (the engine, the files
+/// fetched, the ingest service and the attempt's fence).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadRun {
     pub job: LoadJob,
-    pub base_url: String,
-    pub model: String,
-    pub ingest_url: String,
-    /// How loadgen reaches the ingest service (the agent's own CA and rule).
-    pub report: ReportTls,
-    /// The dataset file on disk, for ShareGPT jobs.
-    pub dataset_path: Option<PathBuf>,
-    /// The tokenizer file on disk, when the job names one.
-    pub processor_path: Option<PathBuf>,
+    pub target: LoadTarget,
 }
 
 /// What loadgen holds to reach the ingest service: the fleet's CA (a file:
@@ -155,6 +97,21 @@ pub struct LoadRun {
 pub struct ReportTls {
     pub ca: Option<PathBuf>,
     pub insecure: bool,
+}
+
+impl ReportTls {
+    /// Where loadgen streams an attempt's records: `url`, under this rule.
+    pub fn report_to(&self, url: &str, attempt: &Attempt) -> ReportTo {
+        ReportTo {
+            url: url.to_owned(),
+            run_id: attempt.run_id.clone(),
+            job: attempt.job,
+            attempt: attempt.attempt,
+            epoch: attempt.epoch,
+            ca: self.ca.clone(),
+            insecure: self.insecure,
+        }
+    }
 }
 
 /// A job's state as the agent reports it.
@@ -317,52 +274,15 @@ impl TryFrom<pb::AssignGroup> for GroupAssignment {
             .map(|j| {
                 let attempt = j.attempt.as_ref().map(Attempt::from).ok_or("job without an attempt")?;
                 let load = j.load.ok_or("job without a load profile")?;
-                let dataset = match load.dataset.ok_or("job without a dataset")? {
-                    pb::load_profile::Dataset::Random(r) => LoadDataset::Random {
-                        input_tokens: r.input_tokens,
-                        output_tokens: r.output_tokens,
-                        seed: r.seed,
-                    },
-                    pb::load_profile::Dataset::Sharegpt(s) => LoadDataset::ShareGpt {
-                        name: s.name,
-                        sha256: s.sha256,
-                        output_tokens: (s.output_tokens != 0).then_some(s.output_tokens),
-                    },
-                    pb::load_profile::Dataset::SharedPrefix(p) => LoadDataset::SharedPrefix {
-                        groups: p.groups,
-                        prefix_tokens: p.prefix_tokens,
-                        suffix_tokens: p.suffix_tokens,
-                        output_tokens: p.output_tokens,
-                        seed: p.seed,
-                    },
-                };
-                let window = |requests: Option<u64>, seconds: Option<f64>| {
-                    requests.map(LoadWindow::Requests).or(seconds.map(LoadWindow::Seconds))
-                };
                 Ok(LoadJob {
                     attempt,
                     profile: j.profile,
                     repeat: j.repeat,
-                    endpoint: load.endpoint,
-                    rate: (load.rate > 0.0).then_some(load.rate),
-                    arrival: load.arrival,
-                    requests: load.requests,
-                    max_concurrency: (load.max_concurrency != 0).then_some(u64::from(load.max_concurrency)),
-                    seed: load.seed,
-                    lag_limit_ms: load.lag_limit_ms,
-                    rate_tolerance: load.rate_tolerance,
-                    warmup: window(load.warmup_requests, load.warmup_s),
-                    cooldown: window(load.cooldown_requests, load.cooldown_s),
-                    max_duration_s: load.max_duration_s,
-                    ignore_eos: load.ignore_eos,
-                    extra_body: (!load.extra_body.is_empty()).then_some(load.extra_body),
-                    goodput: load.goodput,
-                    processor: load.processor.map(|f| (f.name, f.sha256)),
-                    dataset,
+                    load: LoadSpec::try_from(load).map_err(|e| e.to_string())?,
                     ingest_token: (!j.ingest_token.is_empty()).then(|| crate::docker::Secret::new(j.ingest_token)),
                 })
             })
-            .collect::<Result<Vec<_>, &str>>()?;
+            .collect::<Result<Vec<_>, String>>()?;
         Ok(GroupAssignment {
             run_id: g.run_id,
             group: g.group,

@@ -11,7 +11,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::job::{LoadDataset, LoadRun, LoadWindow};
+use crate::job::LoadRun;
 use crate::procs::{PidDir, stop_group};
 
 #[tonic::async_trait]
@@ -42,124 +42,11 @@ impl ProcessLoadRunner {
     }
 }
 
-/// loadgen's command line for a job, `vllm bench serve`-style: the one
-/// mapping from a job to a load run (an in-process run parses these same
-/// flags with `benchfleet_loadgen::cli::parse`).
+/// loadgen's command line for a job: its load's flags against its target
+/// (`LoadSpec::to_args`, the one mapping; an in-process run parses these
+/// same flags with `benchfleet_loadgen::cli::parse`).
 pub fn loadgen_args(run: &LoadRun) -> Vec<String> {
-    let job = &run.job;
-    let mut args: Vec<String> = vec![
-        "--base-url".into(),
-        run.base_url.clone(),
-        "--endpoint".into(),
-        if job.endpoint == "chat" { "/v1/chat/completions" } else { "/v1/completions" }.into(),
-        "--model".into(),
-        run.model.clone(),
-        "--num-prompts".into(),
-        job.requests.to_string(),
-        "--quiet".into(),
-    ];
-    if let Some(rate) = job.rate {
-        args.extend(["--request-rate".into(), rate.to_string(), "--arrival".into(), job.arrival.clone()]);
-    }
-    if let Some(n) = job.max_concurrency {
-        args.extend(["--max-concurrency".into(), n.to_string()]);
-    }
-    if let Some(ms) = job.lag_limit_ms {
-        args.extend(["--lag-limit-ms".into(), ms.to_string()]);
-    }
-    if let Some(share) = job.rate_tolerance {
-        args.extend(["--rate-tolerance".into(), share.to_string()]);
-    }
-    for (window, requests, seconds) in
-        [(job.warmup, "--warmup", "--warmup-time"), (job.cooldown, "--cooldown", "--cooldown-time")]
-    {
-        match window {
-            Some(LoadWindow::Requests(n)) => args.extend([requests.into(), n.to_string()]),
-            Some(LoadWindow::Seconds(s)) => args.extend([seconds.into(), s.to_string()]),
-            None => {}
-        }
-    }
-    if let Some(s) = job.max_duration_s {
-        args.extend(["--max-duration".into(), s.to_string()]);
-    }
-    if job.ignore_eos {
-        args.push("--ignore-eos".into());
-    }
-    if let Some(body) = &job.extra_body {
-        args.extend(["--extra-body".into(), body.clone()]);
-    }
-    if !job.goodput.is_empty() {
-        args.push("--goodput".into());
-        args.extend(job.goodput.iter().cloned());
-    }
-    if let Some(path) = &run.processor_path {
-        args.extend(["--processor".into(), path.display().to_string()]);
-    }
-    // The dataset's seed makes the prompts; the profile's, the arrivals.
-    let generated = |output_tokens: &u32, seed: &u64| -> [String; 6] {
-        [
-            "--random-output-len".into(),
-            output_tokens.to_string(),
-            "--seed".into(),
-            seed.to_string(),
-            "--arrival-seed".into(),
-            job.seed.to_string(),
-        ]
-    };
-    match &job.dataset {
-        LoadDataset::Random { input_tokens, output_tokens, seed } => {
-            args.extend([
-                "--dataset-name".into(),
-                "random".into(),
-                "--random-input-len".into(),
-                input_tokens.to_string(),
-            ]);
-            args.extend(generated(output_tokens, seed));
-        }
-        LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
-            args.extend([
-                "--dataset-name".into(),
-                "prefix".into(),
-                "--prefix-groups".into(),
-                groups.to_string(),
-                "--prefix-len".into(),
-                prefix_tokens.to_string(),
-                "--random-input-len".into(),
-                suffix_tokens.to_string(),
-            ]);
-            args.extend(generated(output_tokens, seed));
-        }
-        LoadDataset::ShareGpt { output_tokens, .. } => {
-            // A ShareGPT file has no seed of its own: the profile's drives
-            // the arrivals.
-            args.extend(["--dataset-name".into(), "sharegpt".into(), "--seed".into(), job.seed.to_string()]);
-            if let Some(path) = &run.dataset_path {
-                args.extend(["--dataset-path".into(), path.display().to_string()]);
-            }
-            if let Some(n) = output_tokens {
-                args.extend(["--sharegpt-output-len".into(), n.to_string()]);
-            }
-        }
-    }
-    args.extend([
-        "--report-to".into(),
-        run.ingest_url.clone(),
-        "--run-id".into(),
-        job.attempt.run_id.clone(),
-        "--job".into(),
-        job.attempt.job.to_string(),
-        "--attempt".into(),
-        job.attempt.attempt.to_string(),
-        "--epoch".into(),
-        job.attempt.epoch.to_string(),
-    ]);
-    if let Some(ca) = &run.report.ca {
-        args.extend(["--report-ca".into(), ca.display().to_string()]);
-    }
-    if run.report.insecure {
-        args.push("--report-insecure".into());
-    }
-    args
+    run.job.load.to_args(&run.target)
 }
 
 /// The variable loadgen reads its ingest credential from.
@@ -258,136 +145,98 @@ impl LoadRunner for ProcessLoadRunner {
 mod tests {
     use std::path::PathBuf;
 
-    use benchfleet_loadgen::{Arrival, Dataset, Endpoint, Window};
+    use benchfleet_core::load::{Arrival, LoadDataset, LoadSpec, LoadTarget};
+    use benchfleet_loadgen::Dataset;
 
     use super::*;
-    use crate::job::{Attempt, LoadJob};
+    use crate::job::{Attempt, LoadJob, ReportTls};
 
-    fn run_of(job: LoadJob, dataset_path: Option<PathBuf>) -> LoadRun {
+    fn attempt() -> Attempt {
+        Attempt { run_id: "17".into(), job: 4, attempt: 2, epoch: 9 }
+    }
+
+    fn run_of(load: LoadSpec, dataset_path: Option<PathBuf>, processor_path: Option<PathBuf>) -> LoadRun {
+        let job = LoadJob {
+            attempt: attempt(),
+            profile: "p".into(),
+            repeat: 3,
+            load,
+            ingest_token: Some(crate::docker::Secret::new("c0ffee")),
+        };
+        let report = ReportTls { ca: None, insecure: false };
         LoadRun {
+            target: LoadTarget {
+                base_url: "http://127.0.0.1:8123".into(),
+                model: "m".into(),
+                dataset_path,
+                processor_path,
+                report: Some(report.report_to("http://127.0.0.1:7070", &job.attempt)),
+                quiet: true,
+            },
             job,
-            base_url: "http://127.0.0.1:8123".into(),
-            model: "m".into(),
-            ingest_url: "http://127.0.0.1:7070".into(),
-            report: Default::default(),
-            dataset_path,
-            processor_path: None,
         }
     }
 
-    fn job() -> LoadJob {
-        LoadJob {
-            attempt: Attempt { run_id: "17".into(), job: 4, attempt: 2, epoch: 9 },
-            profile: "p".into(),
-            repeat: 3,
-            endpoint: "chat".into(),
+    fn random(seed: u64) -> LoadSpec {
+        LoadSpec {
             rate: Some(12.5),
-            arrival: "poisson".into(),
-            requests: 321,
-            max_concurrency: Some(9),
+            arrival: Arrival::Poisson,
             seed: 77,
-            dataset: LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 5 },
-            lag_limit_ms: Some(12.5),
-            rate_tolerance: Some(0.025),
-            warmup: Some(LoadWindow::Requests(7)),
-            cooldown: Some(LoadWindow::Seconds(2.5)),
-            max_duration_s: Some(90.0),
-            ignore_eos: true,
-            extra_body: Some(r#"{"temperature":0}"#.into()),
-            goodput: vec!["ttft:200".into(), "tpot:50".into()],
-            processor: Some(("tokenizer.json".into(), "ab".repeat(32))),
-            ingest_token: Some(crate::docker::Secret::new("c0ffee")),
+            ..LoadSpec::new(LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed }, 321)
         }
     }
 
     #[test]
-    fn every_field_of_a_job_reaches_loadgen() {
-        // Every field, by name: one added to the job fails to compile here
-        // until it is mapped (or said not to be loadgen's) and checked.
-        let LoadJob {
-            attempt,
-            profile: _,
-            repeat: _,
-            endpoint,
-            rate,
-            arrival,
-            requests,
-            max_concurrency,
-            seed,
-            dataset,
-            lag_limit_ms,
-            rate_tolerance,
-            warmup,
-            cooldown,
-            max_duration_s,
-            ignore_eos,
-            extra_body,
-            goodput,
-            processor,
-            ingest_token,
-        } = job();
+    fn loadgen_reports_the_attempt_with_its_credential_in_its_environment_only() {
         // The tokenizer, fetched by its hash, is passed as the file on disk.
         let tokenizer =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../loadgen/tests/fixtures/tokenizer.json");
-        assert!(processor.is_some());
-        let run = LoadRun { processor_path: Some(tokenizer.clone()), ..run_of(job(), None) };
-        let (args, config, sink) = benchfleet_loadgen::cli::parse(&loadgen_args(&run)).expect("flags");
-        assert_eq!(args.processor.as_deref(), Some(tokenizer.as_path()));
+        let run = run_of(random(5), None, Some(tokenizer.clone()));
+        let args = loadgen_args(&run);
+        assert_eq!(args, run.job.load.to_args(&run.target));
+        let (parsed, config, sink) = benchfleet_loadgen::cli::parse(&args).expect("flags");
+        assert_eq!(parsed.processor.as_deref(), Some(tokenizer.as_path()));
         assert!(matches!(config.tokens, benchfleet_loadgen::TokenCounter::Tokenizer(_)));
-        assert_eq!((endpoint.as_str(), config.endpoint), ("chat", Endpoint::ChatCompletions));
-        assert_eq!(config.request_rate, rate);
-        assert_eq!((arrival.as_str(), config.arrival), ("poisson", Arrival::Poisson { seed }));
-        assert_eq!(config.num_requests as u64, requests);
-        assert_eq!(config.max_concurrency.map(|n| n as u64), max_concurrency);
-        assert_eq!((config.lag_limit_ms, Some(config.rate_tolerance)), (lag_limit_ms, rate_tolerance));
-        assert_eq!((warmup, config.warmup), (Some(LoadWindow::Requests(7)), Window::Requests(7)));
-        assert_eq!(
-            (cooldown, config.cooldown),
-            (Some(LoadWindow::Seconds(2.5)), Window::Time(Duration::from_millis(2500)))
-        );
-        assert_eq!(config.max_duration.map(|d| d.as_secs_f64()), max_duration_s);
-        assert!(ignore_eos && config.extra_body.get("ignore_eos") == Some(&serde_json::Value::Bool(true)));
-        let body: serde_json::Value = serde_json::from_str(extra_body.as_deref().unwrap_or_default()).expect("json");
-        assert_eq!(config.extra_body.get("temperature"), body.get("temperature"));
-        assert_eq!(config.goodput.map(|g| g.words()), Some(goodput));
-        let LoadDataset::Random { input_tokens, output_tokens, seed: prompts } = dataset else { unreachable!() };
-        assert!(
-            matches!(config.dataset, Dataset::Random { input_tokens: i, output_tokens: o, seed: s } if (i, o, s) == (input_tokens, output_tokens, prompts)),
-            "{:?}",
-            config.dataset
-        );
-        assert_eq!((config.base_url.as_str(), config.model.as_str()), ("http://127.0.0.1:8123", "m"));
+        assert!(parsed.quiet, "no progress on a child's stderr");
         // The credential goes in loadgen's environment, never its arguments.
-        let token = ingest_token.expect("a credential");
-        assert!(!loadgen_args(&run).iter().any(|a| a.contains(token.expose())));
+        let token = run.job.ingest_token.as_ref().expect("a credential");
+        assert!(!args.iter().any(|a| a.contains(token.expose())));
         let env = loadgen_env(&run, |_| None);
         assert_eq!(env, [("BENCHFLEET_INGEST_TOKEN".to_owned(), token.expose().to_owned())]);
         let sink = sink.expect("records go to the controller");
+        let a = attempt();
         assert_eq!(
             (sink.url.as_str(), sink.run_id.as_str(), sink.job, sink.attempt, sink.epoch),
-            ("http://127.0.0.1:7070", attempt.run_id.as_str(), attempt.job, attempt.attempt, attempt.epoch)
+            ("http://127.0.0.1:7070", a.run_id.as_str(), a.job, a.attempt, a.epoch)
         );
+        // Under TLS, loadgen holds the agent's CA and rule.
+        let tls = ReportTls { ca: Some("/etc/benchfleet/ca.pem".into()), insecure: true };
+        let run =
+            LoadRun { target: LoadTarget { report: Some(tls.report_to("https://c:7070", &a)), ..run.target }, ..run };
+        let (_, target) = benchfleet_loadgen::cli::from_args(&loadgen_args(&run)).expect("flags");
+        let report = target.report.expect("a report");
+        assert_eq!((report.ca, report.insecure), (tls.ca, true));
     }
 
     #[test]
     fn the_profile_s_seed_drives_arrivals_and_the_dataset_s_the_prompts() {
-        let arrivals =
-            |job: LoadJob| benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(job, None))).expect("flags").1;
-        let other_arrivals = LoadJob { seed: 78, ..job() };
-        let (a, b) = (arrivals(job()), arrivals(other_arrivals));
-        assert_eq!((a.arrival, b.arrival), (Arrival::Poisson { seed: 77 }, Arrival::Poisson { seed: 78 }));
+        let config = |load: LoadSpec, dataset: Option<PathBuf>| {
+            let mut run = run_of(load, dataset, None);
+            run.target.report = None;
+            benchfleet_loadgen::cli::parse(&loadgen_args(&run)).expect("flags").1
+        };
+        let (a, b) = (config(random(5), None), config(LoadSpec { seed: 78, ..random(5) }, None));
+        use benchfleet_loadgen::Arrival as Sends;
+        assert_eq!((a.arrival, b.arrival), (Sends::Poisson { seed: 77 }, Sends::Poisson { seed: 78 }));
         // Different arrival seeds, the same prompts; a different dataset
         // seed, different prompts.
         let prompts =
             |c: &benchfleet_loadgen::LoadConfig| benchfleet_loadgen::dataset::prompt_texts(&c.dataset, 5, &c.tokens);
         assert_eq!(prompts(&a), prompts(&b));
-        let reseeded =
-            LoadJob { dataset: LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 6 }, ..job() };
-        assert_ne!(prompts(&a), prompts(&arrivals(reseeded)));
+        assert_ne!(prompts(&a), prompts(&config(random(6), None)));
         // Constant arrivals need no seed; ShareGPT's only seed is the
         // profile's.
-        let constant = arrivals(LoadJob { arrival: "constant".into(), ..job() });
-        assert_eq!(constant.arrival, Arrival::Constant);
+        assert_eq!(config(LoadSpec { arrival: Arrival::Constant, ..random(5) }, None).arrival, Sends::Constant);
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("d.json");
         std::fs::write(
@@ -395,12 +244,12 @@ mod tests {
             r#"[{"conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello you"}]}]"#,
         )
         .expect("write");
-        let sharegpt = LoadJob {
-            dataset: LoadDataset::ShareGpt { name: "d.json".into(), sha256: String::new(), output_tokens: Some(4) },
-            ..job()
+        let sharegpt = LoadSpec {
+            dataset: LoadDataset::ShareGpt { file: "d.json".into(), sha256: String::new(), output_tokens: Some(4) },
+            ..random(5)
         };
-        let (_, c, _) = benchfleet_loadgen::cli::parse(&loadgen_args(&run_of(sharegpt, Some(file)))).expect("flags");
-        assert_eq!(c.arrival, Arrival::Poisson { seed: 77 });
+        let c = config(sharegpt, Some(file));
+        assert_eq!(c.arrival, Sends::Poisson { seed: 77 });
         // The profile's seed also orders the conversations, as vLLM's does.
         assert!(matches!(c.dataset, Dataset::ShareGpt { output_tokens: Some(4), shuffle: Some(77), .. }));
     }

@@ -1,10 +1,14 @@
 //! The `benchfleet` operator command line.
 //!
-//! Exit codes (also in the README): 0 everything asked for succeeded (every
-//! job of a run); 1 a run ended with failed or cancelled jobs; 2 bad input
-//! (a matrix or an export file with an error, an unknown run or agent, a run
-//! not over yet for `export`, bad flags); 3 the controller could not be
-//! reached; 130 interrupted.
+//! Exit codes (also in `--help` and the README): 0 everything asked for
+//! succeeded (every job of a run); 1 a run ended with failed or cancelled
+//! jobs; 2 bad input (a matrix or an export file with an error, bad flags:
+//! INVALID_ARGUMENT); 3 the controller could not be reached (UNAVAILABLE);
+//! 4 no such run or agent (NOT_FOUND); 5 refused in the run's state, e.g. a
+//! retry of a run still running (FAILED_PRECONDITION); 6 not allowed
+//! (UNAUTHENTICATED, PERMISSION_DENIED); 7 the controller failed (INTERNAL,
+//! any other code); 130 interrupted. A failure met in the local store is
+//! given the code the controller would give it.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -20,14 +24,58 @@ use benchfleet_proto as pb;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
-use crate::client::{self, Target, Unreachable};
+use crate::client::{self, StatusError, Target, Unreachable};
 use crate::local::{LocalFleet, simulated_agent};
 use benchfleet_core::tls::ClientTls;
 
 pub const EXIT_FAILED_JOBS: i32 = 1;
 pub const EXIT_BAD_INPUT: i32 = 2;
 pub const EXIT_UNREACHABLE: i32 = 3;
+pub const EXIT_NOT_FOUND: i32 = 4;
+pub const EXIT_REFUSED: i32 = 5;
+pub const EXIT_NOT_ALLOWED: i32 = 6;
+pub const EXIT_CONTROLLER_FAILED: i32 = 7;
 pub const EXIT_INTERRUPTED: i32 = 130;
+
+/// The exit code of a call that failed with `code`.
+pub fn exit_code_of(code: tonic::Code) -> i32 {
+    use tonic::Code;
+    match code {
+        Code::InvalidArgument | Code::OutOfRange => EXIT_BAD_INPUT,
+        Code::Unavailable | Code::DeadlineExceeded => EXIT_UNREACHABLE,
+        Code::NotFound => EXIT_NOT_FOUND,
+        Code::FailedPrecondition | Code::AlreadyExists => EXIT_REFUSED,
+        Code::Unauthenticated | Code::PermissionDenied => EXIT_NOT_ALLOWED,
+        _ => EXIT_CONTROLLER_FAILED,
+    }
+}
+
+/// The exit code of an error: the gRPC code of the call that failed, or of
+/// the same kind of failure met in the local store; anything else is bad
+/// input.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    use benchfleet_controller::export::ExportError;
+    use benchfleet_controller::store::StoreError;
+    for cause in e.chain() {
+        if cause.is::<Unreachable>() {
+            return EXIT_UNREACHABLE;
+        }
+        if let Some(s) = cause.downcast_ref::<StatusError>() {
+            return exit_code_of(s.code);
+        }
+        match cause.downcast_ref::<ExportError>() {
+            Some(ExportError::NotFound(_) | ExportError::Store(StoreError::NotFound(_))) => return EXIT_NOT_FOUND,
+            Some(ExportError::NotOver(_)) => return EXIT_REFUSED,
+            _ => {}
+        }
+        match cause.downcast_ref::<StoreError>() {
+            Some(StoreError::NotFound(_)) => return EXIT_NOT_FOUND,
+            Some(StoreError::NotOver(_)) => return EXIT_REFUSED,
+            _ => {}
+        }
+    }
+    EXIT_BAD_INPUT
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,9 +85,14 @@ pub const EXIT_INTERRUPTED: i32 = 130;
     after_help = "Environment: BENCHFLEET_CONTROLLER, BENCHFLEET_DATA_DIR and BENCHFLEET_IDENTITY (as their flags), \
                   RUST_LOG (the log filter), USER (who cancelled or drained, in the notes, without TLS; under \
                   TLS the certificate's name).\n\nExit status: 0 on success; 1 when a \
-                  run's jobs failed or its report recommends nothing (run, watch, report); 2 for bad input (a \
-                  matrix, an export file, a flag, an unknown run or agent, a run not over yet for export); 3 \
-                  when the controller cannot be reached; 130 when interrupted."
+                  run's jobs failed or its report recommends nothing (run, watch, report), or compare found a \
+                  regression; 2 for bad input (a matrix, an export file, a flag; INVALID_ARGUMENT); 3 when the \
+                  controller cannot be reached (UNAVAILABLE); 4 when there is no such run or agent (NOT_FOUND); 5 \
+                  when the run's state refuses the command, e.g. retry of a run still running, cancel of one over, \
+                  export of one not over (FAILED_PRECONDITION); 6 when the operator's certificate may not do it \
+                  (UNAUTHENTICATED, PERMISSION_DENIED); 7 when the controller failed (INTERNAL: its store failed; \
+                  any other gRPC code); 130 when interrupted. Against the local store, each failure exits as the \
+                  controller's answer would."
 )]
 pub struct Cli {
     /// Where the local store lives (runs, jobs, request records).
@@ -90,8 +143,11 @@ pub enum Command {
         #[arg(long, default_value_t = 300)]
         reconnect_for_s: u64,
     },
-    /// List runs.
-    Runs,
+    /// List runs; `runs delete RUN` deletes one.
+    Runs {
+        #[command(subcommand)]
+        action: Option<RunsCommand>,
+    },
     /// A run's jobs: state, agent, error, and every attempt with the records it stored.
     Jobs { run_id: String },
     /// Print a run's report.
@@ -164,6 +220,14 @@ pub enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum RunsCommand {
+    /// Delete a run that is over (finished or cancelled, no job left running), with its jobs, records,
+    /// summaries and telemetry, and the stored files no other run names: through the controller (admin), or on
+    /// the local store.
+    Delete { run_id: String },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum TokenCommand {
     /// Create a join token: printed alone on stdout; its expiry and the agent's join command on stderr.
     Create {
@@ -211,7 +275,7 @@ pub enum Certs {
     Issue {
         /// The operator's name, as notes record who cancelled or drained.
         name: String,
-        /// read: listings, reports, watch, export, plans; admin: also submit, cancel, retry, drain, import.
+        /// read: listings, reports, watch, export, plans; admin: also submit, cancel, retry, drain, import, delete.
         #[arg(long, value_parser = ["read", "admin"])]
         role: String,
         /// Where to write it (default: ./NAME).
@@ -232,7 +296,7 @@ pub async fn main(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<Unreachable>().is_some() { EXIT_UNREACHABLE } else { EXIT_BAD_INPUT }
+            exit_code(&e)
         }
     }
 }
@@ -385,6 +449,46 @@ async fn revoke(cli: &Cli, controller: Option<&Target>, name: &str, reason: &str
     Ok(0)
 }
 
+/// `benchfleet runs delete`: through the controller, or on the local store
+/// (the controller that uses it must not be running).
+async fn delete_run(cli: &Cli, controller: Option<&Target>, run_id: &str, json: bool) -> anyhow::Result<i32> {
+    use benchfleet_controller::store::StoreError;
+    let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
+    let deleted = match controller {
+        Some(target) => client::connect(target)
+            .await?
+            .delete_run(pb::DeleteRunRequest { run_id: id.to_string() })
+            .await
+            .map_err(client::status)?
+            .into_inner(),
+        None => {
+            let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+            match store.delete_run(id) {
+                Ok(d) => benchfleet_controller::convert::deleted(&d),
+                // Refused as the controller refuses it.
+                Err(StoreError::NotOver(why)) => {
+                    return Err(StatusError::new(tonic::Code::FailedPrecondition, why).into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    if json {
+        let answer = json!({
+            "run_id": id.to_string(), "jobs": deleted.jobs, "records": deleted.records, "files": deleted.files,
+        });
+        println!("{answer}");
+    } else {
+        let files = match deleted.files.len() {
+            0 => String::new(),
+            1 => ", and 1 stored file no run names any more".to_owned(),
+            n => format!(", and {n} stored files no run names any more"),
+        };
+        println!("run {id} deleted: {} jobs, {} records{files}", deleted.jobs, deleted.records);
+    }
+    Ok(0)
+}
+
 /// This host's name (what `certs init` puts in the controller's certificate).
 fn hostname() -> String {
     benchfleet_core::hostname().unwrap_or_default()
@@ -513,7 +617,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let url = need_controller(&controller)?;
             follow(url, run_id, Duration::from_secs(*reconnect_for_s), json, false).await
         }
-        Command::Runs => {
+        Command::Runs { action: Some(RunsCommand::Delete { run_id }) } => {
+            delete_run(&cli, controller.as_ref(), run_id, json).await
+        }
+        Command::Runs { action: None } => {
             let runs = match &controller {
                 Some(url) => {
                     client::connect(url)
@@ -524,15 +631,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         .into_inner()
                         .runs
                 }
-                None => {
-                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-                    let mut out = Vec::new();
-                    for r in store.runs()? {
-                        let stage = store.groups(r.id)?.iter().map(|g| g.stage).max().unwrap_or(1);
-                        out.push(benchfleet_controller::convert::run_info(&r, &store.jobs(r.id)?, stage));
-                    }
-                    out
-                }
+                None => benchfleet_controller::convert::run_list(&open_store(&data_dir(cli.data_dir.as_deref()))?)?,
             };
             if json {
                 println!("{}", serde_json::Value::Array(runs.iter().map(run_json).collect()));
@@ -555,7 +654,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 None => {
                     let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
                     let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-                    store.run(id)?.with_context(|| format!("run {id} does not exist"))?;
+                    store
+                        .run(id)?
+                        .ok_or_else(|| StatusError::new(tonic::Code::NotFound, format!("run {id} does not exist")))?;
                     let groups = store.groups(id)?;
                     let stats = store.attempt_stats(id)?;
                     store

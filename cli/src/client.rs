@@ -92,12 +92,29 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// A call that failed, with the gRPC code that says what kind of failure it
+/// is: the controller's answer, or the same kind of failure met in the local
+/// store. The code gives the exit code (`cli::exit_code`).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StatusError {
+    pub code: tonic::Code,
+    pub message: String,
+}
+
+impl StatusError {
+    pub fn new(code: tonic::Code, message: impl Into<String>) -> StatusError {
+        StatusError { code, message: message.into() }
+    }
+}
+
 /// A gRPC error as the operator reads it.
 pub fn status(s: tonic::Status) -> anyhow::Error {
-    match s.code() {
-        tonic::Code::Unavailable => anyhow::anyhow!("the controller is unavailable: {}", s.message()),
-        _ => anyhow::anyhow!("{}", s.message()),
-    }
+    let message = match s.code() {
+        tonic::Code::Unavailable => format!("the controller is unavailable: {}", s.message()),
+        _ => s.message().to_owned(),
+    };
+    StatusError::new(s.code(), message).into()
 }
 
 /// A file the matrix names, read from disk.
@@ -165,7 +182,7 @@ pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result
     let mut dataset_notes = Vec::new();
     let mut read: Vec<(String, ShareGpt)> = Vec::new();
     for profile in &parsed.profiles {
-        let Dataset::Sharegpt { file, .. } = &profile.dataset else { continue };
+        let Dataset::ShareGpt { file, .. } = &profile.dataset else { continue };
         let field = format!("profiles.{}.dataset.sharegpt", profile.name);
         if !read.iter().any(|(path, _)| path == file) {
             let on_disk = base.join(file);
@@ -304,7 +321,9 @@ pub async fn import(client: &mut OperatorClient, path: &str) -> anyhow::Result<p
     }
     match sent {
         Ok(r) => Ok(r.into_inner()),
-        Err(s) if s.code() == tonic::Code::InvalidArgument => Err(anyhow::anyhow!("{name}: {}", s.message())),
+        Err(s) if s.code() == tonic::Code::InvalidArgument => {
+            Err(StatusError::new(s.code(), format!("{name}: {}", s.message())).into())
+        }
         Err(s) => Err(status(s)),
     }
 }

@@ -294,6 +294,8 @@ mod tests {
             }
         }
         assert!(seen >= 18, "{seen} methods read");
+        // Deleting a run is an admin's.
+        assert_eq!(access("/benchfleet.v1.OperatorService/DeleteRun"), Some(Access::Admin));
         assert_eq!(access("/benchfleet.v1.Other/Thing"), None);
         assert_eq!(access("nonsense"), None);
     }

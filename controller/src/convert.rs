@@ -9,11 +9,12 @@ use tonic::Status;
 use crate::auth::IngestKey;
 use crate::driver::{Outbound, Progress};
 use crate::model::{
-    AgentId, Arrival, AttemptKey, AttemptStats, Dataset, Endpoint, EngineConfig, FailureKind, GpuState, Group, Job,
-    Profile, Progress as Counts, Run, RunId, RunState, Window,
+    AgentId, AttemptKey, AttemptStats, EngineConfig, FailureKind, GpuState, Group, Job, Progress as Counts, Run, RunId,
+    RunState,
 };
 use crate::plan::Submission;
 use crate::sched::{AgentView, Assignment, Claim, Fence, Hello, Reported, ToAgent, Update};
+use crate::store::{RunCounts, Store, StoreError};
 
 pub fn engine_spec(config: &EngineConfig) -> pb::EngineSpec {
     pb::EngineSpec {
@@ -25,72 +26,6 @@ pub fn engine_spec(config: &EngineConfig) -> pb::EngineSpec {
         url: config.url.clone().unwrap_or_default(),
         config_name: config.name.clone(),
         allow_warm_cache: config.allow_warm_cache,
-    }
-}
-
-/// The load profile a job sends; a dataset file travels by its hash only.
-pub fn load_profile(profile: &Profile) -> pb::LoadProfile {
-    let dataset = match &profile.dataset {
-        Dataset::Random { input_tokens, output_tokens, seed } => pb::load_profile::Dataset::Random(pb::RandomDataset {
-            input_tokens: *input_tokens,
-            output_tokens: *output_tokens,
-            seed: *seed,
-        }),
-        Dataset::Sharegpt { file: name, sha256, output_tokens } => {
-            pb::load_profile::Dataset::Sharegpt(pb::ShareGptDataset {
-                name: name.clone(),
-                sha256: sha256.clone(),
-                output_tokens: output_tokens.unwrap_or(0),
-            })
-        }
-        Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
-            pb::load_profile::Dataset::SharedPrefix(pb::SharedPrefixDataset {
-                groups: *groups,
-                prefix_tokens: *prefix_tokens,
-                suffix_tokens: *suffix_tokens,
-                output_tokens: *output_tokens,
-                seed: *seed,
-            })
-        }
-    };
-    let requests = |w: Option<Window>| match w {
-        Some(Window::Requests(n)) => Some(n),
-        _ => None,
-    };
-    let seconds = |w: Option<Window>| match w {
-        Some(Window::Seconds(s)) => Some(s),
-        _ => None,
-    };
-    pb::LoadProfile {
-        rate: profile.rate.unwrap_or(0.0),
-        max_concurrency: profile.max_concurrency.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-        requests: profile.requests,
-        dataset: Some(dataset),
-        arrival: match profile.arrival {
-            Arrival::Constant => "constant",
-            Arrival::Poisson => "poisson",
-        }
-        .to_owned(),
-        seed: profile.seed,
-        endpoint: match profile.endpoint {
-            Endpoint::Completions => "completions",
-            Endpoint::Chat => "chat",
-        }
-        .to_owned(),
-        lag_limit_ms: profile.lag_limit_ms,
-        rate_tolerance: profile.rate_tolerance,
-        warmup_requests: requests(profile.warmup),
-        warmup_s: seconds(profile.warmup),
-        cooldown_requests: requests(profile.cooldown),
-        cooldown_s: seconds(profile.cooldown),
-        max_duration_s: profile.max_duration_s,
-        ignore_eos: profile.ignore_eos,
-        extra_body: profile.extra_body.clone().unwrap_or_default(),
-        goodput: profile.goodput.map(|g| g.words()).unwrap_or_default(),
-        processor: profile
-            .processor
-            .as_ref()
-            .map(|f| pb::StoredFile { name: f.file.clone(), sha256: f.sha256.clone() }),
     }
 }
 
@@ -204,7 +139,7 @@ fn assignment(a: &Assignment, ingest_url: &str, key: Option<&IngestKey>) -> pb::
                 attempt: Some(attempt_ref(&j.fence)),
                 profile: j.profile.name.clone(),
                 repeat: j.repeat,
-                load: Some(load_profile(&j.profile)),
+                load: Some(pb::LoadProfile::from(&j.profile.load)),
                 ingest_token: key.map_or_else(String::new, |k| {
                     let f = &j.fence;
                     k.sign(&f.key.run.to_string(), f.key.job, f.key.attempt, f.epoch)
@@ -255,11 +190,25 @@ pub fn run_state(run: &Run, counts: &Counts) -> &'static str {
 }
 
 pub fn run_info<'a>(run: &Run, jobs: impl IntoIterator<Item = &'a Job>, stage: u32) -> pb::RunInfo {
-    let p = Counts::of(jobs);
+    counted_run(run, &Counts::of(jobs), stage)
+}
+
+/// A run as a listing shows it, from the counts the store keeps.
+pub fn listed_run(run: &Run, counts: &RunCounts) -> pb::RunInfo {
+    counted_run(run, &counts.progress(), counts.stage())
+}
+
+/// `ListRuns` (and `benchfleet runs` on a local store): every run, from the
+/// store's counts, reading no job.
+pub fn run_list(store: &dyn Store) -> Result<Vec<pb::RunInfo>, StoreError> {
+    Ok(store.listed_runs()?.iter().map(|(run, counts)| listed_run(run, counts)).collect())
+}
+
+fn counted_run(run: &Run, p: &Counts, stage: u32) -> pb::RunInfo {
     pb::RunInfo {
         run_id: run.id.to_string(),
         name: run.name.clone(),
-        state: run_state(run, &p).to_owned(),
+        state: run_state(run, p).to_owned(),
         jobs_total: p.total,
         jobs_done: p.done(),
         jobs_failed: p.failed,
@@ -270,6 +219,11 @@ pub fn run_info<'a>(run: &Run, jobs: impl IntoIterator<Item = &'a Job>, stage: u
         stage,
         ended_unix_ms: run.ended_unix_ms.unwrap_or(0),
     }
+}
+
+/// What a delete removed, as the operator's client is told.
+pub fn deleted(d: &crate::store::Deleted) -> pb::DeleteRunResponse {
+    pb::DeleteRunResponse { jobs: d.jobs, records: d.records, files: d.files.clone() }
 }
 
 /// What an import stored, as the operator's client is told.

@@ -10,7 +10,7 @@
 //! awaits the answers of those that have one.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
@@ -22,7 +22,8 @@ use crate::ingest::Ingest;
 use crate::model::{AgentId, AttemptKey, GpuState, JobState, Note, RunId};
 use crate::plan::{self, Next, Prepared};
 use crate::sched::{
-    self, AgentView, Command, Hello, Now, Refused, RunData, SchedConfig, Scheduler, ToAgent, Update, Welcome,
+    self, AgentView, Command, Hello, Now, Refused, RunData, SchedConfig, SchedError, Scheduler, ToAgent, Update,
+    Welcome,
 };
 use crate::store::{Store, StoreError};
 
@@ -112,9 +113,9 @@ enum Input {
     Hello(Now, Box<Hello>, SessionHandle, oneshot::Sender<Result<Welcome, Refused>>),
     Submit(Now, Box<Prepared>, oneshot::Sender<Vec<String>>),
     DryRun(Now, Box<Prepared>, oneshot::Sender<crate::sched::DryRun>),
-    Cancel(Now, RunId, Note, oneshot::Sender<Result<(), String>>),
-    Retry(Now, RunId, oneshot::Sender<Result<u64, String>>),
-    Drain(Now, String, Option<Note>, oneshot::Sender<Result<AgentId, String>>),
+    Cancel(Now, RunId, Note, oneshot::Sender<Result<(), SchedError>>),
+    Retry(Now, RunId, oneshot::Sender<Result<u64, SchedError>>),
+    Drain(Now, String, Option<Note>, oneshot::Sender<Result<AgentId, SchedError>>),
     Query(Now, Query),
     Change(Now, Change),
     Stop(oneshot::Sender<()>),
@@ -132,6 +133,8 @@ pub struct Controller {
     changed: watch::Sender<u64>,
     /// Cancelled when the controller stops: streams end.
     pub shutdown: CancellationToken,
+    /// Set when the driver stopped the controller itself.
+    halted: Arc<OnceLock<Halted>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     digester: Digester,
     /// The certificates no longer trusted.
@@ -204,14 +207,22 @@ impl Controller {
         let at = now();
         let (sched, first) = Scheduler::restore(config.sched.clone(), at, store.counters()?, store.agents()?, runs);
         let changed = watch::channel(0).0;
+        let shutdown = CancellationToken::new();
+        let halted = Arc::new(OnceLock::new());
         let mut driver = Driver {
             sched,
             store: store.clone(),
             ingest: ingest.clone(),
             sessions: HashMap::new(),
             changed: changed.clone(),
+            shutdown: shutdown.clone(),
+            halted: halted.clone(),
         };
-        driver.execute(first, at);
+        if let Err(e) = driver.execute(first, at) {
+            ingest.stop();
+            digester.stop();
+            return Err(e);
+        }
         let thread = std::thread::Builder::new()
             .name("scheduler".to_owned())
             .spawn(move || driver.run(&rx))
@@ -222,7 +233,8 @@ impl Controller {
             ingest,
             config,
             changed,
-            shutdown: CancellationToken::new(),
+            shutdown,
+            halted,
             threads: Mutex::new(vec![thread, ingest_thread, digest_thread]),
             digester,
             revoked,
@@ -248,6 +260,12 @@ impl Controller {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Why the controller stopped itself, if it did (its shutdown token is
+    /// then cancelled, so `serve` returns): the binary exits with an error.
+    pub fn halted(&self) -> Option<&Halted> {
+        self.halted.get()
     }
 
     fn send(&self, input: Input) -> bool {
@@ -281,16 +299,16 @@ impl Controller {
         self.ask(|r| Input::DryRun(now(), Box::new(prepared), r)).await
     }
 
-    pub async fn cancel(&self, run: RunId, note: Note) -> Result<Result<(), String>, Stopped> {
+    pub async fn cancel(&self, run: RunId, note: Note) -> Result<Result<(), SchedError>, Stopped> {
         self.ask(|r| Input::Cancel(now(), run, note, r)).await
     }
 
-    pub async fn retry(&self, run: RunId) -> Result<Result<u64, String>, Stopped> {
+    pub async fn retry(&self, run: RunId) -> Result<Result<u64, SchedError>, Stopped> {
         self.ask(|r| Input::Retry(now(), run, r)).await
     }
 
     /// Drains (with a note) or undrains (without) an agent, by id or name.
-    pub async fn drain(&self, agent: String, note: Option<Note>) -> Result<Result<AgentId, String>, Stopped> {
+    pub async fn drain(&self, agent: String, note: Option<Note>) -> Result<Result<AgentId, SchedError>, Stopped> {
         self.ask(|r| Input::Drain(now(), agent, note, r)).await
     }
 
@@ -361,6 +379,13 @@ impl Controller {
 #[error("the controller is shutting down")]
 pub struct Stopped;
 
+/// Why the driver stopped the controller: writing the scheduler's state
+/// kept failing, and going on would let memory and the store disagree (a
+/// restart takes up from what was stored).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("writing the scheduler's state keeps failing ({0}); the controller stopped")]
+pub struct Halted(pub String);
+
 struct Driver {
     sched: Scheduler,
     store: Arc<dyn Store>,
@@ -368,6 +393,9 @@ struct Driver {
     /// The current session of each connected agent.
     sessions: HashMap<AgentId, (u64, SessionHandle)>,
     changed: watch::Sender<u64>,
+    /// The controller's, cancelled when the driver halts.
+    shutdown: CancellationToken,
+    halted: Arc<OnceLock<Halted>>,
 }
 
 /// An answer sent once the batch's writes are durable.
@@ -392,12 +420,16 @@ impl Driver {
                 // Inputs that read the store wait for the writes before them.
                 if taken < MAX_BATCH && stop.is_none() {
                     next = rx.try_recv().ok();
-                    if matches!(next, Some(Input::Retry(..))) {
-                        self.finish_batch(last, &mut welcomes, &mut replies);
+                    if matches!(next, Some(Input::Retry(..)))
+                        && let Err(e) = self.finish_batch(last, &mut welcomes, &mut replies)
+                    {
+                        return self.halt(&e);
                     }
                 }
             }
-            self.finish_batch(last, &mut welcomes, &mut replies);
+            if let Err(e) = self.finish_batch(last, &mut welcomes, &mut replies) {
+                return self.halt(&e);
+            }
             if let Some(reply) = stop {
                 self.close_all("the controller is shutting down");
                 self.ingest.stop();
@@ -411,21 +443,34 @@ impl Driver {
         self.ingest.stop();
     }
 
+    /// Stops the controller after a write of the scheduler's state failed
+    /// for good: nothing that depends on it is sent, answers still owed are
+    /// dropped (their callers see `Stopped`), every session ends, and the
+    /// controller's shutdown begins.
+    fn halt(&mut self, e: &StoreError) {
+        let halted = Halted(e.to_string());
+        tracing::error!("{halted}");
+        let _ = self.halted.set(halted);
+        self.close_all("the controller is stopping");
+        self.ingest.stop();
+        self.shutdown.cancel();
+    }
+
     /// Dispatches, carries out the batch's commands, then delivers welcomes
-    /// and answers.
+    /// and answers; a write that fails for good stops it there.
     fn finish_batch(
         &mut self,
         now: Now,
         welcomes: &mut Vec<(AgentId, u64, SessionHandle, Welcome)>,
         replies: &mut Vec<Reply>,
-    ) {
+    ) -> Result<(), StoreError> {
         self.sched.dispatch(now);
         let mut commands = self.sched.take_commands();
         // Welcomes go out right after the writes they depend on, before
         // anything else is sent down their sessions.
         let (writes, rest): (Vec<Command>, Vec<Command>) =
             commands.drain(..).partition(|c| matches!(c, Command::Persist(_)));
-        self.execute(writes, now);
+        self.execute(writes, now)?;
         for (agent, epoch, handle, welcome) in welcomes.drain(..) {
             if handle.tx.try_send(Outbound::Welcome(welcome)).is_ok() {
                 if let Some((_, old)) = self.sessions.insert(agent, (epoch, handle)) {
@@ -435,11 +480,12 @@ impl Driver {
                 self.sched.session_closed(now, agent, epoch);
             }
         }
-        self.execute(rest, now);
+        self.execute(rest, now)?;
         for reply in replies.drain(..) {
             reply();
         }
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        Ok(())
     }
 
     fn handle(
@@ -483,7 +529,7 @@ impl Driver {
                 now
             }
             Input::Cancel(now, run, note, reply) => {
-                let answer = self.sched.cancel(now, run, note);
+                let answer = self.sched.cancel(now, run, note).map_err(|e| self.known(e));
                 replies.push(Box::new(move || {
                     let _ = reply.send(answer);
                 }));
@@ -518,8 +564,19 @@ impl Driver {
         }
     }
 
+    /// A run the scheduler does not hold is over, or was never submitted:
+    /// the store tells which.
+    fn known(&self, e: SchedError) -> SchedError {
+        let SchedError::NotRunning(run) = e else { return e };
+        match self.store.run(run) {
+            Ok(Some(_)) => e,
+            Ok(None) => SchedError::NoSuchRun(run),
+            Err(e) => SchedError::Store(e.to_string()),
+        }
+    }
+
     /// A run as the store holds it, for a retry.
-    fn load(&self, run: RunId) -> Result<RunData, String> {
+    fn load(&self, run: RunId) -> Result<RunData, SchedError> {
         let read = || -> Result<Option<RunData>, StoreError> {
             let Some(r) = self.store.run(run)? else { return Ok(None) };
             let mut jobs = self.store.jobs(run)?;
@@ -530,8 +587,8 @@ impl Driver {
         };
         match read() {
             Ok(Some(d)) => Ok(d),
-            Ok(None) => Err(format!("run {run} does not exist")),
-            Err(e) => Err(e.to_string()),
+            Ok(None) => Err(SchedError::NoSuchRun(run)),
+            Err(e) => Err(SchedError::Store(e.to_string())),
         }
     }
 
@@ -563,8 +620,9 @@ impl Driver {
     }
 
     /// Carries out commands until the scheduler has none left (planning a
-    /// stage or a failed send makes more).
-    fn execute(&mut self, mut commands: Vec<Command>, now: Now) {
+    /// stage or a failed send makes more); nothing after a write that failed
+    /// for good.
+    fn execute(&mut self, mut commands: Vec<Command>, now: Now) -> Result<(), StoreError> {
         while !commands.is_empty() {
             let mut writes = Vec::new();
             let mut rest = Vec::new();
@@ -574,7 +632,7 @@ impl Driver {
                     other => rest.push(other),
                 }
             }
-            self.persist(&writes);
+            self.persist(&writes)?;
             let mut more = false;
             for c in rest {
                 match c {
@@ -620,27 +678,28 @@ impl Driver {
             }
             commands = self.sched.take_commands();
         }
+        Ok(())
     }
 
-    fn persist(&self, writes: &[crate::model::Write]) {
+    /// Writes the scheduler's state, trying again a few times (about 1.5 s
+    /// in all); an error here is for good.
+    fn persist(&self, writes: &[crate::model::Write]) -> Result<(), StoreError> {
         if writes.is_empty() {
-            return;
+            return Ok(());
         }
         let mut wait = Duration::from_millis(50);
-        for attempt in 1.. {
+        let mut attempt = 1;
+        loop {
             match self.store.apply(writes) {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 Err(e) if attempt < 6 => {
                     tracing::error!("writing the scheduler's state failed (try {attempt}): {e}");
                     std::thread::sleep(wait);
                     wait *= 2;
+                    attempt += 1;
                 }
-                Err(e) => {
-                    // Going on would let memory and the store disagree; a
-                    // restart takes up from what was stored.
-                    tracing::error!("writing the scheduler's state keeps failing ({e}); stopping the controller");
-                    std::process::exit(70);
-                }
+                // Going on would let memory and the store disagree.
+                Err(e) => return Err(e),
             }
         }
     }

@@ -188,24 +188,8 @@ pub fn exportable(store: &dyn Store, run_id: RunId) -> Result<(Run, Vec<Group>, 
     let run = store.run(run_id)?.ok_or(ExportError::NotFound(run_id))?;
     let groups = store.groups(run_id)?;
     let jobs = store.jobs(run_id)?;
-    if !run.is_over() {
-        return Err(ExportError::NotOver(format!(
-            "run {run_id} is still running; export it once it has finished or been cancelled"
-        )));
-    }
-    if let Some((g, p)) = groups.iter().find_map(|g| g.placement.as_ref().map(|p| (g, p))) {
-        return Err(ExportError::NotOver(format!(
-            "run {run_id} is over, but its group {} still holds GPUs on {} until that agent has stopped it; \
-             export it once it has",
-            g.id, p.agent
-        )));
-    }
-    if let Some(j) = jobs.iter().find(|j| !j.state.is_terminal()) {
-        return Err(ExportError::NotOver(format!(
-            "run {run_id} is over, but its job {} is still {}; export it once the job has ended",
-            j.id,
-            j.state.as_str()
-        )));
+    if let Some(why) = crate::store::unsettled(&run, &groups, &jobs, "export") {
+        return Err(ExportError::NotOver(why));
     }
     Ok((run, groups, jobs))
 }

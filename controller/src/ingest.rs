@@ -205,6 +205,9 @@ impl Committer {
             None => self.store.stats(&key)?.unwrap_or_default(),
         };
         let mut stats = stats;
+        // A batch the store holds is counted in the stats it holds: both
+        // are written in one transaction, so a batch sent again after a
+        // crash is counted once, whichever side of the crash its commit was.
         let new =
             !pending.seen.contains(&(key, batch.number)) && self.store.stored_batch(&key, batch.number)?.is_none();
         if new {

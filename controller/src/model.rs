@@ -210,22 +210,9 @@ impl RuntimeKind {
     }
 }
 
-/// The inference engine a configuration runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EngineKind {
-    Vllm,
-    Sglang,
-}
-
-impl EngineKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EngineKind::Vllm => "vllm",
-            EngineKind::Sglang => "sglang",
-        }
-    }
-}
+/// The inference engine a configuration runs: core's, which writes its
+/// command line.
+pub use benchfleet_core::engine::EngineKind;
 
 /// One engine configuration: an engine with a set of variants applied.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -257,128 +244,27 @@ impl EngineConfig {
         self.profiles.as_ref().is_none_or(|names| names.iter().any(|n| n == profile))
     }
 
-    /// The command line that serves this configuration, as a report shows it.
+    /// The command line that serves this configuration, as a report shows
+    /// it: the agent's, without the address it listens on.
     pub fn serve_command(&self) -> String {
-        let mut words = match self.kind {
-            EngineKind::Vllm => vec!["vllm".to_owned(), "serve".to_owned(), self.model.clone()],
-            EngineKind::Sglang => {
-                vec!["python3 -m sglang.launch_server".to_owned(), "--model-path".to_owned(), self.model.clone()]
-            }
-        };
-        words.extend(self.args.iter().cloned());
-        words.join(" ")
+        benchfleet_core::engine::one_line(self.kind, &self.model, &self.args)
     }
 }
 
-/// How requests arrive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Arrival {
-    Constant,
-    Poisson,
-}
+/// A job's load and its parts are core's (`benchfleet_core::load`), under
+/// the names the controller gives them.
+pub use benchfleet_core::load::{Arrival, Endpoint, LoadDataset as Dataset, LoadSpec, StoredFile, Window};
 
-/// The OpenAI endpoint a profile sends to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Endpoint {
-    Completions,
-    Chat,
-}
-
-/// Where a profile's prompts come from.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Dataset {
-    Random {
-        input_tokens: u32,
-        output_tokens: u32,
-        seed: u64,
-    },
-    /// A ShareGPT file, stored by the controller under its SHA-256.
-    Sharegpt {
-        file: String,
-        sha256: String,
-        output_tokens: Option<u32>,
-    },
-    /// `groups` random prefixes; request i sends prefix i mod groups and a
-    /// suffix of its own (prefix caching's workload).
-    SharedPrefix {
-        groups: u32,
-        prefix_tokens: u32,
-        suffix_tokens: u32,
-        output_tokens: u32,
-        seed: u64,
-    },
-}
-
-impl Dataset {
-    /// Tokens of each prompt, when the dataset fixes them.
-    pub fn input_tokens(&self) -> Option<u32> {
-        match self {
-            Dataset::Random { input_tokens, .. } => Some(*input_tokens),
-            Dataset::SharedPrefix { prefix_tokens, suffix_tokens, .. } => Some(prefix_tokens + suffix_tokens),
-            Dataset::Sharegpt { .. } => None,
-        }
-    }
-
-    /// Tokens of each reply, when the dataset fixes them.
-    pub fn output_tokens(&self) -> Option<u32> {
-        match self {
-            Dataset::Random { output_tokens, .. } | Dataset::SharedPrefix { output_tokens, .. } => Some(*output_tokens),
-            Dataset::Sharegpt { output_tokens, .. } => *output_tokens,
-        }
-    }
-}
-
-/// A stretch at the start or the end of a job whose requests are sent and
-/// recorded but not measured.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Window {
-    Requests(u64),
-    Seconds(f64),
-}
-
-/// A load profile: the traffic one job sends.
+/// A load profile: the traffic one job sends (its `load`) under the
+/// matrix's name, and what a search profile searches. Stored with the
+/// load's fields flattened into the profile's, the shape profiles had
+/// before the load was a type of its own, so both read alike. A profile
+/// reads as its load (`Deref`): `profile.rate` is `profile.load.rate`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     pub name: String,
-    pub dataset: Dataset,
-    /// Requests per second; `None` sends everything at once.
-    pub rate: Option<f64>,
-    pub arrival: Arrival,
-    pub requests: u64,
-    pub max_concurrency: Option<u64>,
-    pub endpoint: Endpoint,
-    pub seed: u64,
-    /// The P99 dispatch lag limit, ms; `None`: the one the load kind gives.
-    #[serde(default)]
-    pub lag_limit_ms: Option<f64>,
-    /// The share of the offered rate the achieved rate may fall short by;
-    /// `None`: loadgen's default (5%).
-    #[serde(default)]
-    pub rate_tolerance: Option<f64>,
-    #[serde(default)]
-    pub warmup: Option<Window>,
-    #[serde(default)]
-    pub cooldown: Option<Window>,
-    /// Sending stops after this long; requests in flight are cancelled.
-    #[serde(default)]
-    pub max_duration_s: Option<f64>,
-    /// Every reply runs to its max_tokens (random datasets always do).
-    #[serde(default)]
-    pub ignore_eos: bool,
-    /// A JSON object merged into every request body.
-    #[serde(default)]
-    pub extra_body: Option<String>,
-    /// vLLM's goodput SLOs: the summary counts the requests within them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub goodput: Option<benchfleet_core::metrics::Slo>,
-    /// The model's tokenizer (`tokenizer.json`), stored by the controller
-    /// under its SHA-256: exact token counts for prompts and replies.
-    #[serde(default)]
-    pub processor: Option<StoredFile>,
+    #[serde(flatten)]
+    pub load: LoadSpec,
     /// A search profile: the load is found (`search`), not given; its jobs
     /// are probes, each at one point.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -388,40 +274,26 @@ pub struct Profile {
     pub probe: Option<crate::search::Probe>,
 }
 
-/// A file a matrix names, as the controller stores it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredFile {
-    /// As the matrix names it.
-    pub file: String,
-    pub sha256: String,
-}
-
 impl Profile {
     /// `requests` of `dataset` all at once to the completions endpoint,
     /// with every other field at its default: what a matrix profile with
     /// only those fields makes.
     pub fn new(name: &str, dataset: Dataset, requests: u64) -> Profile {
-        Profile {
-            name: name.to_owned(),
-            dataset,
-            rate: None,
-            arrival: Arrival::Constant,
-            requests,
-            max_concurrency: None,
-            endpoint: Endpoint::Completions,
-            seed: 0,
-            lag_limit_ms: None,
-            rate_tolerance: None,
-            warmup: None,
-            cooldown: None,
-            max_duration_s: None,
-            ignore_eos: false,
-            extra_body: None,
-            goodput: None,
-            processor: None,
-            search: None,
-            probe: None,
-        }
+        Profile { name: name.to_owned(), load: LoadSpec::new(dataset, requests), search: None, probe: None }
+    }
+}
+
+impl std::ops::Deref for Profile {
+    type Target = LoadSpec;
+
+    fn deref(&self) -> &LoadSpec {
+        &self.load
+    }
+}
+
+impl std::ops::DerefMut for Profile {
+    fn deref_mut(&mut self) -> &mut LoadSpec {
+        &mut self.load
     }
 }
 
@@ -726,6 +598,60 @@ pub fn shell_word(word: &str) -> String {
 #[cfg(test)]
 mod job_tests {
     use super::*;
+
+    #[test]
+    fn profiles_stored_before_the_load_had_a_type_read_and_write_as_they_were() {
+        // A probe of a ShareGPT profile with every load field set, as the
+        // store held it when `Profile` carried the load's fields itself.
+        let stored = concat!(
+            r#"{"name":"chat@r8","dataset":{"sharegpt":{"file":"data/chat.json","sha256":"ab","output_tokens":64}},"#,
+            r#""rate":8.0,"arrival":"poisson","requests":200,"max_concurrency":32,"endpoint":"chat","seed":7,"#,
+            r#""lag_limit_ms":20.0,"rate_tolerance":0.025,"warmup":{"requests":5},"cooldown":{"seconds":2.5},"#,
+            r#""max_duration_s":120.0,"ignore_eos":true,"extra_body":"{\"temperature\":0}","#,
+            r#""goodput":{"ttft_ms":200.0,"tpot_ms":null,"e2el_ms":5000.0},"#,
+            r#""processor":{"file":"tok.json","sha256":"cd"},"probe":{"search":"chat","point":8.0}}"#
+        );
+        let p: Profile = serde_json::from_str(stored).expect("an old profile reads");
+        assert_eq!(p.name, "chat@r8");
+        assert_eq!(
+            p.load,
+            LoadSpec {
+                rate: Some(8.0),
+                arrival: Arrival::Poisson,
+                max_concurrency: Some(32),
+                endpoint: Endpoint::Chat,
+                seed: 7,
+                lag_limit_ms: Some(20.0),
+                rate_tolerance: Some(0.025),
+                warmup: Some(Window::Requests(5)),
+                cooldown: Some(Window::Seconds(2.5)),
+                max_duration_s: Some(120.0),
+                ignore_eos: true,
+                extra_body: Some(r#"{"temperature":0}"#.into()),
+                goodput: Some(benchfleet_core::metrics::Slo {
+                    ttft_ms: Some(200.0),
+                    tpot_ms: None,
+                    e2el_ms: Some(5000.0)
+                }),
+                processor: Some(StoredFile { file: "tok.json".into(), sha256: "cd".into() }),
+                ..LoadSpec::new(
+                    Dataset::ShareGpt { file: "data/chat.json".into(), sha256: "ab".into(), output_tokens: Some(64) },
+                    200
+                )
+            }
+        );
+        assert_eq!(p.probe, Some(crate::search::Probe { search: "chat".into(), point: 8.0 }));
+        // Written again, byte for byte: an export or a store a newer build
+        // wrote reads the same in an older one.
+        assert_eq!(serde_json::to_string(&p).expect("json"), stored);
+        // Older still: before the lag limit, the windows and the rest.
+        let oldest = concat!(
+            r#"{"name":"p","dataset":{"random":{"input_tokens":8,"output_tokens":4,"seed":1}},"rate":null,"#,
+            r#""arrival":"constant","requests":10,"max_concurrency":null,"endpoint":"completions","seed":0}"#
+        );
+        let p: Profile = serde_json::from_str(oldest).expect("an oldest profile reads");
+        assert_eq!(p, Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 4, seed: 1 }, 10));
+    }
 
     #[test]
     fn the_loadgen_command_quotes_what_a_shell_would_split() {

@@ -124,7 +124,7 @@ fn prepare_as(
 fn check_datasets(store: &dyn Store, sub: &Submission, matrix: &Matrix) -> Result<(), SubmitError> {
     let mut checked: Vec<&str> = Vec::new();
     for p in &matrix.profiles {
-        let Dataset::Sharegpt { file, sha256, .. } = &p.dataset else { continue };
+        let Dataset::ShareGpt { file, sha256, .. } = &p.dataset else { continue };
         if checked.contains(&sha256.as_str()) {
             continue;
         }

@@ -24,6 +24,7 @@ use crate::ingest::{Batch, IngestError};
 use crate::model::{AgentId, Note, RunId};
 use crate::plan::{self, SubmitError};
 use crate::report;
+use crate::sched::SchedError;
 use crate::store::{StoreError, codec};
 
 /// Most bytes of one message: matrices are at most 1 MiB, files travel in
@@ -44,7 +45,27 @@ impl From<StoreError> for Status {
         match e {
             StoreError::NotFound(what) => Status::not_found(format!("{what} not found")),
             StoreError::Invalid(what) => Status::invalid_argument(what),
+            StoreError::NotOver(why) => Status::failed_precondition(why),
             other => Status::internal(other.to_string()),
+        }
+    }
+}
+
+/// The one mapping of the scheduler's refusals to gRPC codes: what does not
+/// exist is NOT_FOUND, what its state does not allow FAILED_PRECONDITION, and
+/// a store that failed INTERNAL.
+impl From<SchedError> for Status {
+    fn from(e: SchedError) -> Status {
+        let message = e.to_string();
+        match e {
+            SchedError::NoSuchRun(_) | SchedError::NoSuchAgent(_) | SchedError::NotEnrolled(_) => {
+                Status::not_found(message)
+            }
+            SchedError::NotRunning(_)
+            | SchedError::RunOver(_)
+            | SchedError::StillRunning(_)
+            | SchedError::NothingToRetry(_) => Status::failed_precondition(message),
+            SchedError::Store(_) => Status::internal(message),
         }
     }
 }
@@ -508,17 +529,28 @@ impl pb::operator_service_server::OperatorService for Services {
 
     async fn list_runs(&self, _: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
         let store = self.0.store().clone();
-        let runs = blocking(move || {
-            let mut out = Vec::new();
-            for r in store.runs()? {
-                let groups = store.groups(r.id)?;
-                let stage = groups.iter().map(|g| g.stage).max().unwrap_or(1);
-                out.push(convert::run_info(&r, &store.jobs(r.id)?, stage));
-            }
-            Ok(out)
-        })
-        .await?;
+        let runs = blocking(move || Ok(convert::run_list(store.as_ref())?)).await?;
         Ok(Response::new(pb::ListRunsResponse { runs }))
+    }
+
+    async fn delete_run(&self, req: Request<pb::DeleteRunRequest>) -> Result<Response<pb::DeleteRunResponse>, Status> {
+        let run = convert::run_id(&req.into_inner().run_id)?;
+        // Hidden on the scheduler's thread, so that no retry or next stage
+        // takes the run up meanwhile; then removed off it.
+        let store = self.0.store().clone();
+        self.0
+            .query(move |s, _| match s.run_jobs(run) {
+                Some(_) => Err(StoreError::NotOver(format!(
+                    "run {run} is still scheduled (running, or a group of it still holds GPUs); delete it once \
+                     it has ended"
+                ))),
+                None => store.hide_run(run),
+            })
+            .await??;
+        let store = self.0.store().clone();
+        let deleted = blocking(move || Ok(store.purge_run(run)?)).await?;
+        info!(%run, jobs = deleted.jobs, records = deleted.records, files = deleted.files.len(), "run deleted");
+        Ok(Response::new(convert::deleted(&deleted)))
     }
 
     async fn get_report(&self, req: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
@@ -597,14 +629,14 @@ impl pb::operator_service_server::OperatorService for Services {
         let by = operator(&req, |r| &r.by);
         let req = req.into_inner();
         let run = convert::run_id(&req.run_id)?;
-        self.0.cancel(run, note(by, req.reason)).await?.map_err(Status::failed_precondition)?;
+        self.0.cancel(run, note(by, req.reason)).await??;
         info!(%run, "run cancelled");
         Ok(Response::new(run_info(&self.0, run).await?))
     }
 
     async fn retry_run(&self, req: Request<pb::RetryRunRequest>) -> Result<Response<pb::RetryRunResponse>, Status> {
         let run = convert::run_id(&req.into_inner().run_id)?;
-        let jobs = self.0.retry(run).await?.map_err(Status::failed_precondition)?;
+        let jobs = self.0.retry(run).await??;
         info!(%run, jobs, "run retried");
         Ok(Response::new(pb::RetryRunResponse { run: Some(run_info(&self.0, run).await?), jobs }))
     }
@@ -666,13 +698,13 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn drain_agent(&self, req: Request<pb::DrainAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
         let by = operator(&req, |r| &r.by);
         let req = req.into_inner();
-        let id = self.0.drain(req.agent, Some(note(by, req.reason))).await?.map_err(Status::not_found)?;
+        let id = self.0.drain(req.agent, Some(note(by, req.reason))).await??;
         info!(agent = %id, "agent drained");
         Ok(Response::new(agent_info(&self.0, id).await?))
     }
 
     async fn undrain_agent(&self, req: Request<pb::UndrainAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
-        let id = self.0.drain(req.into_inner().agent, None).await?.map_err(Status::not_found)?;
+        let id = self.0.drain(req.into_inner().agent, None).await??;
         info!(agent = %id, "agent undrained");
         Ok(Response::new(agent_info(&self.0, id).await?))
     }
@@ -834,7 +866,7 @@ async fn agent_info(c: &Controller, id: AgentId) -> Result<pb::AgentInfo, Status
     c.query(move |s, now| s.agent_view(id, now))
         .await?
         .map(|v| convert::agent_info(&v))
-        .ok_or_else(|| Status::not_found(format!("{id} not found")))
+        .ok_or_else(|| SchedError::NoSuchAgent(id.to_string()).into())
 }
 
 async fn run_info(c: &Controller, run: RunId) -> Result<pb::RunInfo, Status> {
@@ -955,6 +987,26 @@ mod tests {
     /// Bytes that show where they were cut: no two windows alike.
     fn bytes(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn each_refusal_of_the_scheduler_has_its_code_and_keeps_its_text() {
+        use tonic::Code;
+        let run = RunId(7);
+        for (e, code) in [
+            (SchedError::NoSuchRun(run), Code::NotFound),
+            (SchedError::NoSuchAgent("gpu-a".into()), Code::NotFound),
+            (SchedError::NotEnrolled(AgentId(3)), Code::NotFound),
+            (SchedError::NotRunning(run), Code::FailedPrecondition),
+            (SchedError::RunOver(run), Code::FailedPrecondition),
+            (SchedError::StillRunning(run), Code::FailedPrecondition),
+            (SchedError::NothingToRetry(run), Code::FailedPrecondition),
+            (SchedError::Store("store i/o failed: disk full".into()), Code::Internal),
+        ] {
+            let text = e.to_string();
+            let status = Status::from(e);
+            assert_eq!((status.code(), status.message()), (code, text.as_str()));
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The one place where request records, summaries and job telemetry cross
-//! to and from their gRPC (prost) form.
+//! The one place where request records, summaries, job telemetry and load
+//! specs cross to and from their gRPC (prost) form.
 
 use benchfleet_proto as pb;
 
-use crate::metrics::{Distribution, Failures, Percentile, Summary};
+use crate::load::{Arrival, Endpoint, LoadDataset, LoadSpec, StoredFile, Window};
+use crate::metrics::{Distribution, Failures, Percentile, Slo, Summary};
 use crate::record::{Chunk, Outcome, Phase, RequestRecord};
 use crate::telemetry::{GpuTelemetry, Series, SeriesStats, Telemetry, TelemetrySummary};
 
@@ -368,11 +369,190 @@ impl From<pb::JobTelemetry> for Telemetry {
     }
 }
 
+/// A load profile received over the wire is not valid.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum InvalidLoad {
+    #[error("a load profile without a dataset")]
+    NoDataset,
+    /// 0 is what a controller older than the enum sends.
+    #[error("a load profile with an unknown arrival {0} (from an older controller?)")]
+    Arrival(i32),
+    #[error("a load profile with an unknown endpoint {0} (from an older controller?)")]
+    Endpoint(i32),
+    #[error("a load profile's goodput: {0}")]
+    Goodput(String),
+}
+
+/// A job's load as an assignment carries it; a file travels by its hash.
+impl From<&LoadSpec> for pb::LoadProfile {
+    fn from(l: &LoadSpec) -> Self {
+        let dataset = match &l.dataset {
+            LoadDataset::Random { input_tokens, output_tokens, seed } => {
+                pb::load_profile::Dataset::Random(pb::RandomDataset {
+                    input_tokens: *input_tokens,
+                    output_tokens: *output_tokens,
+                    seed: *seed,
+                })
+            }
+            LoadDataset::ShareGpt { file, sha256, output_tokens } => {
+                pb::load_profile::Dataset::Sharegpt(pb::ShareGptDataset {
+                    name: file.clone(),
+                    sha256: sha256.clone(),
+                    output_tokens: output_tokens.unwrap_or(0),
+                })
+            }
+            LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
+                pb::load_profile::Dataset::SharedPrefix(pb::SharedPrefixDataset {
+                    groups: *groups,
+                    prefix_tokens: *prefix_tokens,
+                    suffix_tokens: *suffix_tokens,
+                    output_tokens: *output_tokens,
+                    seed: *seed,
+                })
+            }
+        };
+        let requests = |w: Option<Window>| match w {
+            Some(Window::Requests(n)) => Some(n),
+            _ => None,
+        };
+        let seconds = |w: Option<Window>| match w {
+            Some(Window::Seconds(s)) => Some(s),
+            _ => None,
+        };
+        pb::LoadProfile {
+            rate: l.rate.unwrap_or(0.0),
+            max_concurrency: l.max_concurrency.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            requests: l.requests,
+            dataset: Some(dataset),
+            arrival: match l.arrival {
+                Arrival::Constant => pb::Arrival::Constant,
+                Arrival::Poisson => pb::Arrival::Poisson,
+            } as i32,
+            seed: l.seed,
+            endpoint: match l.endpoint {
+                Endpoint::Completions => pb::Endpoint::Completions,
+                Endpoint::Chat => pb::Endpoint::Chat,
+            } as i32,
+            lag_limit_ms: l.lag_limit_ms,
+            rate_tolerance: l.rate_tolerance,
+            warmup_requests: requests(l.warmup),
+            warmup_s: seconds(l.warmup),
+            cooldown_requests: requests(l.cooldown),
+            cooldown_s: seconds(l.cooldown),
+            max_duration_s: l.max_duration_s,
+            ignore_eos: l.ignore_eos,
+            extra_body: l.extra_body.clone().unwrap_or_default(),
+            goodput: l.goodput.map(|g| g.words()).unwrap_or_default(),
+            processor: l.processor.as_ref().map(|f| pb::StoredFile { name: f.file.clone(), sha256: f.sha256.clone() }),
+        }
+    }
+}
+
+/// A job's load as an assignment carried it.
+impl TryFrom<pb::LoadProfile> for LoadSpec {
+    type Error = InvalidLoad;
+
+    fn try_from(l: pb::LoadProfile) -> Result<Self, InvalidLoad> {
+        let dataset = match l.dataset.ok_or(InvalidLoad::NoDataset)? {
+            pb::load_profile::Dataset::Random(r) => {
+                LoadDataset::Random { input_tokens: r.input_tokens, output_tokens: r.output_tokens, seed: r.seed }
+            }
+            pb::load_profile::Dataset::Sharegpt(s) => LoadDataset::ShareGpt {
+                file: s.name,
+                sha256: s.sha256,
+                output_tokens: (s.output_tokens != 0).then_some(s.output_tokens),
+            },
+            pb::load_profile::Dataset::SharedPrefix(p) => LoadDataset::SharedPrefix {
+                groups: p.groups,
+                prefix_tokens: p.prefix_tokens,
+                suffix_tokens: p.suffix_tokens,
+                output_tokens: p.output_tokens,
+                seed: p.seed,
+            },
+        };
+        let arrival = match pb::Arrival::try_from(l.arrival) {
+            Ok(pb::Arrival::Constant) => Arrival::Constant,
+            Ok(pb::Arrival::Poisson) => Arrival::Poisson,
+            Ok(pb::Arrival::Unspecified) | Err(_) => return Err(InvalidLoad::Arrival(l.arrival)),
+        };
+        let endpoint = match pb::Endpoint::try_from(l.endpoint) {
+            Ok(pb::Endpoint::Completions) => Endpoint::Completions,
+            Ok(pb::Endpoint::Chat) => Endpoint::Chat,
+            Ok(pb::Endpoint::Unspecified) | Err(_) => return Err(InvalidLoad::Endpoint(l.endpoint)),
+        };
+        let window = |requests: Option<u64>, seconds: Option<f64>| {
+            requests.map(Window::Requests).or(seconds.map(Window::Seconds))
+        };
+        let goodput =
+            if l.goodput.is_empty() { None } else { Some(Slo::parse(&l.goodput).map_err(InvalidLoad::Goodput)?) };
+        Ok(LoadSpec {
+            dataset,
+            rate: (l.rate > 0.0).then_some(l.rate),
+            arrival,
+            requests: l.requests,
+            max_concurrency: (l.max_concurrency != 0).then_some(u64::from(l.max_concurrency)),
+            endpoint,
+            seed: l.seed,
+            lag_limit_ms: l.lag_limit_ms,
+            rate_tolerance: l.rate_tolerance,
+            warmup: window(l.warmup_requests, l.warmup_s),
+            cooldown: window(l.cooldown_requests, l.cooldown_s),
+            max_duration_s: l.max_duration_s,
+            ignore_eos: l.ignore_eos,
+            extra_body: (!l.extra_body.is_empty()).then_some(l.extra_body),
+            goodput,
+            processor: l.processor.map(|f| StoredFile { file: f.name, sha256: f.sha256 }),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::{Failures, Percentile};
     use crate::record::Phase;
+
+    #[test]
+    fn a_load_spec_crosses_the_wire_whole() {
+        let spec = LoadSpec {
+            rate: Some(12.5),
+            arrival: Arrival::Poisson,
+            max_concurrency: Some(9),
+            endpoint: Endpoint::Chat,
+            seed: 77,
+            lag_limit_ms: Some(12.5),
+            rate_tolerance: Some(0.025),
+            warmup: Some(Window::Requests(7)),
+            cooldown: Some(Window::Seconds(2.5)),
+            max_duration_s: Some(90.0),
+            ignore_eos: true,
+            extra_body: Some(r#"{"temperature":0}"#.into()),
+            goodput: Some(Slo { ttft_ms: Some(200.0), tpot_ms: None, e2el_ms: Some(5000.0) }),
+            processor: Some(StoredFile { file: "tokenizer.json".into(), sha256: "ab".repeat(32) }),
+            ..LoadSpec::new(
+                LoadDataset::ShareGpt { file: "d.json".into(), sha256: "cd".into(), output_tokens: Some(4) },
+                321,
+            )
+        };
+        assert_eq!(LoadSpec::try_from(pb::LoadProfile::from(&spec)), Ok(spec.clone()));
+        for dataset in [
+            LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 5 },
+            LoadDataset::SharedPrefix { groups: 4, prefix_tokens: 512, suffix_tokens: 64, output_tokens: 8, seed: 6 },
+        ] {
+            let spec = LoadSpec {
+                dataset,
+                ..LoadSpec::new(LoadDataset::Random { input_tokens: 1, output_tokens: 1, seed: 1 }, 3)
+            };
+            assert_eq!(LoadSpec::try_from(pb::LoadProfile::from(&spec)), Ok(spec.clone()));
+        }
+        // A profile from a controller that sent the arrival and endpoint as
+        // strings (fields since reserved) has neither enum: refused, not
+        // guessed.
+        let old = pb::LoadProfile { arrival: 0, ..pb::LoadProfile::from(&spec) };
+        assert_eq!(LoadSpec::try_from(old), Err(InvalidLoad::Arrival(0)));
+        let old = pb::LoadProfile { endpoint: 0, ..pb::LoadProfile::from(&spec) };
+        assert_eq!(LoadSpec::try_from(old), Err(InvalidLoad::Endpoint(0)));
+    }
 
     #[test]
     fn job_telemetry_crosses_the_wire_whole() {

@@ -7,17 +7,22 @@
 //! histograms that merge, and pools repeats into one block; `gpu` matches GPU models to product
 //! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `telemetry`
 //! summarizes what an agent samples during a job (engine `/metrics`, GPU
-//! readings) and words a throttled GPU; `convert` is the one place records and summaries cross to and
+//! readings) and words a throttled GPU; `convert` is the one place records, summaries and load specs cross to and
 //! from their gRPC form; `tls` is the rule every client keeps to reach the
 //! controller (https verified, plain text only to loopback or when asked);
 //! `notify` tells systemd a daemon is ready or stopping; `config` is the
-//! daemons' one precedence: flag, environment, `--config` file, default.
+//! daemons' one precedence: flag, environment, `--config` file, default;
+//! `load` is one job's load (`LoadSpec`), typed once, and the one mapping
+//! from it to loadgen's flags; `engine` is an engine's command line, for
+//! the agent that starts it and the reports that show it.
 
 pub mod block;
 pub mod config;
 pub mod convert;
 pub mod digest;
+pub mod engine;
 pub mod gpu;
+pub mod load;
 pub mod metrics;
 pub mod notify;
 pub mod record;

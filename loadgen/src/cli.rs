@@ -1,13 +1,16 @@
 //! The command line of `benchfleet-loadgen`, flags modelled on `vllm bench
-//! serve`, and what they make: the run's [`LoadConfig`] and where its
-//! records go ([`SinkConfig`]). In the library so that whoever starts
-//! loadgen in-process (the end-to-end tests) goes through the very flags the
-//! agent gives the binary.
+//! serve`, and what they make: the job's load as the fleet types it
+//! ([`Args::spec`], [`Args::target`]: what `LoadSpec::to_args` wrote, read
+//! back by this one parser), the run's [`LoadConfig`] and where its records
+//! go ([`SinkConfig`]). In the library so that whoever starts loadgen
+//! in-process (the end-to-end tests) goes through the very flags the agent
+//! gives the binary.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use benchfleet_core::load::{self, LoadDataset, LoadSpec, LoadTarget, ReportTo, StoredFile};
 use clap::{Parser, ValueEnum};
 
 use crate::{Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCounter, Window, read_sharegpt};
@@ -142,9 +145,9 @@ pub struct Args {
     pub lag_limit_ms: Option<f64>,
     /// How far (a share, 0.05 = 5%) the achieved rate may fall short of the
     /// offered one, with no binding concurrency cap, before the run is
-    /// marked INVALID.
-    #[arg(long, default_value_t = crate::metrics::DEFAULT_RATE_TOLERANCE)]
-    pub rate_tolerance: f64,
+    /// marked INVALID [default: 0.05].
+    #[arg(long)]
+    pub rate_tolerance: Option<f64>,
     /// Percentiles (0 to 100) of latency, TTFT, TPOT and ITL to report, e.g.
     /// 50,90,95,99. The block shows P95 and P99 (N/A when not asked); the
     /// JSON summary and --save-summary-csv carry every one.
@@ -306,6 +309,111 @@ impl Args {
             (host, port) => format!("http://{}:{}", host.as_deref().unwrap_or("127.0.0.1"), port.unwrap_or(8000)),
         }
     }
+
+    /// The tokenizer file: --processor, or vLLM's --tokenizer.
+    pub fn processor_path(&self) -> Option<&PathBuf> {
+        self.processor.as_ref().or(self.tokenizer.as_ref())
+    }
+
+    /// The job's load these flags describe: what `LoadSpec::to_args` wrote
+    /// reads back as the spec it was written from (a file named by its path,
+    /// with no hash). A generated dataset's prompts follow --seed and its
+    /// arrivals --arrival-seed (else --seed); a ShareGPT file's arrivals
+    /// follow --arrival-seed, else --seed. The flags the spec has no place
+    /// for (random spreads, sweeps, shuffling, timeouts, outputs) are
+    /// loadgen's own, and left out.
+    pub fn spec(&self) -> anyhow::Result<LoadSpec> {
+        let Some(endpoint) = Endpoint::from_path(self.endpoint_path()?) else {
+            bail!("unknown endpoint {}: use /v1/completions or /v1/chat/completions", self.endpoint);
+        };
+        let dataset = match self.dataset_name {
+            DatasetName::Random => LoadDataset::Random {
+                input_tokens: self.random_input_len,
+                output_tokens: self.random_output_len,
+                seed: self.seed,
+            },
+            DatasetName::Prefix => LoadDataset::SharedPrefix {
+                groups: self.prefix_groups,
+                prefix_tokens: self.prefix_len,
+                suffix_tokens: self.random_input_len,
+                output_tokens: self.random_output_len,
+                seed: self.seed,
+            },
+            DatasetName::Sharegpt => {
+                let path = self.dataset_path.as_deref().context("--dataset-name sharegpt needs --dataset-path")?;
+                LoadDataset::ShareGpt {
+                    file: path.display().to_string(),
+                    sha256: String::new(),
+                    output_tokens: self.sharegpt_output_len,
+                }
+            }
+        };
+        let rate = self.request_rate.is_finite().then_some(self.request_rate);
+        let (rate, max_concurrency) = match self.profile {
+            Some(ProfileName::Synchronous) => (None, Some(1)),
+            Some(ProfileName::Throughput) => (None, None),
+            Some(ProfileName::Sweep) | None => (rate, self.max_concurrency.map(|n| n as u64)),
+        };
+        let goodput = if self.goodput.is_empty() {
+            None
+        } else {
+            Some(crate::metrics::Slo::parse(&self.goodput).map_err(|e| anyhow::anyhow!("--goodput: {e}"))?)
+        };
+        Ok(LoadSpec {
+            dataset,
+            rate,
+            arrival: match self.arrival {
+                Some(ArrivalName::Constant) => load::Arrival::Constant,
+                Some(ArrivalName::Poisson) | None => load::Arrival::Poisson,
+            },
+            requests: self.num_prompts as u64,
+            max_concurrency,
+            endpoint,
+            seed: self.arrival_seed.unwrap_or(self.seed),
+            lag_limit_ms: self.lag_limit_ms,
+            rate_tolerance: self.rate_tolerance,
+            warmup: self
+                .warmup
+                .map(|n| load::Window::Requests(n as u64))
+                .or(self.warmup_time.map(load::Window::Seconds)),
+            cooldown: self
+                .cooldown
+                .map(|n| load::Window::Requests(n as u64))
+                .or(self.cooldown_time.map(load::Window::Seconds)),
+            max_duration_s: self.max_duration,
+            ignore_eos: self.ignore_eos,
+            extra_body: self.extra_body.clone(),
+            goodput,
+            processor: self
+                .processor_path()
+                .map(|p| StoredFile { file: p.display().to_string(), sha256: String::new() }),
+        })
+    }
+
+    /// What these flags add to the spec: the server, the files on disk and
+    /// where the records go.
+    pub fn target(&self) -> LoadTarget {
+        let report = match (&self.report_to, &self.run_id, self.job, self.attempt) {
+            (Some(url), Some(run_id), Some(job), Some(attempt)) => Some(ReportTo {
+                url: url.clone(),
+                run_id: run_id.clone(),
+                job,
+                attempt,
+                epoch: self.epoch,
+                ca: self.report_ca.clone(),
+                insecure: self.report_insecure,
+            }),
+            _ => None,
+        };
+        LoadTarget {
+            base_url: self.server_url(),
+            model: self.model.clone(),
+            dataset_path: self.dataset_path.clone(),
+            processor_path: self.processor_path().cloned(),
+            report,
+            quiet: self.quiet,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -328,15 +436,14 @@ pub enum ArrivalName {
     Poisson,
 }
 
-/// The run the flags describe.
+/// The run the flags describe: the job's load ([`Args::spec`]) with
+/// loadgen's own flags applied.
 pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
     if let Some(why) = args.refused() {
         bail!("{why}");
     }
-    let Some(endpoint) = Endpoint::from_path(args.endpoint_path()?) else {
-        bail!("unknown endpoint {}: use /v1/completions or /v1/chat/completions", args.endpoint);
-    };
-    let tokens = match args.processor.as_ref().or(args.tokenizer.as_ref()) {
+    let spec = args.spec()?;
+    let tokens = match args.processor_path() {
         Some(path) => TokenCounter::load(path)?,
         None => TokenCounter::Words,
     };
@@ -346,49 +453,36 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
         min: min.unwrap_or(if std > 0.0 { 1 } else { mean }),
         max: max.unwrap_or(if std > 0.0 { u32::MAX } else { mean }),
     };
-    let dataset = match args.dataset_name {
-        DatasetName::Random if args.random_input_std == 0.0 && args.random_output_std == 0.0 => {
+    let requests = usize::try_from(spec.requests).unwrap_or(usize::MAX);
+    let dataset = match spec.dataset {
+        LoadDataset::Random { input_tokens, output_tokens, seed }
+            if args.random_input_std == 0.0 && args.random_output_std == 0.0 =>
+        {
             let exact = [args.random_input_min, args.random_input_max, args.random_output_min, args.random_output_max];
             if exact.iter().any(Option::is_some) {
                 bail!("--random-*-min/max need a --random-*-std above 0");
             }
-            Dataset::Random {
-                input_tokens: args.random_input_len,
-                output_tokens: args.random_output_len,
-                seed: args.seed,
-            }
+            Dataset::Random { input_tokens, output_tokens, seed }
         }
-        DatasetName::Random => Dataset::RandomSpread {
-            input: lengths(args.random_input_len, args.random_input_std, args.random_input_min, args.random_input_max),
-            output: lengths(
-                args.random_output_len,
-                args.random_output_std,
-                args.random_output_min,
-                args.random_output_max,
-            ),
-            seed: args.seed,
+        LoadDataset::Random { input_tokens, output_tokens, seed } => Dataset::RandomSpread {
+            input: lengths(input_tokens, args.random_input_std, args.random_input_min, args.random_input_max),
+            output: lengths(output_tokens, args.random_output_std, args.random_output_min, args.random_output_max),
+            seed,
         },
-        DatasetName::Prefix => Dataset::SharedPrefix {
-            groups: args.prefix_groups,
-            prefix_tokens: args.prefix_len,
-            suffix_tokens: args.random_input_len,
-            output_tokens: args.random_output_len,
-            seed: args.seed,
-        },
-        DatasetName::Sharegpt => {
+        LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
+            Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed }
+        }
+        LoadDataset::ShareGpt { output_tokens, .. } => {
             let path = args.dataset_path.as_deref().context("--dataset-name sharegpt needs --dataset-path")?;
             let data = read_sharegpt(path)?;
-            if let Some(warning) = data.reuse(args.num_prompts) {
+            if let Some(warning) = data.reuse(requests) {
                 tracing::warn!("{warning}");
             }
+            // --seed orders the file, as vLLM's does; the arrivals may have
+            // a seed of their own.
             let shuffle = (!args.disable_shuffle).then_some(args.seed);
-            Dataset::ShareGpt { data, output_tokens: args.sharegpt_output_len, shuffle }
+            Dataset::ShareGpt { data, output_tokens, shuffle }
         }
-    };
-    let rate = args.request_rate.is_finite().then_some(args.request_rate);
-    let arrival = match args.arrival {
-        Some(ArrivalName::Constant) => Arrival::Constant,
-        Some(ArrivalName::Poisson) | None => Arrival::Poisson { seed: args.arrival_seed.unwrap_or(args.seed) },
     };
     let seconds = |name: &str, s: f64| {
         Duration::try_from_secs_f64(s)
@@ -396,51 +490,45 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
             .filter(|d| !d.is_zero())
             .with_context(|| format!("{name} must be positive seconds, got {s}"))
     };
-    let mut config = LoadConfig::new(args.server_url(), args.model.clone(), dataset, args.num_prompts);
-    config.endpoint = endpoint;
-    config.request_rate = rate;
-    config.arrival = arrival;
-    config.max_concurrency = args.max_concurrency;
-    match args.profile {
-        Some(ProfileName::Synchronous) => (config.request_rate, config.max_concurrency) = (None, Some(1)),
-        Some(ProfileName::Throughput) => (config.request_rate, config.max_concurrency) = (None, None),
-        Some(ProfileName::Sweep) | None => {}
-    }
+    let window = |name: &str, w: Option<load::Window>| -> anyhow::Result<Window> {
+        Ok(match w {
+            None => Window::None,
+            Some(load::Window::Requests(n)) => Window::Requests(usize::try_from(n).unwrap_or(usize::MAX)),
+            Some(load::Window::Seconds(s)) => Window::Time(seconds(name, s)?),
+        })
+    };
+    let mut config = LoadConfig::new(args.server_url(), args.model.clone(), dataset, requests);
+    config.endpoint = spec.endpoint;
+    config.request_rate = spec.rate;
+    config.arrival = match spec.arrival {
+        load::Arrival::Constant => Arrival::Constant,
+        load::Arrival::Poisson => Arrival::Poisson { seed: spec.seed },
+    };
+    config.max_concurrency = spec.max_concurrency.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     config.api_key = args.api_key.clone();
     config.ca_cert = args.ca_cert.clone();
     config.connect_timeout = seconds("--connect-timeout", args.connect_timeout)?;
     config.first_token_timeout = seconds("--first-token-timeout", args.first_token_timeout)?;
     config.idle_timeout = seconds("--idle-timeout", args.idle_timeout)?;
     config.total_timeout = seconds("--timeout", args.timeout)?;
-    config.max_duration = args.max_duration.map(|s| seconds("--max-duration", s)).transpose()?;
-    config.warmup = match (args.warmup, args.warmup_time) {
-        (Some(n), _) => Window::Requests(n),
-        (None, Some(s)) => Window::Time(seconds("--warmup-time", s)?),
-        (None, None) => Window::None,
-    };
-    config.cooldown = match (args.cooldown, args.cooldown_time) {
-        (Some(n), _) => Window::Requests(n),
-        (None, Some(s)) => Window::Time(seconds("--cooldown-time", s)?),
-        (None, None) => Window::None,
-    };
+    config.max_duration = spec.max_duration_s.map(|s| seconds("--max-duration", s)).transpose()?;
+    config.warmup = window("--warmup-time", spec.warmup)?;
+    config.cooldown = window("--cooldown-time", spec.cooldown)?;
     config.stream = !args.no_stream;
-    if let Some(extra) = &args.extra_body {
+    if let Some(extra) = &spec.extra_body {
         let value: serde_json::Value = serde_json::from_str(extra).context("--extra-body is not valid JSON")?;
         let serde_json::Value::Object(fields) = value else {
             bail!("--extra-body must be a JSON object, got {extra}");
         };
         config.extra_body = fields;
     }
-    if args.ignore_eos {
+    if spec.ignore_eos {
         config.extra_body.insert("ignore_eos".into(), serde_json::Value::Bool(true));
     }
-    config.lag_limit_ms = args.lag_limit_ms;
-    config.rate_tolerance = args.rate_tolerance;
+    config.lag_limit_ms = spec.lag_limit_ms;
+    config.rate_tolerance = spec.rate_tolerance.unwrap_or(crate::metrics::DEFAULT_RATE_TOLERANCE);
     config.percentiles = args.metric_percentiles.clone().unwrap_or_else(|| args.percentiles.clone());
-    if !args.goodput.is_empty() {
-        let slo = crate::metrics::Slo::parse(&args.goodput).map_err(|e| anyhow::anyhow!("--goodput: {e}"))?;
-        config.goodput = Some(slo);
-    }
+    config.goodput = spec.goodput;
     config.tokens = tokens;
     Ok(config)
 }
@@ -471,8 +559,20 @@ pub fn sink_config(args: &Args) -> anyhow::Result<Option<SinkConfig>> {
 /// Parses a command line (without the program's name) into the run and its
 /// sink, as the binary does.
 pub fn parse(args: &[String]) -> anyhow::Result<(Args, LoadConfig, Option<SinkConfig>)> {
-    let args = Args::try_parse_from(std::iter::once("benchfleet-loadgen").chain(args.iter().map(String::as_str)))?;
+    let args = parse_args(args)?;
     let config = load_config(&args)?;
     let sink = sink_config(&args)?;
     Ok((args, config, sink))
+}
+
+/// A command line (without the program's name) read back as the job's load
+/// and its target: the inverse of `LoadSpec::to_args`, through the binary's
+/// own parser. Reads no file.
+pub fn from_args(args: &[String]) -> anyhow::Result<(LoadSpec, LoadTarget)> {
+    let args = parse_args(args)?;
+    Ok((args.spec()?, args.target()))
+}
+
+fn parse_args(args: &[String]) -> Result<Args, clap::Error> {
+    Args::try_parse_from(std::iter::once("benchfleet-loadgen").chain(args.iter().map(String::as_str)))
 }

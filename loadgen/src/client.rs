@@ -40,29 +40,8 @@ use crate::record::{Chunk, Chunks, Outcome, Phase, RequestRecord};
 pub(crate) use http1::RequestHead;
 use http1::{Decoder, Head, Step};
 
-/// Which OpenAI API the requests use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `/v1/completions`: the prompt as text, replies in `choices[0].text`.
-    Completions,
-    /// `/v1/chat/completions`: the prompt as one user message, replies in
-    /// `choices[0].delta.content` or `.reasoning_content`.
-    ChatCompletions,
-}
-
-impl Endpoint {
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::ChatCompletions => "/v1/chat/completions",
-        }
-    }
-
-    /// The endpoint served at `path`, if it is one of ours.
-    pub fn from_path(path: &str) -> Option<Endpoint> {
-        [Endpoint::Completions, Endpoint::ChatCompletions].into_iter().find(|e| e.path() == path.trim_end_matches('/'))
-    }
-}
+/// Which OpenAI API the requests use: the load spec's own.
+pub use benchfleet_core::load::Endpoint;
 
 /// How long each stage of a request may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,7 +78,7 @@ pub(crate) fn request_body(options: &BodyOptions<'_>, prompt: &Prompt) -> String
     }
     match options.endpoint {
         Endpoint::Completions => body["prompt"] = json!(prompt.text),
-        Endpoint::ChatCompletions => body["messages"] = json!([{ "role": "user", "content": prompt.text }]),
+        Endpoint::Chat => body["messages"] = json!([{ "role": "user", "content": prompt.text }]),
     }
     if prompt.ignore_eos {
         body["ignore_eos"] = json!(true);
@@ -1232,7 +1211,7 @@ mod tests {
     #[test]
     fn endpoints_round_trip_their_paths() {
         assert_eq!(Endpoint::from_path("/v1/completions"), Some(Endpoint::Completions));
-        assert_eq!(Endpoint::from_path("/v1/chat/completions/"), Some(Endpoint::ChatCompletions));
+        assert_eq!(Endpoint::from_path("/v1/chat/completions/"), Some(Endpoint::Chat));
         assert_eq!(Endpoint::from_path("/v1/embeddings"), None);
     }
 }

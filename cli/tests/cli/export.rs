@@ -39,15 +39,15 @@ fn ok(out: &Output, what: &str) -> String {
 
 /// A controller serving `dir`'s store on a free loopback port, in this
 /// process.
-struct RunningController {
+pub(super) struct RunningController {
     runtime: tokio::runtime::Runtime,
-    url: String,
+    pub(super) url: String,
     stop: tokio_util::sync::CancellationToken,
     serving: tokio::task::JoinHandle<()>,
 }
 
 impl RunningController {
-    fn start(dir: &Path) -> RunningController {
+    pub(super) fn start(dir: &Path) -> RunningController {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
@@ -64,7 +64,7 @@ impl RunningController {
         RunningController { runtime, url, stop, serving }
     }
 
-    fn stop(self) {
+    pub(super) fn stop(self) {
         self.stop.cancel();
         self.runtime.block_on(self.serving).expect("stopped");
     }
@@ -151,10 +151,10 @@ fn a_run_exported_and_imported_elsewhere_reports_the_same() {
     assert_eq!(listed(remote(&["runs"], b"")), 2, "the controller holds the two good imports only");
     assert_eq!(listed(benchfleet(b.path(), &["runs"], b"")), 1);
 
-    // An unknown run, and no file left for it.
+    // An unknown run (exit 4), and no file left for it.
     let nowhere = c.path().join("nowhere.jsonl");
     let refused = remote(&["export", "99", "-o", nowhere.to_str().expect("utf-8")], b"");
-    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(refused.status.code(), Some(4));
     assert!(text(&refused.stderr).contains("run 99 does not exist"), "{}", text(&refused.stderr));
     assert!(!nowhere.exists() && !c.path().join("nowhere.jsonl.partial").exists());
     controller.stop();

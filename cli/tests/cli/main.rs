@@ -1,8 +1,11 @@
 //! The `benchfleet` binary as an operator runs it: `run --local` on the
 //! example matrix with the real simulator and loadgen binaries, `runs` and
 //! `report` read back from the store, bad matrices rejected with nothing
-//! stored, and runs exported and imported (`export`).
+//! stored, runs exported and imported (`export`), runs deleted (`delete`),
+//! and the exit codes of what the controller or the store refuses (`exit`).
 
+mod delete;
+mod exit;
 mod export;
 mod inputs;
 
@@ -24,6 +27,19 @@ fn text(bytes: &[u8]) -> String {
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+/// A copy of examples/ to write matrices into beside the files they name:
+/// no test writes into the checkout.
+fn scratch_examples() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(examples()).expect("examples/") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.path().join(path.file_name().expect("a name"))).expect("copy");
+        }
+    }
+    dir
 }
 
 #[test]
@@ -107,6 +123,11 @@ fn report_formats_and_compare(data: &Path, run_id: &str) {
 
     reproduce_a_block(&doc);
 
+    // A run that does not exist: exit 4.
+    let out = benchfleet(data, &["compare", run_id, "999"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("run 999 not found"), "{}", text(&out.stderr));
+
     // Bad input: exit 2, saying what was wrong.
     let mut other = doc.clone();
     other["schema"] = serde_json::json!("benchfleet.report/v0");
@@ -118,7 +139,6 @@ fn report_formats_and_compare(data: &Path, run_id: &str) {
         (vec!["compare", run_id, &at("junk.json")], "is not a JSON report"),
         (vec!["compare", run_id, run_id, "--threshold", "lots"], "not a number"),
         (vec!["compare", run_id, run_id, "--metric", "speed"], "unknown metric \"speed\""),
-        (vec!["compare", run_id, "999"], "run 999"),
     ] {
         let out = benchfleet(data, &args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
@@ -136,11 +156,11 @@ fn bad_matrices_are_rejected_naming_the_field_and_nothing_is_stored() {
         (good.replace("sharegpt-small.json", "nowhere.json"), "profiles.sharegpt.dataset.sharegpt: cannot read"),
         (format!("{good}primary_profile: long\n"), "primary_profile: no profile named 'long'"),
     ];
+    let scratch = scratch_examples();
     for (yaml, expected) in cases {
-        let path = examples().join(format!("bad-{}.yaml", std::process::id()));
+        let path = scratch.path().join("bad.yaml");
         std::fs::write(&path, yaml).expect("write matrix");
         let out = benchfleet(data.path(), &["run", "--local", path.to_str().expect("utf-8 path")]);
-        let _ = std::fs::remove_file(&path);
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains(expected), "expected {expected:?} in:\n{stderr}");
@@ -166,7 +186,8 @@ fn alive(pid: u32) -> bool {
 fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
     let data = tempfile::tempdir().expect("tempdir");
     let good = std::fs::read_to_string(examples().join("quickstart.yaml")).expect("example");
-    let long = examples().join(format!("long-{}.yaml", std::process::id()));
+    let scratch = scratch_examples();
+    let long = scratch.path().join("long.yaml");
     std::fs::write(&long, good.replace("requests: 60", "requests: 6000")).expect("write matrix");
     let mut child = Command::new(env!("CARGO_BIN_EXE_benchfleet"))
         .args(["run", "--local", long.to_str().expect("utf-8 path")])
@@ -185,7 +206,6 @@ fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let _ = std::fs::remove_file(&long);
     assert!(running.len() >= 2, "an engine and loadgen never started: {running:?}");
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a pid");
     rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("signalled");
@@ -218,9 +238,11 @@ fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
 
 /// The report's "reproduce this block" command, run as a user would: in
 /// the matrix's directory, against a simulated engine started with the
-/// block's serve command, it sends the same load.
+/// block's serve command, it sends the same load (in a copy of that
+/// directory: what it writes stays out of the checkout).
 fn reproduce_a_block(doc: &serde_json::Value) {
     let bin = Path::new(env!("CARGO_BIN_EXE_benchfleet")).parent().expect("the binaries' directory").to_owned();
+    let scratch = scratch_examples();
     for block in doc["configurations"][0]["blocks"].as_array().expect("blocks") {
         let repeat = &block["repeats"][0];
         let command = repeat["provenance"]["reproduce"].as_str().expect("a reproduce command");
@@ -243,7 +265,7 @@ fn reproduce_a_block(doc: &serde_json::Value) {
         let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
         let out = Command::new("sh")
             .args(["-c", command])
-            .current_dir(examples())
+            .current_dir(scratch.path())
             .env("ENGINE_URL", &url)
             .env("PATH", path)
             .output()

@@ -17,7 +17,9 @@ use clap::Parser;
     about = "benchfleet's controller",
     after_help = "Environment: the flags' variables (shown with each), RUST_LOG (the log filter), XDG_DATA_HOME and \
                   HOME (where the store lives without --data-dir).\n\nExit status: 0 after SIGINT or SIGTERM once \
-                  what was acknowledged is stored; 1 on an error (a store it cannot open, an address in use)."
+                  what was acknowledged is stored; 1 on an error (a store it cannot open, an address in use); 70 \
+                  when writing the scheduler's state to the store kept failing (a restart takes up from what was \
+                  stored)."
 )]
 struct Args {
     /// A TOML file of these flags (each a key: its name with `_` for `-`, e.g. `lease_ttl_ms = 10000`); a flag or
@@ -62,7 +64,7 @@ struct Args {
     leases: LeaseArgs,
 }
 
-/// Leases and attempts (see ARCHITECTURE.md, "Leases and attempts").
+/// Leases and attempts (ARCHITECTURE.md: `sched`, and the invariants on attempts and epochs).
 #[derive(clap::Args, Debug)]
 struct LeaseArgs {
     /// How often agents send heartbeats.
@@ -150,10 +152,18 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = benchfleet_core::notify::notify("READY=1") {
         tracing::warn!("cannot tell the service manager this controller is ready: {e}");
     }
-    benchfleet_controller::serve(controller, listener, stop).await?;
+    benchfleet_controller::serve(controller.clone(), listener, stop).await?;
+    // The driver said why when it halted.
+    if controller.halted().is_some() {
+        std::process::exit(EXIT_HALTED);
+    }
     tracing::info!("controller stopped");
     Ok(())
 }
+
+/// The exit status when the controller stopped itself because its store
+/// kept refusing the scheduler's writes (EX_SOFTWARE).
+const EXIT_HALTED: i32 = 70;
 
 /// The TLS material, or none: plain text only on loopback, or with
 /// --insecure (said at every start).

@@ -7,7 +7,9 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::model::{Arrival, Dataset, Endpoint, EngineConfig, EngineKind, Profile, RuntimeKind, StoredFile, Window};
+use crate::model::{
+    Arrival, Dataset, Endpoint, EngineConfig, EngineKind, LoadSpec, Profile, RuntimeKind, StoredFile, Window,
+};
 use crate::search::{self, Over, Search};
 
 mod reference;
@@ -474,343 +476,482 @@ fn parse_as(
     strict: bool,
 ) -> Result<Matrix, MatrixError> {
     let (raw, value, plain) = parse_raw(file, yaml, strict)?;
-    // A check a new submission must pass.
-    let admit = |check: Result<(), MatrixError>| if strict { check } else { Ok(()) };
-    let cap = |max: i64| if strict { max } else { i64::MAX };
-    let err = |field: &str, message: String| {
-        let path: Vec<&str> = field.split('.').collect();
-        MatrixError { file: file.to_owned(), line: locate(&plain, &path), field: field.to_owned(), message }
-    };
+    let cx = Ctx { file, plain, value, strict };
     let mut warnings = Vec::new();
-
-    let repeats = u32::try_from(raw.repeats)
-        .ok()
-        .filter(|&r| (1..=cap(MAX_REPEATS)).contains(&i64::from(r)))
-        .ok_or_else(|| err("repeats", format!("must be from 1 to {MAX_REPEATS}, got {}", raw.repeats)))?;
-    admit(plain_text(&err, "name", &raw.name))?;
-    admit(plain_text(&err, "model", &raw.model))?;
-    let strategy = match raw.strategy.as_deref() {
-        None | Some("grid") => Strategy::Grid,
-        Some("greedy") => Strategy::Greedy,
-        Some(other) => return Err(err("strategy", format!("unknown strategy '{other}'; expected grid or greedy"))),
+    let top = cx.top(&raw)?;
+    let (min_success_rate, min_effect) = cx.acceptance(&raw)?;
+    cx.required(&raw)?;
+    let profiles = cx.profiles(&raw, file_hash, &mut warnings)?;
+    let (primary_profile, objective) = cx.objective(&raw, &profiles)?;
+    let variants = cx.variants(&raw, &profiles)?;
+    let engines = cx.engines(&raw, &profiles)?;
+    let configs = match top.strategy {
+        Strategy::Grid => cx.grid(&raw, top.repeats, &engines, &variants, &profiles, &mut warnings)?,
+        Strategy::Greedy => {
+            cx.greedy(&primary_profile, &engines, &variants, &profiles)?;
+            Vec::new()
+        }
     };
-    let (gpu, gpus_per_job) = match &raw.hardware {
-        Some(h) => {
-            let n = u32::try_from(h.gpus_per_job)
-                .ok()
-                .filter(|&n| (1..=cap(MAX_GPUS_PER_JOB)).contains(&i64::from(n)))
-                .ok_or_else(|| {
-                    err(
-                        "hardware.gpus_per_job",
-                        format!("must be from 1 to {MAX_GPUS_PER_JOB} (one host's GPUs), got {}", h.gpus_per_job),
-                    )
-                })?;
-            if h.gpu.trim().is_empty() {
-                return Err(err("hardware.gpu", "must name a GPU model, e.g. H100 or H200".to_owned()));
+    if strict {
+        cx.contexts(&raw, top.strategy, &configs, &engines, &variants, &profiles, &mut warnings)?;
+    }
+    Ok(Matrix {
+        name: raw.name,
+        file: file.to_owned(),
+        model: raw.model,
+        objective,
+        gpu: top.gpu,
+        gpus_per_job: top.gpus_per_job,
+        min_success_rate,
+        min_effect,
+        allow_warm_cache: raw.allow_warm_cache,
+        repeats: top.repeats,
+        strategy: top.strategy,
+        engines,
+        variants,
+        configs,
+        profiles: profiles.list,
+        primary_profile,
+        only_with: profiles.only_with,
+        warnings,
+    })
+}
+
+/// What every section's checks share: where an error points, and whether
+/// the limits of a new submission apply (`strict`) or a stored matrix is
+/// read again.
+struct Ctx<'a> {
+    file: &'a str,
+    /// The YAML without comments, where fields are located.
+    plain: String,
+    /// The YAML as a tree: the order of each section's keys.
+    value: serde_yaml_ng::Value,
+    strict: bool,
+}
+
+/// The matrix's top-level settings.
+struct Top {
+    repeats: u32,
+    strategy: Strategy,
+    gpu: Option<String>,
+    gpus_per_job: u32,
+}
+
+/// The profiles, each sweep's name and the profiles it makes, and the
+/// profiles that run only on configurations with some variants.
+struct Profiles {
+    list: Vec<Profile>,
+    sweeps: Vec<(String, Vec<String>)>,
+    only_with: Vec<(String, Vec<String>)>,
+}
+
+impl Ctx<'_> {
+    fn err(&self, field: &str, message: String) -> MatrixError {
+        let path: Vec<&str> = field.split('.').collect();
+        MatrixError { file: self.file.to_owned(), line: locate(&self.plain, &path), field: field.to_owned(), message }
+    }
+
+    /// A check a new submission must pass.
+    fn admit(&self, check: Result<(), MatrixError>) -> Result<(), MatrixError> {
+        if self.strict { check } else { Ok(()) }
+    }
+
+    /// A limit a new submission must keep.
+    fn cap(&self, max: i64) -> i64 {
+        if self.strict { max } else { i64::MAX }
+    }
+
+    fn keys(&self, section: &str) -> Vec<String> {
+        key_order(&self.value, section)
+    }
+
+    /// `repeats`, `name`, `model`, `strategy` and `hardware`.
+    fn top(&self, raw: &RawMatrix) -> Result<Top, MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        let repeats = u32::try_from(raw.repeats)
+            .ok()
+            .filter(|&r| (1..=self.cap(MAX_REPEATS)).contains(&i64::from(r)))
+            .ok_or_else(|| err("repeats", format!("must be from 1 to {MAX_REPEATS}, got {}", raw.repeats)))?;
+        self.admit(plain_text(&err, "name", &raw.name))?;
+        self.admit(plain_text(&err, "model", &raw.model))?;
+        let strategy = match raw.strategy.as_deref() {
+            None | Some("grid") => Strategy::Grid,
+            Some("greedy") => Strategy::Greedy,
+            Some(other) => return Err(err("strategy", format!("unknown strategy '{other}'; expected grid or greedy"))),
+        };
+        let (gpu, gpus_per_job) = match &raw.hardware {
+            Some(h) => {
+                let n = u32::try_from(h.gpus_per_job)
+                    .ok()
+                    .filter(|&n| (1..=self.cap(MAX_GPUS_PER_JOB)).contains(&i64::from(n)))
+                    .ok_or_else(|| {
+                        err(
+                            "hardware.gpus_per_job",
+                            format!("must be from 1 to {MAX_GPUS_PER_JOB} (one host's GPUs), got {}", h.gpus_per_job),
+                        )
+                    })?;
+                if h.gpu.trim().is_empty() {
+                    return Err(err("hardware.gpu", "must name a GPU model, e.g. H100 or H200".to_owned()));
+                }
+                self.admit(plain_text(&err, "hardware.gpu", &h.gpu))?;
+                if self.strict && !h.allow_other_gpus && !benchfleet_core::gpu::supported_family(&h.gpu) {
+                    return Err(err(
+                        "hardware.gpu",
+                        format!(
+                            "'{}' is not of the H100 or H200 families benchfleet is made for; \
+                             set hardware.allow_other_gpus: true to run on it anyway",
+                            h.gpu
+                        ),
+                    ));
+                }
+                (Some(h.gpu.clone()), n)
             }
-            admit(plain_text(&err, "hardware.gpu", &h.gpu))?;
-            if strict && !h.allow_other_gpus && !benchfleet_core::gpu::supported_family(&h.gpu) {
+            None => (None, 1),
+        };
+        Ok(Top { repeats, strategy, gpu, gpus_per_job })
+    }
+
+    /// `objective`'s spelling, and the sections that may not be empty.
+    fn required(&self, raw: &RawMatrix) -> Result<(), MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        match raw.objective.as_deref() {
+            None | Some("total_token_throughput" | "output_throughput" | "mean_latency" | "capacity") => {}
+            Some(other) => {
                 return Err(err(
-                    "hardware.gpu",
+                    "objective",
                     format!(
-                        "'{}' is not of the H100 or H200 families benchfleet is made for; \
-                         set hardware.allow_other_gpus: true to run on it anyway",
-                        h.gpu
+                        "unknown objective '{other}'; expected total_token_throughput, output_throughput, \
+                         mean_latency or capacity"
                     ),
                 ));
             }
-            (Some(h.gpu.clone()), n)
         }
-        None => (None, 1),
-    };
-    let min_success_rate = match &raw.acceptance {
-        Some(a) if !(0.0..=1.0).contains(&a.min_success_rate) => {
-            return Err(err(
-                "acceptance.min_success_rate",
-                format!("must be between 0 and 1, got {}", a.min_success_rate),
-            ));
+        if raw.model.trim().is_empty() {
+            return Err(err("model", "must name the model to serve".to_owned()));
         }
-        Some(a) => a.min_success_rate,
-        None => 1.0,
-    };
-    let min_effect = match raw.acceptance.as_ref().and_then(|a| a.min_effect.as_ref()) {
-        None => DEFAULT_MIN_EFFECT,
-        Some(v) => fraction(&err, "acceptance.min_effect", v)?,
-    };
-    match raw.objective.as_deref() {
-        None | Some("total_token_throughput" | "output_throughput" | "mean_latency" | "capacity") => {}
-        Some(other) => {
-            return Err(err(
-                "objective",
-                format!(
-                    "unknown objective '{other}'; expected total_token_throughput, output_throughput, mean_latency \
-                     or capacity"
-                ),
-            ));
+        if raw.engines.is_empty() {
+            return Err(err("engines", "at least one engine is required".to_owned()));
         }
-    }
-    if raw.model.trim().is_empty() {
-        return Err(err("model", "must name the model to serve".to_owned()));
-    }
-    if raw.engines.is_empty() {
-        return Err(err("engines", "at least one engine is required".to_owned()));
-    }
-    if raw.profiles.is_empty() {
-        return Err(err("profiles", "at least one profile is required".to_owned()));
+        if raw.profiles.is_empty() {
+            return Err(err("profiles", "at least one profile is required".to_owned()));
+        }
+        Ok(())
     }
 
-    let processor = match &raw.processor {
-        None => None,
-        Some(path) => {
-            admit(plain_text(&err, "processor", path))?;
-            let sha256 = file_hash(path).ok_or_else(|| {
-                err(
-                    "processor",
-                    format!("cannot read the tokenizer file '{path}' (paths are relative to the matrix file)"),
-                )
-            })?;
-            Some(StoredFile { file: path.clone(), sha256 })
-        }
-    };
-    let mut profiles: Vec<Profile> = Vec::new();
-    // Each sweep's name and the profiles it makes.
-    let mut sweeps: Vec<(String, Vec<String>)> = Vec::new();
-    for name in key_order(&value, "profiles") {
-        let raw_profile = &raw.profiles[&name];
-        let points = sweep_points(&name, raw_profile, &err)?;
-        let swept = raw_profile.rate.as_ref().is_some_and(OneOrMany::is_sweep)
-            || raw_profile.max_concurrency.as_ref().is_some_and(OneOrMany::is_sweep);
-        if swept {
-            sweeps.push((name.clone(), points.iter().map(|(n, ..)| n.clone()).collect()));
-        }
-        for (point, rate, cap) in points {
-            let mut p = profile(&name, raw_profile, (rate, cap), &err, file_hash, strict)?;
-            if profiles.iter().any(|q| q.name == point) {
-                let maker = sweeps.iter().find(|(_, ps)| ps.contains(&point)).map_or(point.as_str(), |(b, _)| b);
-                let why = if maker == name {
-                    format!("its sweep makes a profile named '{point}', which profile '{point}' already is")
-                } else {
-                    format!("the sweep of profile '{maker}' makes a profile of this name too")
-                };
-                return Err(err(&format!("profiles.{name}"), why));
+    /// `acceptance`: the success rate a configuration needs, and the
+    /// smallest effect that counts.
+    fn acceptance(&self, raw: &RawMatrix) -> Result<(f64, f64), MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        let min_success_rate = match &raw.acceptance {
+            Some(a) if !(0.0..=1.0).contains(&a.min_success_rate) => {
+                return Err(err(
+                    "acceptance.min_success_rate",
+                    format!("must be between 0 and 1, got {}", a.min_success_rate),
+                ));
             }
-            p.name = point;
-            p.processor = processor.clone();
-            profiles.push(p);
-        }
-    }
-    // A cap above the requests sent changes nothing: those probes repeat one.
-    for (p, s) in profiles.iter().filter_map(|p| p.search.as_ref().map(|s| (p, s))) {
-        if s.over == Over::Concurrency && s.hi > p.requests as f64 {
-            let e = err(
-                &format!("profiles.{}.search.max_concurrency", p.name),
-                format!(
-                    "the upper bound {} is above the profile's {} requests: caps above {} all send the same load",
-                    s.hi, p.requests, p.requests
-                ),
-            );
-            warnings.push(e.to_string());
-        }
-    }
-    // Each profile that runs only on configurations with some variants.
-    let mut only_with: Vec<(String, Vec<String>)> = Vec::new();
-    for name in key_order(&value, "profiles") {
-        let Some(needed) = &raw.profiles[&name].only_with else { continue };
-        let field = format!("profiles.{name}.only_with");
-        if needed.is_empty() {
-            return Err(err(&field, "names no variant; leave it out to run on every configuration".to_owned()));
-        }
-        if let Some(unknown) = needed.iter().find(|n| !raw.variants.contains_key(*n)) {
-            return Err(err(
-                &field,
-                format!("no variant named '{unknown}'; variants are: {}", key_order(&value, "variants").join(", ")),
-            ));
-        }
-        let points = sweeps.iter().find(|(b, _)| *b == name).map_or_else(|| vec![name.clone()], |(_, ps)| ps.clone());
-        for point in points {
-            only_with.push((point, needed.clone()));
-        }
-    }
-    let primary_profile = match raw.primary_profile {
-        Some(name) if let Some((_, points)) = sweeps.iter().find(|(base, _)| *base == name) => {
-            return Err(err(
-                "primary_profile",
-                format!("'{name}' is a sweep; name one of its profiles: {}", points.join(", ")),
-            ));
-        }
-        Some(name) if !profiles.iter().any(|p| p.name == name) => {
-            return Err(err(
-                "primary_profile",
-                format!(
-                    "no profile named '{name}'; profiles are: {}",
-                    profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
-                ),
-            ));
-        }
-        Some(name) => name,
-        None => profiles[0].name.clone(),
-    };
-    // A search's result is the load it found: what `capacity` ranks by.
-    let primary_searches = profiles.iter().any(|p| p.name == primary_profile && p.search.is_some());
-    let objective = match (raw.objective.as_deref(), primary_searches) {
-        (None, true) | (Some("capacity"), true) => "capacity".to_owned(),
-        (Some("capacity"), false) => {
-            return Err(err(
-                "objective",
-                format!(
-                    "capacity ranks by the load a search found, but the primary profile '{primary_profile}' does \
-                     not search; give it search: or make a search profile primary"
-                ),
-            ));
-        }
-        (Some(other), true) => {
-            return Err(err(
-                "objective",
-                format!(
-                    "the primary profile '{primary_profile}' searches, so its result is the load it found: use \
-                     objective: capacity (or leave it out), not {other}, or make another profile primary"
-                ),
-            ));
-        }
-        (other, false) => other.unwrap_or("total_token_throughput").to_owned(),
-    };
-
-    for (section, names) in [("engines", key_order(&value, "engines")), ("variants", key_order(&value, "variants"))] {
-        if strict && names.len() > MAX_DEFINITIONS {
-            return Err(err(section, format!("defines {} entries; at most {MAX_DEFINITIONS}", names.len())));
-        }
-        for name in &names {
-            admit(check_name(&err, &format!("{section}.{name}"), name))?;
-        }
-    }
-    for (name, v) in &raw.variants {
-        if v.model.is_none() && v.args.is_empty() {
-            return Err(err(&format!("variants.{name}"), "changes nothing: give args or a model".to_owned()));
-        }
-        if let Some(model) = &v.model {
-            admit(plain_text(&err, &format!("variants.{name}.model"), model))?;
-        }
-        admit(check_args(&err, &format!("variants.{name}.args"), &v.args))?;
+            Some(a) => a.min_success_rate,
+            None => 1.0,
+        };
+        let min_effect = match raw.acceptance.as_ref().and_then(|a| a.min_effect.as_ref()) {
+            None => DEFAULT_MIN_EFFECT,
+            Some(v) => fraction(&err, "acceptance.min_effect", v)?,
+        };
+        Ok((min_success_rate, min_effect))
     }
 
-    let variants: Vec<VariantDef> = key_order(&value, "variants")
-        .into_iter()
-        .map(|name| {
+    /// `profiles` (each sweep expanded into its points) and `processor`.
+    fn profiles(
+        &self,
+        raw: &RawMatrix,
+        file_hash: &dyn Fn(&str) -> Option<String>,
+        warnings: &mut Vec<String>,
+    ) -> Result<Profiles, MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        let processor = match &raw.processor {
+            None => None,
+            Some(path) => {
+                self.admit(plain_text(&err, "processor", path))?;
+                let sha256 = file_hash(path).ok_or_else(|| {
+                    err(
+                        "processor",
+                        format!("cannot read the tokenizer file '{path}' (paths are relative to the matrix file)"),
+                    )
+                })?;
+                Some(StoredFile { file: path.clone(), sha256 })
+            }
+        };
+        let mut profiles: Vec<Profile> = Vec::new();
+        let mut sweeps: Vec<(String, Vec<String>)> = Vec::new();
+        for name in self.keys("profiles") {
+            let raw_profile = &raw.profiles[&name];
+            let points = sweep_points(&name, raw_profile, &err)?;
+            let swept = raw_profile.rate.as_ref().is_some_and(OneOrMany::is_sweep)
+                || raw_profile.max_concurrency.as_ref().is_some_and(OneOrMany::is_sweep);
+            if swept {
+                sweeps.push((name.clone(), points.iter().map(|(n, ..)| n.clone()).collect()));
+            }
+            for (point, rate, cap) in points {
+                let mut p = profile(&name, raw_profile, (rate, cap), &err, file_hash, self.strict)?;
+                if profiles.iter().any(|q| q.name == point) {
+                    let maker = sweeps.iter().find(|(_, ps)| ps.contains(&point)).map_or(point.as_str(), |(b, _)| b);
+                    let why = if maker == name {
+                        format!("its sweep makes a profile named '{point}', which profile '{point}' already is")
+                    } else {
+                        format!("the sweep of profile '{maker}' makes a profile of this name too")
+                    };
+                    return Err(err(&format!("profiles.{name}"), why));
+                }
+                p.name = point;
+                p.processor = processor.clone();
+                profiles.push(p);
+            }
+        }
+        // A cap above the requests sent changes nothing: those probes repeat one.
+        for (p, s) in profiles.iter().filter_map(|p| p.search.as_ref().map(|s| (p, s))) {
+            if s.over == Over::Concurrency && s.hi > p.requests as f64 {
+                let e = err(
+                    &format!("profiles.{}.search.max_concurrency", p.name),
+                    format!(
+                        "the upper bound {} is above the profile's {} requests: caps above {} all send the same load",
+                        s.hi, p.requests, p.requests
+                    ),
+                );
+                warnings.push(e.to_string());
+            }
+        }
+        let mut only_with: Vec<(String, Vec<String>)> = Vec::new();
+        for name in self.keys("profiles") {
+            let Some(needed) = &raw.profiles[&name].only_with else { continue };
+            let field = format!("profiles.{name}.only_with");
+            if needed.is_empty() {
+                return Err(err(&field, "names no variant; leave it out to run on every configuration".to_owned()));
+            }
+            if let Some(unknown) = needed.iter().find(|n| !raw.variants.contains_key(*n)) {
+                return Err(err(
+                    &field,
+                    format!("no variant named '{unknown}'; variants are: {}", self.keys("variants").join(", ")),
+                ));
+            }
+            let points =
+                sweeps.iter().find(|(b, _)| *b == name).map_or_else(|| vec![name.clone()], |(_, ps)| ps.clone());
+            for point in points {
+                only_with.push((point, needed.clone()));
+            }
+        }
+        Ok(Profiles { list: profiles, sweeps, only_with })
+    }
+
+    /// `primary_profile` and `objective`: a search's result is the load it
+    /// found, which is what `capacity` ranks by.
+    fn objective(&self, raw: &RawMatrix, profiles: &Profiles) -> Result<(String, String), MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        let primary_profile = match raw.primary_profile.clone() {
+            Some(name) if let Some((_, points)) = profiles.sweeps.iter().find(|(base, _)| *base == name) => {
+                return Err(err(
+                    "primary_profile",
+                    format!("'{name}' is a sweep; name one of its profiles: {}", points.join(", ")),
+                ));
+            }
+            Some(name) if !profiles.list.iter().any(|p| p.name == name) => {
+                return Err(err(
+                    "primary_profile",
+                    format!(
+                        "no profile named '{name}'; profiles are: {}",
+                        profiles.list.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            Some(name) => name,
+            None => profiles.list[0].name.clone(),
+        };
+        let primary_searches = profiles.list.iter().any(|p| p.name == primary_profile && p.search.is_some());
+        let objective = match (raw.objective.as_deref(), primary_searches) {
+            (None, true) | (Some("capacity"), true) => "capacity".to_owned(),
+            (Some("capacity"), false) => {
+                return Err(err(
+                    "objective",
+                    format!(
+                        "capacity ranks by the load a search found, but the primary profile '{primary_profile}' \
+                         does not search; give it search: or make a search profile primary"
+                    ),
+                ));
+            }
+            (Some(other), true) => {
+                return Err(err(
+                    "objective",
+                    format!(
+                        "the primary profile '{primary_profile}' searches, so its result is the load it found: use \
+                         objective: capacity (or leave it out), not {other}, or make another profile primary"
+                    ),
+                ));
+            }
+            (other, false) => other.unwrap_or("total_token_throughput").to_owned(),
+        };
+        Ok((primary_profile, objective))
+    }
+
+    /// `variants`, in file order (the order their args apply in); also
+    /// checks the names of both definition sections.
+    fn variants(&self, raw: &RawMatrix, profiles: &Profiles) -> Result<Vec<VariantDef>, MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        for section in ["engines", "variants"] {
+            let names = self.keys(section);
+            if self.strict && names.len() > MAX_DEFINITIONS {
+                return Err(err(section, format!("defines {} entries; at most {MAX_DEFINITIONS}", names.len())));
+            }
+            for name in &names {
+                self.admit(check_name(&err, &format!("{section}.{name}"), name))?;
+            }
+        }
+        for (name, v) in &raw.variants {
+            if v.model.is_none() && v.args.is_empty() {
+                return Err(err(&format!("variants.{name}"), "changes nothing: give args or a model".to_owned()));
+            }
+            if let Some(model) = &v.model {
+                self.admit(plain_text(&err, &format!("variants.{name}.model"), model))?;
+            }
+            self.admit(check_args(&err, &format!("variants.{name}.args"), &v.args))?;
+        }
+        let mut variants = Vec::new();
+        for name in self.keys("variants") {
             let v = &raw.variants[&name];
-            VariantDef {
+            let field = format!("variants.{name}.profiles");
+            let limit = profile_limit(&field, v.profiles.as_deref(), &profiles.list, &profiles.sweeps, &err)?;
+            variants.push(VariantDef {
                 model: v.model.clone(),
                 args: v.args.clone(),
                 engines: v.engines.clone(),
                 group: v.group.clone(),
-                profiles: None,
+                profiles: limit,
                 name,
+            });
+        }
+        for v in &variants {
+            if let Some(names) = &v.engines {
+                let field = format!("variants.{}.engines", v.name);
+                if names.is_empty() {
+                    return Err(err(
+                        &field,
+                        "names no engine; leave it out to apply the variant to every engine".to_owned(),
+                    ));
+                }
+                if let Some(unknown) = names.iter().find(|n| !raw.engines.contains_key(*n)) {
+                    return Err(err(
+                        &field,
+                        format!("no engine named '{unknown}'; engines are: {}", self.keys("engines").join(", ")),
+                    ));
+                }
             }
-        })
-        .collect();
-    let mut variants = variants;
-    for v in &mut variants {
-        let names = raw.variants[&v.name].profiles.as_deref();
-        v.profiles = profile_limit(&format!("variants.{}.profiles", v.name), names, &profiles, &sweeps, &err)?;
-    }
-    for v in &variants {
-        if let Some(names) = &v.engines {
-            let field = format!("variants.{}.engines", v.name);
-            if names.is_empty() {
-                return Err(err(
-                    &field,
-                    "names no engine; leave it out to apply the variant to every engine".to_owned(),
-                ));
-            }
-            if let Some(unknown) = names.iter().find(|n| !raw.engines.contains_key(*n)) {
-                return Err(err(
-                    &field,
-                    format!("no engine named '{unknown}'; engines are: {}", key_order(&value, "engines").join(", ")),
-                ));
+            if let Some(group) = &v.group {
+                self.admit(check_name(&err, &format!("variants.{}.group", v.name), group))?;
             }
         }
-        if let Some(group) = &v.group {
-            admit(check_name(&err, &format!("variants.{}.group", v.name), group))?;
-        }
-    }
-    let mut engines = Vec::new();
-    for name in key_order(&value, "engines") {
-        let e = &raw.engines[&name];
-        let field = format!("engines.{name}");
-        let kind = match e.kind.as_deref().unwrap_or(&name) {
-            "vllm" => EngineKind::Vllm,
-            "sglang" => EngineKind::Sglang,
-            other if e.kind.is_some() => {
-                return Err(err(
-                    &format!("{field}.kind"),
-                    format!("unknown engine kind '{other}'; expected vllm or sglang"),
-                ));
-            }
-            _ => {
-                return Err(err(&field, "cannot tell the engine from its name; set kind: vllm or sglang".to_owned()));
-            }
-        };
-        let runtime = match e.runtime.as_deref() {
-            None | Some("docker") => RuntimeKind::Docker,
-            Some("process") => RuntimeKind::Process,
-            Some("external") => RuntimeKind::External,
-            Some(other) => {
-                return Err(err(
-                    &format!("{field}.runtime"),
-                    format!("unknown runtime '{other}'; expected docker, process or external"),
-                ));
-            }
-        };
-        if runtime == RuntimeKind::External && e.url.is_none() {
-            return Err(err(&format!("{field}.url"), "the external runtime needs the engine's url".to_owned()));
-        }
-        if let Some(image) = &e.image {
-            admit(reference::check(image).map_err(|why| {
-                err(&format!("{field}.image"), format!("'{image}' is not an image reference: it {why}"))
-            }))?;
-        }
-        if let Some(url) = &e.url {
-            admit(plain_text(&err, &format!("{field}.url"), url))?;
-        }
-        admit(check_args(&err, &format!("{field}.args"), &e.args))?;
-        let limit = profile_limit(&format!("{field}.profiles"), e.profiles.as_deref(), &profiles, &sweeps, &err)?;
-        engines.push(EngineDef {
-            name,
-            kind,
-            image: e.image.clone().unwrap_or_default(),
-            args: e.args.clone(),
-            runtime,
-            url: e.url.clone(),
-            profiles: limit,
-        });
+        Ok(variants)
     }
 
-    let mut configs = Vec::new();
-    if strategy == Strategy::Grid {
-        // Counted before anything is built: 64 variants are 2^64 sets.
-        let sets = engines.iter().try_fold(0u64, |n, e| n.checked_add(variant_set_count(&variants, &e.name)?));
+    /// `engines`, in file order.
+    fn engines(&self, raw: &RawMatrix, profiles: &Profiles) -> Result<Vec<EngineDef>, MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        let mut engines = Vec::new();
+        for name in self.keys("engines") {
+            let e = &raw.engines[&name];
+            let field = format!("engines.{name}");
+            let kind = match e.kind.as_deref().unwrap_or(&name) {
+                "vllm" => EngineKind::Vllm,
+                "sglang" => EngineKind::Sglang,
+                other if e.kind.is_some() => {
+                    return Err(err(
+                        &format!("{field}.kind"),
+                        format!("unknown engine kind '{other}'; expected vllm or sglang"),
+                    ));
+                }
+                _ => {
+                    return Err(err(
+                        &field,
+                        "cannot tell the engine from its name; set kind: vllm or sglang".to_owned(),
+                    ));
+                }
+            };
+            let runtime = match e.runtime.as_deref() {
+                None | Some("docker") => RuntimeKind::Docker,
+                Some("process") => RuntimeKind::Process,
+                Some("external") => RuntimeKind::External,
+                Some(other) => {
+                    return Err(err(
+                        &format!("{field}.runtime"),
+                        format!("unknown runtime '{other}'; expected docker, process or external"),
+                    ));
+                }
+            };
+            if runtime == RuntimeKind::External && e.url.is_none() {
+                return Err(err(&format!("{field}.url"), "the external runtime needs the engine's url".to_owned()));
+            }
+            if let Some(image) = &e.image {
+                self.admit(reference::check(image).map_err(|why| {
+                    err(&format!("{field}.image"), format!("'{image}' is not an image reference: it {why}"))
+                }))?;
+            }
+            if let Some(url) = &e.url {
+                self.admit(plain_text(&err, &format!("{field}.url"), url))?;
+            }
+            self.admit(check_args(&err, &format!("{field}.args"), &e.args))?;
+            let limit = profile_limit(
+                &format!("{field}.profiles"),
+                e.profiles.as_deref(),
+                &profiles.list,
+                &profiles.sweeps,
+                &err,
+            )?;
+            engines.push(EngineDef {
+                name,
+                kind,
+                image: e.image.clone().unwrap_or_default(),
+                args: e.args.clone(),
+                runtime,
+                url: e.url.clone(),
+                profiles: limit,
+            });
+        }
+        Ok(engines)
+    }
+
+    /// The grid: one configuration per engine and set of its variants,
+    /// counted before anything is built (64 variants are 2^64 sets).
+    fn grid(
+        &self,
+        raw: &RawMatrix,
+        repeats: u32,
+        engines: &[EngineDef],
+        variants: &[VariantDef],
+        profiles: &Profiles,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<EngineConfig>, MatrixError> {
+        let sets = engines.iter().try_fold(0u64, |n, e| n.checked_add(variant_set_count(variants, &e.name)?));
         // A search profile counts its most probes.
-        let profile_jobs: u64 = profiles.iter().map(|p| p.search.as_ref().map_or(1, |s| 2 + u64::from(s.steps))).sum();
+        let profile_jobs: u64 =
+            profiles.list.iter().map(|p| p.search.as_ref().map_or(1, |s| 2 + u64::from(s.steps))).sum();
         let jobs = sets
             .and_then(|c| c.checked_mul(profile_jobs))
             .and_then(|j| j.checked_mul(u64::from(repeats)))
-            .filter(|&j| !strict || j <= MAX_JOBS);
+            .filter(|&j| !self.strict || j <= MAX_JOBS);
         if jobs.is_none() {
             let sets = sets.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string());
-            return Err(err(
+            return Err(self.err(
                 "variants",
                 format!(
                     "the grid of {sets} configurations ({} engines with every set of their variants) x {} \
                      profiles x {repeats} repeats is more than {MAX_JOBS} jobs; use strategy: greedy, fewer \
                      variants, or groups of alternatives",
                     engines.len(),
-                    profiles.len()
+                    profiles.list.len()
                 ),
             ));
         }
-        for engine in &engines {
-            for set in variant_sets(&variants, &engine.name) {
-                let c = config(&raw.model, engine, &set, raw.allow_warm_cache, (&profiles, &only_with));
-                if profiles.iter().any(|p| c.runs(&p.name)) {
+        let mut configs = Vec::new();
+        for engine in engines {
+            for set in variant_sets(variants, &engine.name) {
+                let c = config(&raw.model, engine, &set, raw.allow_warm_cache, (&profiles.list, &profiles.only_with));
+                if profiles.list.iter().any(|p| c.runs(&p.name)) {
                     configs.push(c);
                 } else {
                     warnings.push(format!(
@@ -820,13 +961,25 @@ fn parse_as(
                 }
             }
         }
+        Ok(configs)
     }
-    if strategy == Strategy::Greedy {
-        // The greedy strategy decides on the primary profile: whatever it
-        // may try must run it.
-        if only_with.iter().any(|(p, _)| *p == primary_profile) {
-            let base = sweeps.iter().find(|(_, ps)| ps.contains(&primary_profile)).map_or(&primary_profile, |(b, _)| b);
-            return Err(err(
+
+    /// The greedy strategy decides on the primary profile: whatever it may
+    /// try must run it.
+    fn greedy(
+        &self,
+        primary_profile: &str,
+        engines: &[EngineDef],
+        variants: &[VariantDef],
+        profiles: &Profiles,
+    ) -> Result<(), MatrixError> {
+        if profiles.only_with.iter().any(|(p, _)| p == primary_profile) {
+            let base = profiles
+                .sweeps
+                .iter()
+                .find(|(_, ps)| ps.iter().any(|p| p == primary_profile))
+                .map_or(primary_profile, |(b, _)| b.as_str());
+            return Err(self.err(
                 &format!("profiles.{base}.only_with"),
                 format!(
                     "the primary profile '{primary_profile}' must run on every configuration: the greedy strategy \
@@ -840,97 +993,91 @@ fn parse_as(
             .chain(variants.iter().map(|v| (format!("variants.{}.profiles", v.name), &v.profiles)));
         for (field, limit) in limits {
             if let Some(names) = limit
-                && !names.contains(&primary_profile)
+                && !names.iter().any(|n| n == primary_profile)
             {
-                return Err(err(
+                return Err(self.err(
                     &field,
                     format!("leaves out the primary profile '{primary_profile}', on which the greedy strategy decides"),
                 ));
             }
         }
+        Ok(())
     }
-    // Every configuration the run may build: the grid's, or for greedy each
-    // engine alone and with each variant.
-    let checked: Vec<EngineConfig> = match strategy {
-        Strategy::Grid => configs.clone(),
-        Strategy::Greedy => {
-            let model = raw.model.as_str();
-            let variants = &variants;
-            engines
+
+    /// Every configuration the run may build (the grid's, or for greedy each
+    /// engine alone and with each variant) against the context its engine
+    /// is given: prompts that cannot fit are an error, replies cut short a
+    /// warning.
+    #[allow(clippy::too_many_arguments)]
+    fn contexts(
+        &self,
+        raw: &RawMatrix,
+        strategy: Strategy,
+        grid: &[EngineConfig],
+        engines: &[EngineDef],
+        variants: &[VariantDef],
+        profiles: &Profiles,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), MatrixError> {
+        let (list, only_with) = (&profiles.list, &profiles.only_with);
+        let checked: Vec<EngineConfig> = match strategy {
+            Strategy::Grid => grid.to_vec(),
+            Strategy::Greedy => engines
                 .iter()
                 .flat_map(|e| {
-                    std::iter::once(config(model, e, &[], false, (&profiles, &only_with))).chain(
+                    std::iter::once(config(&raw.model, e, &[], false, (list, only_with))).chain(
                         variants
                             .iter()
                             .filter(|v| v.applies_to(&e.name))
-                            .map(|v| config(model, e, &[v], false, (&profiles, &only_with))),
+                            .map(|v| config(&raw.model, e, &[v], false, (list, only_with))),
                     )
                 })
-                .collect()
-        }
-    };
-    for c in checked.iter().filter(|_| strict) {
-        let Some((flag, limit)) = context_limit(c) else { continue };
-        for p in profiles.iter().filter(|p| c.runs(&p.name)) {
-            let Some(input_tokens) = p.dataset.input_tokens() else { continue };
-            let output_tokens = p.dataset.output_tokens().unwrap_or(0);
-            let (field, input_field) = match p.dataset {
-                Dataset::Random { .. } => {
-                    let f = format!("profiles.{}.dataset.random", p.name);
-                    (f.clone(), format!("{f}.input_tokens"))
+                .collect(),
+        };
+        for c in &checked {
+            let Some((flag, limit)) = context_limit(c) else { continue };
+            for p in list.iter().filter(|p| c.runs(&p.name)) {
+                let Some(input_tokens) = p.dataset.input_tokens() else { continue };
+                let output_tokens = p.dataset.output_tokens().unwrap_or(0);
+                let (field, input_field) = match p.dataset {
+                    Dataset::Random { .. } => {
+                        let f = format!("profiles.{}.dataset.random", p.name);
+                        (f.clone(), format!("{f}.input_tokens"))
+                    }
+                    _ => {
+                        let f = format!("profiles.{}.dataset.shared_prefix", p.name);
+                        (f.clone(), f)
+                    }
+                };
+                if u64::from(input_tokens) > limit {
+                    return Err(self.err(
+                        &input_field,
+                        format!(
+                            "{input_tokens} input tokens do not fit the context of {} ({flag}={limit}): \
+                             every request would be refused",
+                            c.name
+                        ),
+                    ));
                 }
-                _ => {
-                    let f = format!("profiles.{}.dataset.shared_prefix", p.name);
-                    (f.clone(), f)
+                if u64::from(input_tokens) + u64::from(output_tokens) > limit {
+                    let text = self
+                        .err(
+                            &field,
+                            format!(
+                                "{input_tokens} input + {output_tokens} output tokens exceed the context of {} \
+                                 ({flag}={limit}): replies will stop short of {output_tokens} tokens",
+                                c.name
+                            ),
+                        )
+                        .to_string();
+                    if !warnings.contains(&text) {
+                        warnings.push(text);
+                    }
                 }
-            };
-            if u64::from(input_tokens) > limit {
-                return Err(err(
-                    &input_field,
-                    format!(
-                        "{input_tokens} input tokens do not fit the context of {} ({flag}={limit}): \
-                         every request would be refused",
-                        c.name
-                    ),
-                ));
             }
-            if u64::from(input_tokens) + u64::from(output_tokens) > limit {
-                let e = err(
-                    &field,
-                    format!(
-                        "{input_tokens} input + {output_tokens} output tokens exceed the context of {} \
-                         ({flag}={limit}): replies will stop short of {output_tokens} tokens",
-                        c.name
-                    ),
-                );
-                let text = e.to_string();
-                if !warnings.contains(&text) {
-                    warnings.push(text);
-                }
-            }
         }
+        Ok(())
     }
-
-    Ok(Matrix {
-        name: raw.name,
-        file: file.to_owned(),
-        model: raw.model,
-        objective,
-        gpu,
-        gpus_per_job,
-        min_success_rate,
-        min_effect,
-        allow_warm_cache: raw.allow_warm_cache,
-        repeats,
-        strategy,
-        engines,
-        variants,
-        configs,
-        profiles,
-        primary_profile,
-        only_with,
-        warnings,
-    })
 }
 
 /// An error in `field` of a matrix, located as parsing locates its own:
@@ -1292,6 +1439,88 @@ fn profile(
             return Err(err(&field("endpoint"), format!("unknown endpoint '{other}'; expected completions or chat")));
         }
     };
+    let dataset = dataset_of(name, p, requests, err, file_hash, strict)?;
+    let (rate, max_concurrency) = match p.mode.as_deref() {
+        None => (rate, max_concurrency),
+        Some(_) if raw_rate.is_some() || raw_cap.is_some() => {
+            return Err(err(
+                &field("mode"),
+                "sets the rate and the concurrency: give mode, or rate and max_concurrency, not both".to_owned(),
+            ));
+        }
+        Some("synchronous") => (None, Some(1)),
+        Some("throughput") => (None, None),
+        Some(other) => {
+            return Err(err(&field("mode"), format!("unknown mode '{other}'; expected synchronous or throughput")));
+        }
+    };
+    let (warmup, cooldown) = windows_of(name, p, requests, err)?;
+    let max_duration_s = match &p.max_duration {
+        None => None,
+        Some(v) => {
+            let s = match v {
+                serde_yaml_ng::Value::Number(n) => n.as_f64().filter(|s| s.is_finite() && *s > 0.0),
+                serde_yaml_ng::Value::String(t) => seconds_of(t),
+                _ => None,
+            };
+            Some(s.ok_or_else(|| {
+                err(
+                    &field("max_duration"),
+                    format!(
+                        "must be seconds (300, '300s' or '5m'), got {}",
+                        serde_yaml_ng::to_string(v).unwrap_or_default().trim()
+                    ),
+                )
+            })?)
+        }
+    };
+    let extra_body = extra_body_of(name, p, err)?;
+    let lag_limit_ms = match p.lag_limit_ms {
+        Some(ms) if !ms.is_finite() || ms <= 0.0 => {
+            return Err(err(&field("lag_limit_ms"), format!("must be a positive number of milliseconds, got {ms}")));
+        }
+        ms => ms,
+    };
+    let rate_tolerance = p.rate_tolerance.as_ref().map(|v| fraction(err, &field("rate_tolerance"), v)).transpose()?;
+    let goodput = goodput_of(name, p, err)?;
+    Ok(Profile {
+        name: name.to_owned(),
+        load: LoadSpec {
+            dataset,
+            rate,
+            arrival,
+            requests,
+            max_concurrency,
+            endpoint,
+            seed: p.seed.unwrap_or(0),
+            lag_limit_ms,
+            rate_tolerance,
+            warmup,
+            cooldown,
+            max_duration_s,
+            ignore_eos: p.ignore_eos,
+            extra_body,
+            goodput,
+            processor: None,
+        },
+        search: search_of(name, p, err)?,
+        probe: None,
+    })
+}
+
+/// A profile's dataset: exactly one of random, sharegpt (its file's hash
+/// looked up) or shared_prefix, within the token limits.
+fn dataset_of(
+    name: &str,
+    p: &RawProfile,
+    requests: u64,
+    err: &dyn Fn(&str, String) -> MatrixError,
+    file_hash: &dyn Fn(&str) -> Option<String>,
+    strict: bool,
+) -> Result<Dataset, MatrixError> {
+    let field = |f: &str| format!("profiles.{name}.{f}");
+    let admit = |check: Result<(), MatrixError>| if strict { check } else { Ok(()) };
+    let cap = |max: i64| if strict { max } else { i64::MAX };
     let d = &p.dataset;
     let count = |f: &str, v: i64| {
         u32::try_from(v)
@@ -1327,7 +1556,7 @@ fn profile(
                     format!("cannot read the ShareGPT file '{path}' (paths are relative to the matrix file)"),
                 )
             })?;
-            Dataset::Sharegpt { file: path.clone(), sha256, output_tokens }
+            Dataset::ShareGpt { file: path.clone(), sha256, output_tokens }
         }
         _ => {
             return Err(err(&field("dataset"), "give exactly one of random, sharegpt or shared_prefix".to_owned()));
@@ -1345,20 +1574,18 @@ fn profile(
             ));
         }
     }
-    let (rate, max_concurrency) = match p.mode.as_deref() {
-        None => (rate, max_concurrency),
-        Some(_) if raw_rate.is_some() || raw_cap.is_some() => {
-            return Err(err(
-                &field("mode"),
-                "sets the rate and the concurrency: give mode, or rate and max_concurrency, not both".to_owned(),
-            ));
-        }
-        Some("synchronous") => (None, Some(1)),
-        Some("throughput") => (None, None),
-        Some(other) => {
-            return Err(err(&field("mode"), format!("unknown mode '{other}'; expected synchronous or throughput")));
-        }
-    };
+    Ok(dataset)
+}
+
+/// A profile's warm-up and cool-down: requests (fewer than it sends, and
+/// leaving some to measure) or seconds.
+fn windows_of(
+    name: &str,
+    p: &RawProfile,
+    requests: u64,
+    err: &dyn Fn(&str, String) -> MatrixError,
+) -> Result<(Option<Window>, Option<Window>), MatrixError> {
+    let field = |f: &str| format!("profiles.{name}.{f}");
     let window = |f: &str, w: &Option<RawWindow>| -> Result<Option<Window>, MatrixError> {
         match w {
             None => Ok(None),
@@ -1384,26 +1611,17 @@ fn profile(
             format!("{a} warm-up and {b} cool-down requests leave none of the {requests} to measure"),
         ));
     }
-    let max_duration_s = match &p.max_duration {
-        None => None,
-        Some(v) => {
-            let s = match v {
-                serde_yaml_ng::Value::Number(n) => n.as_f64().filter(|s| s.is_finite() && *s > 0.0),
-                serde_yaml_ng::Value::String(t) => seconds_of(t),
-                _ => None,
-            };
-            Some(s.ok_or_else(|| {
-                err(
-                    &field("max_duration"),
-                    format!(
-                        "must be seconds (300, '300s' or '5m'), got {}",
-                        serde_yaml_ng::to_string(v).unwrap_or_default().trim()
-                    ),
-                )
-            })?)
-        }
-    };
-    let extra_body = match &p.extra_body {
+    Ok((warmup, cooldown))
+}
+
+/// A profile's extra_body: a mapping, sent as a JSON object.
+fn extra_body_of(
+    name: &str,
+    p: &RawProfile,
+    err: &dyn Fn(&str, String) -> MatrixError,
+) -> Result<Option<String>, MatrixError> {
+    let field = |f: &str| format!("profiles.{name}.{f}");
+    Ok(match &p.extra_body {
         None => None,
         Some(v @ serde_yaml_ng::Value::Mapping(_)) => {
             let json = serde_json::to_value(v).ok().filter(serde_json::Value::is_object).ok_or_else(|| {
@@ -1414,49 +1632,26 @@ fn profile(
         Some(_) => {
             return Err(err(&field("extra_body"), "must be a mapping of fields, e.g. { temperature: 0 }".to_owned()));
         }
-    };
-    Ok(Profile {
-        name: name.to_owned(),
-        dataset,
-        rate,
-        arrival,
-        requests,
-        max_concurrency,
-        endpoint,
-        seed: p.seed.unwrap_or(0),
-        lag_limit_ms: match p.lag_limit_ms {
-            Some(ms) if !ms.is_finite() || ms <= 0.0 => {
-                return Err(err(
-                    &field("lag_limit_ms"),
-                    format!("must be a positive number of milliseconds, got {ms}"),
-                ));
-            }
-            ms => ms,
-        },
-        rate_tolerance: p.rate_tolerance.as_ref().map(|v| fraction(err, &field("rate_tolerance"), v)).transpose()?,
-        warmup,
-        cooldown,
-        max_duration_s,
-        ignore_eos: p.ignore_eos,
-        extra_body,
-        goodput: match &p.goodput {
-            None => None,
-            Some(g) => {
-                for (f, v) in [("ttft_ms", g.ttft_ms), ("tpot_ms", g.tpot_ms), ("e2el_ms", g.e2el_ms)] {
-                    if let Some(ms) = v.filter(|ms| !ms.is_finite() || *ms < 0.0) {
-                        return Err(err(&field(&format!("goodput.{f}")), format!("must be ms, at least 0, got {ms}")));
-                    }
-                }
-                if g.ttft_ms.is_none() && g.tpot_ms.is_none() && g.e2el_ms.is_none() {
-                    return Err(err(&field("goodput"), "gives no SLO: set ttft_ms, tpot_ms or e2el_ms".to_owned()));
-                }
-                Some(benchfleet_core::metrics::Slo { ttft_ms: g.ttft_ms, tpot_ms: g.tpot_ms, e2el_ms: g.e2el_ms })
-            }
-        },
-        processor: None,
-        search: search_of(name, p, err)?,
-        probe: None,
     })
+}
+
+/// A profile's goodput SLOs: at least one, each at least 0 ms.
+fn goodput_of(
+    name: &str,
+    p: &RawProfile,
+    err: &dyn Fn(&str, String) -> MatrixError,
+) -> Result<Option<benchfleet_core::metrics::Slo>, MatrixError> {
+    let field = |f: &str| format!("profiles.{name}.{f}");
+    let Some(g) = &p.goodput else { return Ok(None) };
+    for (f, v) in [("ttft_ms", g.ttft_ms), ("tpot_ms", g.tpot_ms), ("e2el_ms", g.e2el_ms)] {
+        if let Some(ms) = v.filter(|ms| !ms.is_finite() || *ms < 0.0) {
+            return Err(err(&field(&format!("goodput.{f}")), format!("must be ms, at least 0, got {ms}")));
+        }
+    }
+    if g.ttft_ms.is_none() && g.tpot_ms.is_none() && g.e2el_ms.is_none() {
+        return Err(err(&field("goodput"), "gives no SLO: set ttft_ms, tpot_ms or e2el_ms".to_owned()));
+    }
+    Ok(Some(benchfleet_core::metrics::Slo { ttft_ms: g.ttft_ms, tpot_ms: g.tpot_ms, e2el_ms: g.e2el_ms }))
 }
 
 /// A profile's search, validated: one dimension with its two bounds, the

@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use benchfleet_core::engine::EngineKind;
 use benchfleet_core::render_block;
 
 use super::doc::*;
@@ -94,11 +95,8 @@ fn conclusion(out: &mut String, doc: &ReportDoc, aim: &str) {
 /// print it.
 fn multi_line(doc: &ReportDoc, config: &str) -> String {
     let Some(c) = doc.configurations.iter().find(|c| c.name == config) else { return String::new() };
-    let head = match c.kind.as_str() {
-        "sglang" => format!("python3 -m sglang.launch_server --model-path {}", c.model),
-        _ => format!("vllm serve {}", c.model),
-    };
-    std::iter::once(head).chain(c.args.iter().map(|a| format!("    {a}"))).collect::<Vec<_>>().join(" \\\n")
+    let kind = EngineKind::from_name(&c.kind).unwrap_or(EngineKind::Vllm);
+    benchfleet_core::engine::lines(kind, &c.model, &c.args)
 }
 
 fn gpu_names(doc: &ReportDoc) -> String {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
-use crate::model::{Dataset, EngineKind};
+use crate::model::{AttemptOutcome, Dataset, EngineKind, JobState, Note, RunState, RuntimeKind};
 
 /// A scheduler in virtual time, and a store that keeps what it asked to
 /// write.
@@ -550,8 +550,9 @@ fn cancel_stops_running_groups_and_holds_their_gpus_until_they_stop() {
     let g = w.assigned(&a).remove(0);
     let note = Note { by: "ops".into(), reason: "wrong model".into(), at_unix_ms: 0 };
     let now = w.now();
-    w.s.cancel(now, run, note).expect("cancelled");
+    w.s.cancel(now, run, note.clone()).expect("cancelled");
     w.settle();
+    assert_eq!(w.s.cancel(now, run, note), Err(SchedError::RunOver(run)), "held until its group stops");
     assert_eq!(w.cancels(&a), [(run, g.group)]);
     assert!(w.store.jobs.values().all(|j| j.state == JobState::Cancelled));
     assert_eq!(w.store.runs[&run].state, RunState::Cancelled);
@@ -563,7 +564,9 @@ fn cancel_stops_running_groups_and_holds_their_gpus_until_they_stop() {
     let next = w.assigned(&a);
     assert_eq!((next.len(), next[1].run), (2, other));
     let now = w.now();
-    assert!(w.s.cancel(now, run, Note { by: String::new(), reason: String::new(), at_unix_ms: 0 }).is_err());
+    let again = w.s.cancel(now, run, Note { by: String::new(), reason: String::new(), at_unix_ms: 0 });
+    assert_eq!(again, Err(SchedError::NotRunning(run)), "forgotten once its GPUs are free");
+    assert_eq!(again.expect_err("refused").to_string(), format!("run {run} is not running"));
 }
 
 #[test]
@@ -584,7 +587,13 @@ fn a_drained_agent_finishes_its_work_and_gets_no_more() {
     w.s.undrain(now, &a.agent.to_string()).expect("undrained");
     w.settle();
     assert_eq!(w.assigned(&a).len(), 2);
-    assert!(w.s.drain(now, "nobody", Note { by: String::new(), reason: String::new(), at_unix_ms: 0 }).is_err());
+    let nobody = w.s.drain(now, "nobody", Note { by: String::new(), reason: String::new(), at_unix_ms: 0 });
+    assert_eq!(nobody, Err(SchedError::NoSuchAgent("nobody".into())));
+    assert_eq!(
+        nobody.expect_err("refused").to_string(),
+        "no agent named 'nobody' or with that id; `benchfleet agents` lists them"
+    );
+    assert_eq!(w.s.undrain(now, "agent-99"), Err(SchedError::NoSuchAgent("agent-99".into())));
 }
 
 #[test]
@@ -634,6 +643,8 @@ fn retry_runs_failed_jobs_again_with_a_fresh_cap() {
     let a = w.hello("a", "i", h200s(1), Vec::new()).expect("welcome");
     let run = w.submit(1, 1, 2, "H200", 1);
     let g = w.assigned(&a).remove(0);
+    let now = w.now();
+    assert_eq!(w.s.retry(now, w.store.run_data_of(run)), Err(SchedError::StillRunning(run)));
     w.succeed(&a, g.jobs[0].fence);
     assert!(w.update(&a, g.jobs[1].fence, Reported::Failed(FailureKind::Config)));
     assert!(w.done(&a, &g));
@@ -646,6 +657,17 @@ fn retry_runs_failed_jobs_again_with_a_fresh_cap() {
     assert_eq!(again.len(), 2);
     assert_eq!(again[1].jobs.iter().map(|j| (j.fence.key.job, j.fence.key.attempt)).collect::<Vec<_>>(), [(1, 2)]);
     assert_eq!(w.store.runs[&run].state, RunState::Running);
+    // Once every job has succeeded there is nothing to retry.
+    w.succeed(&a, again[1].jobs[0].fence);
+    assert!(w.done(&a, &again[1]));
+    assert_eq!(w.store.runs[&run].state, RunState::Finished);
+    let now = w.now();
+    let nothing = w.s.retry(now, w.store.run_data_of(run));
+    assert_eq!(nothing, Err(SchedError::NothingToRetry(run)));
+    assert_eq!(
+        nothing.expect_err("refused").to_string(),
+        format!("run {run} has no failed or cancelled jobs to retry")
+    );
 }
 
 impl FakeStore {

@@ -10,6 +10,10 @@
 //! Schema 2 to 3: an agent's record says which certificate it holds; those
 //! stored before certificates hold none (`"certificate": null`), so under
 //! TLS such an agent must join, and is a new agent (a new id) when it does.
+//!
+//! Schema 3 to 4: each run's counts (`run_counts`: its jobs by state, its
+//! groups and latest stage), counted once from its groups and jobs; from
+//! then on they change with every write of what they count.
 
 use benchfleet_core::RequestRecord;
 use serde_json::Value;
@@ -31,6 +35,21 @@ pub(super) fn run(store: &SledStore, from: u32) -> Result<(), StoreError> {
     if from < 3 {
         tracing::info!("migrating the store from schema 2 to 3");
         agents(store)?;
+    }
+    if from < 4 {
+        tracing::info!("migrating the store from schema 3 to 4");
+        run_counts(store)?;
+    }
+    Ok(())
+}
+
+/// Counts every run's groups and jobs; counting again gives the same.
+fn run_counts(store: &SledStore) -> Result<(), StoreError> {
+    for run in store.runs()? {
+        let groups = store.groups(run.id)?;
+        let jobs: Vec<crate::model::Job> = super::scan(&store.jobs, &[run.id.0], "job")?;
+        let counts = super::RunCounts::of(&groups, &jobs);
+        store.run_counts.insert(super::key(&[run.id.0]), super::encode(&counts))?;
     }
     Ok(())
 }

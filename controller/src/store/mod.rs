@@ -4,15 +4,24 @@
 //! (run), `groups` and `jobs` (run, id), `agents` (agent id), `summaries`,
 //! `stats` (run, job, attempt), `records` (run, job, attempt, batch),
 //! `telemetry` (run, job, attempt, part): an attempt's telemetry series,
-//! apart from its job so that listing jobs stays small. Runs, groups, jobs,
-//! agents, summaries and telemetry are JSON, readable with any tool;
-//! records are a compact binary encoding (`codec`), stored as the batches
-//! loadgen sent (a batch sent twice is stored once). Dataset and tokenizer
-//! files live beside the trees, as files named by their SHA-256
-//! (`files/<sha256>`), so that a file of hundreds of MiB streams in and out
-//! with bounded memory. The schema version covers all of it; `migrate`
-//! brings an older store up to date. Every write that a caller acknowledges
-//! to someone else is flushed first.
+//! apart from its job so that listing jobs stays small; `run_counts` (run):
+//! what a listing shows of a run (its jobs by state, its groups and latest
+//! stage), changed in the same transaction as the jobs and groups it counts,
+//! so that listing runs reads no job; `deleted` (run): runs being deleted.
+//! Runs, groups, jobs, agents, summaries, counts and telemetry are JSON,
+//! readable with any tool; records are a compact binary encoding (`codec`),
+//! stored as the batches loadgen sent (a batch sent twice is stored once).
+//! Dataset and tokenizer files live beside the trees, as files named by
+//! their SHA-256 (`files/<sha256>`), so that a file of hundreds of MiB
+//! streams in and out with bounded memory. The schema version covers all of
+//! it; `migrate` brings an older store up to date. Every write that a
+//! caller acknowledges to someone else is flushed first.
+//!
+//! A run is deleted in two steps: one transaction takes it out of `runs`
+//! and `run_counts` and marks it in `deleted` (from then on nothing reads
+//! it), then its keys are removed tree by tree and the mark last. Opening
+//! the store finishes a delete a crash cut short, so a crash leaves either
+//! the whole run or nothing of it visible.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -25,7 +34,9 @@ use serde::de::DeserializeOwned;
 use sha2::Digest as _;
 use sled::Transactional;
 
-use crate::model::{AgentRecord, AttemptKey, AttemptStats, Counters, Group, Job, Run, RunId, Write};
+use crate::model::{
+    AgentRecord, AttemptKey, AttemptStats, Counters, Group, Job, JobState, Progress, Run, RunId, Write,
+};
 
 pub mod codec;
 mod migrate;
@@ -47,7 +58,13 @@ pub fn data_dir(given: Option<&Path>) -> PathBuf {
 
 /// Bumped when the layout of stored values changes; `migrate` knows every
 /// earlier one.
-const SCHEMA_VERSION: u32 = 3;
+const SCHEMA_VERSION: u32 = 4;
+
+/// A stored file that no run names is removed by a delete only once nobody
+/// has uploaded it or asked for it for this long: a submission checks its
+/// files before it stores its run, and a file it found must still be there
+/// when its run is stored.
+pub const FILE_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -71,10 +88,97 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Invalid(String),
+    /// The run may still change (a delete of it is refused): why, for the
+    /// operator.
+    #[error("{0}")]
+    NotOver(String),
+}
+
+/// What a listing shows of a run without reading its jobs (`run_counts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RunCounts {
+    /// Jobs by state, in the order of `JobState::ALL`.
+    pub jobs: [u64; 7],
+    pub groups: u64,
+    /// The latest stage of its groups; 0 while it has none.
+    pub stage: u32,
+}
+
+impl RunCounts {
+    /// Counted from the run's groups and jobs (what `migrate` does once).
+    pub fn of<'a>(groups: impl IntoIterator<Item = &'a Group>, jobs: impl IntoIterator<Item = &'a Job>) -> RunCounts {
+        let mut c = RunCounts::default();
+        for g in groups {
+            c.groups += 1;
+            c.stage = c.stage.max(g.stage);
+        }
+        for j in jobs {
+            c.jobs[state_index(j.state)] += 1;
+        }
+        c
+    }
+
+    pub fn jobs_in(&self, state: JobState) -> u64 {
+        self.jobs[state_index(state)]
+    }
+
+    /// The counts a run's progress is shown with.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            total: self.jobs.iter().sum(),
+            succeeded: self.jobs_in(JobState::Succeeded),
+            failed: self.jobs_in(JobState::Failed),
+            cancelled: self.jobs_in(JobState::Cancelled),
+        }
+    }
+
+    /// The stage a listing shows: 1 before the run has any group.
+    pub fn stage(&self) -> u32 {
+        if self.groups == 0 { 1 } else { self.stage }
+    }
+}
+
+fn state_index(state: JobState) -> usize {
+    JobState::ALL.iter().position(|s| *s == state).unwrap_or(0)
+}
+
+/// What a delete removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    pub jobs: u64,
+    /// Records of the jobs' attempts (those not removed before).
+    pub records: u64,
+    /// The SHA-256 of each stored file removed with it.
+    pub files: Vec<String>,
+}
+
+/// Why a run cannot be deleted or exported now, if it cannot: it is still
+/// running, a group of it still holds GPUs, or a job of it has not ended.
+/// `verb` is what the operator asked for ("export", "delete").
+pub fn unsettled(run: &Run, groups: &[Group], jobs: &[Job], verb: &str) -> Option<String> {
+    let id = run.id;
+    if !run.is_over() {
+        return Some(format!("run {id} is still running; {verb} it once it has finished or been cancelled"));
+    }
+    if let Some((g, p)) = groups.iter().find_map(|g| g.placement.as_ref().map(|p| (g, p))) {
+        return Some(format!(
+            "run {id} is over, but its group {} still holds GPUs on {} until that agent has stopped it; \
+             {verb} it once it has",
+            g.id, p.agent
+        ));
+    }
+    jobs.iter().find(|j| !j.state.is_terminal()).map(|j| {
+        format!(
+            "run {id} is over, but its job {} is still {}; {verb} it once the job has ended",
+            j.id,
+            j.state.as_str()
+        )
+    })
 }
 
 /// One group commit of the ingest service: record batches, summaries and
-/// per-attempt counts, and the removal of superseded attempts' records.
+/// per-attempt counts, and the removal of superseded attempts' records;
+/// stored in one transaction.
 #[derive(Debug, Default)]
 pub struct RecordCommit {
     /// (attempt, batch number, encoded batch).
@@ -120,6 +224,16 @@ pub trait Store: Send + Sync + 'static {
     fn apply(&self, writes: &[Write]) -> Result<(), StoreError>;
     fn run(&self, id: RunId) -> Result<Option<Run>, StoreError>;
     fn runs(&self) -> Result<Vec<Run>, StoreError>;
+    /// Every run with what a listing shows of it. This default reads every
+    /// job of every run; `SledStore` reads the counts it keeps instead.
+    fn listed_runs(&self) -> Result<Vec<(Run, RunCounts)>, StoreError> {
+        let mut out = Vec::new();
+        for run in self.runs()? {
+            let counts = RunCounts::of(&self.groups(run.id)?, &self.jobs(run.id)?);
+            out.push((run, counts));
+        }
+        Ok(out)
+    }
     fn groups(&self, run: RunId) -> Result<Vec<Group>, StoreError>;
     /// The run's jobs, each with the summary of its current attempt.
     fn jobs(&self, run: RunId) -> Result<Vec<Job>, StoreError>;
@@ -135,10 +249,13 @@ pub trait Store: Send + Sync + 'static {
     fn put_enrolment(&self, _json: &[u8]) -> Result<(), StoreError> {
         Err(StoreError::Invalid("this store keeps no enrolment".to_owned()))
     }
-    /// Applies one ingest commit and flushes (a commit of digests alone,
-    /// which can be built again, is left to the next flush).
+    /// Applies one ingest commit, all or nothing, and flushes (a commit of
+    /// digests alone, which can be built again, is left to the next flush):
+    /// after a crash, a batch is stored with the stats that count it, or
+    /// neither is, so a batch sent again is counted exactly once.
     fn commit_records(&self, commit: &RecordCommit) -> Result<(), StoreError>;
-    /// How many records a stored batch holds, if it is stored.
+    /// How many records a stored batch holds, if it is stored. A stored
+    /// batch is counted in its attempt's stats.
     fn stored_batch(&self, attempt: &AttemptKey, batch: u64) -> Result<Option<u64>, StoreError>;
     /// An attempt's records, in the order of their batches.
     fn records(&self, attempt: &AttemptKey) -> Records<'_>;
@@ -164,6 +281,27 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> Result<(), StoreError>;
     /// Bytes the store takes on disk (files included).
     fn size_on_disk(&self) -> Result<u64, StoreError>;
+    /// The first step of a delete: refuses a run that may still change
+    /// (`StoreError::NotOver`, with `unsettled`'s reason), else takes it out
+    /// of sight at once, flushed: no read finds it from here on, and the
+    /// store finishes the delete when it opens if `purge_run` does not.
+    /// The caller keeps the run from changing meanwhile (the controller
+    /// does this on the scheduler's thread).
+    fn hide_run(&self, _run: RunId) -> Result<(), StoreError> {
+        Err(StoreError::Invalid("this store deletes no run".to_owned()))
+    }
+    /// The second step: removes everything of a hidden run (jobs, groups,
+    /// summaries, stats, records, telemetry, digests, counts) and every
+    /// stored file no run names (`FILE_GRACE`), then its mark. A run that is
+    /// not hidden is left alone.
+    fn purge_run(&self, _run: RunId) -> Result<Deleted, StoreError> {
+        Err(StoreError::Invalid("this store deletes no run".to_owned()))
+    }
+    /// Deletes a run that is over, with everything stored of it.
+    fn delete_run(&self, run: RunId) -> Result<Deleted, StoreError> {
+        self.hide_run(run)?;
+        self.purge_run(run)
+    }
 }
 
 /// A file being stored: written to a temporary file while its hash is
@@ -247,6 +385,10 @@ pub struct SledStore {
     telemetry: sled::Tree,
     /// Counters that are not a run's.
     meta: sled::Tree,
+    /// What a listing shows of each run (`RunCounts`).
+    run_counts: sled::Tree,
+    /// Runs hidden and not yet removed whole.
+    deleted: sled::Tree,
 }
 
 impl SledStore {
@@ -298,6 +440,8 @@ impl SledStore {
             digests: db.open_tree("digests")?,
             telemetry: db.open_tree("telemetry")?,
             meta: db.open_tree("meta")?,
+            run_counts: db.open_tree("run_counts")?,
+            deleted: db.open_tree("deleted")?,
             files,
             db,
         };
@@ -306,7 +450,106 @@ impl SledStore {
         }
         store.db.insert("schema_version", &SCHEMA_VERSION.to_be_bytes())?;
         store.flush()?;
+        // Deletes a crash cut short.
+        for k in store.deleted.iter().keys() {
+            let run = RunId(first_u64(&k?));
+            tracing::info!(%run, "finishing the delete of run {run}");
+            store.purge_run(run)?;
+        }
         Ok(store)
+    }
+
+    /// The first step of a delete alone, as a crash right after it would
+    /// leave the store (`hide_run`, without its checks).
+    #[cfg(test)]
+    pub(crate) fn mark_deleted(&self, run: RunId) -> Result<(), StoreError> {
+        self.hide(run, false)
+    }
+
+    /// The transaction that hides a run: out of `runs` and `run_counts`,
+    /// marked in `deleted`, its id never given again; with `over`, only
+    /// while the run is stored and over. Flushed.
+    fn hide(&self, run: RunId, over: bool) -> Result<(), StoreError> {
+        let k = key(&[run.0]);
+        (&self.runs, &self.run_counts, &self.deleted, &*self.db)
+            .transaction(|(runs, counts, deleted, top)| {
+                if over {
+                    match runs.get(k.as_slice())? {
+                        None => return tx_abort(StoreError::NotFound(format!("run {run}"))),
+                        Some(v) => match decode::<Run>(|| format!("run {run}"), &v) {
+                            Err(e) => return tx_abort(e),
+                            Ok(r) if !r.is_over() => {
+                                return tx_abort(StoreError::NotOver(format!(
+                                    "run {run} is running again; delete it once it has finished or been cancelled"
+                                )));
+                            }
+                            Ok(_) => {}
+                        },
+                    }
+                }
+                runs.remove(k.as_slice())?;
+                counts.remove(k.as_slice())?;
+                deleted.insert(k.as_slice(), &[][..])?;
+                // Its id is never given again, even if it was the newest.
+                let last =
+                    top.get("run_counter")?.and_then(|v| v.as_ref().try_into().ok()).map_or(0, u64::from_be_bytes);
+                top.insert("run_counter", &last.max(run.0).to_be_bytes())?;
+                Ok(())
+            })
+            .map_err(tx_error)?;
+        self.flush()
+    }
+
+    /// Removes every key that begins with `prefix`, a batch at a time;
+    /// returns how many.
+    fn remove_prefix(tree: &sled::Tree, prefix: &[u8]) -> Result<u64, StoreError> {
+        let mut removed = 0;
+        loop {
+            let keys: Vec<sled::IVec> = tree.scan_prefix(prefix).keys().take(4096).collect::<Result<_, _>>()?;
+            if keys.is_empty() {
+                return Ok(removed);
+            }
+            let mut batch = sled::Batch::default();
+            for k in &keys {
+                batch.remove(k.clone());
+            }
+            removed += keys.len() as u64;
+            tree.apply_batch(batch)?;
+        }
+    }
+
+    /// Removes the stored files that no run names and that nobody has
+    /// uploaded or asked for within `FILE_GRACE`; returns their hashes.
+    fn sweep_files(&self) -> Result<Vec<String>, StoreError> {
+        #[derive(serde::Deserialize)]
+        struct Named {
+            #[serde(default)]
+            files: BTreeMap<String, String>,
+        }
+        let mut named = std::collections::HashSet::new();
+        for v in self.runs.iter().values() {
+            let run: Named = decode(|| "run".to_owned(), &v?)?;
+            named.extend(run.files.into_values().map(|sha| sha.to_ascii_lowercase()));
+        }
+        let now = std::time::SystemTime::now();
+        let mut removed = Vec::new();
+        for entry in std::fs::read_dir(&self.files)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !is_sha256(&name) || named.contains(&name) {
+                continue;
+            }
+            let used = entry.metadata()?.modified()?;
+            if now.duration_since(used).unwrap_or_default() < FILE_GRACE {
+                continue;
+            }
+            std::fs::remove_file(entry.path())?;
+            removed.push(name);
+        }
+        if !removed.is_empty() {
+            std::fs::File::open(&self.files)?.sync_all()?;
+        }
+        Ok(removed)
     }
 
     /// Writes a run (when given), groups and jobs in one transaction, and
@@ -428,11 +671,65 @@ fn scan<T: DeserializeOwned>(tree: &sled::Tree, prefix: &[u64], what: &str) -> R
         .collect()
 }
 
-fn abort(e: sled::transaction::TransactionError<()>) -> StoreError {
+fn tx_error(e: sled::transaction::TransactionError<StoreError>) -> StoreError {
     match e {
         sled::transaction::TransactionError::Storage(e) => StoreError::Sled(e),
-        sled::transaction::TransactionError::Abort(()) => {
-            StoreError::Sled(sled::Error::Unsupported("transaction aborted".to_owned()))
+        sled::transaction::TransactionError::Abort(e) => e,
+    }
+}
+
+/// Ends a transaction with `e`.
+fn tx_abort<T>(e: StoreError) -> sled::transaction::ConflictableTransactionResult<T, StoreError> {
+    Err(sled::transaction::ConflictableTransactionError::Abort(e))
+}
+
+/// The number a key begins with (a run's id).
+fn first_u64(k: &[u8]) -> u64 {
+    k.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes)
+}
+
+/// The state of a stored job, read without decoding the rest of it.
+fn job_state(bytes: &[u8]) -> Option<JobState> {
+    #[derive(serde::Deserialize)]
+    struct StateOf {
+        state: JobState,
+    }
+    serde_json::from_slice::<StateOf>(bytes).ok().map(|s| s.state)
+}
+
+/// How one `apply` changes a run's counts.
+#[derive(Default)]
+struct CountsChange {
+    jobs: [i64; 7],
+    groups: u64,
+    stage: u32,
+}
+
+impl CountsChange {
+    fn applied_to(&self, mut c: RunCounts) -> RunCounts {
+        for (n, d) in c.jobs.iter_mut().zip(self.jobs) {
+            *n = n.saturating_add_signed(d);
+        }
+        c.groups += self.groups;
+        c.stage = c.stage.max(self.stage);
+        c
+    }
+}
+
+/// Whose a write in `apply` is, and what it changes in its run's counts.
+enum Counted {
+    Nothing,
+    Run(u64),
+    Group(u64, u32),
+    Job(u64, JobState),
+    Telemetry(u64),
+}
+
+impl Counted {
+    fn run(&self) -> Option<u64> {
+        match *self {
+            Counted::Nothing => None,
+            Counted::Run(r) | Counted::Group(r, _) | Counted::Job(r, _) | Counted::Telemetry(r) => Some(r),
         }
     }
 }
@@ -483,14 +780,18 @@ impl Store for SledStore {
         // An attempt's series replace whatever parts it had (a report sent
         // again after a reconnect writes them again).
         let mut stale: Vec<Vec<u8>> = Vec::new();
-        let mut encoded: Vec<(u8, Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut encoded: Vec<(u8, Vec<u8>, Vec<u8>, Counted)> = Vec::new();
         for w in writes {
             match w {
-                Write::Run(r) => encoded.push((0, key(&[r.id.0]), encode(r))),
-                Write::Group(g) => encoded.push((1, key(&[g.run.0, g.id]), encode(g))),
-                Write::Job(j) => encoded.push((2, key(&[j.run.0, j.id]), encode(j))),
-                Write::Agent(a) => encoded.push((3, key(&[a.id.0]), encode(a))),
-                Write::Counters(c) => encoded.push((4, b"counters".to_vec(), key(&[c.next_agent, c.next_epoch]))),
+                Write::Run(r) => encoded.push((0, key(&[r.id.0]), encode(r), Counted::Run(r.id.0))),
+                Write::Group(g) => {
+                    encoded.push((1, key(&[g.run.0, g.id]), encode(g), Counted::Group(g.run.0, g.stage)));
+                }
+                Write::Job(j) => encoded.push((2, key(&[j.run.0, j.id]), encode(j), Counted::Job(j.run.0, j.state))),
+                Write::Agent(a) => encoded.push((3, key(&[a.id.0]), encode(a), Counted::Nothing)),
+                Write::Counters(c) => {
+                    encoded.push((4, b"counters".to_vec(), key(&[c.next_agent, c.next_epoch]), Counted::Nothing))
+                }
                 Write::Telemetry(attempt, series) => {
                     for k in self.telemetry.scan_prefix(attempt_key(attempt)).keys() {
                         stale.push(k?.to_vec());
@@ -498,17 +799,64 @@ impl Store for SledStore {
                     for (i, part) in encode(series).chunks(PART_BYTES).enumerate() {
                         let mut k = attempt_key(attempt);
                         k.extend_from_slice(&(i as u32).to_be_bytes());
-                        encoded.push((5, k, part.to_vec()));
+                        encoded.push((5, k, part.to_vec(), Counted::Telemetry(attempt.run.0)));
                     }
                 }
             }
         }
-        (&self.runs, &self.groups, &self.jobs, &self.agents, &self.meta, &self.telemetry)
-            .transaction(|(runs, groups, jobs, agents, meta, telemetry)| {
+        let trees = (
+            &self.runs,
+            &self.groups,
+            &self.jobs,
+            &self.agents,
+            &self.meta,
+            &self.telemetry,
+            &self.run_counts,
+            &self.deleted,
+        );
+        trees
+            .transaction(|(runs, groups, jobs, agents, meta, telemetry, run_counts, deleted)| {
+                // Nothing of a run being deleted is written again.
+                let mut hidden: BTreeMap<u64, bool> = BTreeMap::new();
+                for (_, _, _, counted) in &encoded {
+                    if let Some(run) = counted.run()
+                        && !hidden.contains_key(&run)
+                    {
+                        hidden.insert(run, deleted.get(key(&[run]))?.is_some());
+                    }
+                }
+                let is_hidden = |c: &Counted| c.run().is_some_and(|r| hidden.get(&r) == Some(&true));
                 for k in &stale {
                     telemetry.remove(k.as_slice())?;
                 }
-                for (tree, k, v) in &encoded {
+                // Each run's counts change by what replaces what: a job's
+                // old state is read back (within this transaction, the
+                // latest write of it).
+                let mut changes: BTreeMap<u64, CountsChange> = BTreeMap::new();
+                for (tree, k, v, counted) in &encoded {
+                    if is_hidden(counted) {
+                        continue;
+                    }
+                    match *counted {
+                        Counted::Nothing | Counted::Telemetry(_) => {}
+                        Counted::Run(run) => {
+                            changes.entry(run).or_default();
+                        }
+                        Counted::Group(run, stage) => {
+                            let c = changes.entry(run).or_default();
+                            if groups.get(k.as_slice())?.is_none() {
+                                c.groups += 1;
+                            }
+                            c.stage = c.stage.max(stage);
+                        }
+                        Counted::Job(run, state) => {
+                            let c = changes.entry(run).or_default();
+                            if let Some(old) = jobs.get(k.as_slice())?.as_deref().and_then(job_state) {
+                                c.jobs[state_index(old)] -= 1;
+                            }
+                            c.jobs[state_index(state)] += 1;
+                        }
+                    }
                     let t = match tree {
                         0 => runs,
                         1 => groups,
@@ -519,10 +867,36 @@ impl Store for SledStore {
                     };
                     t.insert(k.as_slice(), v.as_slice())?;
                 }
+                for (run, change) in &changes {
+                    let k = key(&[*run]);
+                    let old = match run_counts.get(k.as_slice())? {
+                        None => RunCounts::default(),
+                        Some(v) => match decode(|| format!("counts of run {run}"), &v) {
+                            Ok(c) => c,
+                            Err(e) => return tx_abort(e),
+                        },
+                    };
+                    run_counts.insert(k.as_slice(), encode(&change.applied_to(old)))?;
+                }
                 Ok(())
             })
-            .map_err(abort)?;
+            .map_err(tx_error)?;
         self.flush()
+    }
+
+    fn listed_runs(&self) -> Result<Vec<(Run, RunCounts)>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.runs.iter() {
+            let (k, v) = kv?;
+            let run: Run = decode(|| format!("run {k:?}"), &v)?;
+            let counts = match self.run_counts.get(&k)? {
+                Some(c) => decode(|| format!("counts of run {}", run.id), &c)?,
+                // Every run has its counts; one without is counted here.
+                None => RunCounts::of(&self.groups(run.id)?, &scan::<Job>(&self.jobs, &[run.id.0], "job")?),
+            };
+            out.push((run, counts));
+        }
+        Ok(out)
     }
 
     fn run(&self, id: RunId) -> Result<Option<Run>, StoreError> {
@@ -579,79 +953,91 @@ impl Store for SledStore {
     }
 
     fn commit_records(&self, commit: &RecordCommit) -> Result<(), StoreError> {
-        let mut records = sled::Batch::default();
-        let mut summaries = sled::Batch::default();
-        let mut stats = sled::Batch::default();
-        for purge in &commit.purges {
-            for kv in self.records.scan_prefix(key(&[purge.run.0, purge.job])) {
-                let (k, _) = kv?;
-                if attempt_of(&k).is_some_and(|a| a.attempt < purge.attempt) {
-                    records.remove(k);
-                }
-            }
-            for kv in self.summaries.scan_prefix(key(&[purge.run.0, purge.job])) {
-                let (k, _) = kv?;
-                if attempt_of(&k).is_some_and(|a| a.attempt < purge.attempt) {
-                    summaries.remove(k);
-                }
-            }
-            for kv in self.stats.scan_prefix(key(&[purge.run.0, purge.job])) {
-                let (k, v) = kv?;
-                if attempt_of(&k).is_some_and(|a| a.attempt < purge.attempt) {
-                    let mut s: AttemptStats = decode(|| "attempt stats".to_owned(), &v)?;
-                    s.removed = true;
-                    stats.insert(k, encode(&s));
-                }
-            }
-        }
-        for (attempt, batch, bytes) in &commit.batches {
-            for (k, part) in batch_parts(attempt, *batch, bytes) {
-                records.insert(k, part);
-            }
-        }
-        for (attempt, summary) in &commit.summaries {
-            summaries.insert(attempt_key(attempt), encode(summary));
-        }
-        for (attempt, s) in &commit.stats {
-            stats.insert(attempt_key(attempt), encode(s));
-        }
-        self.records.apply_batch(records)?;
-        self.summaries.apply_batch(summaries)?;
-        self.stats.apply_batch(stats)?;
-        let mut telemetry = sled::Batch::default();
-        for purge in &commit.purges {
-            for k in self.telemetry.scan_prefix(key(&[purge.run.0, purge.job])).keys() {
+        // Transactional trees have no scans: the keys to remove are found
+        // first. Only the ingest committer writes these trees for a run
+        // that is running, so nothing comes between.
+        let earlier = |tree: &sled::Tree, purge: &AttemptKey| -> Result<Vec<sled::IVec>, StoreError> {
+            let mut keys = Vec::new();
+            for k in tree.scan_prefix(key(&[purge.run.0, purge.job])).keys() {
                 let k = k?;
                 if attempt_of(&k).is_some_and(|a| a.attempt < purge.attempt) {
-                    telemetry.remove(k);
+                    keys.push(k);
                 }
             }
-        }
-        self.telemetry.apply_batch(telemetry)?;
-        let mut digests = sled::Batch::default();
+            Ok(keys)
+        };
+        let mut purged: [Vec<sled::IVec>; 5] = Default::default();
         for purge in &commit.purges {
-            for k in self.digests.scan_prefix(key(&[purge.run.0, purge.job])).keys() {
-                let k = k?;
-                if attempt_of(&k).is_some_and(|a| a.attempt < purge.attempt) {
-                    digests.remove(k);
-                }
+            for (keys, tree) in
+                purged.iter_mut().zip([&self.records, &self.summaries, &self.stats, &self.telemetry, &self.digests])
+            {
+                keys.extend(earlier(tree, purge)?);
             }
         }
-        for (attempt, bytes) in &commit.digests {
-            if !self.summaries.contains_key(attempt_key(attempt))? {
+        let [purged_records, purged_summaries, purged_stats, purged_telemetry, purged_digests] = &purged;
+        // A digest built again replaces every part of the old one; of two
+        // digests of one attempt in a commit, the later is kept.
+        let mut new_digests: Vec<(&AttemptKey, &[u8], Vec<sled::IVec>)> = Vec::new();
+        for (i, (attempt, bytes)) in commit.digests.iter().enumerate() {
+            if commit.digests[i + 1..].iter().any(|(a, _)| a == attempt) {
                 continue;
             }
-            // A digest built again replaces the old one whole.
-            for k in self.digests.scan_prefix(attempt_key(attempt)).keys() {
-                digests.remove(k?);
-            }
-            for (i, part) in bytes.chunks(PART_BYTES).enumerate() {
-                let mut k = attempt_key(attempt);
-                k.extend_from_slice(&(i as u32).to_be_bytes());
-                digests.insert(k, part);
-            }
+            let old = self.digests.scan_prefix(attempt_key(attempt)).keys().collect::<Result<Vec<_>, _>>()?;
+            new_digests.push((attempt, bytes, old));
         }
-        self.digests.apply_batch(digests)?;
+        (&self.records, &self.summaries, &self.stats, &self.telemetry, &self.digests)
+            .transaction(|(records, summaries, stats, telemetry, digests)| {
+                for k in purged_records {
+                    records.remove(k)?;
+                }
+                for k in purged_summaries {
+                    summaries.remove(k)?;
+                }
+                // The counts of a purged attempt stay, marked removed.
+                for k in purged_stats {
+                    let Some(v) = stats.get(k)? else { continue };
+                    let mut s: AttemptStats = match decode(|| "attempt stats".to_owned(), &v) {
+                        Ok(s) => s,
+                        Err(e) => return tx_abort(e),
+                    };
+                    s.removed = true;
+                    stats.insert(k, encode(&s))?;
+                }
+                for k in purged_telemetry {
+                    telemetry.remove(k)?;
+                }
+                for k in purged_digests {
+                    digests.remove(k)?;
+                }
+                for (attempt, batch, bytes) in &commit.batches {
+                    for (k, part) in batch_parts(attempt, *batch, bytes) {
+                        records.insert(k, part)?;
+                    }
+                }
+                for (attempt, summary) in &commit.summaries {
+                    summaries.insert(attempt_key(attempt), encode(summary))?;
+                }
+                for (attempt, s) in &commit.stats {
+                    stats.insert(attempt_key(attempt), encode(s))?;
+                }
+                // After the purges: a digest is kept only while its
+                // attempt's summary is stored.
+                for (attempt, bytes, old) in &new_digests {
+                    if summaries.get(attempt_key(attempt))?.is_none() {
+                        continue;
+                    }
+                    for k in old {
+                        digests.remove(k)?;
+                    }
+                    for (i, part) in bytes.chunks(PART_BYTES).enumerate() {
+                        let mut k = attempt_key(attempt);
+                        k.extend_from_slice(&(i as u32).to_be_bytes());
+                        digests.insert(k, part)?;
+                    }
+                }
+                Ok(())
+            })
+            .map_err(tx_error)?;
         // Digests can always be built again: alone, they wait for the next
         // flush (sled's own, or the next commit's).
         if commit.batches.is_empty()
@@ -746,7 +1132,18 @@ impl Store for SledStore {
     }
 
     fn has_file(&self, sha256: &str) -> Result<bool, StoreError> {
-        Ok(is_sha256(sha256) && self.files.join(sha256.to_ascii_lowercase()).is_file())
+        if !is_sha256(sha256) {
+            return Ok(false);
+        }
+        let path = self.files.join(sha256.to_ascii_lowercase());
+        if !path.is_file() {
+            return Ok(false);
+        }
+        // Asked for: a submission may be about to name it (`FILE_GRACE`).
+        if let Ok(f) = std::fs::File::open(&path) {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
+        Ok(true)
     }
 
     fn new_file(&self) -> Result<FileWriter, StoreError> {
@@ -780,6 +1177,46 @@ impl Store for SledStore {
             bytes += entry.metadata().map_or(0, |m| m.len());
         }
         Ok(bytes)
+    }
+
+    fn hide_run(&self, run: RunId) -> Result<(), StoreError> {
+        let Some(r) = self.run(run)? else { return Err(StoreError::NotFound(format!("run {run}"))) };
+        let groups = self.groups(run)?;
+        let jobs: Vec<Job> = scan(&self.jobs, &[run.0], "job")?;
+        if let Some(why) = unsettled(&r, &groups, &jobs, "delete") {
+            return Err(StoreError::NotOver(why));
+        }
+        // Still there, still over: the run itself is read again in the
+        // transaction that hides it.
+        self.hide(run, true)
+    }
+
+    fn purge_run(&self, run: RunId) -> Result<Deleted, StoreError> {
+        let k = key(&[run.0]);
+        if !self.deleted.contains_key(&k)? {
+            return Ok(Deleted::default());
+        }
+        let mut deleted = Deleted::default();
+        for v in self.stats.scan_prefix(&k).values() {
+            let s: AttemptStats = decode(|| format!("stats of run {run}"), &v?)?;
+            if !s.removed {
+                deleted.records += s.records;
+            }
+        }
+        // Summaries before digests: a digest is stored only beside its
+        // summary, so none comes back once they are gone. The run's own
+        // entry and counts went when it was hidden; they are swept again
+        // for a store that lost them some other way.
+        for tree in [&self.summaries, &self.stats, &self.records, &self.telemetry, &self.digests, &self.groups] {
+            Self::remove_prefix(tree, &k)?;
+        }
+        deleted.jobs = Self::remove_prefix(&self.jobs, &k)?;
+        Self::remove_prefix(&self.run_counts, &k)?;
+        Self::remove_prefix(&self.runs, &k)?;
+        deleted.files = self.sweep_files()?;
+        self.deleted.remove(&k)?;
+        self.flush()?;
+        Ok(deleted)
     }
 }
 

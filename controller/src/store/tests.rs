@@ -6,10 +6,8 @@ use crate::model::{Dataset, Profile, RunState};
 use benchfleet_core::{Chunk, Outcome};
 
 fn job(run: RunId, id: u64) -> Job {
-    let profile = Profile {
-        rate: Some(1.0),
-        ..Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 4, seed: 1 }, 1)
-    };
+    let mut profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 4, seed: 1 }, 1);
+    profile.rate = Some(1.0);
     Job::new(run, id, 0, profile, 1)
 }
 
@@ -359,4 +357,286 @@ fn a_run_id_is_claimed_only_if_never_given_out() {
     drop(store);
     let store = SledStore::open(dir.path()).expect("reopen");
     assert_eq!(store.next_run_id().expect("id"), RunId(21), "the claim survives a reopen");
+}
+
+fn group(run: RunId, id: u64, stage: u32, jobs: Vec<u64>) -> Group {
+    use crate::model::{EngineConfig, EngineKind, RuntimeKind};
+    Group {
+        run,
+        id,
+        config: EngineConfig {
+            name: "vllm".into(),
+            engine: "vllm".into(),
+            kind: EngineKind::Vllm,
+            variants: Vec::new(),
+            model: "m".into(),
+            image: String::new(),
+            args: Vec::new(),
+            runtime: RuntimeKind::Process,
+            url: None,
+            allow_warm_cache: false,
+            profiles: None,
+        },
+        gpu: None,
+        gpus_per_job: 1,
+        jobs,
+        stage,
+        placement: None,
+        failed_on: Vec::new(),
+    }
+}
+
+/// Run `id` of `groups` groups of `per_group` jobs each, in `state`.
+fn stored_run(store: &SledStore, id: u64, groups: u64, per_group: u64, state: JobState) -> (Run, Vec<Group>, Vec<Job>) {
+    let r = run(RunId(id));
+    let gs: Vec<Group> =
+        (0..groups).map(|g| group(r.id, g, 1, (0..per_group).map(|j| g * per_group + j).collect())).collect();
+    let jobs: Vec<Job> =
+        gs.iter().flat_map(|g| g.jobs.iter().map(|&j| Job { state, group: g.id, ..job(r.id, j) })).collect();
+    store.create_run(&r, &gs, &jobs).expect("create");
+    (r, gs, jobs)
+}
+
+fn counts_of(store: &SledStore, id: u64) -> Option<RunCounts> {
+    store.listed_runs().expect("list").into_iter().find(|(r, _)| r.id == RunId(id)).map(|(_, c)| c)
+}
+
+use crate::model::JobState;
+
+#[test]
+fn run_counts_follow_every_write_of_jobs_and_groups() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let (r, mut gs, mut jobs) = stored_run(&store, 1, 2, 3, JobState::Pending);
+    let expect = |c: RunCounts, pending, running, succeeded, failed| {
+        assert_eq!(
+            [
+                c.jobs_in(JobState::Pending),
+                c.jobs_in(JobState::Running),
+                c.jobs_in(JobState::Succeeded),
+                c.jobs_in(JobState::Failed)
+            ],
+            [pending, running, succeeded, failed],
+            "{c:?}"
+        );
+    };
+    let c = counts_of(&store, 1).expect("counted");
+    expect(c, 6, 0, 0, 0);
+    assert_eq!((c.groups, c.stage()), (2, 1));
+    // One job through its life, another written twice in one batch: each
+    // is counted in its latest state only.
+    jobs[0].state = JobState::Running;
+    store.apply(&[Write::Job(jobs[0].clone())]).expect("running");
+    expect(counts_of(&store, 1).expect("counted"), 5, 1, 0, 0);
+    jobs[0].state = JobState::Succeeded;
+    jobs[1].state = JobState::Running;
+    let mut again = jobs[1].clone();
+    again.state = JobState::Failed;
+    store.apply(&[Write::Job(jobs[0].clone()), Write::Job(jobs[1].clone()), Write::Job(again.clone())]).expect("ended");
+    expect(counts_of(&store, 1).expect("counted"), 4, 0, 1, 1);
+    // A group written again is not counted again; a later stage's is.
+    gs[0].placement = None;
+    let next = group(r.id, 2, 2, vec![6]);
+    store.add_groups(r.id, &[gs[0].clone(), next.clone()], &[job(r.id, 6)]).expect("stage 2");
+    let c = counts_of(&store, 1).expect("counted");
+    expect(c, 5, 0, 1, 1);
+    assert_eq!((c.groups, c.stage()), (3, 2));
+    assert_eq!(c.progress(), Progress { total: 7, succeeded: 1, failed: 1, cancelled: 0 });
+    // What is kept is what counting the stored jobs gives, across a reopen.
+    drop(store);
+    let store = SledStore::open(dir.path()).expect("reopen");
+    let recounted = RunCounts::of(&store.groups(r.id).expect("groups"), &store.jobs(r.id).expect("jobs"));
+    assert_eq!(counts_of(&store, 1), Some(recounted));
+    // A run without groups yet lists as stage 1.
+    store.create_run(&run(RunId(2)), &[], &[]).expect("create");
+    assert_eq!(counts_of(&store, 2).map(|c| (c.stage(), c.progress().total)), Some((1, 0)));
+}
+
+#[test]
+fn a_schema_3_store_gets_its_run_counts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (groups, jobs) = {
+        let store = SledStore::open(dir.path()).expect("open");
+        let (_, gs, jobs) = stored_run(&store, 1, 2, 2, JobState::Succeeded);
+        // As a schema 3 store holds it: no counts.
+        store.run_counts.clear().expect("clear");
+        store.db.insert("schema_version", &3u32.to_be_bytes()).expect("version");
+        store.flush().expect("flush");
+        (gs, jobs)
+    };
+    let store = SledStore::open(dir.path()).expect("migrated");
+    assert_eq!(store.run_counts.len(), 1);
+    assert_eq!(counts_of(&store, 1), Some(RunCounts::of(&groups, &jobs)));
+    let version = store.db.get("schema_version").expect("read").expect("stored");
+    assert_eq!(version.as_ref(), &SCHEMA_VERSION.to_be_bytes());
+}
+
+/// Every key of `run` in every tree keyed by run.
+fn keys_of(store: &SledStore, run: RunId) -> Vec<String> {
+    let prefix = key(&[run.0]);
+    let mut found = Vec::new();
+    for name in store.db.tree_names() {
+        let tree = store.db.open_tree(&name).expect("tree");
+        if matches!(name.as_ref(), b"agents" | b"meta" | b"__sled__default") {
+            continue;
+        }
+        for k in tree.scan_prefix(&prefix).keys() {
+            found.push(format!("{} {:?}", String::from_utf8_lossy(&name), k.expect("key")));
+        }
+    }
+    found
+}
+
+/// Stores `content` as a file and dates its last use `age` ago.
+fn old_file(store: &SledStore, content: &[u8], age: std::time::Duration) -> String {
+    let sha = hex(&sha2::Sha256::digest(content));
+    let mut w = store.new_file().expect("new");
+    w.write(content).expect("write");
+    w.finish(&sha, content.len() as u64).expect("stored");
+    let f = std::fs::File::options().write(true).open(store.files.join(&sha)).expect("open");
+    f.set_modified(std::time::SystemTime::now() - age).expect("date");
+    sha
+}
+
+/// Run `id`, over, with records, a summary, stats, telemetry and a digest
+/// for its first job's two attempts, naming `files`.
+fn full_run(store: &SledStore, id: u64, files: &[&str]) -> Run {
+    let (mut r, _, _) = stored_run(store, id, 1, 2, JobState::Succeeded);
+    r.state = RunState::Finished;
+    r.files = files.iter().enumerate().map(|(i, sha)| (format!("data-{i}.json"), sha.to_string())).collect();
+    store.apply(&[Write::Run(r.clone())]).expect("finished");
+    let a = |attempt| AttemptKey { run: r.id, job: 0, attempt };
+    store
+        .commit_records(&RecordCommit {
+            batches: vec![batch(a(1), 0, &[0, 1]), batch(a(2), 0, &[0]), batch(a(2), 1, &[1])],
+            summaries: vec![(a(2), Summary::default())],
+            stats: vec![
+                (a(1), AttemptStats { records: 2, sent: 2, removed: true }),
+                (a(2), AttemptStats { records: 2, sent: 2, removed: false }),
+            ],
+            digests: vec![(a(2), codec::encode_digest(&Digest::default()))],
+            ..Default::default()
+        })
+        .expect("records");
+    let series = vec![Series { name: "gpu_power_w".into(), gpu: "GPU-1".into(), points: vec![(0, 1.0)] }];
+    store.apply(&[Write::Telemetry(a(2), series)]).expect("telemetry");
+    r
+}
+
+#[test]
+fn a_run_not_over_is_not_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let (r, mut gs, mut jobs) = stored_run(&store, 1, 1, 2, JobState::Running);
+    let refused = |store: &SledStore| match store.delete_run(r.id) {
+        Err(StoreError::NotOver(why)) => why,
+        other => panic!("not refused: {other:?}"),
+    };
+    assert_eq!(refused(&store), "run 1 is still running; delete it once it has finished or been cancelled");
+    let mut over = r.clone();
+    over.state = RunState::Cancelled;
+    gs[0].placement = Some(crate::model::Placement {
+        agent: crate::model::AgentId(3),
+        gpus: vec!["GPU-0".into()],
+        epoch: 1,
+        since_unix_ms: 0,
+    });
+    store.apply(&[Write::Run(over), Write::Group(gs[0].clone())]).expect("cancelled");
+    assert!(refused(&store).contains("its group 0 still holds GPUs on agent-3"));
+    gs[0].placement = None;
+    store.apply(&[Write::Group(gs[0].clone())]).expect("stopped");
+    assert_eq!(refused(&store), "run 1 is over, but its job 0 is still running; delete it once the job has ended");
+    assert!(store.run(r.id).expect("read").is_some(), "a refused delete leaves the run");
+    assert!(matches!(store.delete_run(RunId(9)), Err(StoreError::NotFound(_))));
+    for j in &mut jobs {
+        j.state = JobState::Cancelled;
+    }
+    store.apply(&jobs.iter().cloned().map(Write::Job).collect::<Vec<_>>()).expect("ended");
+    assert_eq!(store.delete_run(r.id).expect("deleted").jobs, 2);
+}
+
+#[test]
+fn a_delete_removes_every_key_of_the_run_and_the_files_no_run_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let hour = std::time::Duration::from_secs(3600);
+    let (only, shared, recent) = (
+        old_file(&store, b"[1]", 2 * hour),
+        old_file(&store, b"[2]", 2 * hour),
+        old_file(&store, b"[3]", std::time::Duration::ZERO),
+    );
+    let doomed = full_run(&store, 1, &[&only, &shared, &recent]);
+    let kept = full_run(&store, 2, &[&shared]);
+    assert!(keys_of(&store, doomed.id).len() > 10);
+    let before = keys_of(&store, kept.id);
+    let deleted = store.delete_run(doomed.id).expect("deleted");
+    assert_eq!(deleted, Deleted { jobs: 2, records: 2, files: vec![only.clone()] });
+    assert_eq!(keys_of(&store, doomed.id), Vec::<String>::new(), "no key of the run is left");
+    assert_eq!(keys_of(&store, kept.id), before, "the other run is whole");
+    assert!(store.run(doomed.id).expect("read").is_none());
+    assert_eq!(store.listed_runs().expect("list").len(), 1);
+    assert!(!store.has_file(&only).expect("has"), "named by no other run: removed");
+    assert!(store.has_file(&shared).expect("has"), "named by another run: kept");
+    assert!(store.has_file(&recent).expect("has"), "used within the grace: kept");
+    assert!(store.deleted.is_empty());
+    // The newest run's id is not given again once it is deleted.
+    store.delete_run(kept.id).expect("deleted");
+    assert_eq!(store.next_run_id().expect("id"), RunId(3));
+}
+
+#[test]
+fn writes_of_a_run_being_deleted_are_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let r = full_run(&store, 1, &[]);
+    store.mark_deleted(r.id).expect("hidden");
+    store
+        .apply(&[Write::Run(r.clone()), Write::Job(job(r.id, 0)), Write::Group(group(r.id, 0, 1, vec![0]))])
+        .expect("apply");
+    assert!(store.run(r.id).expect("read").is_none());
+    assert!(store.run_counts.is_empty());
+}
+
+#[test]
+fn a_delete_cut_short_after_hiding_the_run_is_finished_at_the_next_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = {
+        let store = SledStore::open(dir.path()).expect("open");
+        let file = old_file(&store, b"[1]", std::time::Duration::from_secs(7200));
+        let r = full_run(&store, 1, &[&file]);
+        full_run(&store, 2, &[]);
+        // A crash right after the first step: the run is out of sight...
+        store.mark_deleted(r.id).expect("hidden");
+        assert!(store.run(r.id).expect("read").is_none());
+        assert_eq!(store.listed_runs().expect("list").iter().map(|(r, _)| r.id).collect::<Vec<_>>(), [RunId(2)]);
+        assert!(!keys_of(&store, r.id).is_empty(), "...and the rest still stored");
+        file
+    };
+    // ...and the next open removes the rest.
+    let store = SledStore::open(dir.path()).expect("reopen");
+    assert_eq!(keys_of(&store, RunId(1)), Vec::<String>::new());
+    assert!(store.deleted.is_empty());
+    assert!(!store.has_file(&file).expect("has"));
+    assert_eq!(store.listed_runs().expect("list").len(), 1);
+}
+
+#[test]
+fn two_digests_of_one_attempt_in_a_commit_keep_the_later_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let a = AttemptKey { run: RunId(1), job: 0, attempt: 1 };
+    let histogram = |n: i64| benchfleet_core::Histogram {
+        count: n as u64,
+        sum_ns: n as f64,
+        counts: (0..n).map(|v| (v * 1000, 1)).collect(),
+    };
+    let (big, small) = (Digest { records: 3, ttft: histogram(20_000), ..Digest::default() }, Digest::default());
+    store
+        .commit_records(&RecordCommit {
+            summaries: vec![(a, Summary::default())],
+            digests: vec![(a, codec::encode_digest(&big)), (a, codec::encode_digest(&small))],
+            ..Default::default()
+        })
+        .expect("commit");
+    assert_eq!(store.digest(&a).expect("read"), Some(small));
 }

@@ -3,7 +3,10 @@
 //! host, attempts that go stale when an agent restarts (their records
 //! refused for good), a controller that is killed and restarts while its
 //! agent goes on, a clone refused, and a greedy run whose stages follow from
-//! the summaries ingested.
+//! the summaries ingested; and the codes of what an operator is refused
+//! (`refusals`).
+
+mod refusals;
 
 use std::sync::Arc;
 use std::time::Duration;

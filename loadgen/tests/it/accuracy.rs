@@ -27,7 +27,7 @@ fn within_2_percent(name: &str, measured: f64, truth: f64) {
 async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
     let _machine = crate::alone().await;
     let (url, served) = fake_openai::start_recorded(TIMING).await;
-    for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+    for endpoint in [Endpoint::Completions, Endpoint::Chat] {
         served.lock().expect("truth lock").clear();
         // 8 at once; the server fails every 4th: 6 streams, 2 errors.
         let mut config = random_load(&url, "every-4th-fails", 8, 30, TOKENS);

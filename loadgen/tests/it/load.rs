@@ -18,7 +18,7 @@ fn within_10_percent(name: &str, measured: f64, truth: f64) {
 async fn measured_metrics_match_the_servers_timings() {
     let _machine = crate::alone().await;
     let url = fake_openai::start(TIMING).await;
-    for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+    for endpoint in [Endpoint::Completions, Endpoint::Chat] {
         let mut config = random_load(&url, "good", 24, 50, 20);
         config.endpoint = endpoint;
         config.max_concurrency = Some(8);

@@ -9,6 +9,7 @@ mod fake_ingest;
 mod fake_openai;
 mod load;
 mod report;
+mod spec;
 mod streams;
 mod transport;
 

@@ -128,7 +128,7 @@ impl Controller {
         Controller::start_on(dir, free_port())
     }
 
-    fn start_on(dir: &Path, port: u16) -> Controller {
+    pub(crate) fn start_on(dir: &Path, port: u16) -> Controller {
         let args: Vec<String> = [
             "--listen",
             &format!("127.0.0.1:{port}"),
@@ -154,6 +154,15 @@ impl Controller {
 
     pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// SIGKILL: no shutdown, no last flush.
+    pub(crate) fn kill9(&mut self) {
+        self.proc.kill9();
     }
 
     /// Stops it (SIGTERM) and opens its store.

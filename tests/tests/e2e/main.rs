@@ -10,6 +10,7 @@ mod docker;
 mod faults;
 mod fleet;
 mod help;
+mod ingest_crash;
 mod k8s;
 mod local_pipeline;
 mod observe;
