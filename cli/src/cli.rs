@@ -301,8 +301,8 @@ pub async fn main(cli: Cli) -> i32 {
     }
 }
 
-fn need_controller(controller: &Option<Target>) -> anyhow::Result<&Target> {
-    controller.as_ref().context("give the controller's URL with --controller (or BENCHFLEET_CONTROLLER)")
+fn need_controller(controller: Option<&Target>) -> anyhow::Result<&Target> {
+    controller.context("give the controller's URL with --controller (or BENCHFLEET_CONTROLLER)")
 }
 
 /// The controller given with --controller, and what this operator holds to
@@ -497,187 +497,28 @@ fn hostname() -> String {
 async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let json = cli.json;
     let controller = target(&cli)?;
+    let controller = controller.as_ref();
     match &cli.command {
         Command::Certs(command) => certs(&cli, command),
-        Command::Token(command) => token(&cli, controller.as_ref(), command).await,
-        Command::Revoke { name, reason } => revoke(&cli, controller.as_ref(), name, reason).await,
+        Command::Token(command) => token(&cli, controller, command).await,
+        Command::Revoke { name, reason } => revoke(&cli, controller, name, reason).await,
         Command::Run { matrix, local: true } => run_local(matrix, &data_dir(cli.data_dir.as_deref()), json).await,
-        Command::Run { matrix, local: false } => {
-            let url = need_controller(&controller)?;
-            let sub = client::submission(matrix, None)?;
-            note_datasets(&sub);
-            let mut c = client::connect(url).await?;
-            let submitted = client::submit(&mut c, sub).await?;
-            announce(&submitted);
-            follow(url, &submitted.run_id, Duration::from_secs(300), json, true).await
-        }
-        Command::Validate { matrix } => {
-            let sub = client::submission(matrix, None)?;
-            let m = &sub.matrix;
-            let warnings: Vec<&String> = m.warnings.iter().chain(&sub.dataset_notes).collect();
-            let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-            let (strategy, shape, jobs) = match m.strategy {
-                Strategy::Grid => {
-                    let jobs = m.grid_jobs();
-                    let searches: Vec<String> = m
-                        .searches()
-                        .map(|(p, s)| format!("{} probes at most {} points", p.name, 2 + s.steps))
-                        .collect();
-                    let all = m.configs.len() * m.profiles.len() * m.repeats as usize;
-                    let plain = jobs == all && searches.is_empty();
-                    let join = if plain { " = " } else { ": " };
-                    let sep = if plain { " x " } else { ", " };
-                    let most = if searches.is_empty() { "" } else { "at most " };
-                    let mut why: Vec<String> = searches;
-                    if m.configs.iter().any(|c| m.profiles.iter().any(|p| !c.runs(&p.name))) {
-                        why.insert(0, "some configurations run only some profiles".to_owned());
-                    }
-                    let why = if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) };
-                    let shape = format!(
-                        "{}{sep}{}{sep}{}{join}{most}{}{why}",
-                        plural(m.configs.len(), "configuration"),
-                        plural(m.profiles.len(), "profile"),
-                        plural(m.repeats as usize, "repeat"),
-                        plural(jobs, "job")
-                    );
-                    ("grid", shape, Some(jobs))
-                }
-                Strategy::Greedy => {
-                    let shape = format!(
-                        "{}, {}, {}, {}; the jobs are planned stage by stage",
-                        plural(m.engines.len(), "engine"),
-                        plural(m.variants.len(), "variant"),
-                        plural(m.profiles.len(), "profile"),
-                        plural(m.repeats as usize, "repeat")
-                    );
-                    ("greedy", shape, None)
-                }
-            };
-            if json {
-                println!(
-                    "{}",
-                    json!({ "file": m.file, "valid": true, "strategy": strategy, "jobs": jobs, "warnings": warnings })
-                );
-            } else {
-                for w in &warnings {
-                    eprintln!("warning: {w}");
-                }
-                println!("{}: valid: {strategy} strategy, {shape}", matrix.display());
-            }
-            Ok(0)
-        }
-        Command::Submit { matrix, dry_run: true } => {
-            let url = need_controller(&controller)?;
-            let sub = client::submission(matrix, None)?;
-            note_datasets(&sub);
-            let plan = client::plan(&mut client::connect(url).await?, sub).await?;
-            if json {
-                let groups: Vec<serde_json::Value> = plan
-                    .groups
-                    .iter()
-                    .map(|g| {
-                        json!({
-                            "group": g.group, "config": g.config, "stage": g.stage,
-                            "agent": (!g.agent.is_empty()).then_some(&g.agent), "gpus": g.gpus,
-                            "jobs": g.jobs.iter().map(|j| json!({ "job": j.job, "profile": j.profile, "repeat": j.repeat })).collect::<Vec<_>>(),
-                        })
-                    })
-                    .collect();
-                println!(
-                    "{}",
-                    json!({ "strategy": plan.strategy, "groups": groups, "waiting": plan.waiting, "warnings": plan.warnings })
-                );
-            } else {
-                for w in &plan.warnings {
-                    eprintln!("warning: {w}");
-                }
-                print!("{}", client::plan_text(&plan));
-            }
-            Ok(0)
-        }
-        Command::Submit { matrix, dry_run: false } => {
-            let url = need_controller(&controller)?;
-            let sub = client::submission(matrix, None)?;
-            note_datasets(&sub);
-            let submitted = client::submit(&mut client::connect(url).await?, sub).await?;
-            if json {
-                println!(
-                    "{}",
-                    json!({ "run_id": submitted.run_id, "jobs": submitted.jobs, "warnings": submitted.warnings })
-                );
-            } else {
-                for w in &submitted.warnings {
-                    eprintln!("warning: {w}");
-                }
-                println!("{}", submitted.run_id);
-            }
-            Ok(0)
-        }
+        Command::Run { matrix, local: false } => run_remote(controller, matrix, json).await,
+        Command::Validate { matrix } => validate(matrix, json),
+        Command::Submit { matrix, dry_run: true } => dry_run(controller, matrix, json).await,
+        Command::Submit { matrix, dry_run: false } => submit(controller, matrix, json).await,
         Command::Watch { run_id, reconnect_for_s } => {
-            let url = need_controller(&controller)?;
+            let url = need_controller(controller)?;
             follow(url, run_id, Duration::from_secs(*reconnect_for_s), json, false).await
         }
         Command::Runs { action: Some(RunsCommand::Delete { run_id }) } => {
-            delete_run(&cli, controller.as_ref(), run_id, json).await
+            delete_run(&cli, controller, run_id, json).await
         }
-        Command::Runs { action: None } => {
-            let runs = match &controller {
-                Some(url) => {
-                    client::connect(url)
-                        .await?
-                        .list_runs(pb::ListRunsRequest {})
-                        .await
-                        .map_err(client::status)?
-                        .into_inner()
-                        .runs
-                }
-                None => benchfleet_controller::convert::run_list(&open_store(&data_dir(cli.data_dir.as_deref()))?)?,
-            };
-            if json {
-                println!("{}", serde_json::Value::Array(runs.iter().map(run_json).collect()));
-            } else {
-                print_runs(&runs);
-            }
-            Ok(0)
-        }
-        Command::Jobs { run_id } => {
-            let jobs = match &controller {
-                Some(url) => {
-                    client::connect(url)
-                        .await?
-                        .list_jobs(pb::ListJobsRequest { run_id: run_id.clone() })
-                        .await
-                        .map_err(client::status)?
-                        .into_inner()
-                        .jobs
-                }
-                None => {
-                    let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
-                    let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-                    store
-                        .run(id)?
-                        .ok_or_else(|| StatusError::new(tonic::Code::NotFound, format!("run {id} does not exist")))?;
-                    let groups = store.groups(id)?;
-                    let stats = store.attempt_stats(id)?;
-                    store
-                        .jobs(id)?
-                        .iter()
-                        .map(|j| {
-                            benchfleet_controller::convert::job_info(j, groups.iter().find(|g| g.id == j.group), &stats)
-                        })
-                        .collect()
-                }
-            };
-            if json {
-                println!("{}", serde_json::Value::Array(jobs.iter().map(job_json).collect()));
-            } else {
-                print_jobs(&jobs);
-            }
-            Ok(0)
-        }
+        Command::Runs { action: None } => runs(&cli, controller).await,
+        Command::Jobs { run_id } => jobs(&cli, controller, run_id).await,
         Command::Report { run_id, format, output } => {
             let format = if json { Format::Json } else { Format::parse(format).map_err(anyhow::Error::msg)? };
-            let (text, recommended) = report_text(&cli, controller.as_ref(), run_id, format).await?;
+            let (text, recommended) = report_text(&cli, controller, run_id, format).await?;
             match output {
                 Some(path) => {
                     std::fs::write(path, &text).with_context(|| format!("cannot write {}", path.display()))?
@@ -689,8 +530,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Compare { run_a, run_b, threshold, metrics } => {
             let threshold = compare::parse_threshold(threshold).map_err(anyhow::Error::msg)?;
             compare::check_metrics(metrics).map_err(anyhow::Error::msg)?;
-            let a = report_doc(&cli, controller.as_ref(), run_a).await?;
-            let b = report_doc(&cli, controller.as_ref(), run_b).await?;
+            let a = report_doc(&cli, controller, run_a).await?;
+            let b = report_doc(&cli, controller, run_b).await?;
             let gate = if metrics.is_empty() { compare::default_gate(&a) } else { metrics.clone() };
             let c = compare::compare(&a, &b, threshold, &gate);
             print!("{}", compare::render(&c, &a, &b, threshold));
@@ -698,10 +539,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Export { run_id, output } => {
             let output = output.as_deref().filter(|p| *p != Path::new("-"));
-            export(controller.as_ref(), &data_dir(cli.data_dir.as_deref()), run_id, output).await
+            export(controller, &data_dir(cli.data_dir.as_deref()), run_id, output).await
         }
         Command::Import { file } => {
-            let imported = match &controller {
+            let imported = match controller {
                 Some(url) => client::import(&mut client::connect(url).await?, file).await?,
                 None => import_local(&data_dir(cli.data_dir.as_deref()), file)?,
             };
@@ -709,14 +550,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Agents => {
-            let url = need_controller(&controller)?;
-            let agents = client::connect(url)
-                .await?
-                .list_agents(pb::ListAgentsRequest {})
-                .await
-                .map_err(client::status)?
-                .into_inner()
-                .agents;
+            let agents = remote(controller, async |c| c.list_agents(pb::ListAgentsRequest {}).await).await?.agents;
             if json {
                 println!("{}", serde_json::Value::Array(agents.iter().map(agent_json).collect()));
             } else {
@@ -725,71 +559,211 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Cancel { run_id, reason } => {
-            let url = need_controller(&controller)?;
-            let run = client::connect(url)
-                .await?
-                .cancel_run(pb::CancelRunRequest { run_id: run_id.clone(), reason: reason.clone(), by: whoami() })
-                .await
-                .map_err(client::status)?
-                .into_inner();
-            if json {
-                println!("{}", run_json(&run));
-            } else {
-                println!(
-                    "run {} cancelled: {} of {} jobs had ended",
-                    run.run_id,
-                    run.jobs_done - run.jobs_cancelled,
-                    run.jobs_total
-                );
-            }
-            Ok(0)
+            let request = pb::CancelRunRequest { run_id: run_id.clone(), reason: reason.clone(), by: whoami() };
+            let run = remote(controller, async |c| c.cancel_run(request).await).await?;
+            let done = run.jobs_done - run.jobs_cancelled;
+            show(json, run_json(&run), || {
+                format!("run {} cancelled: {done} of {} jobs had ended", run.run_id, run.jobs_total)
+            })
         }
         Command::Retry { run_id } => {
-            let url = need_controller(&controller)?;
-            let r = client::connect(url)
-                .await?
-                .retry_run(pb::RetryRunRequest { run_id: run_id.clone() })
-                .await
-                .map_err(client::status)?
-                .into_inner();
-            if json {
-                println!("{}", json!({ "run_id": run_id, "jobs": r.jobs }));
-            } else {
-                println!("run {run_id}: {} jobs queued again", r.jobs);
-            }
-            Ok(0)
+            let request = pb::RetryRunRequest { run_id: run_id.clone() };
+            let r = remote(controller, async |c| c.retry_run(request).await).await?;
+            show(json, json!({ "run_id": run_id, "jobs": r.jobs }), || {
+                format!("run {run_id}: {} jobs queued again", r.jobs)
+            })
         }
         Command::Drain { agent, reason } => {
-            let url = need_controller(&controller)?;
-            let a = client::connect(url)
-                .await?
-                .drain_agent(pb::DrainAgentRequest { agent: agent.clone(), reason: reason.clone(), by: whoami() })
-                .await
-                .map_err(client::status)?
-                .into_inner();
-            if json {
-                println!("{}", agent_json(&a));
-            } else {
-                println!("{} ({}) drained: {} groups running finish, no new work", a.name, a.agent_id, a.running.len());
-            }
-            Ok(0)
+            let request = pb::DrainAgentRequest { agent: agent.clone(), reason: reason.clone(), by: whoami() };
+            let a = remote(controller, async |c| c.drain_agent(request).await).await?;
+            show(json, agent_json(&a), || {
+                format!("{} ({}) drained: {} groups running finish, no new work", a.name, a.agent_id, a.running.len())
+            })
         }
         Command::Undrain { agent } => {
-            let url = need_controller(&controller)?;
-            let a = client::connect(url)
-                .await?
-                .undrain_agent(pb::UndrainAgentRequest { agent: agent.clone() })
-                .await
-                .map_err(client::status)?
-                .into_inner();
-            if json {
-                println!("{}", agent_json(&a));
-            } else {
-                println!("{} ({}) takes work again", a.name, a.agent_id);
-            }
-            Ok(0)
+            let request = pb::UndrainAgentRequest { agent: agent.clone() };
+            let a = remote(controller, async |c| c.undrain_agent(request).await).await?;
+            show(json, agent_json(&a), || format!("{} ({}) takes work again", a.name, a.agent_id))
         }
     }
+}
+
+/// One call to the controller: connects, calls, and gives the answer (a
+/// refusal as a `StatusError`, whose code makes the exit status).
+async fn remote<T>(
+    controller: Option<&Target>,
+    call: impl AsyncFnOnce(&mut client::OperatorClient) -> Result<tonic::Response<T>, tonic::Status>,
+) -> anyhow::Result<T> {
+    let mut c = client::connect(need_controller(controller)?).await?;
+    Ok(call(&mut c).await.map_err(client::status)?.into_inner())
+}
+
+/// Prints an answer: its JSON with --json, else its line of text; exit 0.
+fn show(json: bool, value: serde_json::Value, text: impl FnOnce() -> String) -> anyhow::Result<i32> {
+    if json {
+        println!("{value}");
+    } else {
+        println!("{}", text());
+    }
+    Ok(0)
+}
+
+/// `run` through a controller: submits, then follows the run to its end.
+async fn run_remote(controller: Option<&Target>, matrix: &Path, json: bool) -> anyhow::Result<i32> {
+    let url = need_controller(controller)?;
+    let sub = client::submission(matrix, None)?;
+    note_datasets(&sub);
+    let mut c = client::connect(url).await?;
+    let submitted = client::submit(&mut c, sub).await?;
+    announce(&submitted);
+    follow(url, &submitted.run_id, Duration::from_secs(300), json, true).await
+}
+
+/// `validate`: the matrix's shape and warnings, with nothing submitted.
+fn validate(matrix: &Path, json: bool) -> anyhow::Result<i32> {
+    let sub = client::submission(matrix, None)?;
+    let m = &sub.matrix;
+    let warnings: Vec<&String> = m.warnings.iter().chain(&sub.dataset_notes).collect();
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let (strategy, shape, jobs) = match m.strategy {
+        Strategy::Grid => {
+            let jobs = m.grid_jobs();
+            let searches: Vec<String> =
+                m.searches().map(|(p, s)| format!("{} probes at most {} points", p.name, 2 + s.steps)).collect();
+            let all = m.configs.len() * m.profiles.len() * m.repeats as usize;
+            let plain = jobs == all && searches.is_empty();
+            let join = if plain { " = " } else { ": " };
+            let sep = if plain { " x " } else { ", " };
+            let most = if searches.is_empty() { "" } else { "at most " };
+            let mut why: Vec<String> = searches;
+            if m.configs.iter().any(|c| m.profiles.iter().any(|p| !c.runs(&p.name))) {
+                why.insert(0, "some configurations run only some profiles".to_owned());
+            }
+            let why = if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) };
+            let shape = format!(
+                "{}{sep}{}{sep}{}{join}{most}{}{why}",
+                plural(m.configs.len(), "configuration"),
+                plural(m.profiles.len(), "profile"),
+                plural(m.repeats as usize, "repeat"),
+                plural(jobs, "job")
+            );
+            ("grid", shape, Some(jobs))
+        }
+        Strategy::Greedy => {
+            let shape = format!(
+                "{}, {}, {}, {}; the jobs are planned stage by stage",
+                plural(m.engines.len(), "engine"),
+                plural(m.variants.len(), "variant"),
+                plural(m.profiles.len(), "profile"),
+                plural(m.repeats as usize, "repeat")
+            );
+            ("greedy", shape, None)
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            json!({ "file": m.file, "valid": true, "strategy": strategy, "jobs": jobs, "warnings": warnings })
+        );
+    } else {
+        for w in &warnings {
+            eprintln!("warning: {w}");
+        }
+        println!("{}: valid: {strategy} strategy, {shape}", matrix.display());
+    }
+    Ok(0)
+}
+
+/// `submit --dry-run`: where the controller would place each group now.
+async fn dry_run(controller: Option<&Target>, matrix: &Path, json: bool) -> anyhow::Result<i32> {
+    let url = need_controller(controller)?;
+    let sub = client::submission(matrix, None)?;
+    note_datasets(&sub);
+    let plan = client::plan(&mut client::connect(url).await?, sub).await?;
+    if json {
+        let groups: Vec<serde_json::Value> = plan
+            .groups
+            .iter()
+            .map(|g| {
+                json!({
+                    "group": g.group, "config": g.config, "stage": g.stage,
+                    "agent": (!g.agent.is_empty()).then_some(&g.agent), "gpus": g.gpus,
+                    "jobs": g.jobs.iter().map(|j| json!({ "job": j.job, "profile": j.profile, "repeat": j.repeat })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({ "strategy": plan.strategy, "groups": groups, "waiting": plan.waiting, "warnings": plan.warnings })
+        );
+    } else {
+        for w in &plan.warnings {
+            eprintln!("warning: {w}");
+        }
+        print!("{}", client::plan_text(&plan));
+    }
+    Ok(0)
+}
+
+/// `submit`: the run's id on stdout, the controller's warnings on stderr.
+async fn submit(controller: Option<&Target>, matrix: &Path, json: bool) -> anyhow::Result<i32> {
+    let url = need_controller(controller)?;
+    let sub = client::submission(matrix, None)?;
+    note_datasets(&sub);
+    let submitted = client::submit(&mut client::connect(url).await?, sub).await?;
+    if json {
+        println!("{}", json!({ "run_id": submitted.run_id, "jobs": submitted.jobs, "warnings": submitted.warnings }));
+    } else {
+        for w in &submitted.warnings {
+            eprintln!("warning: {w}");
+        }
+        println!("{}", submitted.run_id);
+    }
+    Ok(0)
+}
+
+/// `runs`: through the controller, or from the local store.
+async fn runs(cli: &Cli, controller: Option<&Target>) -> anyhow::Result<i32> {
+    let runs = match controller {
+        Some(_) => remote(controller, async |c| c.list_runs(pb::ListRunsRequest {}).await).await?.runs,
+        None => benchfleet_controller::convert::run_list(&open_store(&data_dir(cli.data_dir.as_deref()))?)?,
+    };
+    if cli.json {
+        println!("{}", serde_json::Value::Array(runs.iter().map(run_json).collect()));
+    } else {
+        print_runs(&runs);
+    }
+    Ok(0)
+}
+
+/// `jobs RUN`: through the controller, or from the local store.
+async fn jobs(cli: &Cli, controller: Option<&Target>, run_id: &str) -> anyhow::Result<i32> {
+    let jobs = match controller {
+        Some(_) => {
+            let request = pb::ListJobsRequest { run_id: run_id.to_owned() };
+            remote(controller, async |c| c.list_jobs(request).await).await?.jobs
+        }
+        None => {
+            let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
+            let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+            store
+                .run(id)?
+                .ok_or_else(|| StatusError::new(tonic::Code::NotFound, format!("run {id} does not exist")))?;
+            let groups = store.groups(id)?;
+            let stats = store.attempt_stats(id)?;
+            store
+                .jobs(id)?
+                .iter()
+                .map(|j| benchfleet_controller::convert::job_info(j, groups.iter().find(|g| g.id == j.group), &stats))
+                .collect()
+        }
+    };
+    if cli.json {
+        println!("{}", serde_json::Value::Array(jobs.iter().map(job_json).collect()));
+    } else {
+        print_jobs(&jobs);
+    }
+    Ok(0)
 }
 
 /// What the matrix's dataset files hold that the operator should know; the
