@@ -287,9 +287,7 @@ pub(crate) fn check(objects: &[Object], docs: &Docs) -> Vec<String> {
             entry.extend(o.doc[*field].as_object().into_iter().flatten().map(|(k, _)| k.clone()));
         }
     }
-    let exists =
-        |ns: &str, kind: &str, name: &str| keys.contains_key(&(ns.to_owned(), kind.to_owned(), name.to_owned()));
-    let key_of = |ns: &str, kind: &str, name: &str| keys.get(&(ns.to_owned(), kind.to_owned(), name.to_owned()));
+    let known = Known(keys);
 
     if !objects.iter().any(|o| o.kind() == "Namespace" && o.name() == NAMESPACE) {
         problems.push(format!("no manifest makes the Namespace {NAMESPACE}"));
@@ -302,231 +300,280 @@ pub(crate) fn check(objects: &[Object], docs: &Docs) -> Vec<String> {
 
     for o in objects {
         let Some((spec, template_labels)) = o.pod() else { continue };
-        let ns = o.namespace();
-        let template_labels = labels(template_labels);
-        // The workload's selector selects its own pods.
-        if o.kind() != "Pod" {
-            let selector = labels(&o.doc["spec"]["selector"]["matchLabels"]);
-            if o.doc["spec"]["selector"]["matchExpressions"].is_array() {
-                problems.push(format!("{}: selector.matchExpressions is not read by this check", o.what()));
-            }
-            if !selects(&selector, &template_labels) {
-                problems.push(format!(
-                    "{}: selector {selector:?} does not select its pod template's labels {template_labels:?}",
-                    o.what()
-                ));
-            }
+        let pod = Pod::of(o, spec);
+        check_workload(&pod, template_labels, &known, &mut problems);
+        check_reads(&pod, &known, &mut problems);
+        for c in containers(spec) {
+            check_container(&pod, c, (objects, &known, docs), &mut problems);
         }
-        if o.kind() == "StatefulSet" {
-            let service = o.doc["spec"]["serviceName"].as_str().unwrap_or("");
-            if !exists(ns, "Service", service) {
-                problems.push(format!("{}: serviceName {service:?} names no Service", o.what()));
-            }
-        }
-        if let Some(account) = spec["serviceAccountName"].as_str()
-            && !exists(ns, "ServiceAccount", account)
-        {
-            problems.push(format!("{}: serviceAccountName {account} names no ServiceAccount", o.what()));
-        }
+    }
+    check_services(objects, &mut problems);
+    problems
+}
 
-        // Volumes: the Secrets and ConfigMaps they read, with their keys.
-        let volumes: BTreeMap<String, &Value> = spec["volumes"]
+/// What exists: (namespace, kind, name), with the keys of Secrets and
+/// ConfigMaps.
+struct Known(BTreeMap<(String, String, String), BTreeSet<String>>);
+
+impl Known {
+    fn exists(&self, ns: &str, kind: &str, name: &str) -> bool {
+        self.0.contains_key(&(ns.to_owned(), kind.to_owned(), name.to_owned()))
+    }
+
+    fn key_of(&self, ns: &str, kind: &str, name: &str) -> Option<&BTreeSet<String>> {
+        self.0.get(&(ns.to_owned(), kind.to_owned(), name.to_owned()))
+    }
+}
+
+/// A workload's pod: its spec, its volumes by name and its claim templates.
+struct Pod<'a> {
+    o: &'a Object,
+    spec: &'a Value,
+    ns: &'a str,
+    volumes: BTreeMap<String, &'a Value>,
+    claims: BTreeSet<&'a str>,
+}
+
+impl<'a> Pod<'a> {
+    fn of(o: &'a Object, spec: &'a Value) -> Pod<'a> {
+        let volumes = spec["volumes"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|v| Some((v["name"].as_str()?.to_owned(), v)))
             .collect();
-        let claims: BTreeSet<&str> = o.doc["spec"]["volumeClaimTemplates"]
+        let claims = o.doc["spec"]["volumeClaimTemplates"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|c| c["metadata"]["name"].as_str())
             .collect();
-        let mut reads = Vec::new();
-        for volume in volumes.values() {
-            for (kind, source, name_field) in [("Secret", "secret", "secretName"), ("ConfigMap", "configMap", "name")] {
-                let s = &volume[source];
-                if let Some(name) = s[name_field].as_str() {
-                    reads.push((format!("volume {}", volume["name"]), kind, name, strings_of(&s["items"], "key")));
-                }
-            }
-            for p in volume["projected"]["sources"].as_array().into_iter().flatten() {
-                for (kind, source) in [("Secret", "secret"), ("ConfigMap", "configMap")] {
-                    if let Some(name) = p[source]["name"].as_str() {
-                        reads.push((
-                            format!("volume {}", volume["name"]),
-                            kind,
-                            name,
-                            strings_of(&p[source]["items"], "key"),
-                        ));
-                    }
-                }
-            }
-        }
-        for c in containers(spec) {
-            let cname = c["name"].as_str().unwrap_or("");
-            for env in c["env"].as_array().into_iter().flatten() {
-                for (kind, source) in [("Secret", "secretKeyRef"), ("ConfigMap", "configMapKeyRef")] {
-                    let r = &env["valueFrom"][source];
-                    if let Some(name) = r["name"].as_str() {
-                        let key = r["key"].as_str().unwrap_or("").to_owned();
-                        reads.push((format!("container {cname}, env {}", env["name"]), kind, name, vec![key]));
-                    }
-                }
-            }
-            for from in c["envFrom"].as_array().into_iter().flatten() {
-                for (kind, source) in [("Secret", "secretRef"), ("ConfigMap", "configMapRef")] {
-                    if let Some(name) = from[source]["name"].as_str() {
-                        reads.push((format!("container {cname}, envFrom"), kind, name, vec![]));
-                    }
-                }
-            }
-        }
-        for (place, kind, name, wanted) in &reads {
-            match key_of(ns, kind, name) {
-                None => problems.push(format!(
-                    "{} ({place}): the {kind} {name} is neither in deploy/k8s/ nor made by a `kubectl -n {ns} create` \
-                     command of docs/kubernetes.md",
-                    o.what()
-                )),
-                Some(have) => {
-                    for key in wanted.iter().filter(|k| !have.contains(*k)) {
-                        problems.push(format!(
-                            "{} ({place}): the {kind} {name} has no key {key} (it has {have:?})",
-                            o.what()
-                        ));
-                    }
-                }
-            }
-        }
+        Pod { o, spec, ns: o.namespace(), volumes, claims }
+    }
+}
 
-        // What each container mounts, probes and is told on its command line.
-        let dns_from_host = spec["hostNetwork"].as_bool() == Some(true);
-        for c in containers(spec) {
-            let cname = c["name"].as_str().unwrap_or("");
-            let at = format!("{}, container {cname}", o.what());
-            for m in c["volumeMounts"].as_array().into_iter().flatten() {
-                let name = m["name"].as_str().unwrap_or("");
-                if !volumes.contains_key(name) && !claims.contains(name) {
-                    problems.push(format!("{at}: volumeMount {name} names no volume of its pod"));
-                }
+/// The workload's selector selects its own pods; its service and service
+/// account exist.
+fn check_workload(pod: &Pod<'_>, template_labels: &Value, known: &Known, problems: &mut Vec<String>) {
+    let (o, spec, ns) = (pod.o, pod.spec, pod.ns);
+    let template_labels = labels(template_labels);
+    // The workload's selector selects its own pods.
+    if o.kind() != "Pod" {
+        let selector = labels(&o.doc["spec"]["selector"]["matchLabels"]);
+        if o.doc["spec"]["selector"]["matchExpressions"].is_array() {
+            problems.push(format!("{}: selector.matchExpressions is not read by this check", o.what()));
+        }
+        if !selects(&selector, &template_labels) {
+            problems.push(format!(
+                "{}: selector {selector:?} does not select its pod template's labels {template_labels:?}",
+                o.what()
+            ));
+        }
+    }
+    if o.kind() == "StatefulSet" {
+        let service = o.doc["spec"]["serviceName"].as_str().unwrap_or("");
+        if !known.exists(ns, "Service", service) {
+            problems.push(format!("{}: serviceName {service:?} names no Service", o.what()));
+        }
+    }
+    if let Some(account) = spec["serviceAccountName"].as_str()
+        && !known.exists(ns, "ServiceAccount", account)
+    {
+        problems.push(format!("{}: serviceAccountName {account} names no ServiceAccount", o.what()));
+    }
+}
+
+/// The Secrets and ConfigMaps the pod reads (volumes, env, envFrom) exist
+/// and have the keys it reads.
+fn check_reads(pod: &Pod<'_>, known: &Known, problems: &mut Vec<String>) {
+    let (o, spec, ns, volumes) = (pod.o, pod.spec, pod.ns, &pod.volumes);
+    // Volumes: the Secrets and ConfigMaps they read, with their keys.
+    let mut reads = Vec::new();
+    for volume in volumes.values() {
+        for (kind, source, name_field) in [("Secret", "secret", "secretName"), ("ConfigMap", "configMap", "name")] {
+            let s = &volume[source];
+            if let Some(name) = s[name_field].as_str() {
+                reads.push((format!("volume {}", volume["name"]), kind, name, strings_of(&s["items"], "key")));
             }
-            for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
-                for handler in ["httpGet", "tcpSocket", "grpc"] {
-                    let port = &c[probe][handler]["port"];
-                    if !port.is_null() && !has_port(c, port) {
-                        problems.push(format!("{at}: {probe}'s port {port} is not a port of the container"));
-                    }
-                }
-            }
-            let args: Vec<&str> = strings(&c["command"]).chain(strings(&c["args"])).collect();
-            let words: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
-            let env: BTreeSet<&str> =
-                c["env"].as_array().into_iter().flatten().filter_map(|e| e["name"].as_str()).collect();
-            for arg in &args {
-                let mut rest = *arg;
-                while let Some(start) = rest.find("$(") {
-                    let Some(end) = rest[start..].find(')') else { break };
-                    let var = &rest[start + 2..start + end];
-                    if !env.contains(var) {
-                        problems.push(format!("{at}: $({var}) is not an environment variable of the container"));
-                    }
-                    rest = &rest[start + end..];
-                }
-            }
-            if args.contains(&"--insecure") {
-                problems.push(format!("{at}: --insecure (plain text, unauthenticated)"));
-            }
-            for flag in MOUNTED_FILES {
-                for path in flag_values(&words, &[flag]) {
-                    match mount_of(c, &path) {
-                        None => problems.push(format!("{at}: {flag} {path} is in no volume mount")),
-                        Some((m, file)) => {
-                            let volume = volumes.get(m["name"].as_str().unwrap_or("")).copied().unwrap_or(&Value::Null);
-                            for (kind, source, name_field) in
-                                [("Secret", "secret", "secretName"), ("ConfigMap", "configMap", "name")]
-                            {
-                                let Some(name) = volume[source][name_field].as_str() else { continue };
-                                let files = mounted_files(&volume[source], key_of(ns, kind, name));
-                                if !files.contains(&file) {
-                                    problems.push(format!(
-                                        "{at}: {flag} {path}: the {kind} {name} mounted there has no {file}"
-                                    ));
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            for flag in WRITABLE_DIRS {
-                for path in flag_values(&words, &[flag]) {
-                    match mount_of(c, &path) {
-                        None => {
-                            problems.push(format!("{at}: {flag} {path} is in no volume mount (the root is read-only)"))
-                        }
-                        Some((m, _)) if m["readOnly"].as_bool() == Some(true) => {
-                            problems.push(format!("{at}: {flag} {path} is mounted read-only"))
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
-            for path in flag_values(&words, &["--pki-dir"]) {
-                let volume = mount_of(c, &path)
-                    .filter(|(_, rest)| rest.is_empty())
-                    .and_then(|(m, _)| volumes.get(m["name"].as_str().unwrap_or("")).copied());
-                let Some(secret) = volume.and_then(|v| v["secret"]["secretName"].as_str().map(|n| (v, n))) else {
-                    problems.push(format!("{at}: --pki-dir {path} is not where a Secret is mounted"));
-                    continue;
-                };
-                let (v, name) = secret;
-                let files = mounted_files(&v["secret"], key_of(ns, "Secret", name));
-                for file in controller_pki_files().into_iter().filter(|f| !files.contains(*f)) {
-                    problems.push(format!("{at}: --pki-dir {path}: the controller reads {file}, which the Secret {name} mounted there lacks"));
-                }
-            }
-            for arg in &args {
-                if !arg.contains("://") {
-                    continue;
-                }
-                let Some((host, port)) = host_port(arg) else { continue };
-                let parts: Vec<&str> = host.split('.').collect();
-                if parts.len() < 3 || parts[2] != "svc" {
-                    continue;
-                }
-                if dns_from_host && spec["dnsPolicy"].as_str() != Some("ClusterFirstWithHostNet") {
-                    problems.push(format!(
-                        "{at}: {arg}: a pod on the host's network resolves Service names only with dnsPolicy \
-                         ClusterFirstWithHostNet"
-                    ));
-                }
-                let (service, service_ns) = (parts[0], parts[1]);
-                let service_ports: Vec<u64> = objects
-                    .iter()
-                    .filter(|s| s.kind() == "Service" && s.name() == service && s.namespace() == service_ns)
-                    .flat_map(|s| {
-                        s.doc["spec"]["ports"].as_array().into_iter().flatten().filter_map(|p| p["port"].as_u64())
-                    })
-                    .collect();
-                if service_ports.is_empty() {
-                    problems.push(format!("{at}: {arg}: no Service {service} in namespace {service_ns}"));
-                } else if !service_ports.contains(&u64::from(port)) {
-                    problems.push(format!("{at}: {arg}: the Service {service} has no port {port}"));
-                }
-                if arg.starts_with("http://") {
-                    problems.push(format!("{at}: {arg}: plain text to the controller"));
-                } else if !docs.sans.contains(&host) {
-                    problems.push(format!(
-                        "{at}: {arg}: {host} is not among the names docs/kubernetes.md's `certs init --san` puts in the \
-                         controller's certificate ({:?})",
-                        docs.sans
+        }
+        for p in volume["projected"]["sources"].as_array().into_iter().flatten() {
+            for (kind, source) in [("Secret", "secret"), ("ConfigMap", "configMap")] {
+                if let Some(name) = p[source]["name"].as_str() {
+                    reads.push((
+                        format!("volume {}", volume["name"]),
+                        kind,
+                        name,
+                        strings_of(&p[source]["items"], "key"),
                     ));
                 }
             }
         }
     }
+    for c in containers(spec) {
+        let cname = c["name"].as_str().unwrap_or("");
+        for env in c["env"].as_array().into_iter().flatten() {
+            for (kind, source) in [("Secret", "secretKeyRef"), ("ConfigMap", "configMapKeyRef")] {
+                let r = &env["valueFrom"][source];
+                if let Some(name) = r["name"].as_str() {
+                    let key = r["key"].as_str().unwrap_or("").to_owned();
+                    reads.push((format!("container {cname}, env {}", env["name"]), kind, name, vec![key]));
+                }
+            }
+        }
+        for from in c["envFrom"].as_array().into_iter().flatten() {
+            for (kind, source) in [("Secret", "secretRef"), ("ConfigMap", "configMapRef")] {
+                if let Some(name) = from[source]["name"].as_str() {
+                    reads.push((format!("container {cname}, envFrom"), kind, name, vec![]));
+                }
+            }
+        }
+    }
+    for (place, kind, name, wanted) in &reads {
+        match known.key_of(ns, kind, name) {
+            None => problems.push(format!(
+                "{} ({place}): the {kind} {name} is neither in deploy/k8s/ nor made by a `kubectl -n {ns} create` \
+                 command of docs/kubernetes.md",
+                o.what()
+            )),
+            Some(have) => {
+                for key in wanted.iter().filter(|k| !have.contains(*k)) {
+                    problems
+                        .push(format!("{} ({place}): the {kind} {name} has no key {key} (it has {have:?})", o.what()));
+                }
+            }
+        }
+    }
+}
 
-    // Services select a workload's pods and reach one of their ports.
+/// What a container mounts, probes and is told on its command line.
+fn check_container(
+    pod: &Pod<'_>,
+    c: &Value,
+    (objects, known, docs): (&[Object], &Known, &Docs),
+    problems: &mut Vec<String>,
+) {
+    let (o, spec, ns, volumes, claims) = (pod.o, pod.spec, pod.ns, &pod.volumes, &pod.claims);
+    let dns_from_host = spec["hostNetwork"].as_bool() == Some(true);
+    let cname = c["name"].as_str().unwrap_or("");
+    let at = format!("{}, container {cname}", o.what());
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
+        let name = m["name"].as_str().unwrap_or("");
+        if !volumes.contains_key(name) && !claims.contains(name) {
+            problems.push(format!("{at}: volumeMount {name} names no volume of its pod"));
+        }
+    }
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        for handler in ["httpGet", "tcpSocket", "grpc"] {
+            let port = &c[probe][handler]["port"];
+            if !port.is_null() && !has_port(c, port) {
+                problems.push(format!("{at}: {probe}'s port {port} is not a port of the container"));
+            }
+        }
+    }
+    let args: Vec<&str> = strings(&c["command"]).chain(strings(&c["args"])).collect();
+    let words: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let env: BTreeSet<&str> = c["env"].as_array().into_iter().flatten().filter_map(|e| e["name"].as_str()).collect();
+    for arg in &args {
+        let mut rest = *arg;
+        while let Some(start) = rest.find("$(") {
+            let Some(end) = rest[start..].find(')') else { break };
+            let var = &rest[start + 2..start + end];
+            if !env.contains(var) {
+                problems.push(format!("{at}: $({var}) is not an environment variable of the container"));
+            }
+            rest = &rest[start + end..];
+        }
+    }
+    if args.contains(&"--insecure") {
+        problems.push(format!("{at}: --insecure (plain text, unauthenticated)"));
+    }
+    for flag in MOUNTED_FILES {
+        for path in flag_values(&words, &[flag]) {
+            match mount_of(c, &path) {
+                None => problems.push(format!("{at}: {flag} {path} is in no volume mount")),
+                Some((m, file)) => {
+                    let volume = volumes.get(m["name"].as_str().unwrap_or("")).copied().unwrap_or(&Value::Null);
+                    for (kind, source, name_field) in
+                        [("Secret", "secret", "secretName"), ("ConfigMap", "configMap", "name")]
+                    {
+                        let Some(name) = volume[source][name_field].as_str() else { continue };
+                        let files = mounted_files(&volume[source], known.key_of(ns, kind, name));
+                        if !files.contains(&file) {
+                            problems
+                                .push(format!("{at}: {flag} {path}: the {kind} {name} mounted there has no {file}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for flag in WRITABLE_DIRS {
+        for path in flag_values(&words, &[flag]) {
+            match mount_of(c, &path) {
+                None => problems.push(format!("{at}: {flag} {path} is in no volume mount (the root is read-only)")),
+                Some((m, _)) if m["readOnly"].as_bool() == Some(true) => {
+                    problems.push(format!("{at}: {flag} {path} is mounted read-only"))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    for path in flag_values(&words, &["--pki-dir"]) {
+        let volume = mount_of(c, &path)
+            .filter(|(_, rest)| rest.is_empty())
+            .and_then(|(m, _)| volumes.get(m["name"].as_str().unwrap_or("")).copied());
+        let Some(secret) = volume.and_then(|v| v["secret"]["secretName"].as_str().map(|n| (v, n))) else {
+            problems.push(format!("{at}: --pki-dir {path} is not where a Secret is mounted"));
+            continue;
+        };
+        let (v, name) = secret;
+        let files = mounted_files(&v["secret"], known.key_of(ns, "Secret", name));
+        for file in controller_pki_files().into_iter().filter(|f| !files.contains(*f)) {
+            problems.push(format!(
+                "{at}: --pki-dir {path}: the controller reads {file}, which the Secret {name} mounted there lacks"
+            ));
+        }
+    }
+    for arg in &args {
+        if !arg.contains("://") {
+            continue;
+        }
+        let Some((host, port)) = host_port(arg) else { continue };
+        let parts: Vec<&str> = host.split('.').collect();
+        if parts.len() < 3 || parts[2] != "svc" {
+            continue;
+        }
+        if dns_from_host && spec["dnsPolicy"].as_str() != Some("ClusterFirstWithHostNet") {
+            problems.push(format!(
+                "{at}: {arg}: a pod on the host's network resolves Service names only with dnsPolicy \
+                 ClusterFirstWithHostNet"
+            ));
+        }
+        let (service, service_ns) = (parts[0], parts[1]);
+        let service_ports: Vec<u64> = objects
+            .iter()
+            .filter(|s| s.kind() == "Service" && s.name() == service && s.namespace() == service_ns)
+            .flat_map(|s| s.doc["spec"]["ports"].as_array().into_iter().flatten().filter_map(|p| p["port"].as_u64()))
+            .collect();
+        if service_ports.is_empty() {
+            problems.push(format!("{at}: {arg}: no Service {service} in namespace {service_ns}"));
+        } else if !service_ports.contains(&u64::from(port)) {
+            problems.push(format!("{at}: {arg}: the Service {service} has no port {port}"));
+        }
+        if arg.starts_with("http://") {
+            problems.push(format!("{at}: {arg}: plain text to the controller"));
+        } else if !docs.sans.contains(&host) {
+            problems.push(format!(
+                "{at}: {arg}: {host} is not among the names docs/kubernetes.md's `certs init --san` puts in the \
+                 controller's certificate ({:?})",
+                docs.sans
+            ));
+        }
+    }
+}
+
+/// Services select a workload's pods and reach one of their ports.
+fn check_services(objects: &[Object], problems: &mut Vec<String>) {
     for s in objects.iter().filter(|o| o.kind() == "Service") {
         let selector = labels(&s.doc["spec"]["selector"]);
         let selected: Vec<&Object> = objects
@@ -551,7 +598,6 @@ pub(crate) fn check(objects: &[Object], docs: &Docs) -> Vec<String> {
             }
         }
     }
-    problems
 }
 
 /// `field` of each element of an array (`items[].key`).
