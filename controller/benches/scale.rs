@@ -238,77 +238,117 @@ fn arg(name: &str, default: u64) -> u64 {
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let n_agents = arg("--agents", 1000) as usize;
-    let window = Duration::from_secs(arg("--seconds", 20));
-    let ingest_records = arg("--ingest-records", 1_000_000);
-    let streams = arg("--streams", 32) as usize;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut controller = std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-controller"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--metrics-listen", "off", "--data-dir"])
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .expect("the controller starts");
-    let pid = controller.id();
-    let channel = loop {
-        if let Ok(c) = Channel::from_shared(url.clone()).expect("url").connect().await {
-            break c;
+    let mut b = Bench::start().await;
+    idle(&mut b).await;
+    backlog(&mut b).await;
+    placement(&mut b).await;
+    let ingested = ingest(&mut b, arg("--streams", 32) as usize, arg("--ingest-records", 1_000_000)).await;
+    // Stop the controller; read the store ourselves.
+    let _ = std::process::Command::new("kill").args(["-TERM", &b.pid.to_string()]).status();
+    let _ = b.controller.wait();
+    let size1 = dir_size(b.dir.path());
+    println!(
+        "  store grew by {:.1} MiB: {:.0} bytes a record on disk",
+        (size1 - ingested.size0) as f64 / (1 << 20) as f64,
+        (size1 - ingested.size0) as f64 / ingested.stored as f64
+    );
+    report_of_a_million(&b, &ingested);
+}
+
+/// The controller under test and its fleet of fake agents.
+struct Bench {
+    dir: tempfile::TempDir,
+    url: String,
+    controller: std::process::Child,
+    pid: u32,
+    op: pb::operator_service_client::OperatorServiceClient<Channel>,
+    n_agents: usize,
+    window: Duration,
+    mode: Arc<std::sync::Mutex<Mode>>,
+    counts: Arc<Counts>,
+    agents: Vec<Arc<Fake>>,
+}
+
+impl Bench {
+    /// Starts the controller and connects the agents, their heartbeats
+    /// spread over the second.
+    async fn start() -> Bench {
+        let n_agents = arg("--agents", 1000) as usize;
+        let window = Duration::from_secs(arg("--seconds", 20));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+        let url = format!("http://127.0.0.1:{port}");
+        let controller = std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-controller"))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--metrics-listen", "off", "--data-dir"])
+            .arg(dir.path())
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("the controller starts");
+        let pid = controller.id();
+        let channel = loop {
+            if let Ok(c) = Channel::from_shared(url.clone()).expect("url").connect().await {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let op = pb::operator_service_client::OperatorServiceClient::new(channel).max_decoding_message_size(64 << 20);
+        println!("controller pid {pid}; {n_agents} fake agents, 1 GPU each");
+
+        // Agents connect, their heartbeats spread over the second.
+        let mode = Arc::new(std::sync::Mutex::new(Mode::Complete));
+        let counts = Arc::new(Counts::default());
+        let began = Instant::now();
+        let mut fakes = Vec::new();
+        for i in 0..n_agents {
+            let start_in = Duration::from_micros((i as u64 * 1_000_000) / n_agents as u64);
+            fakes.push(tokio::spawn(fake_agent(
+                url.clone(),
+                format!("fake-{i:04}"),
+                mode.clone(),
+                counts.clone(),
+                start_in,
+            )));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let mut op = pb::operator_service_client::OperatorServiceClient::new(channel).max_decoding_message_size(64 << 20);
-    println!("controller pid {pid}; {n_agents} fake agents, 1 GPU each");
-
-    // Agents connect, their heartbeats spread over the second.
-    let mode = Arc::new(std::sync::Mutex::new(Mode::Complete));
-    let counts = Arc::new(Counts::default());
-    let began = Instant::now();
-    let mut fakes = Vec::new();
-    for i in 0..n_agents {
-        let start_in = Duration::from_micros((i as u64 * 1_000_000) / n_agents as u64);
-        fakes.push(tokio::spawn(fake_agent(
-            url.clone(),
-            format!("fake-{i:04}"),
-            mode.clone(),
-            counts.clone(),
-            start_in,
-        )));
+        let mut agents = Vec::new();
+        for f in fakes {
+            agents.push(f.await.expect("agent"));
+        }
+        println!("connect: {n_agents} sessions in {:.2} s", began.elapsed().as_secs_f64());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        Bench { dir, url, controller, pid, op, n_agents, window, mode, counts, agents }
     }
-    let mut agents = Vec::new();
-    for f in fakes {
-        agents.push(f.await.expect("agent"));
-    }
-    println!("connect: {n_agents} sessions in {:.2} s", began.elapsed().as_secs_f64());
-    tokio::time::sleep(Duration::from_secs(3)).await;
+}
 
-    let measure = |label: &str, cpu0: f64, t0: Instant| {
-        let (cpu, hwm, rss) = usage(pid);
-        let wall = t0.elapsed().as_secs_f64();
-        println!(
-            "{label}: {:.1}% of one core over {wall:.1} s; RSS {:.0} MiB (peak {:.0} MiB)",
-            100.0 * (cpu - cpu0) / wall,
-            rss as f64 / 1024.0,
-            hwm as f64 / 1024.0
-        );
-    };
+/// A phase's CPU (share of one core since `cpu0` at `t0`) and memory.
+fn measure(pid: u32, label: &str, cpu0: f64, t0: Instant) {
+    let (cpu, hwm, rss) = usage(pid);
+    let wall = t0.elapsed().as_secs_f64();
+    println!(
+        "{label}: {:.1}% of one core over {wall:.1} s; RSS {:.0} MiB (peak {:.0} MiB)",
+        100.0 * (cpu - cpu0) / wall,
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0
+    );
+}
 
-    // 1. Idle heartbeats.
-    let (cpu0, _, _) = usage(pid);
-    let (acks0, t0) = (counts.acks.load(Ordering::Relaxed), Instant::now());
-    tokio::time::sleep(window).await;
-    measure("idle heartbeats", cpu0, t0);
-    let acks = counts.acks.load(Ordering::Relaxed) - acks0;
+/// 1. Idle heartbeats.
+async fn idle(b: &mut Bench) {
+    let (cpu0, _, _) = usage(b.pid);
+    let (acks0, t0) = (b.counts.acks.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(b.window).await;
+    measure(b.pid, "idle heartbeats", cpu0, t0);
+    let acks = b.counts.acks.load(Ordering::Relaxed) - acks0;
     println!("  heartbeats acknowledged: {:.0}/s", acks as f64 / t0.elapsed().as_secs_f64());
-    let (lost, known) = agents_lost(&mut op).await;
+    let (lost, known) = agents_lost(&mut b.op).await;
     assert_eq!(lost, 0, "leases lost while idle");
-    assert_eq!(known, n_agents);
+    assert_eq!(known, b.n_agents);
+}
 
-    // 2. A backlog no agent can take.
+/// 2. A backlog no agent can take.
+async fn backlog(b: &mut Bench) {
     let t_submit = Instant::now();
-    let sub = op
-        .submit_run(pb::SubmitRunRequest {
+    let sub =
+        b.op.submit_run(pb::SubmitRunRequest {
             matrix_name: "backlog.yaml".into(),
             matrix_yaml: matrix("A100", "backlog"),
             ..Default::default()
@@ -323,19 +363,21 @@ async fn main() {
         t_submit.elapsed().as_secs_f64(),
         sub.warnings
     );
-    let (cpu0, _, _) = usage(pid);
+    let (cpu0, _, _) = usage(b.pid);
     let t0 = Instant::now();
-    tokio::time::sleep(window).await;
-    measure("heartbeats with 5,120 unplaceable groups queued", cpu0, t0);
-    let (lost, _) = agents_lost(&mut op).await;
+    tokio::time::sleep(b.window).await;
+    measure(b.pid, "heartbeats with 5,120 unplaceable groups queued", cpu0, t0);
+    let (lost, _) = agents_lost(&mut b.op).await;
     assert_eq!(lost, 0, "leases lost with a backlog");
-    op.cancel_run(pb::CancelRunRequest { run_id: sub.run_id.clone(), ..Default::default() }).await.expect("cancel");
+    b.op.cancel_run(pb::CancelRunRequest { run_id: sub.run_id.clone(), ..Default::default() }).await.expect("cancel");
+}
 
-    // 3. Placement: groups run as fast as the fleet takes them.
-    let (cpu0, _, _) = usage(pid);
+/// 3. Placement: groups run as fast as the fleet takes them.
+async fn placement(b: &mut Bench) {
+    let (cpu0, _, _) = usage(b.pid);
     let t0 = Instant::now();
-    let sub = op
-        .submit_run(pb::SubmitRunRequest {
+    let sub =
+        b.op.submit_run(pb::SubmitRunRequest {
             matrix_name: "place.yaml".into(),
             matrix_yaml: matrix("H200", "place"),
             ..Default::default()
@@ -346,13 +388,13 @@ async fn main() {
     let submitted = t0.elapsed();
     let groups = 5 * 1024;
     loop {
-        if counts.groups_done.load(Ordering::Relaxed) >= groups {
+        if b.counts.groups_done.load(Ordering::Relaxed) >= groups {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let runs = loop {
-        let runs = op.list_runs(pb::ListRunsRequest {}).await.expect("runs").into_inner().runs;
+        let runs = b.op.list_runs(pb::ListRunsRequest {}).await.expect("runs").into_inner().runs;
         if runs.iter().find(|r| r.run_id == sub.run_id).is_some_and(|r| r.state != "running") {
             break runs;
         }
@@ -368,13 +410,24 @@ async fn main() {
         sub.jobs as f64 / wall,
         run.jobs_succeeded
     );
-    measure("  controller during placement", cpu0, t0);
-    let (lost, _) = agents_lost(&mut op).await;
+    measure(b.pid, "  controller during placement", cpu0, t0);
+    let (lost, _) = agents_lost(&mut b.op).await;
     assert_eq!(lost, 0, "leases lost during placement");
+}
 
-    // 4. Ingest: `streams / 4` agents hold a group of 4 repeats each and
-    // stream the records of all 4 at once.
-    *mode.lock().expect("mode") = Mode::Hold;
+/// What the ingest phase stored, for the report phase.
+struct Ingested {
+    run_id: String,
+    stored: u64,
+    groups: usize,
+    repeats: usize,
+    size0: u64,
+}
+
+/// 4. Ingest: `streams / 4` agents hold a group of 4 repeats each and
+/// stream the records of all 4 at once.
+async fn ingest(b: &mut Bench, streams: usize, ingest_records: u64) -> Ingested {
+    *b.mode.lock().expect("mode") = Mode::Hold;
     let repeats = 4;
     let groups = streams / repeats;
     let yaml = format!(
@@ -382,7 +435,8 @@ async fn main() {
         (0..groups).map(|i| format!("  e{i}: {{ kind: vllm, runtime: process }}\n")).collect::<String>(),
         ingest_records / streams as u64
     );
-    let sub = op
+    let sub = b
+        .op
         .submit_run(pb::SubmitRunRequest { matrix_name: "ingest.yaml".into(), matrix_yaml: yaml, ..Default::default() })
         .await
         .expect("submitted")
@@ -390,7 +444,7 @@ async fn main() {
     let mut held = Vec::new();
     while held.len() < groups {
         held.clear();
-        for a in &agents {
+        for a in &b.agents {
             for g in a.held.lock().await.iter() {
                 if g.run_id == sub.run_id {
                     held.push((a.clone(), g.clone()));
@@ -399,14 +453,14 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let size0 = dir_size(dir.path());
+    let size0 = dir_size(b.dir.path());
     let per_stream = ingest_records / streams as u64;
     let batches_per_stream = per_stream.div_ceil(256);
     // Every stream connected and its batches built before the clock starts:
     // the bench measures the controller, not its own clients.
     let mut streams_ready = Vec::new();
     for (agent, attempt) in held.iter().flat_map(|(a, g)| g.jobs.iter().map(move |j| (a, j.attempt.clone()))) {
-        let channel = Channel::from_shared(url.clone()).expect("url").connect().await.expect("connect");
+        let channel = Channel::from_shared(b.url.clone()).expect("url").connect().await.expect("connect");
         let ingest = pb::ingest_service_client::IngestServiceClient::new(channel);
         let batches: Vec<pb::RecordBatch> = (0..batches_per_stream)
             .map(|b| {
@@ -424,7 +478,7 @@ async fn main() {
             .collect();
         streams_ready.push((agent.tx.clone(), attempt, ingest, batches));
     }
-    let (cpu0, _, _) = usage(pid);
+    let (cpu0, _, _) = usage(b.pid);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for (tx, attempt, mut ingest, batches) in streams_ready {
@@ -464,28 +518,24 @@ async fn main() {
         "ingest: {stored} records (128 chunks each) over {streams} streams in {wall:.2} s: {:.0} records/s, each acknowledged after its flush",
         stored as f64 / wall
     );
-    measure("  controller during ingest", cpu0, t0);
+    measure(b.pid, "  controller during ingest", cpu0, t0);
     for (agent, g) in &held {
         let done = pb::GroupDone { run_id: g.run_id.clone(), group: g.group, epoch: g.epoch };
         let _ = agent.tx.send(msg(pb::agent_message::Msg::GroupDone(done))).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (lost, _) = agents_lost(&mut op).await;
+    let (lost, _) = agents_lost(&mut b.op).await;
     assert_eq!(lost, 0, "leases lost during ingest");
 
-    // Stop the controller; read the store ourselves.
-    let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
-    let _ = controller.wait();
-    let size1 = dir_size(dir.path());
-    println!(
-        "  store grew by {:.1} MiB: {:.0} bytes a record on disk",
-        (size1 - size0) as f64 / (1 << 20) as f64,
-        (size1 - size0) as f64 / stored as f64
-    );
+    Ingested { run_id: sub.run_id, stored, groups, repeats, size0 }
+}
 
-    // 5. The report of a million records.
-    let store = SledStore::open(&dir.path().join("store")).expect("store");
-    let run: RunId = sub.run_id.parse().expect("run id");
+/// 5. The report of a million records.
+fn report_of_a_million(b: &Bench, ingested: &Ingested) {
+    let Ingested { run_id, stored: _, groups, repeats, size0: _ } = ingested;
+    let (groups, repeats) = (*groups, *repeats);
+    let store = SledStore::open(&b.dir.path().join("store")).expect("store");
+    let run: RunId = run_id.parse().expect("run id");
     let jobs = store.jobs(run).expect("jobs");
     // (a) Exact, from the records, as one job's summary is made.
     let t0 = Instant::now();
