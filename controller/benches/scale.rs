@@ -331,7 +331,7 @@ fn measure(pid: u32, label: &str, cpu0: f64, t0: Instant) {
     );
 }
 
-/// 1. Idle heartbeats.
+/// Phase 1: idle heartbeats.
 async fn idle(b: &mut Bench) {
     let (cpu0, _, _) = usage(b.pid);
     let (acks0, t0) = (b.counts.acks.load(Ordering::Relaxed), Instant::now());
@@ -344,7 +344,7 @@ async fn idle(b: &mut Bench) {
     assert_eq!(known, b.n_agents);
 }
 
-/// 2. A backlog no agent can take.
+/// Phase 2: a backlog no agent can take.
 async fn backlog(b: &mut Bench) {
     let t_submit = Instant::now();
     let sub =
@@ -372,7 +372,7 @@ async fn backlog(b: &mut Bench) {
     b.op.cancel_run(pb::CancelRunRequest { run_id: sub.run_id.clone(), ..Default::default() }).await.expect("cancel");
 }
 
-/// 3. Placement: groups run as fast as the fleet takes them.
+/// Phase 3, placement: groups run as fast as the fleet takes them.
 async fn placement(b: &mut Bench) {
     let (cpu0, _, _) = usage(b.pid);
     let t0 = Instant::now();
@@ -424,8 +424,8 @@ struct Ingested {
     size0: u64,
 }
 
-/// 4. Ingest: `streams / 4` agents hold a group of 4 repeats each and
-/// stream the records of all 4 at once.
+/// Phase 4, ingest: `streams / 4` agents hold a group of 4 repeats each
+/// and stream the records of all 4 at once.
 async fn ingest(b: &mut Bench, streams: usize, ingest_records: u64) -> Ingested {
     *b.mode.lock().expect("mode") = Mode::Hold;
     let repeats = 4;
@@ -530,7 +530,7 @@ async fn ingest(b: &mut Bench, streams: usize, ingest_records: u64) -> Ingested 
     Ingested { run_id: sub.run_id, stored, groups, repeats, size0 }
 }
 
-/// 5. The report of a million records.
+/// Phase 5: the report of a million records.
 fn report_of_a_million(b: &Bench, ingested: &Ingested) {
     let Ingested { run_id, stored: _, groups, repeats, size0: _ } = ingested;
     let (groups, repeats) = (*groups, *repeats);
