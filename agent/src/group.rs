@@ -272,8 +272,9 @@ async fn run_job(
             dataset_path,
             processor_path,
             report: Some(ctx.report.report_to(&group.ingest_url, &job.attempt)),
-            // loadgen's stderr is read for its error, not shown.
+            // Progress would only crowd loadgen's log tail out.
             quiet: true,
+            outcome_file: ctx.loadgen.outcome_file(&job.attempt),
         },
     };
     let loadgen_args = crate::load::loadgen_args(&run);
@@ -331,10 +332,11 @@ async fn run_job(
         },
         (Ok(()), None) => JobReport::new(&job.attempt, Reported::Succeeded),
         (Err(e), exited) => {
-            warn!(job = job.attempt.job, "job failed: {e:#}");
+            warn!(job = job.attempt.job, "job failed: {e}");
+            // The engine's log when it died, else loadgen's.
             let (error, tail) = match &exited {
-                Some(status) => (format!("the engine exited ({status}) during the job: {e:#}"), engine.log_tail()),
-                None => (format!("{e:#}"), String::new()),
+                Some(status) => (format!("the engine exited ({status}) during the job: {e}"), engine.log_tail()),
+                None => (e.to_string(), e.log_tail().to_owned()),
             };
             JobReport { log_tail: tail, ..JobReport::failed(&job.attempt, Failure::Attempt, error) }
         }
@@ -566,5 +568,97 @@ mod tests {
         );
         changing.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(0);
         assert_eq!(gpu_errors_since(&probe, Some(&before), 3, &attempt).await, None, "nothing after this mark");
+    }
+
+    /// An engine that serves nothing and never exits.
+    struct Idle;
+
+    #[tonic::async_trait]
+    impl Engine for Idle {
+        fn base_url(&self) -> String {
+            "http://127.0.0.1:9".into()
+        }
+        fn log_tail(&self) -> String {
+            "the engine's own log".into()
+        }
+        fn exit_status(&mut self) -> Option<String> {
+            None
+        }
+        async fn stop(self: Box<Self>) {}
+    }
+
+    struct NoFiles;
+
+    #[tonic::async_trait]
+    impl Files for NoFiles {
+        async fn fetch(&self, _: &str, name: &str) -> anyhow::Result<PathBuf> {
+            anyhow::bail!("no file {name} here")
+        }
+    }
+
+    #[tokio::test]
+    async fn loadgen_s_failure_reaches_the_job_s_report_in_its_own_words_with_its_stderr_as_the_log_tail() {
+        // As the binary does: reqwest has no crypto provider of its own.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outcome =
+            r#"{"exit":"none_succeeded","code":4,"error":"all 3 requests failed (http_error 3); the first: http 500"}"#;
+        let script = crate::load::tests::fake_loadgen(dir.path(), "loadgen", 4, Some(outcome));
+        let runner = crate::load::ProcessLoadRunner::new(script, None, dir.path().join("outcomes"));
+        let gpus: Arc<dyn GpuProbe> = Arc::new(Changing { gpus: Mutex::new(Vec::new()), xids: Vec::new() });
+        let ctx = GroupContext {
+            agent_name: "a".into(),
+            gpus,
+            runtimes: HashMap::new(),
+            loadgen: Arc::new(runner),
+            files: Arc::new(NoFiles),
+            startup_timeout: Duration::from_secs(1),
+            report: crate::job::ReportTls::default(),
+        };
+        let attempt = Attempt { run_id: "7".into(), job: 1, attempt: 1, epoch: 1 };
+        let job = LoadJob {
+            attempt: attempt.clone(),
+            profile: "p".into(),
+            repeat: 0,
+            load: benchfleet_core::load::LoadSpec::new(
+                LoadDataset::Random { input_tokens: 4, output_tokens: 4, seed: 0 },
+                3,
+            ),
+            ingest_token: None,
+        };
+        let group = GroupAssignment {
+            run_id: "7".into(),
+            group: 0,
+            epoch: 1,
+            engine: EngineLaunch { kind: "vllm".into(), model: "m".into(), ..EngineLaunch::default() },
+            jobs: vec![job.clone()],
+            ingest_url: "http://127.0.0.1:7070".into(),
+            gpu_uuids: Vec::new(),
+        };
+        let serving =
+            Serving { http: reqwest::Client::new(), startup: Duration::ZERO, engine_version: None, image_digest: None };
+        let reports = Mutex::new(Vec::new());
+        let mut engine = Idle;
+        let mut report = None;
+        for _ in 0..20 {
+            let ran = run_job(&ctx, &group, (0, &job), (&mut engine, &serving), &reports, &Stop::new()).await;
+            let ran = ran.expect("a final report");
+            // The script was still open in a child another test forked
+            // (ETXTBSY): again.
+            if !ran.error.contains("os error 26") {
+                report = Some(ran);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let report = report.expect("the fake loadgen ran");
+        assert_eq!(report.state, Reported::Failed(Failure::Attempt));
+        assert_eq!(
+            report.error,
+            "loadgen failed (exit status: 4): all 3 requests failed (http_error 3); the first: http 500"
+        );
+        assert_eq!(report.log_tail, "progress: 1/3 requests done\nerror: a line on stderr is not the verdict");
+        let ran = &report.loadgen_args;
+        assert!(ran.iter().any(|a| a == "--outcome-file"), "what loadgen ran with is what is reported: {ran:?}");
     }
 }

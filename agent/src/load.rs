@@ -2,28 +2,93 @@
 //! `benchfleet-loadgen` binary; tests may run the library in-process. Either
 //! way records stream to the controller over gRPC, and a run succeeds only
 //! once the controller has stored its summary.
+//!
+//! The binary's verdict is its exit status (`LoadExit`, one per way a run
+//! ends); the words for it are the `LoadOutcome` it writes to
+//! `--outcome-file` as it exits. Its stderr is only kept, as the tail of the
+//! job's log: nothing is decided by what it says there.
 
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use benchfleet_core::load::{LoadExit, LoadOutcome};
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::job::LoadRun;
-use crate::procs::{PidDir, stop_group};
+use crate::engine::LogTail;
+use crate::job::{Attempt, LoadRun};
+use crate::procs::{PidDir, sanitize, stop_group};
 
 #[tonic::async_trait]
 pub trait LoadRunner: Send + Sync {
     /// Runs the job's load; when `stop` fires, loadgen is stopped and
     /// awaited before this returns.
-    async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()>;
+    async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> Result<(), LoadError>;
+
+    /// Where loadgen writes its outcome for `attempt` (`--outcome-file`),
+    /// for a runner that reads one.
+    fn outcome_file(&self, _attempt: &Attempt) -> Option<PathBuf> {
+        None
+    }
 
     /// loadgen's version, as the results name it; `None` when unknown.
     async fn version(&self) -> Option<String> {
         None
     }
+}
+
+/// Why a job's load did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot start loadgen {}: {error}", binary.display())]
+    Spawn { binary: PathBuf, error: std::io::Error },
+    /// The agent stopped it.
+    #[error("loadgen was stopped")]
+    Stopped,
+    /// loadgen's own verdict, by its exit status (never `Completed`), in its
+    /// own words.
+    #[error("loadgen failed (exit status: {}): {message}", exit.code())]
+    Failed { exit: LoadExit, message: String, log_tail: String },
+    /// No verdict of loadgen's: killed by a signal, or an exit status it
+    /// never gives (a panic's 101).
+    #[error("loadgen gave no verdict ({status}): it crashed or was killed; its stderr is in the log tail")]
+    Crashed { status: String, log_tail: String },
+}
+
+impl LoadError {
+    /// loadgen's verdict `exit`, in `message`, with nothing of its log.
+    pub fn failed(exit: LoadExit, message: impl Into<String>) -> LoadError {
+        LoadError::Failed { exit, message: message.into(), log_tail: String::new() }
+    }
+
+    /// The last lines loadgen wrote to stderr, for the job's report.
+    pub fn log_tail(&self) -> &str {
+        match self {
+            LoadError::Failed { log_tail, .. } | LoadError::Crashed { log_tail, .. } => log_tail,
+            LoadError::Spawn { .. } | LoadError::Stopped => "",
+        }
+    }
+}
+
+/// The verdict of a loadgen that exited with `status`: its exit status
+/// decides, and the outcome it left (if any, and if it is about the same
+/// status) says why.
+pub fn verdict(status: ExitStatus, outcome: Option<LoadOutcome>, log_tail: String) -> Result<(), LoadError> {
+    let Some(exit) = status.code().and_then(LoadExit::from_code) else {
+        return Err(LoadError::Crashed { status: status.to_string(), log_tail });
+    };
+    if exit == LoadExit::Completed {
+        return Ok(());
+    }
+    let said = outcome.filter(|o| o.exit == exit).and_then(|o| o.error);
+    let message = said.unwrap_or_else(|| match exit {
+        // Its parser refused the flags before it knew where to write.
+        LoadExit::Usage => "it refused the command line the agent gave it (is it the agent's version?)".to_owned(),
+        _ => format!("{}, and it left no outcome saying why", exit.meaning()),
+    });
+    Err(LoadError::Failed { exit, message, log_tail })
 }
 
 /// Runs the `benchfleet-loadgen` binary, in its own process group with a
@@ -32,13 +97,15 @@ pub trait LoadRunner: Send + Sync {
 pub struct ProcessLoadRunner {
     pub binary: PathBuf,
     pub pids: Option<PidDir>,
+    /// Where each run's outcome file is written, and read back.
+    pub outcomes: PathBuf,
     /// What `--version` printed, asked once.
     version: tokio::sync::OnceCell<Option<String>>,
 }
 
 impl ProcessLoadRunner {
-    pub fn new(binary: PathBuf, pids: Option<PidDir>) -> ProcessLoadRunner {
-        ProcessLoadRunner { binary, pids, version: tokio::sync::OnceCell::new() }
+    pub fn new(binary: PathBuf, pids: Option<PidDir>, outcomes: PathBuf) -> ProcessLoadRunner {
+        ProcessLoadRunner { binary, pids, outcomes, version: tokio::sync::OnceCell::new() }
     }
 }
 
@@ -67,6 +134,31 @@ pub fn loadgen_env(run: &LoadRun, var: impl Fn(&str) -> Option<String>) -> Vec<(
     env
 }
 
+/// The name of an attempt's loadgen: its pid file's and its outcome's.
+fn name_of(attempt: &Attempt) -> String {
+    format!("loadgen-{}-{}-{}", attempt.run_id, attempt.job, attempt.attempt)
+}
+
+/// The outcome loadgen left at `path`, if it left one that reads; the file
+/// is removed either way.
+async fn take_outcome(path: Option<&PathBuf>) -> Option<LoadOutcome> {
+    let path = path?;
+    let read = tokio::fs::read(path).await;
+    let _ = tokio::fs::remove_file(path).await;
+    match read.map(|bytes| serde_json::from_slice::<LoadOutcome>(&bytes)) {
+        Ok(Ok(outcome)) => Some(outcome),
+        Ok(Err(e)) => {
+            tracing::warn!("loadgen's outcome file {} does not read: {e}", path.display());
+            None
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!("cannot read loadgen's outcome file {}: {e}", path.display());
+            None
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl LoadRunner for ProcessLoadRunner {
     /// The binary's `--version` ("benchfleet-loadgen 0.1.0"), asked once.
@@ -79,7 +171,20 @@ impl LoadRunner for ProcessLoadRunner {
         self.version.get_or_init(|| ask).await.clone()
     }
 
-    async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()> {
+    fn outcome_file(&self, attempt: &Attempt) -> Option<PathBuf> {
+        Some(self.outcomes.join(format!("{}.json", sanitize(&name_of(attempt)))))
+    }
+
+    async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> Result<(), LoadError> {
+        let outcome_file = run.target.outcome_file.as_ref();
+        if let Some(path) = outcome_file {
+            // What an earlier life of the same attempt left is not this
+            // run's word.
+            if let Some(dir) = path.parent() {
+                let _ = tokio::fs::create_dir_all(dir).await;
+            }
+            let _ = tokio::fs::remove_file(path).await;
+        }
         let mut child = Command::new(&self.binary)
             .args(loadgen_args(run))
             .env_clear()
@@ -90,19 +195,24 @@ impl LoadRunner for ProcessLoadRunner {
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start loadgen {}: {e}", self.binary.display()))?;
-        let name = format!("loadgen-{}-{}-{}", run.job.attempt.run_id, run.job.attempt.job, run.job.attempt.attempt);
+            .map_err(|error| LoadError::Spawn { binary: self.binary.clone(), error })?;
         let pid_file = match (&self.pids, child.id()) {
-            (Some(pids), Some(pid)) => {
-                pids.record(&name, pid).inspect_err(|e| tracing::warn!("cannot write loadgen's pid file: {e}")).ok()
-            }
+            (Some(pids), Some(pid)) => pids
+                .record(&name_of(&run.job.attempt), pid)
+                .inspect_err(|e| tracing::warn!("cannot write loadgen's pid file: {e}"))
+                .ok(),
             _ => None,
         };
-        let mut stderr = String::new();
+        // Its last lines, for the job's log tail.
+        let log = LogTail::default();
         let mut err = child.stderr.take();
         let finished = async {
             if let Some(err) = &mut err {
-                let _ = err.read_to_string(&mut stderr).await;
+                let (mut partial, mut buf) = (Vec::new(), vec![0u8; 8192]);
+                while let Ok(n @ 1..) = err.read(&mut buf).await {
+                    log.push_bytes(&mut partial, &buf[..n]);
+                }
+                log.finish(&mut partial);
             }
             child.wait().await
         };
@@ -111,7 +221,14 @@ impl LoadRunner for ProcessLoadRunner {
             () = stop.cancelled() => None,
         };
         let status = match status {
-            Some(status) => status?,
+            Some(Ok(status)) => status,
+            Some(Err(e)) => {
+                // Not waited for: it is killed when dropped.
+                if let Some(f) = pid_file {
+                    f.remove();
+                }
+                return Err(LoadError::Crashed { status: format!("cannot be waited for: {e}"), log_tail: log.text() });
+            }
             None => {
                 // Stopped: SIGTERM first (loadgen records what it sent),
                 // then SIGKILL; waited for either way.
@@ -122,28 +239,20 @@ impl LoadRunner for ProcessLoadRunner {
                 if let Some(f) = pid_file {
                     f.remove();
                 }
-                anyhow::bail!("loadgen was stopped");
+                take_outcome(outcome_file).await;
+                return Err(LoadError::Stopped);
             }
         };
         if let Some(f) = pid_file {
             f.remove();
         }
-        if status.success() {
-            return Ok(());
-        }
-        // loadgen's last word is its error; without one, its last lines.
-        if let Some(error) = stderr.lines().rev().find(|l| l.starts_with("error: ")) {
-            anyhow::bail!("loadgen failed ({status}): {error}");
-        }
-        let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        anyhow::bail!("loadgen failed ({status}): {}", tail.join("\n"))
+        verdict(status, take_outcome(outcome_file).await, log.text())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::path::PathBuf;
+pub(crate) mod tests {
+    use std::path::{Path, PathBuf};
 
     use benchfleet_core::load::{Arrival, LoadDataset, LoadSpec, LoadTarget};
     use benchfleet_loadgen::Dataset;
@@ -172,6 +281,7 @@ mod tests {
                 processor_path,
                 report: Some(report.report_to("http://127.0.0.1:7070", &job.attempt)),
                 quiet: true,
+                outcome_file: None,
             },
             job,
         }
@@ -252,5 +362,137 @@ mod tests {
         assert_eq!(c.arrival, Sends::Poisson { seed: 77 });
         // The profile's seed also orders the conversations, as vLLM's does.
         assert!(matches!(c.dataset, Dataset::ShareGpt { output_tokens: Some(4), shuffle: Some(77), .. }));
+    }
+
+    #[test]
+    fn each_exit_status_is_its_verdict_and_the_outcome_only_its_words() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let exited = |code: i32| ExitStatus::from_raw(code << 8);
+        let said = |exit: LoadExit, error: &str| Some(LoadOutcome::new(exit, Some(error.to_owned())));
+        assert!(verdict(exited(0), None, String::new()).is_ok());
+        // A completed run is one whatever its file says.
+        assert!(verdict(exited(0), said(LoadExit::Error, "odd"), String::new()).is_ok());
+        for exit in [LoadExit::Error, LoadExit::Invalid, LoadExit::NoneSucceeded] {
+            let e = verdict(exited(exit.code().into()), said(exit, "its words"), "its stderr".into())
+                .expect_err("a failure");
+            let LoadError::Failed { exit: got, message, log_tail } = &e else { panic!("{e:?}") };
+            assert_eq!((*got, message.as_str(), log_tail.as_str()), (exit, "its words", "its stderr"));
+            assert_eq!(e.to_string(), format!("loadgen failed (exit status: {}): its words", exit.code()));
+        }
+        // Without an outcome, or with one about another status, the status
+        // still decides and says what it means.
+        let e = verdict(exited(4), said(LoadExit::Error, "stale"), String::new()).expect_err("a failure");
+        assert_eq!(
+            e.to_string(),
+            "loadgen failed (exit status: 4): no request succeeded, and it left no outcome saying why"
+        );
+        let e = verdict(exited(3), None, String::new()).expect_err("a failure");
+        assert!(matches!(e, LoadError::Failed { exit: LoadExit::Invalid, .. }), "{e:?}");
+        let e = verdict(exited(2), None, String::new()).expect_err("a failure");
+        assert!(e.to_string().contains("it refused the command line the agent gave it"), "{e}");
+        // A status loadgen never exits with, or a signal, is no verdict.
+        for status in [exited(101), ExitStatus::from_raw(9)] {
+            let e = verdict(status, said(LoadExit::NoneSucceeded, "no"), "panicked".into()).expect_err("a crash");
+            assert!(matches!(&e, LoadError::Crashed { log_tail, .. } if log_tail == "panicked"), "{e:?}");
+            assert!(e.to_string().starts_with("loadgen gave no verdict ("), "{e}");
+        }
+    }
+
+    /// A stand-in for loadgen: it writes `outcome` (JSON, if any) where its
+    /// `--outcome-file` says, a line on stderr that looks like an error, and
+    /// exits with `code`.
+    pub(crate) fn fake_loadgen(dir: &std::path::Path, name: &str, code: i32, outcome: Option<&str>) -> PathBuf {
+        let write = outcome.map_or_else(String::new, |json| format!("printf '%s' '{json}' > \"$out\"\n"));
+        let script = format!(
+            "#!/bin/sh\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = --outcome-file ]; then out=$2; fi\n  shift\ndone\n\
+             echo 'progress: 1/3 requests done' >&2\necho 'error: a line on stderr is not the verdict' >&2\n\
+             {write}exit {code}\n"
+        );
+        let path = dir.join(name);
+        std::fs::write(&path, script).expect("write the script");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
+    }
+
+    /// Runs `runner`, once more if the script was still open for writing in
+    /// a child another test forked (ETXTBSY).
+    pub(crate) async fn run_fake(runner: &ProcessLoadRunner, run: &LoadRun) -> Result<(), LoadError> {
+        for _ in 0..20 {
+            match runner.run(run, &CancellationToken::new()).await {
+                Err(LoadError::Spawn { error, .. }) if error.raw_os_error() == Some(26) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+        panic!("the fake loadgen stayed busy");
+    }
+
+    #[tokio::test]
+    async fn the_process_runner_takes_the_verdict_from_the_exit_status_and_the_words_from_the_outcome_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outcomes = dir.path().join("outcomes");
+        let json = |exit: LoadExit, error: &str| {
+            serde_json::to_string(&LoadOutcome::new(exit, Some(error.to_owned()))).expect("json")
+        };
+        let cases = [
+            (0, Some(r#"{"exit":"completed","code":0,"error":null}"#.to_owned()), None),
+            (
+                1,
+                Some(json(LoadExit::Error, "cannot reach the server")),
+                Some((LoadExit::Error, "cannot reach the server")),
+            ),
+            (2, None, Some((LoadExit::Usage, "it refused the command line the agent gave it"))),
+            (
+                3,
+                Some(json(LoadExit::Invalid, "the run is INVALID: lag")),
+                Some((LoadExit::Invalid, "the run is INVALID: lag")),
+            ),
+            (
+                4,
+                Some(json(LoadExit::NoneSucceeded, "all 3 requests failed (http_error 3)")),
+                Some((LoadExit::NoneSucceeded, "all 3 requests failed (http_error 3)")),
+            ),
+            // It died before it could say anything.
+            (4, None, Some((LoadExit::NoneSucceeded, "no request succeeded, and it left no outcome saying why"))),
+        ];
+        let scripts: Vec<PathBuf> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, (code, outcome, _))| fake_loadgen(dir.path(), &format!("loadgen-{i}"), *code, outcome.as_deref()))
+            .collect();
+        for (script, (code, _, expected)) in scripts.into_iter().zip(cases) {
+            let runner = ProcessLoadRunner::new(script, None, outcomes.clone());
+            let mut run = run_of(random(5), None, None);
+            run.target.outcome_file = runner.outcome_file(&run.job.attempt);
+            let path = run.target.outcome_file.clone().expect("an outcome file");
+            assert!(path.starts_with(&outcomes), "{}", path.display());
+            assert!(loadgen_args(&run).windows(2).any(|w| w[0] == "--outcome-file" && Path::new(&w[1]) == path));
+            let result = run_fake(&runner, &run).await;
+            assert!(!path.exists(), "the outcome file is removed once read");
+            match (result, expected) {
+                (Ok(()), None) => {}
+                (Err(LoadError::Failed { exit, message, log_tail }), Some((want, words))) => {
+                    assert_eq!(exit, want, "exit {code}");
+                    assert!(message.contains(words), "exit {code}: {message}");
+                    assert!(!message.contains("a line on stderr"), "exit {code}: {message}");
+                    // stderr is kept, as the log's tail.
+                    assert_eq!(
+                        log_tail, "progress: 1/3 requests done\nerror: a line on stderr is not the verdict",
+                        "exit {code}"
+                    );
+                }
+                (other, _) => panic!("exit {code}: {other:?}"),
+            }
+        }
+        // One that dies by a signal gave no verdict.
+        let killed = dir.path().join("killed");
+        std::fs::write(&killed, "#!/bin/sh\necho 'error: all fine' >&2\nkill -9 $$\n").expect("write");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&killed, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let runner = ProcessLoadRunner::new(killed, None, outcomes.clone());
+        let e = run_fake(&runner, &run_of(random(5), None, None)).await.expect_err("killed");
+        assert!(matches!(&e, LoadError::Crashed { log_tail, .. } if log_tail == "error: all fine"), "{e:?}");
     }
 }

@@ -328,7 +328,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         gpus,
         name,
         runtimes,
-        loadgen: Arc::new(ProcessLoadRunner::new(loadgen, Some(pids))),
+        loadgen: Arc::new(ProcessLoadRunner::new(loadgen, Some(pids), args.work_dir.join("loadgen"))),
         work_dir: args.work_dir,
         startup_timeout: Duration::from_secs(args.startup_timeout_s),
         gpu_check_interval: Duration::from_secs(60),

@@ -100,7 +100,8 @@ pub fn start_time(pid: u32) -> Option<u64> {
     fields.get(19)?.parse().ok()
 }
 
-fn sanitize(name: &str) -> String {
+/// `name` as a file name: what is not plainly safe in one becomes `_`.
+pub(crate) fn sanitize(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).collect()
 }
 

@@ -108,7 +108,7 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
         name: "local".into(),
         gpus: Arc::new(SimGpuProbe::new(gpu, 1, "local")),
         runtimes,
-        loadgen: Arc::new(ProcessLoadRunner::new(loadgen, Some(pids))),
+        loadgen: Arc::new(ProcessLoadRunner::new(loadgen, Some(pids), work_dir.join("loadgen"))),
         work_dir,
         startup_timeout: Duration::from_secs(120),
         gpu_check_interval: Duration::from_secs(60),

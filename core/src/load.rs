@@ -9,6 +9,10 @@
 //! A file travels by its hash to the agent and by its path to loadgen: a
 //! spec read back from a command line names each file by the path it was
 //! given, with no hash.
+//!
+//! How a run ended is typed here too, for both sides: loadgen's exit status
+//! is a `LoadExit`, and what it writes to `--outcome-file` as it exits a
+//! `LoadOutcome`, which the agent reads instead of loadgen's stderr.
 
 use std::path::PathBuf;
 
@@ -195,8 +199,10 @@ pub struct LoadTarget {
     pub processor_path: Option<PathBuf>,
     /// The controller's ingest service and the attempt the records are of.
     pub report: Option<ReportTo>,
-    /// No progress on stderr (a child whose stderr is read for its error).
+    /// No progress on stderr (a child whose stderr is kept for its log).
     pub quiet: bool,
+    /// Where loadgen writes its `LoadOutcome` as it exits.
+    pub outcome_file: Option<PathBuf>,
 }
 
 /// Where loadgen streams a job's records: the ingest service, the attempt's
@@ -322,6 +328,9 @@ impl LoadSpec {
                 }
             }
         }
+        if let Some(path) = &target.outcome_file {
+            args.value("--outcome-file", path.display());
+        }
         if let Some(r) = &target.report {
             args.value("--report-to", &r.url);
             args.value("--run-id", &r.run_id);
@@ -336,6 +345,81 @@ impl LoadSpec {
             }
         }
         args.0
+    }
+}
+
+/// How a loadgen run ended: one exit status per verdict (its `--help`
+/// lists them). Another status, or none (a signal), is no verdict of
+/// loadgen's: it crashed or was killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadExit {
+    /// 0: the run completed, its records (and summary) wherever they were
+    /// to go. INVALID or not, unless `--fail-on-invalid`.
+    Completed,
+    /// 1: an error: a flag's value refused, a server that cannot be reached
+    /// or does not serve the model, a dataset that cannot be read, records
+    /// the controller did not take.
+    Error,
+    /// 2: the command line does not parse (clap's usage error). No outcome
+    /// file is written: its path was not read.
+    Usage,
+    /// 3: with `--fail-on-invalid`, the run is INVALID.
+    Invalid,
+    /// 4: requests were sent and none succeeded: the run measured nothing.
+    NoneSucceeded,
+}
+
+impl LoadExit {
+    pub const ALL: [LoadExit; 5] =
+        [LoadExit::Completed, LoadExit::Error, LoadExit::Usage, LoadExit::Invalid, LoadExit::NoneSucceeded];
+
+    /// The process's exit status.
+    pub fn code(self) -> u8 {
+        match self {
+            LoadExit::Completed => 0,
+            LoadExit::Error => 1,
+            LoadExit::Usage => 2,
+            LoadExit::Invalid => 3,
+            LoadExit::NoneSucceeded => 4,
+        }
+    }
+
+    /// The verdict an exit status gives; `None` for one loadgen never
+    /// exits with.
+    pub fn from_code(code: i32) -> Option<LoadExit> {
+        LoadExit::ALL.into_iter().find(|e| i32::from(e.code()) == code)
+    }
+
+    /// What it means, in a few words.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            LoadExit::Completed => "the run completed",
+            LoadExit::Error => "an error",
+            LoadExit::Usage => "the command line does not parse",
+            LoadExit::Invalid => "the run is INVALID",
+            LoadExit::NoneSucceeded => "no request succeeded",
+        }
+    }
+}
+
+/// What loadgen writes to `--outcome-file` (JSON) as it exits: the exit
+/// status it exits with and, unless the run completed, why in its own
+/// words. Whoever started it takes its verdict from the status, and its
+/// message from here, never from its stderr.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadOutcome {
+    pub exit: LoadExit,
+    /// `exit`'s number, for a reader that has not the type.
+    pub code: u8,
+    /// Why the run did not complete (the error, or why it is INVALID);
+    /// `None` when it did.
+    pub error: Option<String>,
+}
+
+impl LoadOutcome {
+    pub fn new(exit: LoadExit, error: Option<String>) -> LoadOutcome {
+        LoadOutcome { exit, code: exit.code(), error }
     }
 }
 
@@ -391,6 +475,19 @@ mod tests {
             "{:?}",
             sharegpt.to_args(&target)
         );
+    }
+
+    #[test]
+    fn every_exit_status_reads_back_as_its_verdict() {
+        for exit in LoadExit::ALL {
+            assert_eq!(LoadExit::from_code(i32::from(exit.code())), Some(exit));
+        }
+        assert_eq!(LoadExit::from_code(101), None, "a panic is no verdict");
+        assert_eq!(LoadExit::from_code(-1), None);
+        let outcome = LoadOutcome::new(LoadExit::NoneSucceeded, Some("all 3 requests failed".into()));
+        let json = serde_json::to_string(&outcome).expect("json");
+        assert_eq!(json, r#"{"exit":"none_succeeded","code":4,"error":"all 3 requests failed"}"#);
+        assert_eq!(serde_json::from_str::<LoadOutcome>(&json).expect("reads back"), outcome);
     }
 
     #[test]

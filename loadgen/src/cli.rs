@@ -20,9 +20,10 @@ use crate::{Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCo
     name = "benchfleet-loadgen",
     version,
     about = "OpenAI-compatible streaming load generator",
-    after_help = "Environment: OPENAI_API_KEY (as --api-key), BENCHFLEET_INGEST_TOKEN (the attempt's ingest credential, for --report-to), RUST_LOG (the log filter).\n\nExit status: 0 when the run completed; 1 on an error (bad flags, a server that cannot be \
-                  reached, a dataset that cannot be read); 3 with --fail-on-invalid when the run is INVALID; 4 when \
-                  requests were sent and none succeeded."
+    after_help = "Environment: OPENAI_API_KEY (as --api-key), BENCHFLEET_INGEST_TOKEN (the attempt's ingest credential, for --report-to), RUST_LOG (the log filter).\n\nExit status: 0 when the run completed; 1 on an error (a flag's value refused, a server that \
+                  cannot be reached, a dataset that cannot be read); 2 when the command line does not parse; 3 with \
+                  --fail-on-invalid when the run is INVALID; 4 when requests were sent and none succeeded. \
+                  --outcome-file FILE says the same as JSON, with the error (docs/loadgen.md)."
 )]
 pub struct Args {
     /// The server's root URL.
@@ -213,6 +214,11 @@ pub struct Args {
     /// Write the latency metrics with every asked percentile here as CSV.
     #[arg(long)]
     pub save_summary_csv: Option<PathBuf>,
+    /// Write how the run ended here as JSON when loadgen exits (the exit
+    /// status, its name, and the error unless the run completed): for
+    /// whoever started it, so that it need not read stderr.
+    #[arg(long, value_name = "FILE")]
+    pub outcome_file: Option<PathBuf>,
     /// No progress on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -412,6 +418,7 @@ impl Args {
             processor_path: self.processor_path().cloned(),
             report,
             quiet: self.quiet,
+            outcome_file: self.outcome_file.clone(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! reused, and driven by the request's own task: no pool, no extra task, no
 //! buffer per connection.
 
+mod error;
 mod http1;
 
 use std::borrow::Cow;
@@ -37,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::dataset::{Prompt, TokenCounter};
 use crate::record::{Chunk, Chunks, Outcome, Phase, RequestRecord};
+pub use error::{ErrorKind, RequestError};
 pub(crate) use http1::RequestHead;
 use http1::{Decoder, Head, Step};
 
@@ -180,13 +182,15 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
 /// Opens a connection, with its TLS handshake for https: both within the
 /// connect timeout.
-pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
+pub(crate) async fn connect(target: &Target) -> Result<Conn, RequestError> {
     let Transport { addr, addrs, tls, .. } = &target.transport;
     let timeout = target.timeouts.connect;
     let opening = async {
-        let tcp = TcpStream::connect(&addrs[..]).await.map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let tcp = TcpStream::connect(&addrs[..])
+            .await
+            .map_err(|error| RequestError::Connect { addr: addr.as_str().into(), error })?;
         // Without it, Nagle holds a small request back behind the previous ack.
-        tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY on {addr}: {e}"))?;
+        tcp.set_nodelay(true).map_err(|error| RequestError::NoDelay { addr: addr.as_str().into(), error })?;
         // Chunks are timed by their arrival, not their read (see `rx`);
         // without stamps they are timed by their read, so this is not worth
         // failing for.
@@ -200,14 +204,14 @@ pub(crate) async fn connect(target: &Target) -> Result<Conn, String> {
         // every plain connection being opened.
         let stream = Box::pin(tls.connector.connect(tls.name.clone(), tcp))
             .await
-            .map_err(|e| format!("TLS handshake with {addr} failed: {}", error_chain(&e)))?;
+            .map_err(|error| RequestError::Handshake { addr: addr.as_str().into(), error })?;
         // From here on the reads are ours (timed by arrival), the TLS state
         // rustls's.
         let (tcp, session) = stream.into_inner();
         Ok(Conn { tcp, tls: Some(Box::new(session)) })
     };
     match tokio::time::timeout(timeout, opening).await {
-        Err(_) => Err(format!("connect timeout: no connection to {addr} within {timeout:?}")),
+        Err(_) => Err(RequestError::ConnectTimeout { addr: addr.as_str().into(), timeout }),
         Ok(result) => result,
     }
 }
@@ -245,7 +249,7 @@ pub(crate) fn send(
             () = target.cancel.cancelled() => {
                 // Its connection stopped mid-exchange: not to be used again.
                 conn = None;
-                Err(fail(Outcome::Cancelled, "cancelled: the run ended before the response did"))
+                Err(RequestError::Cancelled)
             }
             result = exchange(&target, &body, &mut conn, &mut rec) => result,
         };
@@ -253,7 +257,7 @@ pub(crate) fn send(
         // the reading of its connection's last bytes was cut short (and the
         // connection is not kept).
         let outcome = match outcome {
-            Err((Outcome::Cancelled, _)) if rec.completed_ns.is_some() => Ok(()),
+            Err(RequestError::Cancelled) if rec.completed_ns.is_some() => Ok(()),
             other => other,
         };
         let completed_ns = rec.completed_ns.unwrap_or_else(|| target.clock.now_ns());
@@ -263,7 +267,12 @@ pub(crate) fn send(
 
 /// Sends `body` on the connection in `conn` (or a new one), leaving there
 /// the connection if it may carry the next request.
-async fn exchange(target: &Target, body: &Bytes, conn: &mut Option<Conn>, rec: &mut Recorder) -> Result<(), Failure> {
+async fn exchange(
+    target: &Target,
+    body: &Bytes,
+    conn: &mut Option<Conn>,
+    rec: &mut Recorder,
+) -> Result<(), RequestError> {
     let head = &target.transport.head;
     let reused = conn.is_some();
     if !reused {
@@ -283,7 +292,7 @@ async fn exchange(target: &Target, body: &Bytes, conn: &mut Option<Conn>, rec: &
         }
         // A kept-alive connection the server closed while idle fails before
         // any response: once more on a new one.
-        Err((Outcome::TransportError, _)) if reused && rec.record.http_status.is_none() => {
+        Err(e) if reused && e.outcome() == Outcome::TransportError && rec.record.http_status.is_none() => {
             *conn = None;
             Box::pin(async {
                 let mut fresh = open(target, rec).await?;
@@ -301,19 +310,14 @@ async fn exchange(target: &Target, body: &Bytes, conn: &mut Option<Conn>, rec: &
 }
 
 /// Opens a connection for a request, recording how long it took.
-async fn open(target: &Target, rec: &mut Recorder) -> Result<Conn, Failure> {
+async fn open(target: &Target, rec: &mut Recorder) -> Result<Conn, RequestError> {
     let started = target.clock.now_ns();
-    match connect(target).await {
-        Ok(conn) => {
-            rec.record.connect_ns = Some(target.clock.now_ns() - started);
-            Ok(conn)
-        }
-        Err(e) => {
-            let outcome = if e.starts_with("connect timeout") { Outcome::Timeout } else { Outcome::TransportError };
-            rec.record.sent_ns = target.clock.now_ns();
-            Err((outcome, Some(e)))
-        }
+    let opened = connect(target).await;
+    match &opened {
+        Ok(_) => rec.record.connect_ns = Some(target.clock.now_ns() - started),
+        Err(_) => rec.record.sent_ns = target.clock.now_ns(),
     }
+    opened
 }
 
 /// One request and response on a connection; `Ok(true)` when the
@@ -324,7 +328,7 @@ async fn http_exchange(
     body: &Bytes,
     conn: &mut Conn,
     rec: &mut Recorder,
-) -> Result<bool, Failure> {
+) -> Result<bool, RequestError> {
     rec.record.sent_ns = target.clock.now_ns();
     rec.deadline = Instant::now() + target.timeouts.total;
     // One timer for the whole exchange, moved only when a deadline comes
@@ -356,12 +360,11 @@ async fn http_exchange(
 }
 
 /// The TLS records that carry `plain`.
-fn seal(tls: &mut ClientConnection, plain: &[u8]) -> Result<Vec<u8>, Failure> {
-    let broken = |e: std::io::Error| fail(Outcome::TransportError, format!("cannot send the request over TLS: {e}"));
-    tls.writer().write_all(plain).map_err(broken)?;
+fn seal(tls: &mut ClientConnection, plain: &[u8]) -> Result<Vec<u8>, RequestError> {
+    tls.writer().write_all(plain).map_err(RequestError::Seal)?;
     let mut wire = Vec::with_capacity(plain.len() + 64);
     while tls.wants_write() {
-        tls.write_tls(&mut wire).map_err(broken)?;
+        tls.write_tls(&mut wire).map_err(RequestError::Seal)?;
     }
     Ok(wire)
 }
@@ -371,20 +374,13 @@ fn poll_write_all(
     wire: &[u8],
     written: &mut usize,
     cx: &mut Context<'_>,
-) -> Poll<Result<(), Failure>> {
+) -> Poll<Result<(), RequestError>> {
     while *written < wire.len() {
         match Pin::new(&mut *tcp).poll_write(cx, &wire[*written..]) {
             Poll::Pending => return Poll::Pending,
-            Poll::Ready(Ok(0)) => {
-                return Poll::Ready(Err(fail(
-                    Outcome::TransportError,
-                    "cannot send the request: the connection is closed",
-                )));
-            }
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(RequestError::SendClosed)),
             Poll::Ready(Ok(n)) => *written += n,
-            Poll::Ready(Err(e)) => {
-                return Poll::Ready(Err(fail(Outcome::TransportError, format!("cannot send the request: {e}"))));
-            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(RequestError::Send(e))),
         }
     }
     Poll::Ready(Ok(()))
@@ -397,12 +393,12 @@ fn poll_response(
     response: &mut Response,
     rec: &mut Recorder,
     cx: &mut Context<'_>,
-) -> Poll<Result<(), Failure>> {
+) -> Poll<Result<(), RequestError>> {
     SCRATCH.with_borrow_mut(|scratch| {
         loop {
             let received = match crate::rx::poll_recv(&conn.tcp, scratch, cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(response.broken(&e))),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(response.broken(e))),
                 Poll::Ready(Ok(received)) => received,
             };
             let now_ns = rec.target.clock.now_ns();
@@ -437,21 +433,20 @@ fn open_records(
     response: &mut Response,
     at_ns: i64,
     rec: &mut Recorder,
-) -> Result<Option<Result<(), Failure>>, Failure> {
-    let broken = |e: String| fail(Outcome::TransportError, format!("TLS error: {e}"));
+) -> Result<Option<Result<(), RequestError>>, RequestError> {
     let mut complete = false;
     while !cipher.is_empty() {
         // rustls takes what it has room for; its plaintext is read out
         // before it takes more.
-        if tls.read_tls(&mut cipher).map_err(|e| broken(e.to_string()))? == 0 {
+        if tls.read_tls(&mut cipher).map_err(RequestError::TlsRead)? == 0 {
             // Nothing taken: the session had already ended (close_notify).
             return Ok(Some(response.closed(at_ns, rec)));
         }
-        let state = tls.process_new_packets().map_err(|e| broken(e.to_string()))?;
+        let state = tls.process_new_packets().map_err(|e| RequestError::TlsRecord(Box::new(e)))?;
         let mut left = state.plaintext_bytes_to_read();
         let closed = state.peer_has_closed();
         while left > 0 {
-            let plain = tls.reader().into_first_chunk().map_err(|e| broken(e.to_string()))?;
+            let plain = tls.reader().into_first_chunk().map_err(RequestError::TlsRead)?;
             let n = plain.len();
             if n == 0 {
                 break;
@@ -522,7 +517,7 @@ impl Response {
 
     /// Takes the bytes of one read, arrived at `at_ns`; `Ok(true)` once the
     /// response is complete (draining: once its body ended).
-    fn input(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder) -> Result<bool, Failure> {
+    fn input(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder) -> Result<bool, RequestError> {
         self.began = true;
         let left = if self.carry.is_empty() {
             // The usual case: framing is whole within the read, parsed where
@@ -549,20 +544,16 @@ impl Response {
         self.trailing |= left > 0 && self.ended();
         if self.carry.len() > CARRY_LIMIT {
             let what = if self.head.is_none() { "a response head" } else { "a chunk size line" };
-            return Err(fail(
-                Outcome::Malformed,
-                format!("malformed response: {what} longer than {CARRY_LIMIT} bytes"),
-            ));
+            return Err(RequestError::Oversized { what, limit: CARRY_LIMIT });
         }
         self.complete(at_ns, rec)
     }
 
     /// Parses what `bytes` holds whole; returns how many bytes it used.
-    fn parse(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder) -> Result<usize, Failure> {
+    fn parse(&mut self, bytes: &[u8], at_ns: i64, rec: &mut Recorder) -> Result<usize, RequestError> {
         let mut used = 0;
         while self.head.is_none() {
-            let malformed = |e: String| fail(Outcome::Malformed, format!("malformed response: {e}"));
-            let Some(head) = http1::parse_head(&bytes[used..]).map_err(malformed)? else {
+            let Some(head) = http1::parse_head(&bytes[used..]).map_err(RequestError::BadHead)? else {
                 return Ok(used);
             };
             used += head.len;
@@ -574,27 +565,19 @@ impl Response {
                 // A proxy's or a web server's page is not a reply.
                 let streamed = rec.target.stream && (200..300).contains(&head.status);
                 if streamed && head.media != http1::Media::EventStream {
-                    return Err(fail(
-                        Outcome::Malformed,
-                        format!(
-                            "malformed response: a streamed request got http {} with {}, not an event stream \
-                             (text/event-stream)",
-                            head.status,
-                            match head.media {
-                                http1::Media::Missing => "no content-type".to_owned(),
-                                m => format!("content-type {}", m.as_str()),
-                            }
-                        ),
-                    ));
+                    return Err(RequestError::NotEventStream {
+                        status: head.status,
+                        media: match head.media {
+                            http1::Media::Missing => "no content-type".into(),
+                            m => format!("content-type {}", m.as_str()).into(),
+                        },
+                    });
                 }
             }
         }
         let failed = self.failed();
         loop {
-            let step = self
-                .body
-                .step(&bytes[used..])
-                .map_err(|e| fail(Outcome::Malformed, format!("malformed stream: bad chunked framing: {e}")))?;
+            let step = self.body.step(&bytes[used..]).map_err(RequestError::BadFraming)?;
             match step {
                 Step::Data { data, used: n } => {
                     used += n;
@@ -614,7 +597,7 @@ impl Response {
     }
 
     /// Whether the response is complete after the last read.
-    fn complete(&mut self, at_ns: i64, rec: &mut Recorder) -> Result<bool, Failure> {
+    fn complete(&mut self, at_ns: i64, rec: &mut Recorder) -> Result<bool, RequestError> {
         if self.failed() {
             if self.ended() || self.excerpt.len() >= EXCERPT_LEN {
                 return Err(self.http_error());
@@ -635,16 +618,16 @@ impl Response {
             self.whole = true;
             return Ok(true);
         }
-        Err(fail(Outcome::Disconnected, "disconnected: the response ended before [DONE]"))
+        Err(RequestError::EndedBeforeDone)
     }
 
     /// The server closed the connection at `at_ns`.
-    fn closed(&mut self, at_ns: i64, rec: &mut Recorder) -> Result<(), Failure> {
+    fn closed(&mut self, at_ns: i64, rec: &mut Recorder) -> Result<(), RequestError> {
         if !self.began {
-            return Err(fail(Outcome::TransportError, "the connection closed before a response came"));
+            return Err(RequestError::ClosedBeforeResponse);
         }
         if self.head.is_none() {
-            return Err(fail(Outcome::Disconnected, "disconnected: the connection closed within the response head"));
+            return Err(RequestError::ClosedInHead);
         }
         if self.body.ends_at_close() {
             self.body = Decoder::Ended;
@@ -660,24 +643,24 @@ impl Response {
             self.draining = false;
             return Ok(());
         }
-        Err(fail(Outcome::Disconnected, "disconnected mid-stream: the connection closed before [DONE]"))
+        Err(RequestError::ClosedMidStream)
     }
 
     /// The connection broke with `e`.
-    fn broken(&self, e: &std::io::Error) -> Failure {
+    fn broken(&self, e: std::io::Error) -> RequestError {
         if !self.began {
-            return fail(Outcome::TransportError, format!("no response: the connection failed before one came: {e}"));
+            return RequestError::NoResponse(e);
         }
         if self.failed() {
             return self.http_error();
         }
-        fail(Outcome::Disconnected, format!("disconnected mid-stream: the connection broke before [DONE]: {e}"))
+        RequestError::BrokeMidStream(e)
     }
 
-    fn http_error(&self) -> Failure {
+    fn http_error(&self) -> RequestError {
         let status = self.head.map_or(0, |h| h.status);
         let text = String::from_utf8_lossy(&self.excerpt);
-        fail(Outcome::HttpError, format!("http {status}: {}", head_of(text.trim())))
+        RequestError::Status { status, excerpt: head_of(text.trim()).into() }
     }
 }
 
@@ -689,8 +672,8 @@ impl Response {
 async fn wait<T>(
     rec: &mut Recorder,
     mut timer: Pin<&mut Sleep>,
-    mut poll: impl FnMut(&mut Recorder, &mut Context<'_>) -> Poll<Result<T, Failure>>,
-) -> Result<T, Failure> {
+    mut poll: impl FnMut(&mut Recorder, &mut Context<'_>) -> Poll<Result<T, RequestError>>,
+) -> Result<T, RequestError> {
     poll_fn(|cx| {
         if let Poll::Ready(v) = poll(rec, cx) {
             return Poll::Ready(v);
@@ -715,12 +698,6 @@ async fn wait<T>(
         }
     })
     .await
-}
-
-type Failure = (Outcome, Option<String>);
-
-fn fail(outcome: Outcome, error: impl Into<String>) -> Failure {
-    (outcome, Some(error.into()))
 }
 
 /// A request's record in the making, and the parsing of its response.
@@ -811,22 +788,21 @@ impl Recorder {
     }
 
     /// The failure for the deadline that expired.
-    fn timeout(&self) -> Failure {
+    fn timeout(&self) -> RequestError {
         let t = &self.target.timeouts;
-        let message = if Instant::now() >= self.deadline {
-            format!("total timeout: no complete response within {:?}", t.total)
+        if Instant::now() >= self.deadline {
+            RequestError::TotalTimeout(t.total)
         } else if self.record.first_token_ns.is_none() {
-            format!("first-token timeout: no token within {:?} of the send", t.first_token)
+            RequestError::FirstTokenTimeout(t.first_token)
         } else {
-            format!("idle timeout: no data for {:?} between chunks", t.idle)
-        };
-        fail(Outcome::Timeout, message)
+            RequestError::IdleTimeout(t.idle)
+        }
     }
 
     /// Parses body bytes that arrived at `at_ns`, consuming whole lines;
     /// `Ok(true)` once the stream said `[DONE]`. A non-streamed body is
     /// gathered until its end.
-    fn feed(&mut self, bytes: &[u8], at_ns: i64) -> Result<bool, Failure> {
+    fn feed(&mut self, bytes: &[u8], at_ns: i64) -> Result<bool, RequestError> {
         if !self.target.stream {
             self.pending.extend_from_slice(bytes);
             return Ok(false);
@@ -852,7 +828,7 @@ impl Recorder {
 
     /// The body ended at `at_ns`: `Ok(true)` if the response is complete
     /// (a non-streamed body is parsed now).
-    fn end(&mut self, at_ns: i64) -> Result<bool, Failure> {
+    fn end(&mut self, at_ns: i64) -> Result<bool, RequestError> {
         if self.target.stream {
             return Ok(false);
         }
@@ -864,7 +840,7 @@ impl Recorder {
     /// The SSE lines in `body`: how many bytes were whole lines, and whether
     /// `[DONE]` came. As the SSE specification says, CRLF, a lone LF and a
     /// lone CR each end a line.
-    fn lines(&mut self, body: &[u8], at_ns: i64) -> Result<(usize, bool), Failure> {
+    fn lines(&mut self, body: &[u8], at_ns: i64) -> Result<(usize, bool), RequestError> {
         let mut consumed = 0;
         if !body.is_empty() && std::mem::take(&mut self.after_cr) && body[0] == b'\n' {
             consumed = 1;
@@ -923,19 +899,15 @@ impl Recorder {
     }
 
     /// One SSE event's data; `Ok(true)` for `[DONE]`.
-    fn event(&mut self, data: &[u8], at_ns: i64) -> Result<bool, Failure> {
+    fn event(&mut self, data: &[u8], at_ns: i64) -> Result<bool, RequestError> {
         let data = data.trim_ascii();
         if data == b"[DONE]" {
             return Ok(true);
         }
-        let chunk: StreamChunk<'_> = serde_json::from_slice(data).map_err(|e| {
-            fail(
-                Outcome::Malformed,
-                format!("malformed stream: bad chunk ({e}): {}", head_of(&String::from_utf8_lossy(data))),
-            )
-        })?;
+        let chunk: StreamChunk<'_> = serde_json::from_slice(data)
+            .map_err(|error| RequestError::BadChunk { error, data: head_of(&String::from_utf8_lossy(data)).into() })?;
         if let Some(error) = chunk.error {
-            return Err(fail(Outcome::Incomplete, format!("server error in stream: {}", head_of(&error.to_string()))));
+            return Err(RequestError::InStream(head_of(&error.to_string()).to_owned()));
         }
         if let Some(choice) = &chunk.choice {
             self.text_chunk(choice, at_ns);
@@ -961,12 +933,11 @@ impl Recorder {
     }
 
     /// A non-streamed response: one chunk, at its arrival.
-    fn whole(&mut self, body: &[u8], at_ns: i64) -> Result<(), Failure> {
-        let response: StreamChunk<'_> = serde_json::from_slice(body).map_err(|e| {
-            fail(Outcome::Malformed, format!("malformed response ({e}): {}", head_of(&String::from_utf8_lossy(body))))
-        })?;
+    fn whole(&mut self, body: &[u8], at_ns: i64) -> Result<(), RequestError> {
+        let response: StreamChunk<'_> = serde_json::from_slice(body)
+            .map_err(|error| RequestError::BadBody { error, body: head_of(&String::from_utf8_lossy(body)).into() })?;
         if let Some(error) = response.error {
-            return Err(fail(Outcome::Incomplete, format!("server error: {}", head_of(&error.to_string()))));
+            return Err(RequestError::InBody(head_of(&error.to_string()).to_owned()));
         }
         if let Some(choice) = &response.choice {
             self.text_chunk(choice, at_ns);
@@ -975,25 +946,24 @@ impl Recorder {
         Ok(())
     }
 
-    fn finish(mut self, outcome: Result<(), Failure>, completed_ns: i64) -> RequestRecord {
+    fn finish(mut self, outcome: Result<(), RequestError>, completed_ns: i64) -> RequestRecord {
         let r = &mut self.record;
         if r.sent_ns == 0 {
             r.sent_ns = completed_ns;
         }
         r.completed_ns = completed_ns;
-        (r.outcome, r.error) = match outcome {
+        let failure = match outcome {
             // As vLLM's bench counts it: a reply without a token has no
             // TTFT and is no success.
-            Ok(()) if r.first_token_ns.is_none() => fail(
-                Outcome::Malformed,
-                if self.target.stream {
-                    "no tokens: the stream ended without any text"
-                } else {
-                    "no tokens: the response holds no text"
-                },
-            ),
-            Ok(()) => (Outcome::Ok, None),
-            Err(failure) => failure,
+            Ok(()) if r.first_token_ns.is_none() => {
+                Some(if self.target.stream { RequestError::NoTokensStreamed } else { RequestError::NoTokens })
+            }
+            Ok(()) => None,
+            Err(failure) => Some(failure),
+        };
+        (r.outcome, r.error) = match failure {
+            Some(failure) => (failure.outcome(), Some(failure.to_string())),
+            None => (Outcome::Ok, None),
         };
         // A reply shorter than asked for gives its slack back.
         if r.chunks.capacity() > r.chunks.len() + r.chunks.len() / 8 + 8 {

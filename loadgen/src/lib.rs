@@ -24,7 +24,7 @@ pub mod vllm;
 pub use benchfleet_core::{block, convert, metrics, record, sharegpt};
 
 pub use block::render_block;
-pub use client::{Endpoint, Timeouts};
+pub use client::{Endpoint, ErrorKind, RequestError, Timeouts};
 pub use clock::cpu_time;
 pub use dataset::{Dataset, DatasetError, Lengths, TokenCounter, read_sharegpt};
 pub use metrics::{

@@ -1,6 +1,8 @@
 //! `benchfleet-loadgen`: the command-line face of the library. Its flags,
 //! modelled on `vllm bench serve`, and what they make are the library's
-//! `cli`; this runs them (one run or a sweep) and writes the results.
+//! `cli`; this runs them (one run or a sweep), writes the results, and
+//! says how the run ended: its exit status, the error on stderr and, with
+//! `--outcome-file`, both as JSON.
 
 use std::io::{BufWriter, IsTerminal};
 use std::path::Path;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use benchfleet_core::load::{LoadExit, LoadOutcome};
 use benchfleet_loadgen::block::render_self_check;
 use benchfleet_loadgen::cli::{Args, ProfileName, load_config, sink_config};
 use benchfleet_loadgen::output::{summary_json, write_csv, write_jsonl, write_summary_csv};
@@ -26,19 +29,43 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info,rustls_platform_verifier=off".into()),
         )
         .init();
-    let result = tokio::runtime::Runtime::new()
+    // A command line that does not parse exits 2 here, before any outcome
+    // file is known.
+    let args = Args::parse();
+    let outcome_file = args.outcome_file.clone();
+    let outcome = tokio::runtime::Runtime::new()
         .context("cannot start the async runtime")
-        .and_then(|rt| rt.block_on(start(Args::parse())));
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+        .and_then(|rt| rt.block_on(start(args)))
+        .unwrap_or_else(|e| LoadOutcome::new(LoadExit::Error, Some(format!("{e:#}"))));
+    // Why a run is INVALID is in its self-check, on stdout.
+    if let (LoadExit::Error | LoadExit::NoneSucceeded, Some(error)) = (outcome.exit, &outcome.error) {
+        eprintln!("error: {error}");
+    }
+    let mut exit = outcome.exit;
+    if let Some(path) = &outcome_file
+        && let Err(e) = write_outcome(path, &outcome)
+    {
+        eprintln!("error: cannot write the outcome to {}: {e}", path.display());
+        // Whoever asked for it cannot tell a completed run from a crash.
+        if exit == LoadExit::Completed {
+            exit = LoadExit::Error;
         }
     }
+    ExitCode::from(exit.code())
 }
 
-async fn start(args: Args) -> anyhow::Result<ExitCode> {
+/// Writes the outcome whole or not at all (a file beside it, renamed), so
+/// that a reader never takes half of one for the whole.
+fn write_outcome(path: &Path, outcome: &LoadOutcome) -> std::io::Result<()> {
+    let json = serde_json::to_vec_pretty(outcome).map_err(std::io::Error::other)?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::write(&partial, json)?;
+    std::fs::rename(&partial, path)
+}
+
+/// Runs what the flags ask for; how it ended, or the error that ended it.
+async fn start(args: Args) -> anyhow::Result<LoadOutcome> {
     let config = load_config(&args)?;
     let sink = sink_config(&args)?;
     // Ctrl-C ends the run early; what was sent is still recorded.
@@ -49,7 +76,7 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
         }
     });
 
-    let mut invalid = false;
+    let mut invalid = None;
     let mut none_succeeded = None;
     if args.profile == Some(ProfileName::Sweep) {
         if sink.is_some() {
@@ -79,7 +106,7 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
             results.push((name.clone(), step(name, c, &args).await?));
         }
         for (i, (name, result)) in results.iter().enumerate() {
-            invalid |= result.summary.invalid.is_some();
+            invalid = invalid.or_else(|| result.summary.invalid.as_ref().map(|why| format!("{name}: {why}")));
             none_succeeded = none_succeeded.or_else(|| result.none_succeeded().map(|why| format!("{name}: {why}")));
             save(&args, result, Some(i))?;
             summaries.push(serde_json::json!({ "step": name, "summary": result.summary }));
@@ -95,14 +122,16 @@ async fn start(args: Args) -> anyhow::Result<ExitCode> {
             let json = summary_json(&result.summary).context("cannot encode the summary")?;
             std::fs::write(path, json).with_context(|| format!("cannot write the summary to {}", path.display()))?;
         }
-        invalid = result.summary.invalid.is_some();
+        invalid.clone_from(&result.summary.invalid);
         none_succeeded = result.none_succeeded();
     }
-    if let Some(why) = none_succeeded {
-        eprintln!("error: {why}");
-        return Ok(ExitCode::from(4));
-    }
-    Ok(if invalid && args.fail_on_invalid { ExitCode::from(3) } else { ExitCode::SUCCESS })
+    Ok(match (none_succeeded, invalid) {
+        (Some(why), _) => LoadOutcome::new(LoadExit::NoneSucceeded, Some(why)),
+        (None, Some(why)) if args.fail_on_invalid => {
+            LoadOutcome::new(LoadExit::Invalid, Some(format!("the run is INVALID: {why}")))
+        }
+        (None, _) => LoadOutcome::new(LoadExit::Completed, None),
+    })
 }
 
 /// One run with its progress display; prints its blocks.

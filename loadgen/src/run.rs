@@ -229,8 +229,8 @@ pub enum LoadError {
     },
     #[error("invalid base url {url}: {reason}")]
     BaseUrl { url: String, reason: String },
-    #[error("cannot open connection {n} to {addr} before the run: {reason}")]
-    Connect { n: usize, addr: String, reason: String },
+    #[error("cannot open connection {n} to {addr} before the run: {error}")]
+    Connect { n: usize, addr: String, error: client::RequestError },
     #[error("{0}")]
     Tls(String),
 }
@@ -608,7 +608,7 @@ async fn open_connections(target: &Target, n: usize) -> Result<Vec<Conn>, LoadEr
     opened
         .into_iter()
         .enumerate()
-        .map(|(i, c)| c.map_err(|reason| LoadError::Connect { n: i + 1, addr: addr.clone(), reason }))
+        .map(|(i, c)| c.map_err(|error| LoadError::Connect { n: i + 1, addr: addr.clone(), error }))
         .collect()
 }
 
@@ -640,6 +640,24 @@ struct Model {
     id: String,
 }
 
+/// Whether, somewhere in `error`'s causes, TLS refused the certificate the
+/// server showed. An I/O error holds its cause inside it, not as its
+/// source (and may hold another I/O error): each is looked into.
+fn certificate_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    if matches!(
+        error.downcast_ref::<rustls::Error>(),
+        Some(
+            rustls::Error::InvalidCertificate(_)
+                | rustls::Error::NoCertificatesPresented
+                | rustls::Error::InvalidCertRevocationList(_)
+        )
+    ) {
+        return true;
+    }
+    let inner = error.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref());
+    inner.is_some_and(|inner| certificate_refused(inner)) || error.source().is_some_and(certificate_refused)
+}
+
 /// Checks that the server serves the model.
 async fn check_model(http: &reqwest::Client, config: &LoadConfig) -> Result<(), LoadError> {
     let url = format!("{}/v1/models", config.base_url.trim_end_matches('/'));
@@ -649,11 +667,8 @@ async fn check_model(http: &reqwest::Client, config: &LoadConfig) -> Result<(), 
             request = request.bearer_auth(key);
         }
         let unreachable = |source: reqwest::Error| {
-            let hint = if client::error_chain(&source).contains("certificate") {
-                "is its certificate trusted (--ca-cert)?"
-            } else {
-                "is it running?"
-            };
+            let hint =
+                if certificate_refused(&source) { "is its certificate trusted (--ca-cert)?" } else { "is it running?" };
             LoadError::Unreachable { url: url.clone(), hint, source }
         };
         let response = request.send().await.map_err(unreachable)?;

@@ -492,9 +492,17 @@ fn provenance(j: &Job) -> Provenance {
 }
 
 /// The flags of loadgen's run that tie it to the fleet: the stream of its
-/// records to the controller.
-const FLEET_FLAGS: [&str; 7] =
-    ["--report-to", "--run-id", "--job", "--attempt", "--epoch", "--report-buffer-mib", "--report-ca"];
+/// records to the controller, and the outcome file the agent reads.
+const FLEET_FLAGS: [&str; 8] = [
+    "--report-to",
+    "--run-id",
+    "--job",
+    "--attempt",
+    "--epoch",
+    "--report-buffer-mib",
+    "--report-ca",
+    "--outcome-file",
+];
 
 /// The standalone `benchfleet-loadgen` command that sends a job's load
 /// again: the arguments the agent ran it with (one mapping, the agent's),

@@ -171,7 +171,8 @@ fn the_reproduce_command_drops_the_fleet_and_names_the_matrix_files() {
     j.profile.processor = Some(crate::model::StoredFile { file: "tok.json".into(), sha256: "cd".repeat(32) });
     let args = "--base-url http://127.0.0.1:29542 --model m --num-prompts 10 --quiet --processor /cache/cd \
                 --dataset-name sharegpt --dataset-path /cache/ab --report-to http://127.0.0.1:7070 --run-id 1 \
-                --job 0 --attempt 1 --epoch 3 --report-ca /var/lib/benchfleet-agent/identity/ca.pem --report-insecure";
+                --job 0 --attempt 1 --epoch 3 --report-ca /var/lib/benchfleet-agent/identity/ca.pem --report-insecure \
+                --outcome-file /var/lib/benchfleet-agent/loadgen/loadgen-1-0-1.json";
     j.loadgen_args = args.split(' ').map(str::to_owned).collect();
     assert_eq!(
         reproduce(&j).as_deref(),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use benchfleet_core::load::{LoadExit, LoadOutcome};
 use benchfleet_loadgen::{RequestRecord, Summary, summarize};
 use tokio::process::Command;
 
@@ -137,6 +138,77 @@ async fn a_run_in_which_no_request_succeeded_exits_4_saying_why() {
         .await
         .expect("runs");
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// Runs loadgen with `args` and `--outcome-file`: its exit status, the
+/// outcome it left (if any) and its stderr.
+async fn outcome_of(args: &[&str]) -> (Option<i32>, Option<LoadOutcome>, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("outcome.json");
+    let output = loadgen().args(args).arg("--outcome-file").arg(&path).output().await.expect("runs");
+    let outcome = std::fs::read(&path).ok().map(|b| serde_json::from_slice(&b).expect("an outcome"));
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").flatten().map(|e| e.file_name()).collect();
+    assert!(leftovers.len() <= 1, "nothing but the outcome is left: {leftovers:?}");
+    (output.status.code(), outcome, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn the_outcome_file_says_what_the_exit_status_says_with_the_error() {
+    let _machine = crate::beside().await;
+    let url = fake_openai::start(QUICK).await;
+    let run = |model: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec!["--base-url", url.as_str(), "--model", model, "--num-prompts", "3", "--quiet"];
+        args.extend(["--random-input-len", "4", "--random-output-len", "4"]);
+        args.extend(extra);
+        args
+    };
+
+    let (code, outcome, stderr) = outcome_of(&run("good", &[])).await;
+    assert_eq!(outcome, Some(LoadOutcome::new(LoadExit::Completed, None)), "{stderr}");
+    assert_eq!(code, Some(0));
+
+    // An error: the words stderr has after "error: ", typed.
+    let (code, outcome, stderr) = outcome_of(&run("nope", &[])).await;
+    let outcome = outcome.expect("an outcome");
+    assert_eq!((code, outcome.exit, outcome.code), (Some(1), LoadExit::Error, 1));
+    let error = outcome.error.expect("the error");
+    assert!(error.starts_with("model \"nope\" is not served by "), "{error}");
+    assert!(stderr.contains(&format!("error: {error}")), "{stderr}");
+    // A server that is not there, and a dataset that is not there.
+    let (code, outcome, _) =
+        outcome_of(&["--base-url", "http://127.0.0.1:9", "--model", "m", "--num-prompts", "1"]).await;
+    let error = outcome.and_then(|o| o.error).unwrap_or_default();
+    assert_eq!(code, Some(1));
+    assert!(error.starts_with("cannot reach the server at http://127.0.0.1:9/v1/models; is it running?"), "{error}");
+    let (code, outcome, _) =
+        outcome_of(&["--model", "m", "--dataset-name", "sharegpt", "--dataset-path", "/nonexistent/share.json"]).await;
+    let error = outcome.and_then(|o| o.error).unwrap_or_default();
+    assert_eq!(code, Some(1));
+    assert!(error.starts_with("cannot read the ShareGPT file /nonexistent/share.json"), "{error}");
+
+    // A command line that does not parse: clap's usage error, before any
+    // outcome file is known.
+    let (code, outcome, stderr) = outcome_of(&run("good", &["--no-such-flag"])).await;
+    assert_eq!((code, outcome), (Some(2), None), "{stderr}");
+
+    // INVALID, with --fail-on-invalid: why, from the summary.
+    let (code, outcome, stderr) =
+        outcome_of(&run("good", &["--request-rate", "200", "--lag-limit-ms", "0.000001", "--fail-on-invalid"])).await;
+    let outcome = outcome.expect("an outcome");
+    assert_eq!((code, outcome.exit), (Some(3), LoadExit::Invalid), "{stderr}");
+    let error = outcome.error.expect("why");
+    assert!(error.starts_with("the run is INVALID: "), "{error}");
+    assert!(!stderr.contains("error: "), "an INVALID run is no error: {stderr}");
+    // Without it, the run completed.
+    let (code, outcome, _) = outcome_of(&run("good", &["--request-rate", "200", "--lag-limit-ms", "0.000001"])).await;
+    assert_eq!((code, outcome.map(|o| o.exit)), (Some(0), Some(LoadExit::Completed)));
+
+    // None succeeded.
+    let (code, outcome, _) = outcome_of(&run("http-500", &[])).await;
+    let outcome = outcome.expect("an outcome");
+    assert_eq!((code, outcome.exit, outcome.code), (Some(4), LoadExit::NoneSucceeded, 4));
+    let error = outcome.error.expect("why");
+    assert!(error.starts_with("all 3 requests failed (http_error 3); the first: http 500"), "{error}");
 }
 
 #[tokio::test]

@@ -104,8 +104,15 @@ prop_compose! {
 /// A spec and a target for it: the target has a path for each file the
 /// spec names, and none for a file it does not (as the agent fetches them).
 fn spec_and_target() -> impl Strategy<Value = (LoadSpec, LoadTarget)> {
-    (spec(), any::<String>(), any::<String>(), path(), path(), proptest::option::of(report()), any::<bool>()).prop_map(
-        |(spec, base_url, model, dataset_path, processor_path, report, quiet)| {
+    (
+        spec(),
+        (any::<String>(), any::<String>()),
+        (path(), path()),
+        proptest::option::of(report()),
+        any::<bool>(),
+        proptest::option::of(path()),
+    )
+        .prop_map(|(spec, (base_url, model), (dataset_path, processor_path), report, quiet, outcome_file)| {
             let target = LoadTarget {
                 base_url,
                 model,
@@ -113,10 +120,10 @@ fn spec_and_target() -> impl Strategy<Value = (LoadSpec, LoadTarget)> {
                 processor_path: spec.processor.is_some().then_some(processor_path),
                 report,
                 quiet,
+                outcome_file,
             };
             (spec, target)
-        },
-    )
+        })
 }
 
 /// The spec as loadgen knows it: its files by the paths it was given, with
@@ -170,6 +177,7 @@ fn example() -> (LoadSpec, LoadTarget) {
     let target = LoadTarget {
         base_url: "http://127.0.0.1:8123".into(),
         model: "m".into(),
+        outcome_file: Some("/var/lib/benchfleet-agent/loadgen/loadgen-17-4-2.json".into()),
         report: Some(ReportTo {
             url: "http://127.0.0.1:7070".into(),
             run_id: "17".into(),
@@ -194,7 +202,8 @@ fn a_job_s_flags_read_as_vllm_bench_serve_s() {
          --request-rate 12.5 --arrival poisson --max-concurrency 9 --lag-limit-ms 12.5 --rate-tolerance 0.025 \
          --warmup 7 --cooldown-time 2.5 --max-duration 90 --ignore-eos --extra-body {\"temperature\":0} \
          --goodput ttft:200 tpot:50 --dataset-name random --random-input-len 100 --random-output-len 20 --seed 5 \
-         --arrival-seed 77 --report-to http://127.0.0.1:7070 --run-id 17 --job 4 --attempt 2 --epoch 9"
+         --arrival-seed 77 --outcome-file /var/lib/benchfleet-agent/loadgen/loadgen-17-4-2.json \
+         --report-to http://127.0.0.1:7070 --run-id 17 --job 4 --attempt 2 --epoch 9"
     );
 }
 
@@ -234,6 +243,7 @@ fn values_that_look_like_flags_read_back_as_values() {
     let spec = LoadSpec { extra_body: Some("--quiet".into()), lag_limit_ms: Some(-1.5), ..spec };
     target.model = "-m".into();
     target.report.as_mut().expect("a report").run_id = "--job".into();
+    target.outcome_file = Some("--quiet".into());
     let argv = spec.to_args(&target);
     assert!(argv.contains(&"--model=-m".to_owned()) && argv.contains(&"--extra-body=--quiet".to_owned()), "{argv:?}");
     assert_eq!(cli::from_args(&argv).expect("flags"), (spec, target));

@@ -11,10 +11,11 @@ use benchfleet_agent::AgentConfig;
 use benchfleet_agent::engine::{Engine, EngineError, EngineRuntime, engine_command};
 use benchfleet_agent::gpu::SimGpuProbe;
 use benchfleet_agent::job::{EngineLaunch, LoadRun};
-use benchfleet_agent::load::LoadRunner;
+use benchfleet_agent::load::{LoadError, LoadRunner};
 use benchfleet_cli::client;
 use benchfleet_cli::local::LocalFleet;
 use benchfleet_controller::{SledStore, Store};
+use benchfleet_core::load::LoadExit;
 use tokio_util::sync::CancellationToken;
 
 pub struct InProcessSim;
@@ -62,15 +63,18 @@ pub struct InProcessLoadgen;
 
 #[tonic::async_trait]
 impl LoadRunner for InProcessLoadgen {
-    async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> anyhow::Result<()> {
+    async fn run(&self, run: &LoadRun, stop: &CancellationToken) -> Result<(), LoadError> {
+        // As the binary ends: an error is exit status 1, a run in which no
+        // request succeeded 4, each with its words.
+        let error = |e: anyhow::Error| LoadError::failed(LoadExit::Error, format!("{e:#}"));
         // The flags the agent gives the binary, parsed as the binary does.
-        let (_, mut config, sink) = benchfleet_loadgen::cli::parse(&benchfleet_agent::load::loadgen_args(run))?;
-        let sink = sink.ok_or_else(|| anyhow::anyhow!("the agent's flags name no controller to report to"))?;
+        let (_, mut config, sink) =
+            benchfleet_loadgen::cli::parse(&benchfleet_agent::load::loadgen_args(run)).map_err(error)?;
+        let sink = sink.ok_or_else(|| error(anyhow::anyhow!("the agent's flags name no controller to report to")))?;
         config.stop = stop.child_token();
-        let result = benchfleet_loadgen::run(config, Some(sink)).await?;
-        // As the binary does: it exits 4 with this on its last line.
+        let result = benchfleet_loadgen::run(config, Some(sink)).await.map_err(|e| error(e.into()))?;
         if let Some(why) = result.none_succeeded() {
-            anyhow::bail!("loadgen failed (exit status: 4): error: {why}");
+            return Err(LoadError::failed(LoadExit::NoneSucceeded, why));
         }
         Ok(())
     }
