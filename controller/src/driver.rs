@@ -7,15 +7,21 @@
 //!
 //! `Controller` is the handle the services hold: it sends events (stamped
 //! with their time of arrival, so a busy driver costs nobody a lease) and
-//! awaits the answers of those that have one.
+//! awaits the answers of those that have one. The driver's inbox is bounded
+//! (`INBOX`): a sender that finds it full waits for room, so a flood is held
+//! back where it comes from (an agent's session stream stops being read)
+//! instead of growing the controller's memory. It also keeps `tasks`, the
+//! tracker every task the services spawn runs under, so that `serve` can
+//! wait for them all when it stops.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::digests::Digester;
 use crate::ingest::Ingest;
@@ -124,15 +130,33 @@ enum Input {
 /// Most events taken into one batch.
 const MAX_BATCH: usize = 1024;
 
+/// Inputs waiting for the driver: one batch's worth, queued while the batch
+/// before it is applied, so a driver that keeps up takes all that waited
+/// into its next batch and no sender waits on it. It also bounds what a
+/// flood can make the controller hold: this many inputs, each from at most
+/// one gRPC message (`service::MAX_MESSAGE_BYTES`; a job update with its
+/// telemetry series is the largest, a heartbeat a few dozen bytes). A
+/// sender that finds it full waits for room, in turn: a session's task then
+/// stops reading its agent's stream, whose HTTP/2 window holds the agent
+/// back; the ingest committer's thread waits before it acknowledges.
+/// Nothing is dropped, and each sender's inputs stay in the order it sent
+/// them.
+pub const INBOX: usize = MAX_BATCH;
+
 /// The running controller's scheduling side.
 pub struct Controller {
-    tx: Mutex<mpsc::Sender<Input>>,
+    tx: mpsc::Sender<Input>,
     store: Arc<dyn Store>,
     pub ingest: Ingest,
     pub config: ControllerConfig,
     changed: watch::Sender<u64>,
     /// Cancelled when the controller stops: streams end.
     pub shutdown: CancellationToken,
+    /// Every task spawned for a session, stream or call (and the lease
+    /// timer): `serve` closes it when the controller stops and waits until
+    /// they have all ended. A task under it ends soon after `shutdown`:
+    /// none waits on a client once the controller stops.
+    pub tasks: TaskTracker,
     /// Set when the driver stopped the controller itself.
     halted: Arc<OnceLock<Halted>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -182,12 +206,16 @@ impl Controller {
         for r in &enrolment.revoked {
             revoked.insert(r.name.clone(), r.at_unix);
         }
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::channel(INBOX);
         let summaries = tx.clone();
         let (digester, digest_rx) = Digester::new();
         let to_digest = digester.queue();
         let (ingest, ingest_thread) = Ingest::start(store.clone(), move |key, summary| {
-            let _ = summaries.send(Input::Event(now(), Event::SummaryStored(key)));
+            // On the committer's thread, before the batch is acknowledged:
+            // the event is queued ahead of whatever the agent sends once
+            // loadgen has the ack. While the inbox is full, this wait holds
+            // the acknowledgements back.
+            let _ = summaries.blocking_send(Input::Event(now(), Event::SummaryStored(key)));
             let _ = to_digest.send(Some((key, benchfleet_core::digest::records_of(summary))));
         });
         let digest_thread = digester.run(store.clone(), ingest.clone(), digest_rx);
@@ -225,15 +253,16 @@ impl Controller {
         }
         let thread = std::thread::Builder::new()
             .name("scheduler".to_owned())
-            .spawn(move || driver.run(&rx))
+            .spawn(move || driver.run(rx))
             .expect("a thread can be spawned");
         let controller = Arc::new(Controller {
-            tx: Mutex::new(tx),
+            tx,
             store,
             ingest,
             config,
             changed,
             shutdown,
+            tasks: TaskTracker::new(),
             halted,
             threads: Mutex::new(vec![thread, ingest_thread, digest_thread]),
             digester,
@@ -243,7 +272,7 @@ impl Controller {
         let ticker = Arc::downgrade(&controller);
         let every = controller.config.tick;
         let stop = controller.shutdown.clone();
-        tokio::spawn(async move {
+        controller.tasks.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -252,7 +281,7 @@ impl Controller {
                     _ = tick.tick() => {}
                 }
                 let Some(c) = ticker.upgrade() else { return };
-                c.event(Event::Tick);
+                c.event(Event::Tick).await;
             }
         });
         Ok(controller)
@@ -268,18 +297,21 @@ impl Controller {
         self.halted.get()
     }
 
-    fn send(&self, input: Input) -> bool {
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(input).is_ok()
+    /// Queues an input, waiting while the inbox is full; false once the
+    /// driver has stopped.
+    async fn send(&self, input: Input) -> bool {
+        self.tx.send(input).await.is_ok()
     }
 
-    /// Sends an event; it is applied in arrival order.
-    pub fn event(&self, event: Event) {
-        self.send(Input::Event(now(), event));
+    /// Sends an event, stamped now; it is applied in arrival order. Waits
+    /// while the driver's inbox is full (`INBOX`).
+    pub async fn event(&self, event: Event) {
+        self.send(Input::Event(now(), event)).await;
     }
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Input) -> Result<T, Stopped> {
         let (reply, rx) = oneshot::channel();
-        if !self.send(make(reply)) {
+        if !self.send(make(reply)).await {
             return Err(Stopped);
         }
         rx.await.map_err(|_| Stopped)
@@ -402,9 +434,12 @@ struct Driver {
 type Reply = Box<dyn FnOnce()>;
 
 impl Driver {
-    fn run(mut self, rx: &mpsc::Receiver<Input>) {
+    /// Takes inputs until `Stop`; the inbox closes when this returns (it
+    /// owns the receiver), so senders still waiting for room are told the
+    /// controller stopped.
+    fn run(mut self, mut rx: mpsc::Receiver<Input>) {
         loop {
-            let Ok(first) = rx.recv() else { break };
+            let Some(first) = rx.blocking_recv() else { break };
             let mut replies: Vec<Reply> = Vec::new();
             let mut welcomes: Vec<(AgentId, u64, SessionHandle, Welcome)> = Vec::new();
             let mut stop = None;
@@ -774,3 +809,80 @@ pub fn progress(s: &Scheduler, run: RunId, now: Now) -> Option<Progress> {
 }
 
 pub use sched::human;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// More events than the inbox holds, sent while the driver is busy:
+    /// the sender fills the inbox and then waits (nothing more is queued);
+    /// once the driver goes on, every event is applied, in the order sent.
+    #[tokio::test]
+    async fn a_flood_waits_for_room_in_the_inbox_and_nothing_is_lost_or_reordered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(crate::SledStore::open(dir.path()).expect("store"));
+        let mut config = ControllerConfig::new("http://127.0.0.1:1");
+        // The lease timer's first tick, at start, and no other.
+        config.tick = Duration::from_secs(3600);
+        let c = Controller::start(store, config).expect("controller");
+        let mut batches = c.subscribe();
+        batches.wait_for(|n| *n >= 1).await.expect("the first tick is applied");
+
+        let flood = INBOX as u64 + 100;
+        let (tx, mut session) = mpsc::channel(flood as usize + 1);
+        let handle = SessionHandle { tx, closed: CancellationToken::new() };
+        let hello = Hello { name: "host-1".into(), instance: "i1".into(), ..Default::default() };
+        let welcome = c.hello(hello, handle).await.expect("running").expect("welcome");
+        assert!(matches!(session.recv().await, Some(Outbound::Welcome(_))));
+
+        // The driver is held by a query until the test lets it go.
+        let (entered, held) = oneshot::channel();
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::spawn({
+            let c = c.clone();
+            async move {
+                c.query(move |_, _| {
+                    let _ = entered.send(());
+                    let _ = wait.recv();
+                })
+                .await
+            }
+        });
+        held.await.expect("the driver runs the query");
+
+        let sent = Arc::new(AtomicU64::new(0));
+        let sender = tokio::spawn({
+            let (c, sent) = (c.clone(), sent.clone());
+            async move {
+                for seq in 1..=flood {
+                    c.event(Event::Heartbeat { agent: welcome.agent, session: welcome.epoch, seq }).await;
+                    sent.store(seq, Ordering::SeqCst);
+                }
+            }
+        });
+        // Until the inbox is full, nothing stops the sender; then each
+        // further event can only wait for the driver, which is held.
+        while sent.load(Ordering::SeqCst) < INBOX as u64 {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(c.tx.capacity(), 0, "the inbox is full");
+        assert_eq!(sent.load(Ordering::SeqCst), INBOX as u64, "nothing is queued beyond the inbox");
+        assert!(!sender.is_finished());
+
+        release.send(()).expect("the query waits");
+        busy.await.expect("the task").expect("answered");
+        sender.await.expect("the sender");
+        for seq in 1..=flood {
+            match session.recv().await {
+                Some(Outbound::Msg(ToAgent::HeartbeatAck { seq: acked })) => assert_eq!(acked, seq),
+                other => panic!("expected the acknowledgement of heartbeat {seq}, got {other:?}"),
+            }
+        }
+        c.stop().await;
+    }
+}

@@ -1,7 +1,9 @@
 //! The controller's gRPC face: the agent, ingest and operator services over
 //! the driver, plus gRPC health and reflection, and `serve`, which runs them
-//! until the shutdown signal and then stops in bounded time. Wire types are
-//! converted in `convert`; nothing here decides anything about scheduling.
+//! until the shutdown signal, then stops the controller and waits for every
+//! task the services spawned (each runs under `Controller::tasks`, and none
+//! waits on a client once the controller stops). Wire types are converted in
+//! `convert`; nothing here decides anything about scheduling.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use tokio::io::AsyncReadExt as _;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
@@ -99,8 +102,27 @@ impl From<Stopped> for Status {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Status> + Send + 'static) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("task failed: {e}")))?
+/// Runs store I/O off the async threads, as one of the controller's tasks:
+/// a call whose client went away leaves it running, and `serve` waits for
+/// it to end.
+async fn blocking<T: Send + 'static>(
+    c: &Controller,
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    c.tasks.spawn_blocking(f).await.map_err(|e| Status::internal(format!("task failed: {e}")))?
+}
+
+/// Sends an item down a response stream, waiting for room as long as the
+/// controller runs; false when the client is gone, or when the controller
+/// has stopped and the stream has no room (a client that stopped reading
+/// holds no task after the stop). While the stream has room, the item goes,
+/// stopping or not.
+async fn deliver<T>(tx: &mpsc::Sender<T>, item: T, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        biased;
+        sent = tx.send(item) => sent.is_ok(),
+        () = stop.cancelled() => false,
+    }
 }
 
 /// The gRPC face of a controller.
@@ -157,7 +179,7 @@ impl pb::agent_service_server::AgentService for Services {
         info!(%agent, %name, %peer, epoch = session, kept = welcome.keep.len(), "agent session started");
         let controller = self.0.clone();
         let ended = closed.clone();
-        tokio::spawn(async move {
+        self.0.tasks.spawn(async move {
             loop {
                 let next = tokio::select! {
                     () = ended.cancelled() => break,
@@ -171,12 +193,14 @@ impl pb::agent_service_server::AgentService for Services {
                     }
                     Some(Ok(m)) => m,
                 };
-                if let Err(e) = on_agent_message(&controller, agent, session, msg) {
+                // The next message is read only once the driver took this
+                // one: a full inbox holds the agent back in its own stream.
+                if let Err(e) = on_agent_message(&controller, agent, session, msg).await {
                     warn!(%agent, "bad message from the agent: {}", e.message());
                 }
             }
             info!(%agent, epoch = session, "agent session ended");
-            controller.event(Event::SessionClosed { agent, session });
+            controller.event(Event::SessionClosed { agent, session }).await;
         });
         let url = self.0.config.advertise_url.clone();
         let key = self.0.config.ingest_key.clone();
@@ -219,11 +243,12 @@ impl pb::agent_service_server::AgentService for Services {
         }
         let store = self.0.store().clone();
         let wanted = sha.clone();
-        let (file, size) = blocking(move || Ok(store.open_file(&wanted)?))
+        let (file, size) = blocking(&self.0, move || Ok(store.open_file(&wanted)?))
             .await?
             .ok_or_else(|| Status::not_found(format!("no file with SHA-256 {sha} is stored")))?;
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
+        let stop = self.0.shutdown.clone();
+        self.0.tasks.spawn(async move {
             let mut file = tokio::fs::File::from_std(file);
             let mut first = true;
             loop {
@@ -231,7 +256,7 @@ impl pb::agent_service_server::AgentService for Services {
                 let n = match file.read(&mut data).await {
                     Ok(n) => n,
                     Err(e) => {
-                        let _ = tx.send(Err(Status::internal(format!("reading the file failed: {e}")))).await;
+                        deliver(&tx, Err(Status::internal(format!("reading the file failed: {e}"))), &stop).await;
                         return;
                     }
                 };
@@ -246,7 +271,7 @@ impl pb::agent_service_server::AgentService for Services {
                     data,
                 };
                 first = false;
-                if tx.send(Ok(chunk)).await.is_err() || n == 0 {
+                if !deliver(&tx, Ok(chunk), &stop).await || n == 0 {
                     return;
                 }
             }
@@ -255,9 +280,10 @@ impl pb::agent_service_server::AgentService for Services {
     }
 }
 
-/// Turns one session message into a driver event. Identity comes from the
-/// session, never from the message.
-fn on_agent_message(c: &Controller, agent: AgentId, session: u64, msg: pb::AgentMessage) -> Result<(), Status> {
+/// Turns one session message into a driver event and queues it (waiting
+/// while the driver's inbox is full). Identity comes from the session, never
+/// from the message.
+async fn on_agent_message(c: &Controller, agent: AgentId, session: u64, msg: pb::AgentMessage) -> Result<(), Status> {
     use pb::agent_message::Msg;
     let event = match msg.msg {
         Some(Msg::Heartbeat(h)) => Event::Heartbeat { agent, session, seq: h.seq },
@@ -272,7 +298,7 @@ fn on_agent_message(c: &Controller, agent: AgentId, session: u64, msg: pb::Agent
         Some(Msg::Hello(_)) => return Err(Status::invalid_argument("hello in the middle of a session")),
         None => return Ok(()),
     };
-    c.event(event);
+    c.event(event).await;
     Ok(())
 }
 
@@ -310,7 +336,9 @@ impl pb::ingest_service_server::IngestService for Services {
         let (pending_tx, mut pending_rx) =
             mpsc::channel::<(u64, tokio::sync::oneshot::Receiver<Result<bool, IngestError>>)>(8);
         let acks = tx.clone();
-        tokio::spawn(async move {
+        let stop = self.0.shutdown.clone();
+        let stopped = stop.clone();
+        self.0.tasks.spawn(async move {
             while let Some((batch, reply)) = pending_rx.recv().await {
                 let ack = match reply.await {
                     Ok(Ok(summary_stored)) => Ok(pb::RecordAck { batch, summary_stored }),
@@ -321,13 +349,12 @@ impl pb::ingest_service_server::IngestService for Services {
                     Ok(Err(e)) => Err(Status::internal(e.to_string())),
                 };
                 let failed = ack.is_err();
-                if acks.send(ack).await.is_err() || failed {
+                if !deliver(&acks, ack, &stopped).await || failed {
                     return;
                 }
             }
         });
-        let stop = self.0.shutdown.clone();
-        tokio::spawn(async move {
+        self.0.tasks.spawn(async move {
             loop {
                 let next = tokio::select! {
                     () = stop.cancelled() => return,
@@ -347,15 +374,14 @@ impl pb::ingest_service_server::IngestService for Services {
                 {
                     // Says nothing of which attempt the credential is for.
                     warn!(run = %a.run_id, job = a.job, "a record batch under another attempt's credential was refused");
-                    let _ = tx
-                        .send(Err(Status::permission_denied("the ingest credential is not this batch's attempt's")))
-                        .await;
+                    let refused = Status::permission_denied("the ingest credential is not this batch's attempt's");
+                    deliver(&tx, Err(refused), &stop).await;
                     return;
                 }
                 let reply = match to_batch(batch) {
                     Ok(b) => controller.ingest.submit(b),
                     Err(status) => {
-                        let _ = tx.send(Err(status)).await;
+                        deliver(&tx, Err(status), &stop).await;
                         return;
                     }
                 };
@@ -408,7 +434,7 @@ impl pb::operator_service_server::OperatorService for Services {
     ) -> Result<Response<pb::MissingFilesResponse>, Status> {
         let store = self.0.store().clone();
         let wanted = req.into_inner().sha256;
-        let missing = blocking(move || {
+        let missing = blocking(&self.0, move || {
             let mut missing = Vec::new();
             for sha in wanted {
                 if !store.has_file(&sha)? {
@@ -437,14 +463,14 @@ impl pb::operator_service_server::OperatorService for Services {
             )));
         }
         let store = self.0.store().clone();
-        let mut writer = blocking(move || Ok(store.new_file()?)).await?;
+        let mut writer = blocking(&self.0, move || Ok(store.new_file()?)).await?;
         let mut data = first.data;
         loop {
             if writer.size() + data.len() as u64 > size {
                 return Err(Status::invalid_argument(format!("{name} is longer than the {size} bytes it was sent as")));
             }
             let chunk = std::mem::take(&mut data);
-            writer = blocking(move || {
+            writer = blocking(&self.0, move || {
                 writer.write(&chunk)?;
                 Ok(writer)
             })
@@ -455,7 +481,7 @@ impl pb::operator_service_server::OperatorService for Services {
             }
         }
         let shown = sha.clone();
-        blocking(move || Ok(writer.finish(&sha, size)?))
+        blocking(&self.0, move || Ok(writer.finish(&sha, size)?))
             .await
             .map_err(|e| Status::new(e.code(), format!("{name}: {}", e.message())))?;
         info!(file = %name, sha256 = %shown, size, "file stored");
@@ -465,7 +491,7 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::SubmitRunResponse>, Status> {
         let submission = convert::submission(req.into_inner());
         let store = self.0.store().clone();
-        let prepared = blocking(move || {
+        let prepared = blocking(&self.0, move || {
             let prepared = plan::prepare(store.as_ref(), &submission, || store.next_run_id()).map_err(|e| match e {
                 SubmitError::Invalid(why) => Status::invalid_argument(why),
                 SubmitError::Store(e) => e.into(),
@@ -487,7 +513,7 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn plan_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::PlanRunResponse>, Status> {
         let submission = convert::submission(req.into_inner());
         // A run id no stored run has: the plan is never stored.
-        let prepared = blocking(move || {
+        let prepared = blocking(&self.0, move || {
             plan::prepare_dry(&submission, || Ok(RunId(u64::MAX))).map_err(|e| match e {
                 SubmitError::Invalid(why) => Status::invalid_argument(why),
                 SubmitError::Store(e) => e.into(),
@@ -529,7 +555,7 @@ impl pb::operator_service_server::OperatorService for Services {
 
     async fn list_runs(&self, _: Request<pb::ListRunsRequest>) -> Result<Response<pb::ListRunsResponse>, Status> {
         let store = self.0.store().clone();
-        let runs = blocking(move || Ok(convert::run_list(store.as_ref())?)).await?;
+        let runs = blocking(&self.0, move || Ok(convert::run_list(store.as_ref())?)).await?;
         Ok(Response::new(pb::ListRunsResponse { runs }))
     }
 
@@ -548,7 +574,7 @@ impl pb::operator_service_server::OperatorService for Services {
             })
             .await??;
         let store = self.0.store().clone();
-        let deleted = blocking(move || Ok(store.purge_run(run)?)).await?;
+        let deleted = blocking(&self.0, move || Ok(store.purge_run(run)?)).await?;
         info!(%run, jobs = deleted.jobs, records = deleted.records, files = deleted.files.len(), "run deleted");
         Ok(Response::new(convert::deleted(&deleted)))
     }
@@ -560,7 +586,7 @@ impl pb::operator_service_server::OperatorService for Services {
         let store = self.0.store().clone();
         let ingest = self.0.ingest.clone();
         let keep = move |key, digest: &benchfleet_core::Digest| ingest.digest(key, digest);
-        let doc = blocking(move || Ok(report::document(store.as_ref(), run, &keep)?)).await?;
+        let doc = blocking(&self.0, move || Ok(report::document(store.as_ref(), run, &keep)?)).await?;
         Ok(Response::new(pb::GetReportResponse {
             text: report::render_as(&doc, format),
             recommended: doc.recommendation.map(|r| r.config).unwrap_or_default(),
@@ -575,25 +601,29 @@ impl pb::operator_service_server::OperatorService for Services {
         let first = progress(&controller, run).await?;
         let mut changed = controller.subscribe();
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
+        let stop = controller.shutdown.clone();
+        self.0.tasks.spawn(async move {
             let mut next = Some(first);
             loop {
                 let Some(p) = next.take() else { return };
                 let done = p.finished;
-                if tx.send(Ok(p)).await.is_err() || done {
+                if !deliver(&tx, Ok(p), &stop).await || done {
                     return;
                 }
                 // At most a few updates a second, however busy the fleet.
                 tokio::select! {
-                    () = controller.shutdown.cancelled() => return,
+                    () = stop.cancelled() => return,
                     r = changed.changed() => if r.is_err() { return },
                 }
-                tokio::time::sleep(Duration::from_millis(250)).await;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
                 changed.borrow_and_update();
                 next = match progress(&controller, run).await {
                     Ok(p) => Some(p),
                     Err(e) => {
-                        let _ = tx.send(Err(e)).await;
+                        deliver(&tx, Err(e), &stop).await;
                         return;
                     }
                 };
@@ -605,7 +635,7 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn list_jobs(&self, req: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
         let run = convert::run_id(&req.into_inner().run_id)?;
         let store = self.0.store().clone();
-        let jobs = blocking(move || {
+        let jobs = blocking(&self.0, move || {
             store.run(run)?.ok_or_else(|| Status::not_found(format!("run {run} does not exist")))?;
             let groups = store.groups(run)?;
             let stats = store.attempt_stats(run)?;
@@ -649,15 +679,17 @@ impl pb::operator_service_server::OperatorService for Services {
         // A run that cannot be exported is refused as the call's answer,
         // before any chunk.
         let checked = store.clone();
-        blocking(move || Ok(export::exportable(checked.as_ref(), run).map(drop)?)).await?;
+        blocking(&self.0, move || Ok(export::exportable(checked.as_ref(), run).map(drop)?)).await?;
         let (tx, rx) = mpsc::channel(4);
-        tokio::task::spawn_blocking(move || match export::export(store.as_ref(), run, Chunks(tx.clone())) {
+        let mut out = Chunks { tx, stop: self.0.shutdown.clone(), runtime: tokio::runtime::Handle::current() };
+        self.0.tasks.spawn_blocking(move || match export::export(store.as_ref(), run, &mut out) {
             Ok(counts) => info!(%run, records = counts.records, "run exported"),
-            // The client stopped reading: no one to tell.
+            // The client stopped reading, or the controller is stopping: no
+            // one to tell.
             Err(ExportError::Write(e)) => debug!(%run, "export stopped: {e}"),
             Err(e) => {
                 warn!(%run, "export failed: {e}");
-                let _ = tx.blocking_send(Err(e.into()));
+                out.send(Err(e.into()));
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -670,7 +702,7 @@ impl pb::operator_service_server::OperatorService for Services {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(4);
         let stop = self.0.shutdown.clone();
-        tokio::spawn(async move {
+        self.0.tasks.spawn(async move {
             loop {
                 let next = tokio::select! {
                     () = stop.cancelled() => Some(Err(Status::unavailable("the controller is shutting down"))),
@@ -690,7 +722,7 @@ impl pb::operator_service_server::OperatorService for Services {
         });
         let store = self.0.store().clone();
         let upload = std::io::BufReader::with_capacity(1 << 20, Upload { rx, chunk: Vec::new(), at: 0 });
-        let imported = blocking(move || Ok(export::import(store.as_ref(), upload)?)).await?;
+        let imported = blocking(&self.0, move || Ok(export::import(store.as_ref(), upload)?)).await?;
         info!(run = %imported.run, original = %imported.original, records = imported.counts.records, "run imported");
         Ok(Response::new(convert::imported(&imported)))
     }
@@ -819,15 +851,33 @@ impl pb::enroll_service_server::EnrollService for Services {
     }
 }
 
-/// An export's bytes, sent as chunks down a response stream.
-struct Chunks(mpsc::Sender<Result<pb::ExportChunk, Status>>);
+/// An export's bytes, sent as chunks down a response stream from a
+/// blocking thread; a stop ends a write that waits on a client that does
+/// not read.
+struct Chunks {
+    tx: mpsc::Sender<Result<pb::ExportChunk, Status>>,
+    stop: CancellationToken,
+    /// Waits for room in the stream (or for the stop) on this thread.
+    runtime: tokio::runtime::Handle,
+}
+
+impl Chunks {
+    /// False when the client is gone, or the controller stopped while the
+    /// client was not reading.
+    fn send(&self, item: Result<pb::ExportChunk, Status>) -> bool {
+        self.runtime.block_on(deliver(&self.tx, item, &self.stop))
+    }
+}
 
 impl std::io::Write for Chunks {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         for part in buf.chunks(FILE_CHUNK_BYTES) {
-            self.0
-                .blocking_send(Ok(pb::ExportChunk { data: part.to_vec() }))
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client stopped reading"))?;
+            if !self.send(Ok(pb::ExportChunk { data: part.to_vec() })) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the client stopped reading, or the controller is stopping",
+                ));
+            }
         }
         Ok(buf.len())
     }
@@ -887,7 +937,7 @@ async fn progress(c: &Controller, run: RunId) -> Result<pb::RunProgress, Status>
         return Ok(p);
     }
     let store = c.store().clone();
-    blocking(move || {
+    blocking(c, move || {
         let r = store.run(run)?.ok_or_else(|| Status::not_found(format!("run {run} does not exist")))?;
         let jobs = store.jobs(run)?;
         let stage = store.groups(run)?.iter().map(|g| g.stage).max().unwrap_or(1);
@@ -903,10 +953,19 @@ async fn progress(c: &Controller, run: RunId) -> Result<pb::RunProgress, Status>
     .await
 }
 
-/// Serves the controller's gRPC services on `listener` until `shutdown`,
-/// then stops them in bounded time: every session, watch and record stream
-/// is ended (agents and loadgen reconnect to the next controller), and what
-/// is queued is written.
+/// How long connections get, once the controller has stopped and every task
+/// it spawned has ended, to deliver what their response streams still hold.
+/// Only a client that stopped reading needs it: its HTTP/2 stream cannot
+/// drain, so its connection would never close; `serve` then returns anyway.
+pub const UNREAD_STREAMS_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves the controller's gRPC services on `listener` until `shutdown`
+/// (or until the controller stops itself), then stops: the controller ends
+/// every session, watch and record stream (agents and loadgen reconnect to
+/// the next controller) and writes what is queued; every task the services
+/// spawned (`Controller::tasks`) is waited for; then connections close.
+/// It returns once they have, or `UNREAD_STREAMS_GRACE` after the tasks
+/// ended, whichever is first: never before those tasks ended.
 pub async fn serve(
     controller: Arc<Controller>,
     listener: tokio::net::TcpListener,
@@ -934,6 +993,10 @@ pub async fn serve(
         signalled.await;
         info!("controller stopping");
         stopper.stop().await;
+        // Each task ends on the shutdown token, by itself: none waits on a
+        // client after it (`deliver`).
+        stopper.tasks.close();
+        stopper.tasks.wait().await;
         let _ = done_tx.send(());
     };
     let mut server = tonic::transport::Server::builder();
@@ -969,10 +1032,21 @@ pub async fn serve(
     tokio::pin!(serving);
     tokio::select! {
         r = &mut serving => r,
-        // Streams that outlive the stop (a client that never reads) get a
-        // few seconds after the controller itself has stopped.
-        () = async { let _ = done_rx.await; tokio::time::sleep(Duration::from_secs(5)).await } => {
-            warn!("some connections did not close within 5 s of stopping; closing them");
+        // The server's graceful end waits for every connection to close; a
+        // client that never reads keeps its own open (its stream cannot
+        // drain), so the connections get a bound, counted from when the
+        // controller's own tasks have all ended.
+        () = async {
+            match done_rx.await {
+                Ok(()) => tokio::time::sleep(UNREAD_STREAMS_GRACE).await,
+                // The server ended before any stop: its answer is the one.
+                Err(_) => std::future::pending().await,
+            }
+        } => {
+            warn!(
+                "some connections did not close within {UNREAD_STREAMS_GRACE:?} of the controller stopping (clients \
+                 not reading); closing them"
+            );
             Ok(())
         }
     }
@@ -1009,13 +1083,20 @@ mod tests {
         }
     }
 
+    /// A runtime for `Chunks` to wait on, as the controller's would be.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
+    }
+
     #[test]
     fn an_export_goes_out_in_chunks_of_at_most_a_mib() {
         let data = bytes(3 * FILE_CHUNK_BYTES + 5);
         let (tx, mut rx) = mpsc::channel(2);
         let sent = data.clone();
+        let runtime = runtime();
+        let out = Chunks { tx, stop: CancellationToken::new(), runtime: runtime.handle().clone() };
         let writer = std::thread::spawn(move || {
-            let mut out = Chunks(tx);
+            let mut out = out;
             out.write_all(&sent[..10])?;
             out.write_all(&sent[10..])
         });
@@ -1029,6 +1110,32 @@ mod tests {
         writer.join().expect("thread").expect("written");
         assert_eq!(got, data);
         assert_eq!(sizes, [10, FILE_CHUNK_BYTES, FILE_CHUNK_BYTES, FILE_CHUNK_BYTES - 5]);
+    }
+
+    #[test]
+    fn a_stop_ends_an_export_its_client_does_not_read() {
+        // A client that is there (its receiver is held) but reads nothing.
+        let (tx, mut rx) = mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let runtime = runtime();
+        let out = Chunks { tx, stop: stop.clone(), runtime: runtime.handle().clone() };
+        let (wrote, written) = std::sync::mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            let mut out = out;
+            // The first chunk fills the stream; the second can only wait
+            // for room, which never comes, or for the stop.
+            let _ = wrote.send(out.write_all(b"first"));
+            let _ = wrote.send(out.write_all(b"second"));
+        });
+        written.recv().expect("the first write").expect("room for it");
+        stop.cancel();
+        let e = written.recv().expect("the second write").expect_err("no room, and stopping");
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        writer.join().expect("the writing thread ends");
+        // The stream still held only the first chunk: nothing was lost but
+        // what could not be sent.
+        assert_eq!(rx.try_recv().expect("the first chunk").expect("data").data, b"first");
+        assert!(rx.try_recv().is_err());
     }
 
     #[test]

@@ -3,10 +3,15 @@
 //! host, attempts that go stale when an agent restarts (their records
 //! refused for good), a controller that is killed and restarts while its
 //! agent goes on, a clone refused, and a greedy run whose stages follow from
-//! the summaries ingested; and the codes of what an operator is refused
-//! (`refusals`).
+//! the summaries ingested; the codes of what an operator is refused
+//! (`refusals`); and how `serve` stops (`stop`).
+//!
+//! Nothing here sleeps to let something happen: a test that checks that
+//! nothing came of a message first waits for the controller to have
+//! handled it (`FakeAgent::settle`).
 
 mod refusals;
+mod stop;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +68,9 @@ struct FakeAgent {
     assignments: tonic::Streaming<pb::ControllerMessage>,
     welcome: pb::Welcome,
     heartbeats: tokio::task::JoinHandle<()>,
+    /// The sequence numbers of `settle`'s heartbeats count down from the
+    /// top, apart from the heartbeat task's.
+    barriers: u64,
 }
 
 impl Drop for FakeAgent {
@@ -73,7 +81,9 @@ impl Drop for FakeAgent {
 }
 
 /// Says hello until the controller has seen the previous session of the
-/// name end (as a restarted agent retries).
+/// name end (as a restarted agent retries). The retry waits on the
+/// transport: when the controller reads the end of a dropped client's
+/// stream is up to HTTP/2, not to anything this test can order.
 async fn agent_again(url: &str, gpus: Vec<pb::Gpu>, instance: &str, running: Vec<pb::GroupClaim>) -> FakeAgent {
     for _ in 0..100 {
         match agent_on(channel(url).await, gpus.clone(), instance, running.clone()).await {
@@ -112,6 +122,8 @@ async fn agent_on(
         other => panic!("expected a welcome, got {other:?}"),
     };
     let beats = tx.clone();
+    // Real heartbeats, at the agent's pace, to keep the lease: a time-based
+    // behaviour of the controller's, not a wait of the test's.
     let heartbeats = tokio::spawn(async move {
         for seq in 1.. {
             let beat = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { seq })) };
@@ -121,7 +133,7 @@ async fn agent_on(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    Ok(FakeAgent { tx, assignments, welcome, heartbeats })
+    Ok(FakeAgent { tx, assignments, welcome, heartbeats, barriers: u64::MAX })
 }
 
 impl FakeAgent {
@@ -144,10 +156,39 @@ impl FakeAgent {
         }
     }
 
-    /// No assignment arrives within a short while.
+    /// Everything the controller sends for what this agent sent so far, up
+    /// to a barrier (heartbeat acknowledgements aside). The session is read
+    /// in order and the driver applies events in arrival order, but a
+    /// batch's acknowledgements go out before the assignments its dispatch
+    /// makes; so two heartbeats, the second sent once the first is
+    /// acknowledged: the second is applied in a later batch than every
+    /// message sent before the first, and its acknowledgement comes after
+    /// everything those batches sent.
+    async fn settle(&mut self) -> Vec<pb::controller_message::Msg> {
+        let mut sent = Vec::new();
+        for _ in 0..2 {
+            let seq = self.barriers;
+            self.barriers -= 1;
+            self.send(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { seq })).await;
+            loop {
+                let next = tokio::time::timeout(Duration::from_secs(10), self.assignments.next())
+                    .await
+                    .unwrap_or_else(|_| panic!("heartbeat {seq} was never acknowledged"));
+                match next.expect("the session is open").expect("no error").msg {
+                    Some(pb::controller_message::Msg::HeartbeatAck(a)) if a.seq == seq => break,
+                    Some(pb::controller_message::Msg::HeartbeatAck(_)) | None => {}
+                    Some(other) => sent.push(other),
+                }
+            }
+        }
+        sent
+    }
+
+    /// Nothing but heartbeat acknowledgements comes for what this agent sent
+    /// so far (`settle`).
     async fn nothing_more(&mut self) {
-        let next = self.message(Duration::from_millis(300)).await;
-        assert!(next.is_none(), "unexpected message: {next:?}");
+        let more = self.settle().await;
+        assert!(more.is_empty(), "unexpected messages: {more:?}");
     }
 
     async fn done(&self, group: &pb::AssignGroup) {
@@ -239,7 +280,9 @@ async fn a_restarted_agent_gets_its_group_again_and_the_old_attempt_is_refused_f
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     assert!(refused.message().contains("may not send records"), "{}", refused.message());
 
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once the success is handled, it has changed nothing: no message, and
+    // the store holds the new attempt, running.
+    b.nothing_more().await;
     let run_id = run.parse().expect("run id");
     let job = f.store.job(run_id, old_attempt.job).expect("read").expect("job");
     assert_eq!(job.attempt, 2);
@@ -267,7 +310,8 @@ fn controller_process(dir: &std::path::Path, port: u16) -> std::process::Child {
         .expect("the controller starts")
 }
 
-/// Connects once the controller listens.
+/// Connects once the controller listens: a process starting up, which
+/// nothing but trying again can wait for.
 async fn connect_when_up(url: &str) -> Channel {
     for _ in 0..100 {
         if let Ok(c) = Channel::from_shared(url.to_owned()).expect("url").connect().await {
@@ -352,7 +396,8 @@ async fn a_gpu_that_fails_gets_no_work_until_it_recovers() {
         pb::agent_message::Msg::GpuReport(pb::GpuReport { gpus: vec![g] })
     };
     a.send(report(false)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The report is handled before the run is submitted.
+    a.nothing_more().await;
     submit(&f.url).await;
     a.nothing_more().await;
 
@@ -365,7 +410,9 @@ async fn a_gpu_that_fails_gets_no_work_until_it_recovers() {
     assert_eq!(agents[0].gpus[0].reasons, ["ECC uncorrectable errors: 3"]);
 
     a.send(report(true)).await;
-    let assigned = a.next().await;
+    // What the recovery brings comes before the barrier ends.
+    let sent = a.settle().await;
+    let [pb::controller_message::Msg::AssignGroup(assigned)] = sent.as_slice() else { panic!("{sent:?}") };
     assert_eq!(assigned.gpu_uuids, ["GPU-0"]);
 }
 
@@ -484,14 +531,9 @@ async fn a_greedy_run_is_scheduled_stage_by_stage_from_its_results() {
         }
     }
 
-    for _ in 0..50 {
-        if f.store.run(run_id).expect("read").expect("run").is_over() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(f.store.run(run_id).expect("read").expect("run").is_over(), "the run never finished");
+    // The last group's end finishes the run, in the batch that handles it.
     a.nothing_more().await;
+    assert!(f.store.run(run_id).expect("read").expect("run").is_over(), "the run never finished");
     let stages: Vec<(String, u32)> =
         f.store.groups(run_id).expect("groups").into_iter().map(|g| (g.config.name, g.stage)).collect();
     let expected = [("vllm", 1), ("sglang", 1), ("vllm+a", 2), ("vllm+b", 2), ("vllm+c", 2), ("vllm+a+c", 3)];
@@ -830,7 +872,12 @@ profiles:
     }
     a.done(&group).await;
 
-    // Each attempt's digest is built from its stored records and stored.
+    // The last group's end finishes the run, in the batch that handles it.
+    a.nothing_more().await;
+    assert!(f.store.run(run).expect("read").expect("run").is_over(), "the run never finished");
+
+    // Each attempt's digest is built from its stored records and stored, by
+    // the digest thread, in its own time: polled for, with a deadline.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !keys.iter().all(|k| f.store.has_digest(k).expect("read")) {
         assert!(std::time::Instant::now() < deadline, "the digests were never stored");
@@ -841,10 +888,6 @@ profiles:
         assert_eq!(stored, benchfleet_core::Digest::of(&repeat_records(r as u64)), "repeat {r}");
     }
 
-    while !f.store.run(run).expect("read").expect("run").is_over() {
-        assert!(std::time::Instant::now() < deadline, "the run never finished");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     // The block is that of the union of the three repeats' samples.
     let union = benchfleet_core::summarize(&all, None);
     let report = benchfleet_controller::report::render(f.store.as_ref(), run).expect("report").text;

@@ -2,11 +2,13 @@
 //! services: NOT_FOUND for a run or agent that does not exist,
 //! FAILED_PRECONDITION for a run whose state refuses it, INTERNAL for a store
 //! that fails; and a controller whose store keeps refusing the scheduler's
-//! writes stops itself (its binary then exits with an error).
+//! writes stops itself (its binary then exits with an error). `Failing`, the
+//! store that misbehaves on demand, also serves `stop`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use benchfleet_controller::model::{AgentRecord, AttemptKey, AttemptStats, Counters, Group, Job, Run, RunId, Write};
@@ -66,12 +68,53 @@ async fn a_command_the_run_s_state_refuses_answers_failed_precondition() {
     assert_eq!(retried.jobs, jobs.len() as u64);
 }
 
-/// A sled store that fails when told to: reads of a run, or the scheduler's
-/// writes.
-struct Failing {
+/// A sled store that misbehaves when told to: reads of a run, or the
+/// scheduler's writes, fail; looking a file up waits while `files` is
+/// closed.
+pub(super) struct Failing {
     inner: SledStore,
     reads: AtomicBool,
     writes: AtomicBool,
+    pub(super) files: Gate,
+}
+
+impl Failing {
+    pub(super) fn new(inner: SledStore) -> Failing {
+        Failing { inner, reads: AtomicBool::new(false), writes: AtomicBool::new(false), files: Gate::default() }
+    }
+}
+
+/// Where a store call waits while the test holds it: (closed, calls
+/// waiting).
+#[derive(Default)]
+pub(super) struct Gate {
+    state: Mutex<(bool, usize)>,
+    changed: Condvar,
+}
+
+impl Gate {
+    pub(super) fn close(&self) {
+        self.state.lock().expect("gate").0 = true;
+    }
+
+    pub(super) fn open(&self) {
+        self.state.lock().expect("gate").0 = false;
+        self.changed.notify_all();
+    }
+
+    /// Calls waiting at the gate now.
+    pub(super) fn waiting(&self) -> usize {
+        self.state.lock().expect("gate").1
+    }
+
+    fn pass(&self) {
+        let mut state = self.state.lock().expect("gate");
+        state.1 += 1;
+        while state.0 {
+            state = self.changed.wait(state).expect("gate");
+        }
+        state.1 -= 1;
+    }
 }
 
 fn broken() -> StoreError {
@@ -152,6 +195,7 @@ impl Store for Failing {
         self.inner.stats(attempt)
     }
     fn has_file(&self, sha256: &str) -> Result<bool, StoreError> {
+        self.files.pass();
         self.inner.has_file(sha256)
     }
     fn new_file(&self) -> Result<FileWriter, StoreError> {
@@ -173,11 +217,7 @@ impl Store for Failing {
 async fn failing_controller(
     dir: &std::path::Path,
 ) -> (String, Arc<Failing>, Arc<Controller>, tokio::task::JoinHandle<()>) {
-    let store = Arc::new(Failing {
-        inner: SledStore::open(dir).expect("store"),
-        reads: AtomicBool::new(false),
-        writes: AtomicBool::new(false),
-    });
+    let store = Arc::new(Failing::new(SledStore::open(dir).expect("store")));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let c = Controller::start(store.clone(), ControllerConfig::new(url.clone())).expect("controller");
