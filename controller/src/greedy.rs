@@ -96,10 +96,8 @@ impl Results {
             .into_iter()
             .filter(|(_, js)| !js.is_empty() && js.iter().all(|j| j.state.is_terminal()))
             .collect();
-        let primary = ended
-            .iter()
-            .map(|(name, js)| ((*name).to_owned(), crate::report::pooled(js).map(Measured::from)))
-            .collect();
+        let primary =
+            ended.iter().map(|(name, js)| ((*name).to_owned(), crate::model::pooled(js).map(Measured::from))).collect();
         let repeats = ended
             .iter()
             .map(|(name, js)| {
@@ -127,7 +125,7 @@ impl Results {
             }
             if let (_, Step::Done(capacity)) = search::state(s, &probes, min_success_rate) {
                 let at_found = capacity.found.and_then(|f| probes.iter().find(|(x, _)| *x == f));
-                let summary = at_found.and_then(|(_, js)| crate::report::pooled(js)).unwrap_or_default();
+                let summary = at_found.and_then(|(_, js)| crate::model::pooled(js)).unwrap_or_default();
                 primary.insert(g.config.name.clone(), Some(Measured { summary, capacity: Some(capacity) }));
             }
         }

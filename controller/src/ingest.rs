@@ -15,12 +15,35 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use benchfleet_core::Summary;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::oneshot;
 
-use crate::metrics::IngestMetrics;
 use crate::model::{AttemptKey, AttemptStats, RunId};
 use crate::sched::Fence;
 use crate::store::{RecordCommit, Store, StoreError};
+
+/// What ingest counts as it goes.
+#[derive(Clone, Debug)]
+pub struct IngestMetrics {
+    pub records: Counter,
+    pub batches: Counter,
+    pub refused: Counter,
+    /// One group commit: the write and its flush.
+    pub commit_seconds: Histogram,
+}
+
+impl Default for IngestMetrics {
+    fn default() -> Self {
+        IngestMetrics {
+            records: Counter::default(),
+            batches: Counter::default(),
+            refused: Counter::default(),
+            // 100 µs to about 1.6 s.
+            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+        }
+    }
+}
 
 /// Most queued items taken into one commit.
 const MAX_COMMIT: usize = 512;

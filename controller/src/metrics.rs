@@ -5,38 +5,15 @@
 use std::sync::Arc;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::driver::Controller;
+use crate::ingest::IngestMetrics;
 use crate::model::JobState;
 
 type Labels = Vec<(String, String)>;
-
-/// What ingest counts as it goes.
-#[derive(Clone, Debug)]
-pub struct IngestMetrics {
-    pub records: Counter,
-    pub batches: Counter,
-    pub refused: Counter,
-    /// One group commit: the write and its flush.
-    pub commit_seconds: Histogram,
-}
-
-impl Default for IngestMetrics {
-    fn default() -> Self {
-        IngestMetrics {
-            records: Counter::default(),
-            batches: Counter::default(),
-            refused: Counter::default(),
-            // 100 µs to about 1.6 s.
-            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
-        }
-    }
-}
 
 /// The registry and the gauges set at each scrape.
 pub struct Metrics {

@@ -255,6 +255,15 @@ impl EngineConfig {
 /// the names the controller gives them.
 pub use benchfleet_core::load::{Arrival, Endpoint, LoadDataset as Dataset, LoadSpec, StoredFile, Window};
 
+/// The successful repeats pooled for their throughputs, means and success
+/// rate (no percentiles: no digest is read). The planners and the report
+/// both pool jobs this way.
+pub fn pooled(jobs: &[&Job]) -> Option<Summary> {
+    let summaries: Vec<&Summary> =
+        jobs.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.as_ref()).collect();
+    benchfleet_core::pool(&summaries, None)
+}
+
 /// A load profile: the traffic one job sends (its `load`) under the
 /// matrix's name, and what a search profile searches. Stored with the
 /// load's fields flattened into the profile's, the shape profiles had

@@ -666,14 +666,6 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
     }
 }
 
-/// The successful repeats pooled for their throughputs, means and success
-/// rate (no percentiles: no digest is read).
-pub fn pooled(jobs: &[&Job]) -> Option<Summary> {
-    let summaries: Vec<&Summary> =
-        jobs.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.as_ref()).collect();
-    pool(&summaries, None)
-}
-
 /// A headline number: its name in a block, its name for `compare
 /// --metric`, which way is better, and its value in a summary.
 pub struct Headline {
