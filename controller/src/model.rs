@@ -238,6 +238,27 @@ pub struct EngineConfig {
     pub profiles: Option<Vec<String>>,
 }
 
+#[cfg(test)]
+impl EngineConfig {
+    /// vLLM as a local process on model `m`, named `name`, with `variants`:
+    /// what the unit tests build groups of.
+    pub(crate) fn test(name: &str, variants: &[&str]) -> EngineConfig {
+        EngineConfig {
+            name: name.to_owned(),
+            engine: "vllm".into(),
+            kind: EngineKind::Vllm,
+            variants: variants.iter().map(|v| (*v).to_owned()).collect(),
+            model: "m".into(),
+            image: String::new(),
+            args: Vec::new(),
+            runtime: RuntimeKind::Process,
+            url: None,
+            allow_warm_cache: false,
+            profiles: None,
+        }
+    }
+}
+
 impl EngineConfig {
     /// Whether it runs the profile of this name.
     pub fn runs(&self, profile: &str) -> bool {

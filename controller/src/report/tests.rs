@@ -2,7 +2,7 @@
 //! INVALID baselines and variants within noise.
 
 use super::*;
-use crate::model::{Dataset, EngineConfig, EngineKind, Profile, Run, RuntimeKind};
+use crate::model::{Dataset, EngineConfig, Profile, Run};
 use crate::store::SledStore;
 
 const MATRIX: &str = "\
@@ -21,19 +21,10 @@ fn group(id: u64, variants: &[&str]) -> Group {
     Group {
         run: RunId(1),
         id,
-        config: EngineConfig {
-            name: std::iter::once("vllm").chain(variants.iter().copied()).collect::<Vec<_>>().join("+"),
-            engine: "vllm".into(),
-            kind: EngineKind::Vllm,
-            variants: variants.iter().map(|v| v.to_string()).collect(),
-            model: "m".into(),
-            image: String::new(),
-            args: Vec::new(),
-            runtime: RuntimeKind::Process,
-            url: None,
-            allow_warm_cache: false,
-            profiles: None,
-        },
+        config: EngineConfig::test(
+            &std::iter::once("vllm").chain(variants.iter().copied()).collect::<Vec<_>>().join("+"),
+            variants,
+        ),
         gpu: None,
         gpus_per_job: 1,
         jobs: vec![id],

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
-use crate::model::{AttemptOutcome, Dataset, EngineKind, JobState, Note, RunState, RuntimeKind};
+use crate::model::{AttemptOutcome, Dataset, JobState, Note, RunState};
 
 /// A scheduler in virtual time, and a store that keeps what it asked to
 /// write.
@@ -210,19 +210,7 @@ impl World {
             gs.push(Group {
                 run: id,
                 id: g,
-                config: EngineConfig {
-                    name: format!("config-{g}"),
-                    engine: "vllm".into(),
-                    kind: EngineKind::Vllm,
-                    variants: Vec::new(),
-                    model: "m".into(),
-                    image: String::new(),
-                    args: Vec::new(),
-                    runtime: RuntimeKind::Process,
-                    url: None,
-                    allow_warm_cache: false,
-                    profiles: None,
-                },
+                config: EngineConfig::test(&format!("config-{g}"), &[]),
                 gpu: (!gpu.is_empty()).then(|| gpu.to_owned()),
                 gpus_per_job: gpus,
                 jobs: ids,

@@ -360,23 +360,11 @@ fn a_run_id_is_claimed_only_if_never_given_out() {
 }
 
 fn group(run: RunId, id: u64, stage: u32, jobs: Vec<u64>) -> Group {
-    use crate::model::{EngineConfig, EngineKind, RuntimeKind};
+    use crate::model::EngineConfig;
     Group {
         run,
         id,
-        config: EngineConfig {
-            name: "vllm".into(),
-            engine: "vllm".into(),
-            kind: EngineKind::Vllm,
-            variants: Vec::new(),
-            model: "m".into(),
-            image: String::new(),
-            args: Vec::new(),
-            runtime: RuntimeKind::Process,
-            url: None,
-            allow_warm_cache: false,
-            profiles: None,
-        },
+        config: EngineConfig::test("vllm", &[]),
         gpu: None,
         gpus_per_job: 1,
         jobs,

@@ -108,10 +108,11 @@ async fn an_agent_is_ready_once_its_gpus_are_checked_without_waiting_for_the_con
 }
 
 /// Scrapes `path` until it answers `status` (the agent reconnects on its own
-/// schedule), or panics with the last answer.
+/// schedule, backing off up to 5 s), or panics with the last answer after a
+/// minute: a deadline for a busy machine, not a bound on the agent.
 async fn until(addr: &str, path: &str, status: &str) -> String {
     let mut last = String::new();
-    for _ in 0..300 {
+    for _ in 0..1200 {
         last = get(addr, path).await;
         if last.starts_with(&format!("HTTP/1.1 {status}")) {
             return last;
