@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use benchfleet_controller::matrix::Strategy;
-use benchfleet_controller::model::RunId;
-use benchfleet_controller::report::{self, Format, compare, doc::ReportDoc};
+use benchfleet_controller::report::document;
 use benchfleet_controller::store::{SledStore, Store, data_dir};
 use benchfleet_proto as pb;
+use benchfleet_study::matrix::Strategy;
+use benchfleet_study::model::RunId;
+use benchfleet_study::report::{self, Format, compare, doc::ReportDoc};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
@@ -405,7 +406,7 @@ async fn token(cli: &Cli, controller: Option<&Target>, command: &TokenCommand) -
         }
     };
     println!("{token}");
-    let expires = benchfleet_controller::report::words::utc(i64::try_from(expires_unix_ms).unwrap_or(i64::MAX));
+    let expires = benchfleet_study::report::words::utc(i64::try_from(expires_unix_ms).unwrap_or(i64::MAX));
     let who = agent.as_ref().map_or_else(|| "any agent".to_owned(), |a| format!("agent '{a}' only"));
     eprintln!("expires {expires}; {uses} use{} by {who}", if *uses == 1 { "" } else { "s" });
     eprintln!("on the agent: benchfleet-agent join --controller {url} --token {token} --ca-hash {ca_hash}");
@@ -1031,7 +1032,7 @@ async fn report_text(
         None => {
             let id: RunId = run_id.parse().map_err(anyhow::Error::msg)?;
             let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-            let doc = report::document(&store, id, &|_, _| {})?;
+            let doc = document(&store, id, &|_, _| {})?;
             (report::render_as(&doc, format), doc.recommendation.is_some())
         }
     })
@@ -1265,7 +1266,7 @@ fn print_agents(agents: &[pb::AgentInfo]) {
             println!("  revoked {}", a.revoked_note);
         } else if a.certificate_expires_unix_ms > 0 {
             let until = i64::try_from(a.certificate_expires_unix_ms).unwrap_or(i64::MAX);
-            println!("  certificate until {}", benchfleet_controller::report::words::utc(until));
+            println!("  certificate until {}", benchfleet_study::report::words::utc(until));
         }
         for g in &a.gpus {
             let verdict = if g.usable { "usable".to_owned() } else { format!("not used: {}", g.reasons.join("; ")) };

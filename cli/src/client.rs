@@ -7,11 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use benchfleet_controller::matrix;
-use benchfleet_controller::model::Dataset;
 use benchfleet_core::sharegpt::{self, ShareGpt};
 use benchfleet_core::tls::{self, ClientTls};
 use benchfleet_proto as pb;
+use benchfleet_study::matrix;
+use benchfleet_study::model::Dataset;
 use sha2::Digest as _;
 use tokio_stream::StreamExt;
 

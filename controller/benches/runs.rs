@@ -16,13 +16,13 @@
 use std::time::{Duration, Instant};
 
 use benchfleet_controller::convert;
-use benchfleet_controller::model::{
-    AgentId, AttemptInfo, AttemptOutcome, Dataset, EngineConfig, EngineKind, Group, Job, JobState, Profile, Run, RunId,
-    RunState, RuntimeKind,
-};
 use benchfleet_controller::store::RecordCommit;
 use benchfleet_controller::{SledStore, Store};
 use benchfleet_core::Summary;
+use benchfleet_study::model::{
+    AgentId, AttemptInfo, AttemptOutcome, Dataset, EngineConfig, EngineKind, Group, Job, JobState, Profile, Run, RunId,
+    RunState, RuntimeKind,
+};
 
 const GROUPS: u64 = 10;
 

@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use benchfleet_controller::digests;
-use benchfleet_controller::model::RunId;
 use benchfleet_controller::store::{RecordCommit, codec};
 use benchfleet_controller::{SledStore, Store};
 use benchfleet_proto as pb;
+use benchfleet_study::model::RunId;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;

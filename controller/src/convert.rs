@@ -8,13 +8,13 @@ use tonic::Status;
 
 use crate::auth::IngestKey;
 use crate::driver::{Outbound, Progress};
-use crate::model::{
-    AgentId, AttemptKey, AttemptStats, EngineConfig, FailureKind, GpuState, Group, Job, Progress as Counts, Run, RunId,
-    RunState,
-};
 use crate::plan::Submission;
+use crate::records::GpuState;
 use crate::sched::{AgentView, Assignment, Claim, Fence, Hello, Reported, ToAgent, Update};
 use crate::store::{RunCounts, Store, StoreError};
+use benchfleet_study::model::{
+    AgentId, AttemptKey, AttemptStats, EngineConfig, FailureKind, Group, Job, Progress as Counts, Run, RunId, RunState,
+};
 
 pub fn engine_spec(config: &EngineConfig) -> pb::EngineSpec {
     pb::EngineSpec {

@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use benchfleet_core::{Digest, DigestBuilder, Summary, digest::records_of};
 
 use crate::ingest::Ingest;
-use crate::model::AttemptKey;
 use crate::store::{Store, StoreError};
+use benchfleet_study::model::AttemptKey;
 
 /// Builds the digest of an attempt's stored records, checking that they are
 /// the records its summary counts. `None` when `stop` was set meanwhile.

@@ -25,13 +25,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::digests::Digester;
 use crate::ingest::Ingest;
-use crate::model::{AgentId, AttemptKey, GpuState, JobState, Note, RunId};
 use crate::plan::{self, Next, Prepared};
+use crate::records::GpuState;
 use crate::sched::{
     self, AgentView, Command, Hello, Now, Refused, RunData, SchedConfig, SchedError, Scheduler, ToAgent, Update,
     Welcome,
 };
 use crate::store::{Store, StoreError};
+use benchfleet_study::model::{AgentId, AttemptKey, JobState, Note, RunId};
 
 /// What the controller needs to know at start.
 #[derive(Clone, Debug)]
@@ -718,7 +719,7 @@ impl Driver {
 
     /// Writes the scheduler's state, trying again a few times (about 1.5 s
     /// in all); an error here is for good.
-    fn persist(&self, writes: &[crate::model::Write]) -> Result<(), StoreError> {
+    fn persist(&self, writes: &[crate::records::Write]) -> Result<(), StoreError> {
         if writes.is_empty() {
             return Ok(());
         }
@@ -784,7 +785,7 @@ pub fn progress(s: &Scheduler, run: RunId, now: Now) -> Option<Progress> {
         }
     }
     let stage = groups.iter().map(|g| g.stage).max().unwrap_or(1);
-    let in_stage: Vec<&&crate::model::Job> =
+    let in_stage: Vec<&&benchfleet_study::model::Job> =
         jobs.iter().filter(|j| groups.iter().any(|g| g.id == j.group && g.stage == stage)).collect();
     let durations: Vec<f64> = in_stage
         .iter()

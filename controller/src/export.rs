@@ -21,8 +21,8 @@ use benchfleet_core::telemetry::Series;
 use benchfleet_core::{DigestBuilder, RequestRecord, Summary};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AttemptKey, AttemptStats, Group, Job, Run, RunId};
 use crate::store::{RecordCommit, Store, StoreError, codec};
+use benchfleet_study::model::{AttemptKey, AttemptStats, Group, Job, Run, RunId};
 
 /// The header's kind: what says a file is an export.
 pub const KIND: &str = "benchfleet-export";
@@ -644,7 +644,7 @@ impl<'s> Import<'s> {
             return Err(self.bad(format!("second telemetry of {}", self.attempt((line.job, line.attempt)))));
         }
         let run = self.target()?;
-        self.store.apply(&[crate::model::Write::Telemetry(
+        self.store.apply(&[crate::records::Write::Telemetry(
             AttemptKey { run, job: line.job, attempt: line.attempt },
             line.series,
         )])?;

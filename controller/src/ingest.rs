@@ -19,9 +19,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::oneshot;
 
-use crate::model::{AttemptKey, AttemptStats, RunId};
 use crate::sched::Fence;
 use crate::store::{RecordCommit, Store, StoreError};
+use benchfleet_study::model::{AttemptKey, AttemptStats, RunId};
 
 /// What ingest counts as it goes.
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 
 use crate::driver::Controller;
 use crate::ingest::IngestMetrics;
-use crate::model::JobState;
+use benchfleet_study::model::JobState;
 
 type Labels = Vec<(String, String)>;
 

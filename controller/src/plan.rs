@@ -5,11 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::greedy::{self, Plan};
-use crate::matrix::{self, Matrix, Strategy};
-use crate::model::{Dataset, EngineConfig, Group, Job, Profile, Run, RunId, RunState, RuntimeKind};
-use crate::search::{self, Step};
 use crate::store::{Store, StoreError, is_sha256};
+use benchfleet_study::greedy::{self, Plan};
+use benchfleet_study::matrix::{self, Matrix, Strategy};
+use benchfleet_study::model::{Dataset, EngineConfig, Group, Job, Profile, Run, RunId, RunState, RuntimeKind};
+use benchfleet_study::search::{self, Step};
 
 /// A submission as the operator sends it: the matrix, and the SHA-256 of
 /// every file it names (uploaded before).
@@ -316,7 +316,8 @@ mod tests {
     /// Marks every pending job of the run succeeded with a P99 TTFT that
     /// crosses 200 ms at a concurrency of 37.
     fn finish_probes(store: &SledStore, run: RunId) {
-        use crate::model::{JobState, Write};
+        use crate::records::Write;
+        use benchfleet_study::model::JobState;
         let mut summaries = Vec::new();
         let mut done = Vec::new();
         for mut j in store.jobs(run).expect("jobs").into_iter().filter(|j| !j.state.is_terminal()) {

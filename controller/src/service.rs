@@ -24,11 +24,11 @@ use crate::convert;
 use crate::driver::{self, Controller, Event, Outbound, SessionHandle, Stopped};
 use crate::export::{self, ExportError, ImportError};
 use crate::ingest::{Batch, IngestError};
-use crate::model::{AgentId, Note, RunId};
 use crate::plan::{self, SubmitError};
 use crate::report;
 use crate::sched::SchedError;
 use crate::store::{StoreError, codec};
+use benchfleet_study::model::{AgentId, Note, RunId};
 
 /// Most bytes of one message: matrices are at most 1 MiB, files travel in
 /// 1 MiB chunks, record batches are cut at 1 MiB by loadgen.
@@ -582,13 +582,13 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn get_report(&self, req: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
         let req = req.into_inner();
         let run = convert::run_id(&req.run_id)?;
-        let format = report::Format::parse(&req.format).map_err(Status::invalid_argument)?;
+        let format = benchfleet_study::report::Format::parse(&req.format).map_err(Status::invalid_argument)?;
         let store = self.0.store().clone();
         let ingest = self.0.ingest.clone();
         let keep = move |key, digest: &benchfleet_core::Digest| ingest.digest(key, digest);
         let doc = blocking(&self.0, move || Ok(report::document(store.as_ref(), run, &keep)?)).await?;
         Ok(Response::new(pb::GetReportResponse {
-            text: report::render_as(&doc, format),
+            text: benchfleet_study::report::render_as(&doc, format),
             recommended: doc.recommendation.map(|r| r.config).unwrap_or_default(),
         }))
     }
@@ -798,7 +798,7 @@ impl Services {
             .change(move |s, now| {
                 let id = id.unwrap_or_else(|| s.next_agent_id());
                 let issued = ca.sign_csr(&csr, &name, crate::pki::Role::Agent, Some(id.0), lifetime)?;
-                let certificate = crate::model::AgentCertificate {
+                let certificate = crate::records::AgentCertificate {
                     serial: issued.serial.clone(),
                     not_after_unix_ms: issued.not_after_unix.saturating_mul(1000),
                     revoked: None,
@@ -942,7 +942,7 @@ async fn progress(c: &Controller, run: RunId) -> Result<pb::RunProgress, Status>
         let jobs = store.jobs(run)?;
         let stage = store.groups(run)?.iter().map(|g| g.stage).max().unwrap_or(1);
         let mut p = driver::Progress { stage, ..Default::default() };
-        for state in crate::model::JobState::ALL {
+        for state in benchfleet_study::model::JobState::ALL {
             let n = jobs.iter().filter(|j| j.state == state).count() as u64;
             if n > 0 {
                 p.by_state.push((state, n));

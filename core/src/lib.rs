@@ -18,6 +18,7 @@
 
 pub mod block;
 pub mod config;
+#[cfg(feature = "wire")]
 pub mod convert;
 pub mod digest;
 pub mod engine;
@@ -29,6 +30,7 @@ pub mod record;
 pub mod sharegpt;
 pub mod stats;
 pub mod telemetry;
+#[cfg(feature = "wire")]
 pub mod tls;
 
 pub use block::render_block;

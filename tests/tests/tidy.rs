@@ -125,20 +125,40 @@ fn every_module_says_what_it_is_for() {
     assert!(undocumented.is_empty(), "modules without a `//!` line saying what they are for: {undocumented:?}");
 }
 
-#[test]
-fn the_controller_daemon_links_no_agent_code() {
+/// What `krate` links (normal dependencies) of `names`.
+fn linked<'a>(krate: &str, names: &[&'a str]) -> Vec<&'a str> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
         .current_dir(root())
-        .args(["tree", "--offline", "-p", "benchfleet-controller", "-e", "normal", "--prefix", "none"])
+        .args(["tree", "--offline", "-p", krate, "-e", "normal", "--prefix", "none"])
         .output()
         .expect("cargo tree runs");
-    assert!(out.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "cargo tree -p {krate} failed: {}", String::from_utf8_lossy(&out.stderr));
     let tree = String::from_utf8_lossy(&out.stdout);
-    let linked: Vec<&str> = NOT_IN_THE_CONTROLLER
-        .iter()
-        .copied()
-        .filter(|name| tree.lines().any(|l| l.split_whitespace().next() == Some(name)))
-        .collect();
+    names.iter().copied().filter(|name| tree.lines().any(|l| l.split_whitespace().next() == Some(name))).collect()
+}
+
+#[test]
+fn the_controller_daemon_links_no_agent_code() {
+    let linked = linked("benchfleet-controller", NOT_IN_THE_CONTROLLER);
     assert!(linked.is_empty(), "benchfleet-controller links {linked:?}; the controller daemon must not");
+}
+
+/// Crates the study must not link: it has no store, no network, no threads
+/// of its own, and knows nothing of the control plane.
+const NOT_IN_THE_STUDY: &[&str] =
+    &["tonic", "sled", "tokio", "benchfleet-proto", "benchfleet-controller", "benchfleet-agent", "benchfleet-loadgen"];
+
+#[test]
+fn the_study_links_no_store_and_no_network() {
+    let linked = linked("benchfleet-study", NOT_IN_THE_STUDY);
+    assert!(linked.is_empty(), "benchfleet-study links {linked:?}; the study must not (ARCHITECTURE.md, `study/`)");
+}
+
+#[test]
+fn nothing_below_the_controller_imports_the_study() {
+    for krate in ["benchfleet-proto", "benchfleet-core", "benchfleet-loadgen", "benchfleet-agent", "benchfleet-sim"] {
+        let linked = linked(krate, &["benchfleet-study"]);
+        assert!(linked.is_empty(), "{krate} links the study; only the controller and the CLI may");
+    }
 }

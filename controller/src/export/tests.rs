@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use benchfleet_core::{Chunk, Digest, Outcome, summarize};
 
 use super::*;
-use crate::model::{AgentId, AttemptInfo, AttemptOutcome, JobState, Placement, RunState, Write as StoreWrite};
 use crate::plan::{self, Submission};
+use crate::records::Write as StoreWrite;
 use crate::report;
 use crate::store::{FileWriter, Records, SledStore};
+use benchfleet_study::model::{AgentId, AttemptInfo, AttemptOutcome, JobState, Placement, RunState};
 
 const MATRIX: &str = "\
 name: export
@@ -79,10 +80,10 @@ impl Store for Spy {
     fn job(&self, run: RunId, job: u64) -> Result<Option<Job>, StoreError> {
         self.inner.job(run, job)
     }
-    fn agents(&self) -> Result<Vec<crate::model::AgentRecord>, StoreError> {
+    fn agents(&self) -> Result<Vec<crate::records::AgentRecord>, StoreError> {
         self.inner.agents()
     }
-    fn counters(&self) -> Result<crate::model::Counters, StoreError> {
+    fn counters(&self) -> Result<crate::records::Counters, StoreError> {
         self.inner.counters()
     }
     fn commit_records(&self, commit: &RecordCommit) -> Result<(), StoreError> {

@@ -2,8 +2,9 @@
 //! INVALID baselines and variants within noise.
 
 use super::*;
-use crate::model::{Dataset, EngineConfig, Profile, Run};
 use crate::store::SledStore;
+use benchfleet_study::model::{Dataset, EngineConfig, Group, Job, JobState, Profile, Run};
+use benchfleet_study::report::{Format, render_as, reproduce};
 
 const MATRIX: &str = "\
 name: acceptance
@@ -62,7 +63,7 @@ fn finished_run(name: &str) -> Run {
         matrix_file: "m.yaml".into(),
         matrix_yaml: MATRIX.into(),
         created_unix_ms: 0,
-        state: crate::model::RunState::Finished,
+        state: benchfleet_study::model::RunState::Finished,
         ended_unix_ms: None,
         note: None,
         files: Default::default(),
@@ -138,7 +139,7 @@ fn an_invalid_baseline_is_not_compared() {
             ..Default::default()
         })
         .expect("summary");
-    store.apply(&[crate::model::Write::Job(fp8)]).expect("job");
+    store.apply(&[crate::records::Write::Job(fp8)]).expect("job");
     let r = render(&store, RunId(1)).expect("render");
     assert_eq!(r.recommended, None);
     assert!(r.text.contains("## No recommendation\n\nNo configuration met the acceptance"), "{}", r.text);
@@ -159,7 +160,8 @@ fn the_reproduce_command_drops_the_fleet_and_names_the_matrix_files() {
     let mut j = job(0, 100.0, 1000);
     j.profile.dataset =
         Dataset::ShareGpt { file: "data/my chats.json".into(), sha256: "ab".repeat(32), output_tokens: None };
-    j.profile.processor = Some(crate::model::StoredFile { file: "tok.json".into(), sha256: "cd".repeat(32) });
+    j.profile.processor =
+        Some(benchfleet_study::model::StoredFile { file: "tok.json".into(), sha256: "cd".repeat(32) });
     let args = "--base-url http://127.0.0.1:29542 --model m --num-prompts 10 --quiet --processor /cache/cd \
                 --dataset-name sharegpt --dataset-path /cache/ab --report-to http://127.0.0.1:7070 --run-id 1 \
                 --job 0 --attempt 1 --epoch 3 --report-ca /var/lib/benchfleet-agent/identity/ca.pem --report-insecure \

@@ -12,7 +12,8 @@ use super::{
     AgentEntry, AgentView, Charge, Claim, Command, GroupKey, Hello, Liveness, Now, Refused, SchedError, Scheduler,
     Session, ToAgent, Welcome, human,
 };
-use crate::model::{AgentCertificate, AgentId, GpuState, Note, RunId, Write};
+use crate::records::{AgentCertificate, GpuState, Write};
+use benchfleet_study::model::{AgentId, Note, RunId};
 
 impl Scheduler {
     /// An agent's session begins.
@@ -359,7 +360,7 @@ impl Scheduler {
         a.groups.iter().filter_map(|key| self.groups.get(key)).any(|g| {
             g.group.jobs.iter().filter_map(|j| self.jobs.get(&(g.group.run, *j))).any(|j| {
                 let p = &j.job.profile;
-                matches!(&p.dataset, crate::model::Dataset::ShareGpt { sha256: s, .. } if s == sha256)
+                matches!(&p.dataset, benchfleet_study::model::Dataset::ShareGpt { sha256: s, .. } if s == sha256)
                     || p.processor.as_ref().is_some_and(|f| f.sha256 == sha256)
             })
         })

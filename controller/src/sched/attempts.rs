@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use benchfleet_core::telemetry::Telemetry;
 
 use super::{Charge, Command, Fence, GroupKey, Need, Now, Reported, Scheduler, ToAgent, Update};
-use crate::model::{AgentId, AttemptInfo, AttemptKey, AttemptOutcome, FailureKind, Group, JobState, RunId, Write};
+use crate::records::Write;
+use benchfleet_study::model::{AgentId, AttemptInfo, AttemptKey, AttemptOutcome, FailureKind, Group, JobState, RunId};
 
 impl Scheduler {
     /// The job an agent's message names, if the message is current: the

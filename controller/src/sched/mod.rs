@@ -29,10 +29,9 @@ use std::time::Duration;
 use benchfleet_core::telemetry::Telemetry;
 use tokio::time::Instant;
 
-use crate::model::{
-    AgentId, AgentRecord, AttemptKey, Counters, EngineConfig, FailureKind, GpuState, Group, Job, Profile, Run, RunId,
-    Write,
-};
+use benchfleet_study::model::{AgentId, AttemptKey, EngineConfig, FailureKind, Group, Job, Profile, Run, RunId};
+
+use crate::records::{AgentRecord, Counters, GpuState, Write};
 
 mod agents;
 mod attempts;

@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 
 use super::{AgentEntry, AssignedJob, Assignment, Command, Fence, GroupKey, Liveness, Now, Scheduler, ToAgent};
-use crate::model::{
-    AgentId, AgentRecord, AttemptInfo, AttemptOutcome, GpuState, Group, Job, JobState, Placement, Run, RunId,
-    RuntimeKind,
+use crate::records::{AgentRecord, GpuState};
+use benchfleet_study::model::{
+    AgentId, AttemptInfo, AttemptOutcome, Group, Job, JobState, Placement, Run, RunId, RuntimeKind,
 };
 
 /// What a group needs of an agent.

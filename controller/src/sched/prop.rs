@@ -14,7 +14,7 @@ use proptest::prelude::*;
 
 use super::tests::{World, h200s};
 use super::*;
-use crate::model::{AttemptOutcome, JobState, Note};
+use benchfleet_study::model::{AttemptOutcome, JobState, Note};
 
 #[derive(Clone, Debug)]
 enum Action {

@@ -5,8 +5,9 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::{Charge, Command, GroupEntry, JobEntry, Now, RunData, RunEntry, SchedError, Scheduler, ToAgent};
-use crate::model::{
-    AttemptKey, AttemptOutcome, FailureKind, Group, Job, JobState, Note, Placement, Run, RunId, RunState, Write,
+use crate::records::Write;
+use benchfleet_study::model::{
+    AttemptKey, AttemptOutcome, FailureKind, Group, Job, JobState, Note, Placement, Run, RunId, RunState,
 };
 
 impl Scheduler {

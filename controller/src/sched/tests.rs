@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
-use crate::model::{AttemptOutcome, Dataset, JobState, Note, RunState};
+use benchfleet_study::model::{AttemptOutcome, Dataset, JobState, Note, RunState};
 
 /// A scheduler in virtual time, and a store that keeps what it asked to
 /// write.

@@ -19,7 +19,7 @@ use benchfleet_core::RequestRecord;
 use serde_json::Value;
 
 use super::{SledStore, Store as _, StoreError, codec};
-use crate::model::AttemptStats;
+use benchfleet_study::model::AttemptStats;
 
 /// Records per batch when old records are regrouped.
 const BATCH: usize = 256;
@@ -47,7 +47,7 @@ pub(super) fn run(store: &SledStore, from: u32) -> Result<(), StoreError> {
 fn run_counts(store: &SledStore) -> Result<(), StoreError> {
     for run in store.runs()? {
         let groups = store.groups(run.id)?;
-        let jobs: Vec<crate::model::Job> = super::scan(&store.jobs, &[run.id.0], "job")?;
+        let jobs: Vec<benchfleet_study::model::Job> = super::scan(&store.jobs, &[run.id.0], "job")?;
         let counts = super::RunCounts::of(&groups, &jobs);
         store.run_counts.insert(super::key(&[run.id.0]), super::encode(&counts))?;
     }

@@ -34,9 +34,9 @@ use serde::de::DeserializeOwned;
 use sha2::Digest as _;
 use sled::Transactional;
 
-use crate::model::{
-    AgentRecord, AttemptKey, AttemptStats, Counters, Group, Job, JobState, Progress, Run, RunId, Write,
-};
+use benchfleet_study::model::{AttemptKey, AttemptStats, Group, Job, JobState, Progress, Run, RunId};
+
+use crate::records::{AgentRecord, Counters, Write};
 
 pub mod codec;
 mod migrate;

@@ -2,8 +2,8 @@
 //! batches stored once, purges, files, and the migration from schema 1.
 
 use super::*;
-use crate::model::{Dataset, Profile, RunState};
 use benchfleet_core::{Chunk, Outcome};
+use benchfleet_study::model::{Dataset, Profile, RunState};
 
 fn job(run: RunId, id: u64) -> Job {
     let mut profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 4, seed: 1 }, 1);
@@ -226,7 +226,7 @@ fn a_schema_1_store_is_migrated_in_place() {
     let store = SledStore::open(dir.path()).expect("migrated");
     assert_eq!(store.run(RunId(1)).expect("read").expect("run").state, RunState::Finished);
     let job = store.job(RunId(1), 0).expect("read").expect("job");
-    assert_eq!(job.agent, Some(crate::model::AgentId(3)));
+    assert_eq!(job.agent, Some(benchfleet_study::model::AgentId(3)));
     assert_eq!(job.summary.map(|s| s.successful), Some(7));
     let attempt = AttemptKey { run: RunId(1), job: 0, attempt: 2 };
     assert_eq!(seqs(&store, &attempt), [0, 1, 300]);
@@ -242,8 +242,8 @@ fn a_schema_1_store_is_migrated_in_place() {
 #[test]
 fn a_schema_2_store_s_agents_hold_no_certificate() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let agent = crate::model::AgentRecord {
-        id: crate::model::AgentId(4),
+    let agent = crate::records::AgentRecord {
+        id: benchfleet_study::model::AgentId(4),
         name: "gpu-4".into(),
         hostname: "gpu-4.lab".into(),
         version: "0.1.0".into(),
@@ -360,7 +360,7 @@ fn a_run_id_is_claimed_only_if_never_given_out() {
 }
 
 fn group(run: RunId, id: u64, stage: u32, jobs: Vec<u64>) -> Group {
-    use crate::model::EngineConfig;
+    use benchfleet_study::model::EngineConfig;
     Group {
         run,
         id,
@@ -389,7 +389,7 @@ fn counts_of(store: &SledStore, id: u64) -> Option<RunCounts> {
     store.listed_runs().expect("list").into_iter().find(|(r, _)| r.id == RunId(id)).map(|(_, c)| c)
 }
 
-use crate::model::JobState;
+use benchfleet_study::model::JobState;
 
 #[test]
 fn run_counts_follow_every_write_of_jobs_and_groups() {
@@ -523,8 +523,8 @@ fn a_run_not_over_is_not_deleted() {
     assert_eq!(refused(&store), "run 1 is still running; delete it once it has finished or been cancelled");
     let mut over = r.clone();
     over.state = RunState::Cancelled;
-    gs[0].placement = Some(crate::model::Placement {
-        agent: crate::model::AgentId(3),
+    gs[0].placement = Some(benchfleet_study::model::Placement {
+        agent: benchfleet_study::model::AgentId(3),
         gpus: vec!["GPU-0".into()],
         epoch: 1,
         since_unix_ms: 0,

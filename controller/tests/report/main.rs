@@ -10,12 +10,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use benchfleet_controller::model::{AgentId, AttemptInfo, AttemptOutcome, Job, JobState, RunId, RunState, Write};
+use benchfleet_study::model::{AgentId, AttemptInfo, AttemptOutcome, Job, JobState, RunId, RunState};
+
 use benchfleet_controller::plan::{self, Next, Submission};
-use benchfleet_controller::report::{self, Format, compare, doc::ReportDoc};
+use benchfleet_controller::records::Write;
 use benchfleet_controller::store::{RecordCommit, SledStore, Store};
 use benchfleet_core::Summary;
 use benchfleet_core::metrics::Distribution;
+use benchfleet_study::report::{Format, compare, doc::ReportDoc, render_as};
 use sha2::Digest as _;
 
 const MATRIX: &str = "\
@@ -194,14 +196,14 @@ fn snapshot(name: &str, got: &str) {
 }
 
 fn doc_of(store: &SledStore, run: RunId) -> ReportDoc {
-    report::document(store, run, &|_, _| {}).expect("document")
+    benchfleet_controller::report::document(store, run, &|_, _| {}).expect("document")
 }
 
 #[test]
 fn the_reference_study_reads_as_the_reference_report() {
     let (_dir, store, run) = study();
     let doc = doc_of(&store, run);
-    let md = report::render_as(&doc, Format::Markdown);
+    let md = render_as(&doc, Format::Markdown);
 
     // The conclusion: the serve command one argument a line, and the
     // before/after table per profile in the reference's words.
@@ -252,8 +254,8 @@ fn the_reference_study_reads_as_the_reference_report() {
     assert_eq!(md.matches("- repeat 1: job ").count(), blocks, "{md}");
 
     snapshot("throughput-study.md", &md);
-    snapshot("throughput-study.txt", &report::render_as(&doc, Format::Console));
-    snapshot("throughput-study.csv", &report::render_as(&doc, Format::Csv));
+    snapshot("throughput-study.txt", &render_as(&doc, Format::Console));
+    snapshot("throughput-study.csv", &render_as(&doc, Format::Csv));
 }
 
 /// The latency study (Qwen3.5-9B on H100, mean latency): ShareGPT at four
@@ -338,7 +340,7 @@ fn latency_summary(engine: &str, variants: &[String], profile: &str, requests: u
 fn the_latency_study_compares_by_ratio_across_its_rates() {
     let (_dir, store, run) = study_of(LATENCY, latency_summary);
     let doc = doc_of(&store, run);
-    let md = report::render_as(&doc, Format::Markdown);
+    let md = render_as(&doc, Format::Markdown);
     let rec = doc.recommendation.as_ref().expect("a recommendation");
     // Performance mode's 0.4% is within noise here: not adopted.
     assert_eq!(rec.config, "vllm+mtp+language-only", "{md}");
@@ -365,14 +367,14 @@ fn the_latency_study_compares_by_ratio_across_its_rates() {
     // The alternatives of a group stand for it one at a time, never both.
     assert!(!md.contains("batched-16k+batched-32k"), "{md}");
     snapshot("latency-study.md", &md);
-    snapshot("latency-study.txt", &report::render_as(&doc, Format::Console));
+    snapshot("latency-study.txt", &render_as(&doc, Format::Console));
 }
 
 #[test]
 fn the_json_report_reads_back_and_every_field_is_documented() {
     let (_dir, store, run) = study();
     let doc = doc_of(&store, run);
-    let json = report::render_as(&doc, Format::Json);
+    let json = render_as(&doc, Format::Json);
     let back: ReportDoc = serde_json::from_str(&json).expect("reads back");
     assert_eq!(back, doc);
     assert_eq!(back.schema, "benchfleet.report/v1");
@@ -407,12 +409,12 @@ fn the_html_page_draws_its_charts_and_needs_no_network() {
     let mut doc = doc_of(&store, run);
     // Intervals on one block, as three repeats would give.
     let block = doc.configurations[0].blocks.iter_mut().find(|b| b.profile == "sharegpt").expect("block");
-    block.intervals = vec![benchfleet_controller::report::doc::Interval {
+    block.intervals = vec![benchfleet_study::report::doc::Interval {
         metric: "Total token throughput (tok/s)".into(),
         mean: 9632.01,
         half_width: Some(120.0),
     }];
-    let html = report::render_as(&doc, Format::Html);
+    let html = render_as(&doc, Format::Html);
     assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
     // One bar chart per profile and the throughput-latency chart; no
     // distribution charts without stored samples.
@@ -439,7 +441,7 @@ fn the_html_page_draws_its_charts_and_needs_no_network() {
             (b.ttft_ms, b.itl_ms) = (curve(40.0), curve(0.2));
         }
     }
-    let html = report::render_as(&doc, Format::Html);
+    let html = render_as(&doc, Format::Html);
     let page = scraper::Html::parse_document(&html);
     assert!(page.errors.is_empty(), "HTML parse errors: {:?}", page.errors);
     let select = |s: &str| scraper::Selector::parse(s).expect("a selector");
@@ -603,7 +605,7 @@ profiles:
         j.attempt = 1;
         let s = benchfleet_core::summarize(&records, None);
         j.summary = Some(s.clone());
-        let stats = benchfleet_controller::model::AttemptStats { records: 4, sent: 4, removed: false };
+        let stats = benchfleet_study::model::AttemptStats { records: 4, sent: 4, removed: false };
         let batch = benchfleet_controller::store::codec::encode_batch(&records);
         store
             .commit_records(&RecordCommit {
@@ -641,7 +643,7 @@ profiles:
     let interval = block.intervals.iter().find(|i| i.metric == "Total token throughput (tok/s)").expect("interval");
     assert!((interval.mean - mean).abs() < 1e-9, "{interval:?}");
     assert!((interval.half_width.expect("three repeats") - half).abs() < 1e-4, "{interval:?} against {half}");
-    let md = report::render_as(&doc, Format::Markdown);
+    let md = render_as(&doc, Format::Markdown);
     assert!(md.contains(&format!("| Total token throughput (tok/s) | {mean:.2} | {half:.2} |")), "{md}");
 }
 
@@ -739,7 +741,7 @@ fn the_capacity_study_finds_each_configuration_s_rate_and_ranks_by_it() {
         assert!(vllm.block(&p.profile).is_some(), "no block for {}", p.profile);
     }
 
-    let md = report::render_as(&doc, Format::Markdown);
+    let md = render_as(&doc, Format::Markdown);
     let rec = doc.recommendation.as_ref().expect("a recommendation");
     assert_eq!(rec.config, "vllm+prefix-caching", "{md}");
     // The planner's decisions rank by the capacity; a difference inside the
@@ -768,10 +770,10 @@ fn the_capacity_study_finds_each_configuration_s_rate_and_ranks_by_it() {
         "{md}"
     );
     snapshot("capacity-study.md", &md);
-    snapshot("capacity-study.txt", &report::render_as(&doc, Format::Console));
+    snapshot("capacity-study.txt", &render_as(&doc, Format::Console));
 
     // The JSON names every field it writes in its documentation.
-    let json = report::render_as(&doc, Format::Json);
+    let json = render_as(&doc, Format::Json);
     let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/report-json.md"))
         .expect("docs/report-json.md");
     let mut keys = std::collections::BTreeSet::new();
@@ -780,7 +782,7 @@ fn the_capacity_study_finds_each_configuration_s_rate_and_ranks_by_it() {
     assert!(missing.is_empty(), "docs/report-json.md does not name {missing:?}");
     // The HTML page holds the search: its table, and a chart per SLO with
     // a line per configuration and the bound's.
-    let html = report::render_as(&doc, Format::Html);
+    let html = render_as(&doc, Format::Html);
     assert!(html.contains("<td>chat@r12.6</td>"), "no probe in the page");
     assert_eq!(html.matches("<polyline class=\"search\"").count(), 2 * (5 + 1), "two SLOs, five configurations");
     assert!(html.contains("P99 TTFT against the load on chat"));

@@ -579,7 +579,7 @@ async fn a_restarted_controller_goes_on_with_the_next_greedy_stage() {
             pb::Summary { successful, failed: 2 - successful, total_token_throughput: tps, ..Default::default() }
                 .into(),
         );
-        job.state = benchfleet_controller::model::JobState::Succeeded;
+        job.state = benchfleet_study::model::JobState::Succeeded;
         let summary = job.summary.take().expect("set above");
         f.store
             .commit_records(&benchfleet_controller::store::RecordCommit {
@@ -587,7 +587,7 @@ async fn a_restarted_controller_goes_on_with_the_next_greedy_stage() {
                 ..Default::default()
             })
             .expect("summary");
-        f.store.apply(&[benchfleet_controller::model::Write::Job(job)]).expect("put");
+        f.store.apply(&[benchfleet_controller::records::Write::Job(job)]).expect("put");
     }
 
     Controller::start(f.store.clone(), ControllerConfig::new(f.url.clone())).expect("restart");
@@ -624,7 +624,7 @@ fn probe_summary(profile: &str) -> pb::Summary {
 async fn a_search_is_scheduled_round_by_round_and_a_restarted_controller_goes_on() {
     let f = controller().await;
     let mut a = agent(&f.url, vec![gpu(0, "NVIDIA H200")]).await;
-    let run_id: benchfleet_controller::model::RunId =
+    let run_id: benchfleet_study::model::RunId =
         submit_matrix(&f.url, "search.yaml", SEARCH).await.parse().expect("run id");
 
     // The bounds, then a midpoint a round: each round appears only when the
@@ -641,14 +641,14 @@ async fn a_search_is_scheduled_round_by_round_and_a_restarted_controller_goes_on
     for mut job in f.store.jobs(run_id).expect("jobs").into_iter().filter(|j| j.profile.name == "cap@r16.5") {
         let mut summary = benchfleet_core::Summary { successful: 2, ..Default::default() };
         summary.ttft_ms.p99 = 330.0;
-        job.state = benchfleet_controller::model::JobState::Succeeded;
+        job.state = benchfleet_study::model::JobState::Succeeded;
         f.store
             .commit_records(&benchfleet_controller::store::RecordCommit {
                 summaries: vec![(job.key(), summary)],
                 ..Default::default()
             })
             .expect("summary");
-        f.store.apply(&[benchfleet_controller::model::Write::Job(job)]).expect("put");
+        f.store.apply(&[benchfleet_controller::records::Write::Job(job)]).expect("put");
     }
     Controller::start(f.store.clone(), ControllerConfig::new(f.url.clone())).expect("restart");
     let probes: Vec<String> = f.store.jobs(run_id).expect("jobs").into_iter().map(|j| j.profile.name).collect();
@@ -835,7 +835,7 @@ engines:
 profiles:
   p: { dataset: { random: { input_tokens: 16, output_tokens: 12 } }, requests: 60 }
 ";
-    let run: benchfleet_controller::model::RunId =
+    let run: benchfleet_study::model::RunId =
         submit_matrix(&f.url, "repeats.yaml", yaml).await.parse().expect("run id");
     let group = a.next().await;
     assert_eq!(group.jobs.len(), 3);
@@ -867,7 +867,7 @@ profiles:
             ..Default::default()
         }))
         .await;
-        keys.push(benchfleet_controller::model::AttemptKey { run, job: attempt.job, attempt: attempt.attempt });
+        keys.push(benchfleet_study::model::AttemptKey { run, job: attempt.job, attempt: attempt.attempt });
         all.extend(records);
     }
     a.done(&group).await;

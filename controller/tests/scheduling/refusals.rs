@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use benchfleet_controller::model::{AgentRecord, AttemptKey, AttemptStats, Counters, Group, Job, Run, RunId, Write};
+use benchfleet_study::model::{AttemptKey, AttemptStats, Group, Job, Run, RunId};
+
+use benchfleet_controller::records::{AgentRecord, Counters, Write};
 use benchfleet_controller::store::{FileWriter, RecordCommit, Records, StoreError};
 use benchfleet_controller::{Controller, ControllerConfig, SledStore, Store, serve};
 use benchfleet_core::telemetry::Series;

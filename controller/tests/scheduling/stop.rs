@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use benchfleet_controller::model::{AttemptKey, RunId};
 use benchfleet_controller::service::UNREAD_STREAMS_GRACE;
 use benchfleet_controller::{Controller, ControllerConfig, SledStore, Store, serve};
 use benchfleet_proto as pb;
+use benchfleet_study::model::{AttemptKey, RunId};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;

@@ -14,8 +14,8 @@ use benchfleet_agent::gpu::SimGpuProbe;
 use benchfleet_agent::{AgentConfig, Shutdown};
 use benchfleet_cli::client;
 use benchfleet_cli::local::LocalFleet;
-use benchfleet_controller::model::{AttemptKey, Job, JobState, RunId};
 use benchfleet_controller::{SledStore, Store};
+use benchfleet_study::model::{AttemptKey, Job, JobState, RunId};
 use bollard::Docker;
 use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
 

@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use benchfleet_cli::client;
-use benchfleet_controller::model::{AttemptKey, RunId};
 use benchfleet_controller::{SledStore, Store};
 use benchfleet_proto as pb;
+use benchfleet_study::model::{AttemptKey, RunId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub(crate) fn bin(name: &str) -> PathBuf {
@@ -315,7 +315,7 @@ fn check_records(store: &SledStore, run: &str, requests: u64) {
     let run: RunId = run.parse().expect("run id");
     let stats = store.attempt_stats(run).expect("stats");
     for job in store.jobs(run).expect("jobs") {
-        assert_eq!(job.state, benchfleet_controller::model::JobState::Succeeded, "{job:?}");
+        assert_eq!(job.state, benchfleet_study::model::JobState::Succeeded, "{job:?}");
         for a in 1..=job.attempt {
             let key = AttemptKey { run, job: job.id, attempt: a };
             let mut seqs: Vec<u64> = store.records(&key).map(|r| r.expect("decodes").seq).collect();

@@ -100,7 +100,7 @@ pub async fn run_matrix(
 /// Every stored record of an attempt, in seq order.
 pub fn records(
     store: &dyn Store,
-    attempt: &benchfleet_controller::model::AttemptKey,
+    attempt: &benchfleet_study::model::AttemptKey,
 ) -> anyhow::Result<Vec<benchfleet_loadgen::RequestRecord>> {
     let mut records = store.records(attempt).collect::<Result<Vec<_>, _>>()?;
     records.sort_by_key(|r| r.seq);

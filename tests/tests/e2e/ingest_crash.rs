@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use benchfleet_controller::Store as _;
-use benchfleet_controller::model::{AttemptKey, RunId};
 use benchfleet_proto as pb;
+use benchfleet_study::model::{AttemptKey, RunId};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use benchfleet_cli::client;
-use benchfleet_controller::model::{AttemptKey, JobState, RunId};
 use benchfleet_loadgen::{Summary, summarize};
+use benchfleet_study::model::{AttemptKey, JobState, RunId};
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
@@ -147,7 +147,7 @@ async fn example_matrix_runs_end_to_end() -> anyhow::Result<()> {
 }
 
 /// Runs a two-profile matrix on one engine and gives its jobs, by profile.
-async fn two_profiles(engine: &str, extra: &str) -> anyhow::Result<(Vec<benchfleet_controller::model::Job>, String)> {
+async fn two_profiles(engine: &str, extra: &str) -> anyhow::Result<(Vec<benchfleet_study::model::Job>, String)> {
     let dir = tempfile::tempdir()?;
     let (fleet, store) = crate::fleet::start(dir.path()).await?;
     let matrix = dir.path().join("cache.yaml");
@@ -215,8 +215,7 @@ async fn a_job_whose_every_request_failed_is_a_failed_job() -> anyhow::Result<()
 }
 
 /// A run's jobs, the store they are in, and the directory that holds it.
-type Ran =
-    (Vec<benchfleet_controller::model::Job>, std::sync::Arc<dyn benchfleet_controller::Store>, tempfile::TempDir);
+type Ran = (Vec<benchfleet_study::model::Job>, std::sync::Arc<dyn benchfleet_controller::Store>, tempfile::TempDir);
 
 /// Runs `yaml` (with `files` beside it) on a one-GPU fleet to its end.
 async fn run_alone(yaml: &str, files: &[(&str, &std::path::Path)]) -> anyhow::Result<Ran> {

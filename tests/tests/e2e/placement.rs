@@ -1,7 +1,7 @@
 //! A multi-GPU host runs several engine groups at once, each engine on its
 //! own GPU and port, and every job still gets all its records.
 
-use benchfleet_controller::model::{AttemptKey, JobState, RunId};
+use benchfleet_study::model::{AttemptKey, JobState, RunId};
 
 const MATRIX: &str = "\
 name: side-by-side

@@ -744,7 +744,7 @@ async fn records_need_their_own_attempt_s_credential() {
     let e = send_batch(&loadgen, attempt(1), Some(&mine)).await.expect_err("no such attempt runs");
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(!e.message().contains("current"), "{e:?}");
-    let key = benchfleet_controller::model::AttemptKey { run: "1".parse().expect("id"), job: 2, attempt: 1 };
+    let key = benchfleet_study::model::AttemptKey { run: "1".parse().expect("id"), job: 2, attempt: 1 };
     assert_eq!(c.store.records(&key).count(), 0, "nothing was stored");
 }
 

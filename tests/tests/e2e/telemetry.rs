@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use benchfleet_controller::Store;
-use benchfleet_controller::model::{AttemptKey, JobState, RunId};
+use benchfleet_study::model::{AttemptKey, JobState, RunId};
 
 use crate::faults::{Controller, Proc, bin, finished, submit};
 

@@ -113,7 +113,7 @@ impl Results {
     fn of_search(
         groups: &[Group],
         jobs: &[Job],
-        (profile, s): (&str, &search::Search),
+        (profile, s): (&str, &crate::slo::Search),
         min_success_rate: f64,
         final_scheduled: bool,
     ) -> Results {
@@ -230,7 +230,7 @@ impl<'a> Greedy<'a> {
                 Some(_) => Ok(m),
                 None => Err(format!(
                     "the SLOs did not hold even at the lower bound, {} ({}); not adopted",
-                    search::show(c.over, c.missed_at.unwrap_or_default()),
+                    crate::slo::show(c.over, c.missed_at.unwrap_or_default()),
                     c.why_none.as_deref().unwrap_or("no reason given")
                 )),
             },
@@ -643,7 +643,7 @@ fn compare_capacities(reference: Option<&Capacity>, candidate: Option<&Capacity>
             (Some(found), Some(missed)) => found >= missed,
             _ => false,
         };
-    let over = candidate.or(reference).map_or(search::Over::Rate, |c| c.over);
+    let over = candidate.or(reference).map_or(crate::slo::Over::Rate, |c| c.over);
     let verdict = if relative.abs() < min_effect {
         Verdict::WithinNoise
     } else if relative > 0.0 && beyond(candidate, reference) {
@@ -653,7 +653,8 @@ fn compare_capacities(reference: Option<&Capacity>, candidate: Option<&Capacity>
     } else {
         Verdict::WithinNoise
     };
-    let mut shown = format!("{:+.2}% ({} vs {})", relative * 100.0, search::show(over, rm), search::show(over, cm));
+    let mut shown =
+        format!("{:+.2}% ({} vs {})", relative * 100.0, crate::slo::show(over, rm), crate::slo::show(over, cm));
     if relative.abs() < min_effect {
         shown.push_str(&format!(", below the {:.2}% minimum effect", min_effect * 100.0));
     } else if verdict == Verdict::WithinNoise {
@@ -1001,7 +1002,7 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
     fn capacities_differ_only_beyond_the_other_s_bracket() {
         let cap = |found: Option<f64>, missed_at: Option<f64>| Measured {
             summary: Summary::default(),
-            capacity: Some(Capacity { over: search::Over::Rate, found, missed_at, why_none: None }),
+            capacity: Some(Capacity { over: crate::slo::Over::Rate, found, missed_at, why_none: None }),
         };
         let o = Objective::Capacity;
         let base = cap(Some(10.0), Some(11.0));
@@ -1033,7 +1034,12 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         assert_eq!(m.objective, "capacity");
         let cap = |found: Option<f64>, missed_at: Option<f64>, why: Option<&str>| Measured {
             summary: Summary::default(),
-            capacity: Some(Capacity { over: search::Over::Rate, found, missed_at, why_none: why.map(str::to_owned) }),
+            capacity: Some(Capacity {
+                over: crate::slo::Over::Rate,
+                found,
+                missed_at,
+                why_none: why.map(str::to_owned),
+            }),
         };
         let mut r = Results::default();
         r.primary.insert("vllm".into(), Some(cap(Some(8.0), Some(9.0), None)));

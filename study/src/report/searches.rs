@@ -7,14 +7,15 @@ use super::doc::*;
 use crate::greedy::{self, Measured, Objective};
 use crate::matrix::Matrix;
 use crate::model::{Group, Job};
-use crate::search::{self, Capacity, Search, Step};
+use crate::search::{self, Capacity, Step};
+use crate::slo::Search;
 
 /// The SLOs of a search in words: `P99 TTFT <= 500 ms`.
 pub fn slo_words(s: &Search) -> Vec<String> {
     let mut words: Vec<String> =
-        s.slo.iter().map(|b| format!("{} <= {} ms", b.label(), search::number(b.ms))).collect();
+        s.slo.iter().map(|b| format!("{} <= {} ms", b.label(), crate::slo::number(b.ms))).collect();
     if let Some(share) = s.goodput {
-        words.push(format!("goodput >= {}% of requests", search::number(share * 100.0)));
+        words.push(format!("goodput >= {}% of requests", crate::slo::number(share * 100.0)));
     }
     words
 }
@@ -24,8 +25,8 @@ pub fn search_words(s: &Search) -> String {
     format!(
         "{} from {} to {}, at most {} probes after the bounds, holding {}",
         s.over.field(),
-        search::number(s.lo),
-        search::show(s.over, s.hi),
+        crate::slo::number(s.lo),
+        crate::slo::show(s.over, s.hi),
         s.steps,
         slo_words(s).join(", ")
     )
@@ -95,7 +96,7 @@ pub fn gather(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> Vec<SearchInfo
 
 /// A finished search's capacity, as the planner ranks it.
 fn capacity_of(info: &SearchInfo, r: &SearchResult) -> Option<Measured> {
-    let over = if info.over == "rate" { search::Over::Rate } else { search::Over::Concurrency };
+    let over = if info.over == "rate" { crate::slo::Over::Rate } else { crate::slo::Over::Concurrency };
     r.done.then(|| Measured {
         summary: Default::default(),
         capacity: Some(Capacity { over, found: r.found, missed_at: r.missed_at, why_none: None }),
@@ -128,7 +129,11 @@ pub fn comparisons(searches: &[SearchInfo], configs: &[Configuration], min_effec
                 (row.verdict, row.said) = match (vr.found, br.found) {
                     (None, _) => (
                         Verdict::BelowAcceptance,
-                        format!("the SLOs did not hold even at {} {}, not adopted", search::number(info.lo), info.unit),
+                        format!(
+                            "the SLOs did not hold even at {} {}, not adopted",
+                            crate::slo::number(info.lo),
+                            info.unit
+                        ),
                     ),
                     (_, None) => (Verdict::NoResult, "the baseline held the SLOs at no load; not compared".to_owned()),
                     _ => {

@@ -1,11 +1,13 @@
-//! The controller's domain types: runs, engine groups, jobs and attempts, as
-//! they are scheduled and stored.
+//! The study's domain types: runs, engine groups, jobs and attempts, as the
+//! controller schedules and stores them and the reports read them. What only
+//! the control plane keeps (agents' records, counters, the scheduler's
+//! writes) is the controller's `records`.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use benchfleet_core::Summary;
-use benchfleet_core::telemetry::{Series, TelemetrySummary};
+use benchfleet_core::telemetry::TelemetrySummary;
 use serde::{Deserialize, Serialize};
 
 /// A run's number, unique within one store.
@@ -119,78 +121,6 @@ impl std::str::FromStr for AgentId {
     }
 }
 
-/// A GPU as an agent last reported it: what placement and the operator's
-/// listing need.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GpuState {
-    pub index: u32,
-    pub uuid: String,
-    /// The product name, e.g. "NVIDIA H200".
-    pub name: String,
-    pub memory_total_bytes: u64,
-    pub usable: bool,
-    /// Why it is not usable.
-    pub reasons: Vec<String>,
-    pub driver_version: String,
-    pub cuda_driver_version: String,
-    /// Name, UUID, driver, CUDA and clocks, as one line.
-    pub fingerprint: String,
-}
-
-/// One agent as the controller keeps it between restarts.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AgentRecord {
-    pub id: AgentId,
-    /// Its identity in the fleet: two live agents never share it.
-    pub name: String,
-    pub hostname: String,
-    pub version: String,
-    pub gpus: Vec<GpuState>,
-    pub runtimes: Vec<String>,
-    /// Set while the agent is drained: no new work.
-    pub drain: Option<Note>,
-    pub registered_unix_ms: i64,
-    /// When its last session began.
-    pub connected_unix_ms: i64,
-    /// The epoch of its last session.
-    pub epoch: u64,
-    /// The certificate it joined (or last renewed) with; `None` for an agent
-    /// known only by its name (plain text, or stored before schema 3).
-    pub certificate: Option<AgentCertificate>,
-}
-
-/// An agent's certificate, as the controller issued it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentCertificate {
-    /// Hex.
-    pub serial: String,
-    pub not_after_unix_ms: i64,
-    /// Set once the agent's name was revoked: its certificates open nothing.
-    pub revoked: Option<Note>,
-}
-
-/// Counters that must survive a restart so ids and epochs never repeat.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub next_agent: u64,
-    pub next_epoch: u64,
-}
-
-/// A store write the scheduler asks for (`Store::apply` makes them).
-// Writes live for one batch of events; boxing each would only add an
-// allocation per write.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug, PartialEq)]
-pub enum Write {
-    Agent(AgentRecord),
-    Run(Run),
-    Group(Group),
-    Job(Job),
-    Counters(Counters),
-    /// The series of an attempt's telemetry, kept apart from its job.
-    Telemetry(AttemptKey, Vec<Series>),
-}
-
 /// How an engine is run by the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -238,11 +168,11 @@ pub struct EngineConfig {
     pub profiles: Option<Vec<String>>,
 }
 
-#[cfg(test)]
+#[cfg(feature = "testing")]
 impl EngineConfig {
     /// vLLM as a local process on model `m`, named `name`, with `variants`:
-    /// what the unit tests build groups of.
-    pub(crate) fn test(name: &str, variants: &[&str]) -> EngineConfig {
+    /// what the controller's unit tests build groups of.
+    pub fn test(name: &str, variants: &[&str]) -> EngineConfig {
         EngineConfig {
             name: name.to_owned(),
             engine: "vllm".into(),
@@ -298,10 +228,10 @@ pub struct Profile {
     /// A search profile: the load is found (`search`), not given; its jobs
     /// are probes, each at one point.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub search: Option<crate::search::Search>,
+    pub search: Option<crate::slo::Search>,
     /// A probe of a search: the point this job's load is set to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<crate::search::Probe>,
+    pub probe: Option<crate::slo::Probe>,
 }
 
 impl Profile {
@@ -670,7 +600,7 @@ mod job_tests {
                 )
             }
         );
-        assert_eq!(p.probe, Some(crate::search::Probe { search: "chat".into(), point: 8.0 }));
+        assert_eq!(p.probe, Some(crate::slo::Probe { search: "chat".into(), point: 8.0 }));
         // Written again, byte for byte: an export or a store a newer build
         // wrote reads the same in an older one.
         assert_eq!(serde_json::to_string(&p).expect("json"), stored);
