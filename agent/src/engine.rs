@@ -134,6 +134,9 @@ pub struct ProcessRuntime {
     /// How long a stopped engine has to exit after SIGTERM before it is
     /// killed.
     pub stop_grace: Duration,
+    /// Simulated engines only: how fast each runs against its model, from
+    /// its GPUs' (`BENCHFLEET_SIM_SPEED`); `None` for real engines.
+    pub sim_speed: Option<crate::gpu::SimSpeed>,
     /// Where each engine's pid file goes, so that an agent restarted after
     /// a kill stops the engines it left (`PidDir::sweep`).
     pub pids: Option<PidDir>,
@@ -174,7 +177,13 @@ pub fn process_env(
 
 impl Default for ProcessRuntime {
     fn default() -> Self {
-        ProcessRuntime { launcher: Vec::new(), env: Vec::new(), stop_grace: Duration::from_secs(30), pids: None }
+        ProcessRuntime {
+            launcher: Vec::new(),
+            env: Vec::new(),
+            stop_grace: Duration::from_secs(30),
+            pids: None,
+            sim_speed: None,
+        }
     }
 }
 
@@ -196,6 +205,7 @@ impl EngineRuntime for ProcessRuntime {
             // names: the agent may hold tokens the engine has no need of.
             .env_clear()
             .envs(process_env(launch, &self.env, std::env::var_os))
+            .envs(self.sim_speed.as_ref().map(|s| ("BENCHFLEET_SIM_SPEED", s.of_uuids(&launch.gpu_uuids).to_string())))
             // Its own process group, so that stopping it reaches the worker
             // processes an engine forks (vLLM's engine core, SGLang's
             // schedulers) and none is left holding GPU memory.
@@ -705,6 +715,7 @@ mod tests {
             env: Vec::new(),
             stop_grace: grace,
             pids: None,
+            sim_speed: None,
         };
         let launch = EngineLaunch { kind: "vllm".into(), model: "m".into(), ..EngineLaunch::default() };
         let engine = runtime.start(&launch).await.expect("the shell starts");
@@ -838,6 +849,7 @@ mod tests {
             env: vec![("BENCHFLEET_SIM_GPU".into(), "H200".into())],
             stop_grace: Duration::from_secs(1),
             pids: None,
+            sim_speed: Some(crate::gpu::SimSpeed { host: Some(0.5), gpus: Default::default() }),
         };
         let launch = EngineLaunch { kind: "vllm".into(), model: "m".into(), ..EngineLaunch::default() };
         let mut engine = runtime.start(&launch).await.expect("the shell starts");
@@ -853,7 +865,8 @@ mod tests {
         let names: Vec<&str> = env.lines().filter_map(|l| l.split_once('=').map(|(name, _)| name)).collect();
         // What the shell itself sets, besides what the engine was given.
         let shell = ["PWD", "OLDPWD", "SHLVL", "_"];
-        let given = ["VLLM_SERVER_DEV_MODE", "BENCHFLEET_SIM_GPU"];
+        let given = ["VLLM_SERVER_DEV_MODE", "BENCHFLEET_SIM_GPU", "BENCHFLEET_SIM_SPEED"];
+        assert!(env.lines().any(|l| l == "BENCHFLEET_SIM_SPEED=0.5"), "a slow simulated host's speed: {env}");
         let unexpected: Vec<&&str> =
             names.iter().filter(|n| !(INHERITED_ENV.contains(n) || shell.contains(n) || given.contains(n))).collect();
         assert!(unexpected.is_empty(), "the engine inherited {unexpected:?}: {env}");

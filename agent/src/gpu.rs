@@ -189,11 +189,61 @@ pub struct SimGpuProbe {
     pub host: String,
     /// The last load each GPU's engine reported, by UUID.
     load: Arc<Mutex<HashMap<String, f64>>>,
+    /// How fast each GPU runs, by index: a slow one (`--sim-speed`) holds
+    /// its clock down in proportion, as a power cap would.
+    pub speed: SimSpeed,
+}
+
+/// The speed of simulated GPUs against the model: the host's factor, and
+/// any GPU's own (`--sim-speed`, `--sim-speed-gpu INDEX=FACTOR`), so a
+/// slow host or GPU can be staged.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimSpeed {
+    pub host: Option<f64>,
+    pub gpus: std::collections::BTreeMap<u32, f64>,
+}
+
+impl SimSpeed {
+    /// The factor of the GPU at `index` (1: as modelled).
+    pub fn of(&self, index: u32) -> f64 {
+        self.gpus.get(&index).copied().or(self.host).unwrap_or(1.0)
+    }
+
+    /// The factor of an engine on these GPUs: its slowest GPU's.
+    pub fn of_uuids(&self, uuids: &[String]) -> f64 {
+        let indexes: Vec<u32> = uuids.iter().filter_map(|u| sim_index(u)).collect();
+        if indexes.is_empty() {
+            return self.host.unwrap_or(1.0);
+        }
+        indexes.into_iter().map(|i| self.of(i)).fold(f64::INFINITY, f64::min)
+    }
+
+    /// `INDEX=FACTOR`, as `--sim-speed-gpu` takes it.
+    pub fn parse_gpu(text: &str) -> Result<(u32, f64), String> {
+        let (index, factor) =
+            text.split_once('=').ok_or_else(|| format!("'{text}': expected INDEX=FACTOR, e.g. 2=0.9"))?;
+        let index = index.trim().parse().map_err(|_| format!("'{text}': '{index}' is not a GPU index"))?;
+        Ok((index, Self::factor(factor)?))
+    }
+
+    /// A factor from 0.05 to 10.
+    pub fn factor(text: &str) -> Result<f64, String> {
+        text.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|f| (0.05..=10.0).contains(f))
+            .ok_or_else(|| format!("'{text}' is not a speed factor from 0.05 to 10 (1: as modelled)"))
+    }
+}
+
+/// A simulated GPU's index, from its UUID (`GPU-sim-HOST-INDEX`).
+fn sim_index(uuid: &str) -> Option<u32> {
+    uuid.rsplit_once('-').and_then(|(_, i)| i.parse().ok())
 }
 
 impl SimGpuProbe {
     pub fn new(model: impl Into<String>, count: u32, host: impl Into<String>) -> SimGpuProbe {
-        SimGpuProbe { model: model.into(), count, host: host.into(), load: Arc::default() }
+        SimGpuProbe { model: model.into(), count, host: host.into(), load: Arc::default(), speed: SimSpeed::default() }
     }
 
     fn memory_bytes(&self) -> u64 {
@@ -232,9 +282,16 @@ impl GpuProbe for SimGpuProbe {
                     _ => 0.0,
                 };
                 let busy = utilization > 0.0;
+                // A slow GPU is held down by its power cap while busy.
+                let speed = sim_index(uuid).map_or(1.0, |i| self.speed.of(i)).min(1.0);
+                let held = busy && speed < 1.0;
                 Ok(GpuSample {
                     uuid: uuid.clone(),
-                    sm_clock_mhz: Some(if busy { 1980 - (100.0 - utilization) as u32 } else { 345 }),
+                    sm_clock_mhz: Some(if busy {
+                        ((1980 - (100.0 - utilization) as u32) as f64 * speed) as u32
+                    } else {
+                        345
+                    }),
                     sm_clock_max_mhz: Some(1980),
                     memory_clock_mhz: Some(memory_clock_max),
                     memory_clock_max_mhz: Some(memory_clock_max),
@@ -245,7 +302,14 @@ impl GpuProbe for SimGpuProbe {
                     memory_utilization_pct: Some((0.6 * utilization) as u32),
                     // An engine holds nine tenths of the memory once it runs.
                     memory_used_bytes: Some(if running.is_some() { self.memory_bytes() / 10 * 9 } else { 0 }),
-                    throttle_reasons: Some(if busy { 0 } else { 0x1 }),
+                    // NVML's SW power cap bit while held down, idle's when idle.
+                    throttle_reasons: Some(if held {
+                        0x4
+                    } else if busy {
+                        0
+                    } else {
+                        0x1
+                    }),
                 })
             })
             .collect()
@@ -262,6 +326,27 @@ impl GpuProbe for SimGpuProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slow_simulated_gpu_holds_its_clock_down_under_a_power_cap() {
+        let mut probe = SimGpuProbe::new("H200", 2, "h");
+        probe.speed = SimSpeed { host: None, gpus: [(1, 0.88)].into() };
+        let uuids = vec!["GPU-sim-h-0".to_owned(), "GPU-sim-h-1".to_owned()];
+        probe.engine_load(&uuids, 8.0);
+        let s = probe.sample(&uuids).expect("readings");
+        assert_eq!((s[0].sm_clock_mhz, s[0].throttle_reasons), (Some(1980), Some(0)));
+        assert_eq!((s[1].sm_clock_mhz, s[1].throttle_reasons), (Some(1742), Some(0x4)), "power capped");
+        assert_eq!(probe.speed.of_uuids(&uuids), 0.88, "an engine on both runs at the slower one's speed");
+        assert_eq!(probe.speed.of_uuids(&uuids[..1]), 1.0);
+    }
+
+    #[test]
+    fn sim_speed_flags_are_checked() {
+        assert_eq!(SimSpeed::parse_gpu("2=0.9"), Ok((2, 0.9)));
+        for bad in ["2", "x=0.9", "2=0", "2=fast", "2=11"] {
+            assert!(SimSpeed::parse_gpu(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn simulated_gpus_follow_their_engine_s_load() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use benchfleet_agent::engine::{EnginePorts, EngineRuntime, ExternalRuntime, ProcessRuntime, ephemeral_range};
-use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe};
+use benchfleet_agent::gpu::{GpuProbe, SimGpuProbe, SimSpeed};
 use benchfleet_agent::identity;
 use benchfleet_agent::load::ProcessLoadRunner;
 use benchfleet_agent::nvml::NvmlProbe;
@@ -42,7 +42,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the agent: register with the controller and run the engine groups it assigns (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Check this host's GPUs: print their inventory and whether each is usable.
     ///
     /// Exit code 0: every GPU is usable; 1: some GPU is not (the table says why), or reported an XID during
@@ -94,6 +94,13 @@ struct RunArgs {
     /// Run engines as the simulator (benchfleet-sim) instead of real ones.
     #[arg(long)]
     sim_engines: bool,
+    /// With --sim-engines and --sim-gpus: this host's simulated engines run at FACTOR of their modelled speed,
+    /// their GPUs' clocks held down in proportion (to stage a slow host).
+    #[arg(long, value_name = "FACTOR", value_parser = SimSpeed::factor)]
+    sim_speed: Option<f64>,
+    /// As --sim-speed, for one simulated GPU: INDEX=FACTOR (repeat for more).
+    #[arg(long, value_name = "INDEX=FACTOR", value_parser = SimSpeed::parse_gpu)]
+    sim_speed_gpu: Vec<(u32, f64)>,
     /// Where dataset files and other working files go.
     #[arg(long, default_value = "/var/lib/benchfleet-agent")]
     work_dir: std::path::PathBuf,
@@ -184,7 +191,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     match cli.command {
         Some(Command::Verify(args)) => verify(&args),
         Some(Command::Join(args)) => join(args).await,
-        Some(Command::Run(args)) => run(args).await.map(|()| ExitCode::SUCCESS),
+        Some(Command::Run(args)) => run(*args).await.map(|()| ExitCode::SUCCESS),
         None => run(cli.run).await.map(|()| ExitCode::SUCCESS),
     }
 }
@@ -266,6 +273,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     policy.simulator = args.sim_engines;
     let policy = Arc::new(policy);
     let mut sim_env = Vec::new();
+    let sim_speed = SimSpeed { host: args.sim_speed, gpus: args.sim_speed_gpu.iter().copied().collect() };
+    if sim_speed != SimSpeed::default() && !(args.sim_engines && args.sim_gpus.is_some()) {
+        anyhow::bail!(
+            "--sim-speed and --sim-speed-gpu stage a slow simulated host: they need --sim-engines and --sim-gpus"
+        );
+    }
     let gpus: Arc<dyn GpuProbe> = match &args.sim_gpus {
         Some(spec) => {
             let (model, count) = spec
@@ -274,7 +287,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("--sim-gpus {spec}: expected MODELxCOUNT, e.g. H200x8"))?;
             // Simulated engines model the simulated GPU.
             sim_env.push(("BENCHFLEET_SIM_GPU".to_owned(), model.clone()));
-            Arc::new(SimGpuProbe::new(model, count, name.clone()))
+            let mut probe = SimGpuProbe::new(model, count, name.clone());
+            probe.speed = sim_speed.clone();
+            Arc::new(probe)
         }
         None => Arc::new(args.gpu.nvml_probe(None)?),
     };
@@ -308,6 +323,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 launcher,
                 env: process_env,
                 pids: Some(pids.clone()),
+                sim_speed: args.sim_engines.then_some(sim_speed),
                 ..ProcessRuntime::default()
             }),
         ),

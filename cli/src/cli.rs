@@ -129,6 +129,11 @@ pub enum Command {
     },
     /// Check a matrix file without running it.
     Validate { matrix: PathBuf },
+    /// Fleet acceptance: the same benchmark on every host, each judged against its peers.
+    Fleet {
+        #[command(subcommand)]
+        action: FleetCommand,
+    },
     /// Submit a matrix; prints the run id at once.
     Submit {
         matrix: PathBuf,
@@ -217,6 +222,24 @@ pub enum Command {
         name: String,
         #[arg(long, default_value = "")]
         reason: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FleetCommand {
+    /// Run a matrix's one configuration on every eligible host (or GPU) at once and say which hosts are not
+    /// like their peers. Exit 0 when every target it ran on is ok (hosts left out, such as drained ones, are
+    /// listed and do not change it), 1 when any is warn, outlier or unstable or cannot be judged (too few
+    /// peers, failed jobs), 2 on bad input.
+    Check {
+        matrix: PathBuf,
+        /// A job per host, or per GPU (each disjoint set of the matrix's gpus_per_job); default: the
+        /// matrix's fleet.per, else host.
+        #[arg(long, value_parser = ["host", "gpu"])]
+        per: Option<String>,
+        /// Drain every outlier host, its verdict as the reason (it finishes what it runs, takes no new work).
+        #[arg(long)]
+        drain_outliers: bool,
     },
 }
 
@@ -506,6 +529,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run { matrix, local: true } => run_local(matrix, &data_dir(cli.data_dir.as_deref()), json).await,
         Command::Run { matrix, local: false } => run_remote(controller, matrix, json).await,
         Command::Validate { matrix } => validate(matrix, json),
+        Command::Fleet { action: FleetCommand::Check { matrix, per, drain_outliers } } => {
+            fleet_check(controller, matrix, per.as_deref(), *drain_outliers, json).await
+        }
         Command::Submit { matrix, dry_run: true } => dry_run(controller, matrix, json).await,
         Command::Submit { matrix, dry_run: false } => submit(controller, matrix, json).await,
         Command::Watch { run_id, reconnect_for_s } => {
@@ -620,6 +646,57 @@ async fn run_remote(controller: Option<&Target>, matrix: &Path, json: bool) -> a
     follow(url, &submitted.run_id, Duration::from_secs(300), json, true).await
 }
 
+/// `fleet check`: submits the matrix as a fleet check, follows it, prints
+/// the report (its fleet section first) and exits by the worst verdict.
+async fn fleet_check(
+    controller: Option<&Target>,
+    matrix: &Path,
+    per: Option<&str>,
+    drain_outliers: bool,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let url = need_controller(controller)?;
+    let mut sub = client::submission(matrix, None)?;
+    sub.request.fleet_per = match (per, sub.matrix.strategy) {
+        (Some(per), _) => per.to_owned(),
+        (None, Strategy::Fleet) => String::new(),
+        (None, _) => "host".to_owned(),
+    };
+    note_datasets(&sub);
+    let mut c = client::connect(url).await?;
+    let submitted = client::submit(&mut c, sub).await?;
+    announce(&submitted);
+    let run_id = submitted.run_id.clone();
+    follow(url, &run_id, Duration::from_secs(300), json, false).await?;
+    let request = pb::GetReportRequest { run_id: run_id.clone(), format: "json".to_owned() };
+    let text = client::connect(url).await?.get_report(request).await.map_err(client::status)?.into_inner().text;
+    let doc: ReportDoc = serde_json::from_str(&text).context("the controller's report is not a report document")?;
+    if json {
+        print!("{text}");
+    } else {
+        print!("{}", report::render_as(&doc, Format::Console));
+        println!("run id: {run_id}");
+    }
+    let Some(fleet) = &doc.fleet else { anyhow::bail!("run {run_id} was not planned as a fleet check") };
+    if drain_outliers {
+        let mut drained: Vec<&str> = Vec::new();
+        for row in fleet.cohorts.iter().flat_map(|c| &c.rows) {
+            if row.verdict != Some(benchfleet_study::fleet::Verdict::Outlier) || drained.contains(&row.host.as_str()) {
+                continue;
+            }
+            let said = row.metrics.first().map_or_else(String::new, |j| {
+                format!(": {} on {} {:+.1}% from its cohort", j.metric, j.profile, j.deviation_pct)
+            });
+            let reason = format!("fleet check run {run_id}: {} outlier{said}", row.target);
+            let request = pb::DrainAgentRequest { agent: row.host.clone(), reason, by: whoami() };
+            let a = remote(controller, async |c| c.drain_agent(request).await).await?;
+            eprintln!("drained {} ({}): outlier", a.name, a.agent_id);
+            drained.push(&row.host);
+        }
+    }
+    Ok(if fleet.worst() == Some(benchfleet_study::fleet::Verdict::Ok) { 0 } else { EXIT_FAILED_JOBS })
+}
+
 /// `validate`: the matrix's shape and warnings, with nothing submitted.
 fn validate(matrix: &Path, json: bool) -> anyhow::Result<i32> {
     let sub = client::submission(matrix, None)?;
@@ -649,6 +726,16 @@ fn validate(matrix: &Path, json: bool) -> anyhow::Result<i32> {
                 plural(jobs, "job")
             );
             ("grid", shape, Some(jobs))
+        }
+        Strategy::Fleet => {
+            let per = m.fleet.unwrap_or_default().per.as_str();
+            let shape = format!(
+                "{} on every {per} of the fleet: {} x {} per {per}",
+                m.configs.first().map_or("one configuration", |c| c.name.as_str()),
+                plural(m.profiles.len(), "profile"),
+                plural(m.repeats as usize, "repeat")
+            );
+            ("fleet", shape, None)
         }
         Strategy::Greedy => {
             let shape = format!(

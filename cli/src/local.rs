@@ -100,6 +100,7 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
             env,
             stop_grace: Duration::from_secs(10),
             pids: Some(pids.clone()),
+            sim_speed: None,
         }),
     );
     Ok(AgentConfig {

@@ -84,6 +84,7 @@ fn build(store: &SledStore, runs: u64, jobs: u64) {
             note: None,
             files: Default::default(),
             runtime_override: None,
+            fleet: None,
         };
         let groups: Vec<Group> = (0..GROUPS)
             .map(|g| Group {
@@ -96,6 +97,7 @@ fn build(store: &SledStore, runs: u64, jobs: u64) {
                 stage: 1,
                 placement: None,
                 failed_on: Vec::new(),
+                pin: None,
             })
             .collect();
         let mut profile =

@@ -177,6 +177,7 @@ pub fn submission(r: pb::SubmitRunRequest) -> Submission {
         matrix_yaml: r.matrix_yaml,
         files: r.files.into_iter().collect::<BTreeMap<_, _>>(),
         runtime_override: r.runtime_override,
+        fleet_per: r.fleet_per,
     }
 }
 

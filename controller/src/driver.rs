@@ -120,6 +120,7 @@ enum Input {
     Hello(Now, Box<Hello>, SessionHandle, oneshot::Sender<Result<Welcome, Refused>>),
     Submit(Now, Box<Prepared>, oneshot::Sender<Vec<String>>),
     DryRun(Now, Box<Prepared>, oneshot::Sender<crate::sched::DryRun>),
+    FleetTargets(Now, crate::plan::FleetAsk, oneshot::Sender<crate::sched::Targets>),
     Cancel(Now, RunId, Note, oneshot::Sender<Result<(), SchedError>>),
     Retry(Now, RunId, oneshot::Sender<Result<u64, SchedError>>),
     Drain(Now, String, Option<Note>, oneshot::Sender<Result<AgentId, SchedError>>),
@@ -330,6 +331,11 @@ impl Controller {
     /// Where a prepared run would be placed now; nothing is stored or sent.
     pub async fn dry_run(&self, prepared: Prepared) -> Result<crate::sched::DryRun, Stopped> {
         self.ask(|r| Input::DryRun(now(), Box::new(prepared), r)).await
+    }
+
+    /// What a fleet check would run on now, and the hosts it leaves out.
+    pub async fn fleet_targets(&self, ask: crate::plan::FleetAsk) -> Result<crate::sched::Targets, Stopped> {
+        self.ask(|r| Input::FleetTargets(now(), ask, r)).await
     }
 
     pub async fn cancel(&self, run: RunId, note: Note) -> Result<Result<(), SchedError>, Stopped> {
@@ -553,6 +559,13 @@ impl Driver {
                 let warnings = self.sched.submit_warnings(id, now);
                 replies.push(Box::new(move || {
                     let _ = reply.send(warnings);
+                }));
+                now
+            }
+            Input::FleetTargets(now, ask, reply) => {
+                let answer = self.sched.fleet_targets(now, ask.per, ask.gpu.as_deref(), ask.gpus_per_job, ask.runtime);
+                replies.push(Box::new(move || {
+                    let _ = reply.send(answer);
                 }));
                 now
             }

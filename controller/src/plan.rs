@@ -5,10 +5,14 @@
 
 use std::collections::BTreeMap;
 
+use crate::sched::Targets;
 use crate::store::{Store, StoreError, is_sha256};
+use benchfleet_study::fleet::{FleetSpec, Per};
 use benchfleet_study::greedy::{self, Plan};
 use benchfleet_study::matrix::{self, Matrix, Strategy};
-use benchfleet_study::model::{Dataset, EngineConfig, Group, Job, Profile, Run, RunId, RunState, RuntimeKind};
+use benchfleet_study::model::{
+    Dataset, EngineConfig, FleetRun, Group, Job, Profile, Run, RunId, RunState, RuntimeKind,
+};
 use benchfleet_study::search::{self, Step};
 
 /// A submission as the operator sends it: the matrix, and the SHA-256 of
@@ -19,6 +23,9 @@ pub struct Submission {
     pub matrix_yaml: String,
     pub files: BTreeMap<String, String>,
     pub runtime_override: String,
+    /// Run it as a fleet check, per "host" or "gpu" (`benchfleet fleet
+    /// check`); empty: as the matrix says.
+    pub fleet_per: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +48,18 @@ pub struct Prepared {
     /// The greedy strategy: these are its first stage, the rest is planned
     /// from their results.
     pub greedy: bool,
+    /// A fleet check: the groups are one template, made one per target by
+    /// `pin` once the scheduler has said what the fleet is.
+    pub fleet: Option<FleetAsk>,
+}
+
+/// What a fleet check asks of the fleet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetAsk {
+    pub per: Per,
+    pub gpu: Option<String>,
+    pub gpus_per_job: u32,
+    pub runtime: RuntimeKind,
 }
 
 /// Validates a submission and builds its run; nothing is stored. Every file
@@ -91,8 +110,16 @@ fn prepare_as(
             )));
         }
     };
+    let per =
+        match sub.fleet_per.as_str() {
+            "" => None,
+            other => Some(Per::parse(other).ok_or_else(|| {
+                SubmitError::Invalid(format!("a fleet check runs per host or per gpu, not '{other}'"))
+            })?),
+        };
+    let fleet = fleet_of(&matrix, per)?;
     let (configs, profiles, stage) = match matrix.strategy {
-        Strategy::Grid => (matrix.configs.clone(), matrix.profiles.clone(), 1),
+        Strategy::Grid | Strategy::Fleet => (matrix.configs.clone(), matrix.profiles.clone(), 1),
         // Later stages are planned when this one ends.
         Strategy::Greedy => match greedy::plan(&matrix, &greedy::Results::default()).plan {
             Plan::Next(s) => (s.configs, s.profiles, s.number),
@@ -110,10 +137,85 @@ fn prepare_as(
         note: None,
         files: sub.files.clone(),
         runtime_override,
+        fleet: fleet.map(|f| FleetRun { per: f.per, skipped: Vec::new() }),
     };
     let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
     let greedy = matrix.strategy == Strategy::Greedy;
-    Ok(Prepared { run, groups, jobs, warnings: matrix.warnings, greedy })
+    let fleet = fleet.map(|f| FleetAsk {
+        per: f.per,
+        gpu: matrix.gpu.clone(),
+        gpus_per_job: matrix.gpus_per_job,
+        runtime: groups.first().map_or(RuntimeKind::Process, |g| g.config.runtime),
+    });
+    Ok(Prepared { run, groups, jobs, warnings: matrix.warnings, greedy, fleet })
+}
+
+/// The fleet check a submission asks: the matrix's `strategy: fleet`, or
+/// `benchfleet fleet check` (per host or GPU) of a matrix that makes one
+/// configuration at fixed loads.
+fn fleet_of(matrix: &Matrix, per: Option<Per>) -> Result<Option<FleetSpec>, SubmitError> {
+    let mut spec = match (matrix.fleet, per) {
+        (None, None) => return Ok(None),
+        (Some(spec), _) => spec,
+        (None, Some(_)) => {
+            let refuse = |why: String| Err(SubmitError::Invalid(format!("{}: {why}", matrix.file)));
+            if matrix.strategy == Strategy::Greedy {
+                return refuse("a greedy study cannot be a fleet check; write one configuration".to_owned());
+            }
+            if matrix.configs.len() != 1 {
+                return refuse(format!(
+                    "a fleet check runs one engine configuration on every host; this matrix makes {}: keep one \
+                     engine and no variants",
+                    matrix.configs.len()
+                ));
+            }
+            if let Some(p) = matrix.profiles.iter().find(|p| p.search.is_some()) {
+                return refuse(format!("profile '{}' searches; a fleet check compares every host at one load", p.name));
+            }
+            FleetSpec::default()
+        }
+    };
+    if let Some(per) = per {
+        spec.per = per;
+    }
+    Ok(Some(spec))
+}
+
+/// A fleet check's groups, one per target, each pinned to it, with the
+/// template's jobs in repeat-major order (every profile's first repeat,
+/// then the second...), so a target's repeats are spread over the check;
+/// the hosts left out are the run's to report. No target is an error that
+/// says why each host was left out.
+pub fn pin(mut prepared: Prepared, targets: Targets) -> Result<Prepared, SubmitError> {
+    if targets.targets.is_empty() {
+        let why: Vec<String> = targets.skipped.iter().map(|s| format!("{}: {}", s.host, s.reason)).collect();
+        return Err(SubmitError::Invalid(if why.is_empty() {
+            "no agent is connected to run the fleet check on".to_owned()
+        } else {
+            format!("no host can run the fleet check ({})", why.join("; "))
+        }));
+    }
+    let Some(template) = prepared.groups.first().cloned() else {
+        return Err(SubmitError::Invalid("the matrix makes no group to run".to_owned()));
+    };
+    let mut order: Vec<&Job> = prepared.jobs.iter().collect();
+    order.sort_by_key(|j| (j.repeat, j.id));
+    let (mut groups, mut jobs) = (Vec::new(), Vec::new());
+    for (n, target) in targets.targets.into_iter().enumerate() {
+        let mut group = Group { id: n as u64, jobs: Vec::new(), pin: Some(target), ..template.clone() };
+        for j in &order {
+            let id = jobs.len() as u64;
+            group.jobs.push(id);
+            jobs.push(Job::new(prepared.run.id, id, group.id, j.profile.clone(), j.repeat));
+        }
+        groups.push(group);
+    }
+    if let Some(f) = prepared.run.fleet.as_mut() {
+        f.skipped = targets.skipped;
+    }
+    prepared.groups = groups;
+    prepared.jobs = jobs;
+    Ok(prepared)
 }
 
 /// Reads each ShareGPT file the matrix names, as stored, with the parser
@@ -282,6 +384,7 @@ fn groups_of(run: &Run, matrix: &Matrix, work: &Work, stage: u32, first: (u64, u
             stage,
             placement: None,
             failed_on: Vec::new(),
+            pin: None,
         };
         for profile in profiles {
             for repeat in 1..=matrix.repeats {
@@ -387,6 +490,7 @@ mod tests {
             matrix_name: "d.yaml".into(),
             matrix_yaml: yaml.into(),
             runtime_override: String::new(),
+            fleet_per: String::new(),
             files: [("chat.json".to_owned(), sha)].into_iter().collect(),
         };
         let good = br#"[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]"#;

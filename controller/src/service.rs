@@ -491,11 +491,21 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::SubmitRunResponse>, Status> {
         let submission = convert::submission(req.into_inner());
         let store = self.0.store().clone();
+        let refused = |e: SubmitError| match e {
+            SubmitError::Invalid(why) => Status::invalid_argument(why),
+            SubmitError::Store(e) => e.into(),
+        };
+        let planner = store.clone();
+        let mut prepared = blocking(&self.0, move || {
+            plan::prepare(planner.as_ref(), &submission, || planner.next_run_id()).map_err(refused)
+        })
+        .await?;
+        // A fleet check's groups are one per target the fleet has now.
+        if let Some(ask) = prepared.fleet.clone() {
+            let targets = self.0.fleet_targets(ask).await?;
+            prepared = plan::pin(prepared, targets).map_err(refused)?;
+        }
         let prepared = blocking(&self.0, move || {
-            let prepared = plan::prepare(store.as_ref(), &submission, || store.next_run_id()).map_err(|e| match e {
-                SubmitError::Invalid(why) => Status::invalid_argument(why),
-                SubmitError::Store(e) => e.into(),
-            })?;
             store.create_run(&prepared.run, &prepared.groups, &prepared.jobs)?;
             Ok(prepared)
         })
@@ -513,14 +523,21 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn plan_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::PlanRunResponse>, Status> {
         let submission = convert::submission(req.into_inner());
         // A run id no stored run has: the plan is never stored.
-        let prepared = blocking(&self.0, move || {
-            plan::prepare_dry(&submission, || Ok(RunId(u64::MAX))).map_err(|e| match e {
-                SubmitError::Invalid(why) => Status::invalid_argument(why),
-                SubmitError::Store(e) => e.into(),
-            })
-        })
-        .await?;
-        let strategy = if prepared.greedy { "greedy" } else { "grid" };
+        let refused = |e: SubmitError| match e {
+            SubmitError::Invalid(why) => Status::invalid_argument(why),
+            SubmitError::Store(e) => e.into(),
+        };
+        let mut prepared =
+            blocking(&self.0, move || plan::prepare_dry(&submission, || Ok(RunId(u64::MAX))).map_err(refused)).await?;
+        if let Some(ask) = prepared.fleet.clone() {
+            let targets = self.0.fleet_targets(ask).await?;
+            prepared = plan::pin(prepared, targets).map_err(refused)?;
+        }
+        let strategy = match (prepared.greedy, prepared.fleet.is_some()) {
+            (true, _) => "greedy",
+            (_, true) => "fleet",
+            _ => "grid",
+        };
         let groups: Vec<pb::PlannedGroup> = prepared
             .groups
             .iter()

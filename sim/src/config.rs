@@ -46,6 +46,7 @@ pub fn help() -> String {
     }
     out.push_str(
         "\nEnvironment:\n  BENCHFLEET_SIM_GPU           the GPU simulated when --sim-gpu is not given\n  \
+         BENCHFLEET_SIM_SPEED         run at this factor of the modelled speed (a slow host: 0.88)\n  \
          RUST_LOG                     the log filter (default info)\n\n\
          Exit status: 0 after SIGINT or SIGTERM; 1 when the engine fails as a real one would (out of memory,\n\
          a crash, a port in use); 2 for a command line the engine would refuse.\n",
@@ -168,10 +169,27 @@ pub enum ArgError {
     InvalidValue { flag: String, value: String, reason: String },
 }
 
+/// The environment variable an agent sets to run a simulated engine at a
+/// factor of its modelled speed (a staged slow host or GPU: 0.88 takes
+/// 1/0.88 of every step time).
+pub const SPEED_ENV: &str = "BENCHFLEET_SIM_SPEED";
+
 /// Parses argv without the program name, e.g. `["vllm", "serve", "Qwen/Qwen3-8B", "--port=8001"]`;
-/// the GPU comes from `--sim-gpu`, else from `BENCHFLEET_SIM_GPU`.
+/// the GPU comes from `--sim-gpu`, else from `BENCHFLEET_SIM_GPU`; the speed is multiplied by
+/// `BENCHFLEET_SIM_SPEED` when set.
 pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
-    parse_command_line_with_gpu(args, std::env::var(GPU_ENV).ok().as_deref())
+    let mut config = parse_command_line_with_gpu(args, std::env::var(GPU_ENV).ok().as_deref())?;
+    if let Ok(text) = std::env::var(SPEED_ENV) {
+        let speed = text.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
+            ArgError::InvalidValue {
+                flag: SPEED_ENV.to_owned(),
+                value: text.clone(),
+                reason: "expected a speed factor above 0 (1: as modelled)".to_owned(),
+            }
+        })?;
+        config.speedup *= speed;
+    }
+    Ok(config)
 }
 
 /// [`parse_command_line`] with the environment's GPU given, so tests do not depend on the environment.

@@ -60,6 +60,9 @@ pub struct Run {
     /// matrix's, which later stages must honour too.
     #[serde(default)]
     pub runtime_override: Option<RuntimeKind>,
+    /// A fleet check's targets as planned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetRun>,
 }
 
 impl Run {
@@ -280,6 +283,30 @@ pub struct Group {
     /// elsewhere when it can.
     #[serde(default)]
     pub failed_on: Vec<AgentId>,
+    /// A fleet check's group runs on one agent (and GPUs) only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<Pin>,
+}
+
+/// Where a fleet check's group must run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    pub agent: AgentId,
+    /// The agent's name when the check was planned.
+    pub host: String,
+    /// The GPUs (UUIDs) of a check per GPU; empty: any of the agent's.
+    #[serde(default)]
+    pub gpus: Vec<String>,
+    /// What the report calls the target: `host`, or `host GPU 2`.
+    pub label: String,
+}
+
+/// A fleet check as it was planned: what it ran a job on, and the hosts it
+/// could not, each with the reason.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetRun {
+    pub per: crate::fleet::Per,
+    pub skipped: Vec<crate::fleet::Skipped>,
 }
 
 /// A group handed to an agent, with the GPUs it holds.

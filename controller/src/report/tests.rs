@@ -32,6 +32,7 @@ fn group(id: u64, variants: &[&str]) -> Group {
         stage: 1,
         placement: None,
         failed_on: Vec::new(),
+        pin: None,
     }
 }
 
@@ -68,6 +69,7 @@ fn finished_run(name: &str) -> Run {
         note: None,
         files: Default::default(),
         runtime_override: None,
+        fleet: None,
     }
 }
 

@@ -39,7 +39,7 @@ mod placement;
 mod runs;
 
 use placement::Need;
-pub use placement::{DryPlacement, DryRun};
+pub use placement::{DryPlacement, DryRun, Targets};
 
 #[cfg(test)]
 mod prop;

@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 
 use super::{AgentEntry, AssignedJob, Assignment, Command, Fence, GroupKey, Liveness, Now, Scheduler, ToAgent};
 use crate::records::{AgentRecord, GpuState};
+use benchfleet_study::fleet::{Per, Skipped};
 use benchfleet_study::model::{
-    AgentId, AttemptInfo, AttemptOutcome, Group, Job, JobState, Placement, Run, RunId, RuntimeKind,
+    AgentId, AttemptInfo, AttemptOutcome, Group, Job, JobState, Pin, Placement, Run, RunId, RuntimeKind,
 };
 
 /// What a group needs of an agent.
@@ -17,11 +18,18 @@ pub(super) struct Need {
     pub(super) gpu: Option<String>,
     pub(super) gpus: u32,
     pub(super) runtime: RuntimeKind,
+    /// A fleet check's group: this agent only (and these GPUs, when named).
+    pub(super) pin: Option<(AgentId, Vec<String>)>,
 }
 
 impl Need {
     pub(super) fn of(g: &Group) -> Need {
-        Need { gpu: g.gpu.as_ref().map(|m| m.to_ascii_lowercase()), gpus: g.gpus_per_job, runtime: g.config.runtime }
+        Need {
+            gpu: g.gpu.as_ref().map(|m| m.to_ascii_lowercase()),
+            gpus: g.gpus_per_job,
+            runtime: g.config.runtime,
+            pin: g.pin.as_ref().map(|p| (p.agent, p.gpus.clone())),
+        }
     }
 
     /// The agent's GPUs of the wanted model, usable or not.
@@ -32,7 +40,9 @@ impl Need {
     /// Whether the agent could ever run such a group: the runtime, and
     /// enough GPUs of the model (whether free or passing their checks now).
     pub(super) fn could_run(&self, a: &AgentRecord) -> bool {
-        a.runtimes.iter().any(|r| r == self.runtime.as_str()) && self.gpus(a).count() >= self.gpus as usize
+        self.pin.as_ref().is_none_or(|(id, _)| *id == a.id)
+            && a.runtimes.iter().any(|r| r == self.runtime.as_str())
+            && self.gpus(a).count() >= self.gpus as usize
     }
 
     /// "an A100", "2 H200s", "a GPU".
@@ -139,7 +149,11 @@ impl Scheduler {
                 return None;
             }
             let free = self.free_gpus(a, model.as_deref());
-            (free.len() >= need.gpus as usize).then(|| free.into_iter().take(need.gpus as usize).collect())
+            match &need.pin {
+                Some((pinned, _)) if pinned != id => None,
+                Some((_, gpus)) if !gpus.is_empty() => gpus.iter().all(|g| free.contains(g)).then(|| gpus.clone()),
+                _ => (free.len() >= need.gpus as usize).then(|| free.into_iter().take(need.gpus as usize).collect()),
+            }
         };
         let fresh =
             self.placeable.iter().filter(|id| !failed_on.contains(id)).find_map(|id| fits(id).map(|g| (*id, g)));
@@ -276,8 +290,12 @@ impl Scheduler {
     fn why_waiting(&self, need: &Need, now: Now) -> (String, bool) {
         let why = |s: String| (s, false);
         let what = need.describe();
-        let with_runtime: Vec<&AgentEntry> =
-            self.agents.values().filter(|a| a.rec.runtimes.iter().any(|r| r == need.runtime.as_str())).collect();
+        let with_runtime: Vec<&AgentEntry> = self
+            .agents
+            .values()
+            .filter(|a| need.pin.as_ref().is_none_or(|(id, _)| *id == a.rec.id))
+            .filter(|a| a.rec.runtimes.iter().any(|r| r == need.runtime.as_str()))
+            .collect();
         let capable: Vec<&AgentEntry> = with_runtime.iter().copied().filter(|a| need.could_run(&a.rec)).collect();
         if self.agents.is_empty() {
             return why(format!("waiting for an agent: none has connected (each job needs {what})"));
@@ -314,6 +332,70 @@ impl Scheduler {
         }
         (format!("waiting for free GPUs: every agent with {what} is busy"), true)
     }
+}
+
+impl Scheduler {
+    /// What a fleet check would run on now: every agent that may take work
+    /// with `gpus` usable GPUs of the model (per GPU: each disjoint set of
+    /// `gpus` of them), and every other agent with the reason it is left
+    /// out.
+    pub fn fleet_targets(&self, now: Now, per: Per, model: Option<&str>, gpus: u32, runtime: RuntimeKind) -> Targets {
+        let need = Need { gpu: model.map(str::to_ascii_lowercase), gpus, runtime, pin: None };
+        let mut out = Targets::default();
+        let mut agents: Vec<&AgentEntry> = self.agents.values().collect();
+        agents.sort_by(|a, b| a.rec.name.cmp(&b.rec.name));
+        for a in agents {
+            let host = a.rec.name.clone();
+            let skip = |reason: String| Skipped { host: host.clone(), reason };
+            let liveness = self.liveness_of(a, now.at);
+            let reason = if liveness != Liveness::Ready {
+                Some(liveness.as_str().to_owned())
+            } else if let Some(note) = &a.rec.drain {
+                Some(format!("drained {note}"))
+            } else if a.leaving {
+                Some("shutting down".to_owned())
+            } else if !a.rec.runtimes.iter().any(|r| r == runtime.as_str()) {
+                Some(format!("does not run the {} runtime", runtime.as_str()))
+            } else if need.gpus(&a.rec).count() < gpus as usize {
+                Some(format!(
+                    "has {} GPUs of the model, the check needs {}",
+                    need.gpus(&a.rec).count(),
+                    need.describe()
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                out.skipped.push(skip(reason));
+                continue;
+            }
+            let mut usable: Vec<&GpuState> = need.gpus(&a.rec).filter(|g| g.usable).collect();
+            usable.sort_by_key(|g| g.index);
+            for g in need.gpus(&a.rec).filter(|g| !g.usable) {
+                out.skipped.push(skip(format!("GPU {}: {}", g.index, g.reasons.join("; "))));
+            }
+            let pin = |label: String, gpus: Vec<String>| Pin { agent: a.rec.id, host: host.clone(), gpus, label };
+            match per {
+                Per::Host if usable.len() >= gpus as usize => out.targets.push(pin(host.clone(), Vec::new())),
+                Per::Host => out.skipped.push(skip(format!("{} of its GPUs pass their checks", usable.len()))),
+                Per::Gpu => {
+                    for set in usable.chunks_exact(gpus as usize) {
+                        let indexes: Vec<String> = set.iter().map(|g| g.index.to_string()).collect();
+                        let label = format!("{host} GPU{} {}", if set.len() > 1 { "s" } else { "" }, indexes.join("+"));
+                        out.targets.push(pin(label, set.iter().map(|g| g.uuid.clone()).collect()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What a fleet check runs on, and the hosts it leaves out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Targets {
+    pub targets: Vec<Pin>,
+    pub skipped: Vec<Skipped>,
 }
 
 /// What submitting a run now would do (`Scheduler::dry_run`).

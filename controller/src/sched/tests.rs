@@ -199,6 +199,7 @@ impl World {
             note: None,
             files: Default::default(),
             runtime_override: None,
+            fleet: None,
         };
         let mut gs = Vec::new();
         let mut js = Vec::new();
@@ -217,6 +218,7 @@ impl World {
                 stage: 1,
                 placement: None,
                 failed_on: Vec::new(),
+                pin: None,
             });
         }
         for g in &gs {

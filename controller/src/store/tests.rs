@@ -23,6 +23,7 @@ fn run(id: RunId) -> Run {
         note: None,
         files: Default::default(),
         runtime_override: None,
+        fleet: None,
     }
 }
 
@@ -371,6 +372,7 @@ fn group(run: RunId, id: u64, stage: u32, jobs: Vec<u64>) -> Group {
         stage,
         placement: None,
         failed_on: Vec::new(),
+        pin: None,
     }
 }
 

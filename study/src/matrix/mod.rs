@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use crate::fleet::{FleetSpec, Per};
 use crate::model::{
     Arrival, Dataset, Endpoint, EngineConfig, EngineKind, LoadSpec, Profile, RuntimeKind, StoredFile, Window,
 };
@@ -69,6 +70,9 @@ pub enum Strategy {
     /// The reference reports' procedure, in stages the controller plans as
     /// results come in (see `greedy`).
     Greedy,
+    /// One configuration on every host (or GPU) of the fleet, each judged
+    /// against its peers (see `fleet`).
+    Fleet,
 }
 
 /// An engine as the matrix defines it, before any variant is applied.
@@ -162,6 +166,8 @@ pub struct Matrix {
     pub allow_warm_cache: bool,
     pub repeats: u32,
     pub strategy: Strategy,
+    /// A fleet check's settings (`strategy: fleet`).
+    pub fleet: Option<FleetSpec>,
     /// In file order.
     pub engines: Vec<EngineDef>,
     /// In file order, which is the order their args are applied in.
@@ -245,7 +251,9 @@ fn parse_as(
             cx.greedy(&primary_profile, &engines, &variants, &profiles)?;
             Vec::new()
         }
+        Strategy::Fleet => cx.one_config(&raw, top.repeats, &engines, &variants, &profiles, &mut warnings)?,
     };
+    let fleet = cx.fleet(&raw, top.strategy)?;
     if strict {
         cx.contexts(&raw, top.strategy, &configs, &engines, &variants, &profiles, &mut warnings)?;
     }
@@ -261,6 +269,7 @@ fn parse_as(
         allow_warm_cache: raw.allow_warm_cache,
         repeats: top.repeats,
         strategy: top.strategy,
+        fleet,
         engines,
         variants,
         configs,
@@ -322,17 +331,23 @@ impl Ctx<'_> {
     /// `repeats`, `name`, `model`, `strategy` and `hardware`.
     fn top(&self, raw: &RawMatrix) -> Result<Top, MatrixError> {
         let err = |field: &str, message: String| self.err(field, message);
-        let repeats = u32::try_from(raw.repeats)
-            .ok()
-            .filter(|&r| (1..=self.cap(MAX_REPEATS)).contains(&i64::from(r)))
-            .ok_or_else(|| err("repeats", format!("must be from 1 to {MAX_REPEATS}, got {}", raw.repeats)))?;
         self.admit(plain_text(&err, "name", &raw.name))?;
         self.admit(plain_text(&err, "model", &raw.model))?;
         let strategy = match raw.strategy.as_deref() {
             None | Some("grid") => Strategy::Grid,
             Some("greedy") => Strategy::Greedy,
-            Some(other) => return Err(err("strategy", format!("unknown strategy '{other}'; expected grid or greedy"))),
+            Some("fleet") => Strategy::Fleet,
+            Some(other) => {
+                return Err(err("strategy", format!("unknown strategy '{other}'; expected grid, greedy or fleet")));
+            }
         };
+        // A fleet check measures each host's run-to-run spread: three
+        // repeats unless the matrix says.
+        let asked = raw.repeats.unwrap_or(if strategy == Strategy::Fleet { 3 } else { 1 });
+        let repeats = u32::try_from(asked)
+            .ok()
+            .filter(|&r| (1..=self.cap(MAX_REPEATS)).contains(&i64::from(r)))
+            .ok_or_else(|| err("repeats", format!("must be from 1 to {MAX_REPEATS}, got {asked}")))?;
         let (gpu, gpus_per_job) = match &raw.hardware {
             Some(h) => {
                 let n = u32::try_from(h.gpus_per_job)
@@ -671,6 +686,81 @@ impl Ctx<'_> {
 
     /// The grid: one configuration per engine and set of its variants,
     /// counted before anything is built (64 variants are 2^64 sets).
+    /// A fleet check's one configuration: the grid's, which must make
+    /// exactly one (one engine, no variants), every profile without a
+    /// search (a fleet compares fixed loads).
+    fn one_config(
+        &self,
+        raw: &RawMatrix,
+        repeats: u32,
+        engines: &[EngineDef],
+        variants: &[VariantDef],
+        profiles: &Profiles,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<EngineConfig>, MatrixError> {
+        let configs = self.grid(raw, repeats, engines, variants, profiles, warnings)?;
+        if configs.len() != 1 {
+            let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
+            return Err(self.err(
+                "strategy",
+                format!(
+                    "a fleet check runs one engine configuration on every host; this matrix makes {} ({}): \
+                     keep one engine and no variants",
+                    configs.len(),
+                    names.join(", ")
+                ),
+            ));
+        }
+        if let Some(p) = profiles.list.iter().find(|p| p.search.is_some()) {
+            return Err(self.err(
+                &format!("profiles.{}.search", p.name),
+                "a fleet check compares every host at one load; give this profile a fixed rate or concurrency"
+                    .to_owned(),
+            ));
+        }
+        Ok(configs)
+    }
+
+    /// The `fleet:` section: only with `strategy: fleet`, its thresholds
+    /// positive and the outlier's beyond the warning's.
+    fn fleet(&self, raw: &RawMatrix, strategy: Strategy) -> Result<Option<FleetSpec>, MatrixError> {
+        let err = |field: &str, message: String| self.err(field, message);
+        if strategy != Strategy::Fleet {
+            return match raw.fleet {
+                Some(_) => {
+                    Err(err("fleet", "is a fleet check's section: set strategy: fleet, or remove it".to_owned()))
+                }
+                None => Ok(None),
+            };
+        }
+        let mut spec = FleetSpec::default();
+        let Some(f) = &raw.fleet else { return Ok(Some(spec)) };
+        if let Some(per) = &f.per {
+            spec.per = Per::parse(per).ok_or_else(|| err("fleet.per", format!("must be host or gpu, got '{per}'")))?;
+        }
+        let t = &mut spec.thresholds;
+        for (field, given, slot) in [
+            ("fleet.warn_pct", f.warn_pct, &mut t.warn_pct),
+            ("fleet.fail_pct", f.fail_pct, &mut t.fail_pct),
+            ("fleet.z", f.z, &mut t.z),
+            ("fleet.drift_pct", f.drift_pct, &mut t.drift_pct),
+        ] {
+            if let Some(v) = given {
+                if !(v.is_finite() && v > 0.0 && v <= 1000.0) {
+                    return Err(err(field, format!("must be a number above 0, got {v}")));
+                }
+                *slot = v;
+            }
+        }
+        if t.fail_pct < t.warn_pct {
+            return Err(err(
+                "fleet.fail_pct",
+                format!("must be at least warn_pct ({}), got {}", t.warn_pct, t.fail_pct),
+            ));
+        }
+        Ok(Some(spec))
+    }
+
     fn grid(
         &self,
         raw: &RawMatrix,
@@ -775,7 +865,7 @@ impl Ctx<'_> {
     ) -> Result<(), MatrixError> {
         let (list, only_with) = (&profiles.list, &profiles.only_with);
         let checked: Vec<EngineConfig> = match strategy {
-            Strategy::Grid => grid.to_vec(),
+            Strategy::Grid | Strategy::Fleet => grid.to_vec(),
             Strategy::Greedy => engines
                 .iter()
                 .flat_map(|e| {
@@ -1138,6 +1228,49 @@ profiles:
         (path == "sharegpt.json").then(|| "ab".repeat(32))
     }
 
+    const FLEET: &str = "\
+name: fleet
+model: Qwen/Qwen3.5-9B
+strategy: fleet
+engines:
+  vllm: { args: [--max-model-len=8192] }
+profiles:
+  chat: { dataset: { random: { input_tokens: 64, output_tokens: 16 } }, max_concurrency: 8, requests: 100 }
+";
+
+    #[test]
+    fn a_fleet_check_runs_one_configuration_three_times_by_default() {
+        let m = parse("f.yaml", FLEET, &hash).expect("valid");
+        assert_eq!((m.strategy, m.repeats, m.configs.len()), (Strategy::Fleet, 3, 1));
+        assert_eq!(m.fleet, Some(FleetSpec::default()));
+        let tuned = format!("{FLEET}repeats: 5\nfleet: {{ per: gpu, warn_pct: 2, fail_pct: 5, z: 4, drift_pct: 3 }}\n");
+        let m = parse("f.yaml", &tuned, &hash).expect("valid");
+        let f = m.fleet.expect("fleet");
+        assert_eq!((m.repeats, f.per, f.thresholds.fail_pct, f.thresholds.drift_pct), (5, Per::Gpu, 5.0, 3.0));
+    }
+
+    #[test]
+    fn a_fleet_check_says_what_it_cannot_run() {
+        let two = FLEET.replace("  vllm: { args: [--max-model-len=8192] }\n", "  vllm: {}\n  sglang: {}\n");
+        let e = parse("f.yaml", &two, &hash).expect_err("two configurations").to_string();
+        assert!(
+            e.contains("strategy: a fleet check runs one engine configuration on every host; this matrix makes 2"),
+            "{e}"
+        );
+        for (extra, said) in [
+            ("fleet: { warn_pct: 8 }\n", "fleet.fail_pct: must be at least warn_pct (8), got 7"),
+            ("fleet: { per: rack }\n", "fleet.per: must be host or gpu, got 'rack'"),
+            ("fleet: { z: -1 }\n", "fleet.z: must be a number above 0, got -1"),
+            ("fleet: { zz: 1 }\n", "fleet"),
+        ] {
+            let e = parse("f.yaml", &format!("{FLEET}{extra}"), &hash).expect_err(extra).to_string();
+            assert!(e.contains(said), "{extra}: {e}");
+        }
+        let grid = FLEET.replace("strategy: fleet\n", "") + "fleet: { per: gpu }\n";
+        let e = parse("f.yaml", &grid, &hash).expect_err("fleet without the strategy").to_string();
+        assert!(e.contains("fleet: is a fleet check's section: set strategy: fleet"), "{e}");
+    }
+
     fn check_err(yaml: &str, expected: &str) {
         let e = parse("m.yaml", yaml, &hash).expect_err("the matrix should be rejected");
         assert_eq!(e.to_string(), expected);
@@ -1382,7 +1515,7 @@ profiles:
         );
         check_err(
             &format!("{GOOD}strategy: random\n"),
-            "m.yaml:17: strategy: unknown strategy 'random'; expected grid or greedy",
+            "m.yaml:17: strategy: unknown strategy 'random'; expected grid, greedy or fleet",
         );
         check_err(
             &format!("{GOOD}acceptance: {{ min_effect: lots }}\n"),

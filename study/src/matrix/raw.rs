@@ -16,8 +16,9 @@ pub(super) struct RawMatrix {
     pub(super) hardware: Option<RawHardware>,
     #[serde(default)]
     pub(super) acceptance: Option<RawAcceptance>,
-    #[serde(default = "one")]
-    pub(super) repeats: i64,
+    /// 1 when not given (3 for a fleet check).
+    #[serde(default)]
+    pub(super) repeats: Option<i64>,
     pub(super) engines: BTreeMap<String, RawEngine>,
     #[serde(default)]
     pub(super) variants: BTreeMap<String, RawVariant>,
@@ -26,6 +27,9 @@ pub(super) struct RawMatrix {
     pub(super) primary_profile: Option<String>,
     #[serde(default)]
     pub(super) strategy: Option<String>,
+    /// A fleet check's thresholds and what it runs a job on.
+    #[serde(default)]
+    pub(super) fleet: Option<RawFleet>,
     /// Run a job with a warm prefix cache when the engine's cannot be
     /// emptied, instead of failing it.
     #[serde(default)]
@@ -33,6 +37,21 @@ pub(super) struct RawMatrix {
     /// The model's tokenizer.json, relative to the matrix.
     #[serde(default)]
     pub(super) processor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFleet {
+    #[serde(default)]
+    pub(super) per: Option<String>,
+    #[serde(default)]
+    pub(super) warn_pct: Option<f64>,
+    #[serde(default)]
+    pub(super) fail_pct: Option<f64>,
+    #[serde(default)]
+    pub(super) z: Option<f64>,
+    #[serde(default)]
+    pub(super) drift_pct: Option<f64>,
 }
 
 pub(super) fn one() -> i64 {

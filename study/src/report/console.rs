@@ -15,6 +15,9 @@ pub fn render(doc: &ReportDoc) -> String {
         "State: {}; {} of {} jobs succeeded, {} failed",
         run.state, run.jobs_succeeded, run.jobs_total, run.jobs_failed
     );
+    if let Some(f) = &doc.fleet {
+        super::fleet::console(&mut out, f);
+    }
 
     for c in &doc.configurations {
         let _ = writeln!(out, "\n## {}\n", c.name);

@@ -40,6 +40,35 @@ pub struct ReportDoc {
     /// point probed.
     #[serde(default)]
     pub searches: Vec<SearchInfo>,
+    /// A fleet check's verdicts (`strategy: fleet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetInfo>,
+}
+
+/// A fleet check: every target judged against its cohort, and the hosts
+/// left out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FleetInfo {
+    /// `host` or `gpu`.
+    pub per: String,
+    pub thresholds: crate::fleet::Thresholds,
+    pub cohorts: Vec<crate::fleet::CohortResult>,
+    pub skipped: Vec<crate::fleet::Skipped>,
+}
+
+impl FleetInfo {
+    /// The worst verdict of any target: `None` when some target could not
+    /// be judged (too few peers, or every repeat failed) and none is worse
+    /// than ok.
+    pub fn worst(&self) -> Option<crate::fleet::Verdict> {
+        let rows = || self.cohorts.iter().flat_map(|c| &c.rows);
+        let worst = rows().filter_map(|r| r.verdict).max();
+        match worst {
+            Some(v) if v > crate::fleet::Verdict::Ok => Some(v),
+            _ if rows().any(|r| r.verdict.is_none()) => None,
+            w => w,
+        }
+    }
 }
 
 /// A search profile's outcome.

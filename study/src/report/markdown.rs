@@ -31,6 +31,9 @@ pub fn render(doc: &ReportDoc) -> String {
     );
 
     conclusion(&mut out, doc, aim);
+    if let Some(f) = &doc.fleet {
+        super::fleet::markdown(&mut out, f);
+    }
     notes(&mut out, doc);
     setup(&mut out, doc);
     profiles(&mut out, doc);

@@ -18,6 +18,7 @@ pub mod compare;
 mod console;
 mod csv;
 pub mod doc;
+pub mod fleet;
 mod html;
 mod markdown;
 mod searches;
@@ -207,6 +208,10 @@ pub fn document<M: Measurements + ?Sized>(
     });
 
     let setup = setup_of(&configurations);
+    let fleet = run.fleet.as_ref().map(|f| {
+        let thresholds = matrix.as_ref().and_then(|m| m.fleet).map(|f| f.thresholds).unwrap_or_default();
+        fleet::gather(f, thresholds, (all_groups, stored_jobs), objective, &primary)
+    });
 
     Ok(ReportDoc {
         schema: SCHEMA.to_owned(),
@@ -228,6 +233,7 @@ pub fn document<M: Measurements + ?Sized>(
             jobs_failed: progress.failed,
             strategy: match matrix.as_ref().map(|m| m.strategy) {
                 Some(Strategy::Greedy) => "greedy",
+                _ if run.fleet.is_some() => "fleet",
                 _ => "grid",
             }
             .to_owned(),
@@ -245,6 +251,7 @@ pub fn document<M: Measurements + ?Sized>(
         comparisons,
         recommendation,
         searches,
+        fleet,
     })
 }
 

@@ -174,16 +174,15 @@ impl Controller {
     }
 }
 
-/// An agent process with simulated GPUs and engines.
-fn agent(dir: &Path, name: &str, controller: &str, extra: &[&str]) -> Proc {
+/// An agent process with simulated GPUs (one H200 unless `extra` names
+/// `--sim-gpus`) and engines.
+pub(crate) fn agent(dir: &Path, name: &str, controller: &str, extra: &[&str]) -> Proc {
     let work = dir.join(format!("agent-{name}"));
     let mut args: Vec<String> = [
         "--controller",
         controller,
         "--name",
         name,
-        "--sim-gpus",
-        "H200x1",
         "--sim-engines",
         "--docker",
         "off",
@@ -192,6 +191,15 @@ fn agent(dir: &Path, name: &str, controller: &str, extra: &[&str]) -> Proc {
     ]
     .map(String::from)
     .to_vec();
+    if !extra.contains(&"--sim-gpus") {
+        args.extend(["--sim-gpus".to_owned(), "H200x1".to_owned()]);
+    }
+    // Agents on one host: each its own engine ports, or two engines started
+    // at once may both find a port free and one answer the other's health
+    // checks.
+    static NEXT_PORTS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let first = 20000 + 40 * (NEXT_PORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 240);
+    args.extend(["--engine-ports".to_owned(), format!("{first}-{}", first + 39)]);
     args.extend(extra.iter().map(|s| s.to_string()));
     let n = std::fs::read_dir(dir).map_or(0, |d| d.count());
     Proc::spawn(&bin("benchfleet-agent"), &args, dir.join(format!("agent-{name}-{n}.log")))

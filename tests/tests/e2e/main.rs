@@ -9,6 +9,7 @@ mod deploy_flags;
 mod docker;
 mod faults;
 mod fleet;
+mod fleet_check;
 mod help;
 mod ingest_crash;
 mod k8s;

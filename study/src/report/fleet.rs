@@ -1,0 +1,264 @@
+//! A fleet check's section of the report: each target's repeats gathered
+//! from its stored jobs (the group pinned to it), its cohort from the GPUs'
+//! fingerprints and the engine's provenance, its hardware evidence from
+//! the job's telemetry, then judged by `crate::fleet`.
+
+use std::collections::BTreeMap;
+
+use benchfleet_core::Summary;
+
+use super::doc::FleetInfo;
+use crate::fleet::{self, CohortKey, MetricDef, TargetSample, Thresholds};
+use crate::greedy::Objective;
+use crate::model::{FleetRun, Group, Job, JobState};
+
+/// A P99 needs this many successful requests in a job to be judged: below
+/// it, one request is the whole tail.
+pub const P99_MIN_REQUESTS: u64 = 100;
+
+/// A metric with its reading from a job's summary.
+type Measured = (MetricDef, Reading);
+type Reading = fn(&Summary) -> f64;
+
+/// The metrics a fleet check compares: the objective first.
+fn metrics(objective: Objective) -> Vec<Measured> {
+    let (name, value) = super::objective_metric(objective);
+    let mut out: Vec<Measured> =
+        vec![(MetricDef { name, higher_is_better: objective != Objective::MeanLatency }, value)];
+    let latencies: [(&'static str, Reading); 3] = [
+        ("Mean TTFT (ms)", |s| s.ttft_ms.mean),
+        ("P99 TTFT (ms)", |s| s.ttft_ms.p99),
+        ("Mean TPOT (ms)", |s| s.tpot_ms.mean),
+    ];
+    for (name, value) in latencies {
+        out.push((MetricDef { name, higher_is_better: false }, value));
+    }
+    out
+}
+
+/// The fleet section of a run planned as a fleet check.
+pub(super) fn gather(
+    fleet_run: &FleetRun,
+    thresholds: Thresholds,
+    (groups, jobs): (&[Group], &[Job]),
+    objective: Objective,
+    primary: &str,
+) -> FleetInfo {
+    let metrics = metrics(objective);
+    let samples: Vec<TargetSample> = groups
+        .iter()
+        .filter_map(|g| {
+            let pin = g.pin.as_ref()?;
+            let of_group: Vec<&Job> = jobs.iter().filter(|j| j.group == g.id).collect();
+            Some(sample(&pin.label, &pin.host, &of_group, &metrics))
+        })
+        .collect();
+    let defs: Vec<MetricDef> = metrics.iter().map(|(d, _)| *d).collect();
+    FleetInfo {
+        per: fleet_run.per.as_str().to_owned(),
+        thresholds,
+        cohorts: fleet::judge(&samples, &defs, primary, &thresholds),
+        skipped: fleet_run.skipped.clone(),
+    }
+}
+
+fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> TargetSample {
+    let mut s = TargetSample { target: target.to_owned(), host: host.to_owned(), ..TargetSample::default() };
+    let mut clocks = Vec::new();
+    for j in jobs {
+        let summary = j.summary.as_ref().filter(|_| j.state == JobState::Succeeded);
+        let Some(summary) = summary.filter(|s| s.invalid.is_none()) else {
+            if j.state.is_terminal() {
+                let why = match (&j.error, summary.and_then(|s| s.invalid.as_ref())) {
+                    (_, Some(invalid)) => format!("INVALID: {invalid}"),
+                    (Some(e), None) => e.clone(),
+                    (None, None) => j.state.as_str().to_owned(),
+                };
+                s.failures.push(format!("{} repeat {}: {why}", j.profile.name, j.repeat));
+            }
+            continue;
+        };
+        if s.cohort == CohortKey::default() {
+            s.cohort = cohort(j);
+            s.pcie = fingerprint_value(j.gpu_fingerprint.first().map_or("", String::as_str), "pcie");
+        }
+        for (def, value) in metrics {
+            if def.name.starts_with("P99") && summary.successful < P99_MIN_REQUESTS {
+                continue;
+            }
+            s.values.entry((j.profile.name.clone(), def.name.to_owned())).or_default().push(value(summary));
+        }
+        if let Some(t) = &j.telemetry {
+            clocks.extend(t.series.iter().filter(|x| x.name == "gpu_sm_clock_mhz" && x.count > 0).map(|x| x.max));
+        }
+        // One line per way a GPU was held down, however many jobs saw it.
+        for flag in j.throttle_flags() {
+            let kind = |f: &str| {
+                f.split(" for ").next().unwrap_or_default().to_owned() + f.rsplit(':').next().unwrap_or_default()
+            };
+            if !s.evidence.iter().any(|e| kind(e) == kind(&flag)) {
+                s.evidence.push(flag);
+            }
+        }
+    }
+    // Its slowest GPU's peak, over its jobs.
+    s.sm_clock_mhz = clocks.into_iter().reduce(f64::min);
+    s
+}
+
+/// What makes a target comparable with another: its GPUs (model, count,
+/// driver) as fingerprinted before the job, the engine's version and image.
+fn cohort(j: &Job) -> CohortKey {
+    let first = j.gpu_fingerprint.first().map_or("", String::as_str);
+    CohortKey {
+        gpu: first.split(" uuid=").next().unwrap_or_default().to_owned(),
+        gpus: j.gpu_fingerprint.len(),
+        driver: fingerprint_value(first, "driver").unwrap_or_default(),
+        image_digest: j.image_digest.clone().unwrap_or_default(),
+        engine_version: j.engine_version.clone().unwrap_or_default(),
+    }
+}
+
+/// A `key=value` of a GPU's fingerprint line.
+fn fingerprint_value(line: &str, key: &str) -> Option<String> {
+    let prefix = format!("{key}=");
+    line.split_whitespace().find_map(|w| w.strip_prefix(prefix.as_str())).map(str::to_owned)
+}
+
+/// How many targets had each verdict word, for a one-line summary.
+pub fn tally(info: &FleetInfo) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in info.cohorts.iter().flat_map(|c| &c.rows) {
+        *out.entry(r.word()).or_default() += 1;
+    }
+    out
+}
+
+/// `-12.0%, z -24.9, spread 0.4%` for one judged metric.
+fn figures(j: &fleet::Judged) -> String {
+    let z = j.z.map_or_else(|| "z -".to_owned(), |z| format!("z {z:+.1}"));
+    format!("{:+.1}%, {z}, spread {:.1}%", j.deviation_pct, j.spread_pct)
+}
+
+/// The console's fleet section: per cohort, its centre, then one line per
+/// target (name, verdict word, the headline value and figures, evidence);
+/// the hosts left out; the tally.
+pub fn console(out: &mut String, info: &FleetInfo) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "\n## Fleet check (per {})\n", info.per);
+    for c in &info.cohorts {
+        let n = c.rows.len();
+        let few = if c.too_few {
+            format!("; too few peers for verdicts (at least {})", fleet::MIN_COHORT)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "Cohort: {} ({n} target{}{few})", c.described, if n == 1 { "" } else { "s" });
+        if let Some(centre) = c.centres.first() {
+            let _ = writeln!(
+                out,
+                "  {} on {}: median {:.2}, MAD {:.2}",
+                centre.metric, centre.profile, centre.median, centre.mad
+            );
+        }
+        for r in &c.rows {
+            let headline = r.metrics.first().map_or_else(String::new, |j| format!("{:.2} ({})", j.value, figures(j)));
+            let mut line = format!("  {:<24} {:<10} {headline}", r.target, r.word());
+            let flagged: Vec<String> = r
+                .metrics
+                .iter()
+                .skip(1)
+                .filter(|j| j.verdict > fleet::Verdict::Ok)
+                .map(|j| format!("{} on {} {:.2} ({}): {}", j.metric, j.profile, j.value, figures(j), j.verdict.word()))
+                .collect();
+            // An ok target's evidence is in the JSON; the console names what
+            // explains a verdict.
+            let evidence = if r.verdict == Some(fleet::Verdict::Ok) { &[][..] } else { &r.evidence[..] };
+            for said in flagged.iter().chain(evidence).chain(&r.failures) {
+                line.push_str("; ");
+                line.push_str(said);
+            }
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        out.push('\n');
+    }
+    for s in &info.skipped {
+        let _ = writeln!(out, "  {:<24} skipped: {}", s.host, s.reason);
+    }
+    let tally: Vec<String> = tally(info).into_iter().map(|(w, n)| format!("{n} {w}")).collect();
+    let _ = writeln!(
+        out,
+        "Verdicts: {}{}",
+        tally.join(", "),
+        if info.skipped.is_empty() { String::new() } else { format!("; {} skipped", info.skipped.len()) }
+    );
+}
+
+/// The Markdown's fleet section: a table per cohort sorted by deviation.
+pub fn markdown(out: &mut String, info: &FleetInfo) {
+    use std::fmt::Write as _;
+    let t = &info.thresholds;
+    let _ = writeln!(out, "## Fleet check\n");
+    let _ = writeln!(
+        out,
+        "One job per {} on every profile, each target judged against its cohort: an outlier is at least {}% from the \
+         cohort's median in the worse direction and {} robust z-scores out; a warning at {}%; unstable when its own \
+         repeats differ by more than {}%.\n",
+        info.per, t.fail_pct, t.z, t.warn_pct, t.fail_pct
+    );
+    for c in &info.cohorts {
+        let _ = writeln!(out, "### {}\n", c.described);
+        if c.too_few {
+            let _ = writeln!(out, "Too few peers for verdicts ({} of at least {}).\n", c.rows.len(), fleet::MIN_COHORT);
+        }
+        let metric = c.centres.first().map_or("Value", |m| m.metric.as_str());
+        let _ = writeln!(out, "| Target | {metric} | Deviation | z | Run-to-run spread | Verdict | Evidence |");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---|---|");
+        for r in &c.rows {
+            let (value, dev, z, spread) = match r.metrics.first() {
+                Some(j) => (
+                    format!("{:.2}", j.value),
+                    format!("{:+.1}%", j.deviation_pct),
+                    j.z.map_or_else(|| "-".to_owned(), |z| format!("{z:+.1}")),
+                    format!("{:.1}%", j.spread_pct),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            let evidence: Vec<&str> = r.evidence.iter().chain(&r.failures).map(String::as_str).collect();
+            let _ = writeln!(
+                out,
+                "| {} | {value} | {dev} | {z} | {spread} | {} | {} |",
+                r.target,
+                r.word(),
+                evidence.join("; ")
+            );
+        }
+        out.push('\n');
+    }
+    if !info.skipped.is_empty() {
+        let _ = writeln!(out, "Left out:\n");
+        for s in &info.skipped {
+            let _ = writeln!(out, "- {}: {}", s.host, s.reason);
+        }
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Dataset, Profile};
+
+    #[test]
+    fn a_fingerprint_gives_the_cohort_and_the_link() {
+        let line = "NVIDIA H200 uuid=GPU-1 serial=? memory_mib=143771 driver=550.54.15 cuda=12.4 sm_max_mhz=1980 \
+                    mem_max_mhz=3201 power_limit_w=700 pcie=gen5x16 ecc=on mig=off";
+        let profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 }, 1);
+        let mut j = Job::new(crate::model::RunId(1), 0, 0, profile, 1);
+        j.gpu_fingerprint = vec![line.to_owned(), line.replace("GPU-1", "GPU-2")];
+        j.engine_version = Some("0.11.0".into());
+        let c = cohort(&j);
+        assert_eq!((c.gpu.as_str(), c.gpus, c.driver.as_str()), ("NVIDIA H200", 2, "550.54.15"));
+        assert_eq!(fingerprint_value(line, "pcie").as_deref(), Some("gen5x16"));
+    }
+}

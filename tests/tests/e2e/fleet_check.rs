@@ -1,0 +1,117 @@
+//! `benchfleet fleet check` against real binaries on loopback: a controller
+//! and agents with simulated GPUs and engines, one of them staged slow with
+//! `--sim-speed` (its engine steps slower, its GPU's clock held down by a
+//! power cap); the check must name exactly that host, with the clock as its
+//! evidence, list the drained host as skipped, and exit 1; on one 4-GPU
+//! host checked per GPU, the slow GPU is the one named.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use benchfleet_proto as pb;
+
+use crate::faults::{Controller, Proc, agent, bin, ready};
+
+/// A fleet check of one simulated vLLM on the 9B at a closed loop (a slow
+/// engine delivers less), three repeats a host.
+fn fleet_matrix(dir: &Path, per: &str, seed: u64) -> PathBuf {
+    let yaml = format!(
+        "name: fleet
+model: Qwen/Qwen3.5-9B
+objective: output_throughput
+strategy: fleet
+fleet: {{ per: {per} }}
+hardware: {{ gpu: H200, gpus_per_job: 1 }}
+engines:
+  vllm: {{ runtime: process, args: [--max-model-len=8192, --sim-startup-ms=0] }}
+profiles:
+  chat:
+    dataset: {{ random: {{ input_tokens: 3072, output_tokens: 48, seed: {seed} }} }}
+    max_concurrency: 4
+    requests: 16
+"
+    );
+    let path = dir.join(format!("fleet-{per}-{seed}.yaml"));
+    std::fs::write(&path, yaml).expect("the matrix is written");
+    path
+}
+
+/// The checks each fleet test runs, one dataset seed each.
+const SEEDS: u64 = 10;
+
+/// `benchfleet fleet check`: its exit code and what it printed.
+fn check(controller: &str, matrix: &Path, extra: &[&str]) -> (i32, String) {
+    let out = Command::new(bin("benchfleet"))
+        .args(["--controller", controller, "fleet", "check"])
+        .arg(matrix)
+        .args(extra)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("benchfleet runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The line the check printed for a target: `  NAME  VERDICT ...`.
+fn line_of<'a>(text: &'a str, target: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.trim_start().starts_with(&format!("{target} ")))
+        .unwrap_or_else(|| panic!("no line for {target}:\n{text}"))
+}
+
+fn verdict<'a>(text: &'a str, target: &str) -> &'a str {
+    let line = line_of(text, target);
+    let rest = line.trim_start()[target.len()..].trim_start();
+    rest.split_whitespace().next().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_host_is_named_with_its_clock_and_a_drained_one_is_skipped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Controller::start(dir.path());
+    let names: Vec<String> = (0..7).map(|i| format!("h{i}")).collect();
+    let _agents: Vec<Proc> = names
+        .iter()
+        .map(|n| {
+            let extra: &[&str] = if n == "h4" { &["--sim-speed", "0.88"] } else { &[] };
+            agent(dir.path(), n, &c.url(), extra)
+        })
+        .collect();
+    let mut all: Vec<&str> = names.iter().map(String::as_str).collect();
+    let _drained = agent(dir.path(), "h7", &c.url(), &[]);
+    all.push("h7");
+    ready(&c.url(), &all).await;
+    let mut op = benchfleet_cli::client::connect(&c.url()).await.expect("operator");
+    op.drain_agent(pb::DrainAgentRequest { agent: "h7".into(), reason: "maintenance".into(), by: "ops".into() })
+        .await
+        .expect("drain");
+
+    for seed in 1..=SEEDS {
+        let url = c.url();
+        let matrix = fleet_matrix(dir.path(), "host", seed);
+        let (code, text) = tokio::task::spawn_blocking(move || check(&url, &matrix, &[])).await.expect("check");
+        assert_eq!(code, 1, "seed {seed}: an outlier fails the check:\n{text}");
+        assert_eq!(verdict(&text, "h4"), "outlier", "seed {seed}: {text}");
+        assert!(line_of(&text, "h4").contains("SM clock"), "the clock is the evidence: {}", line_of(&text, "h4"));
+        for n in names.iter().filter(|n| *n != "h4") {
+            assert_eq!(verdict(&text, n), "ok", "seed {seed}, {n}:\n{text}");
+        }
+        assert!(line_of(&text, "h7").contains("skipped: drained by ops: maintenance"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_gpu_names_the_slow_gpu_of_a_host() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Controller::start(dir.path());
+    let _a = agent(dir.path(), "big", &c.url(), &["--sim-gpus", "H200x4", "--sim-speed-gpu", "2=0.85"]);
+    ready(&c.url(), &["big"]).await;
+    let url = c.url();
+    let matrix = fleet_matrix(dir.path(), "gpu", 1);
+    let (code, text) = tokio::task::spawn_blocking(move || check(&url, &matrix, &[])).await.expect("check");
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(verdict(&text, "big GPU 2"), "outlier", "{text}");
+    for g in [0, 1, 3] {
+        assert_eq!(verdict(&text, &format!("big GPU {g}")), "ok", "GPU {g}:\n{text}");
+    }
+}
