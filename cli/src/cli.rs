@@ -241,6 +241,14 @@ pub enum FleetCommand {
         #[arg(long)]
         drain_outliers: bool,
     },
+    /// Each target's headline number (the objective on each profile, the median of its repeats) in every
+    /// finished fleet check, oldest first, with its verdict; HOST limits it to one host's targets.
+    History {
+        host: Option<String>,
+        /// Only checks of this name (the matrix's `name`).
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -532,6 +540,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Fleet { action: FleetCommand::Check { matrix, per, drain_outliers } } => {
             fleet_check(controller, matrix, per.as_deref(), *drain_outliers, json).await
         }
+        Command::Fleet { action: FleetCommand::History { host, name } } => {
+            fleet_history(&cli, controller, host.as_deref(), name.as_deref()).await
+        }
         Command::Submit { matrix, dry_run: true } => dry_run(controller, matrix, json).await,
         Command::Submit { matrix, dry_run: false } => submit(controller, matrix, json).await,
         Command::Watch { run_id, reconnect_for_s } => {
@@ -695,6 +706,56 @@ async fn fleet_check(
         }
     }
     Ok(if fleet.worst() == Some(benchfleet_study::fleet::Verdict::Ok) { 0 } else { EXIT_FAILED_JOBS })
+}
+
+/// `fleet history`: every finished fleet check's report, read through the
+/// controller or from the local store, one row per target and one column
+/// per check.
+async fn fleet_history(
+    cli: &Cli,
+    controller: Option<&Target>,
+    host: Option<&str>,
+    name: Option<&str>,
+) -> anyhow::Result<i32> {
+    let runs = match controller {
+        Some(url) => {
+            client::connect(url)
+                .await?
+                .list_runs(pb::ListRunsRequest {})
+                .await
+                .map_err(client::status)?
+                .into_inner()
+                .runs
+        }
+        None => benchfleet_controller::convert::run_list(&open_store(&data_dir(cli.data_dir.as_deref()))?)?,
+    };
+    let checks: Vec<&pb::RunInfo> = runs
+        .iter()
+        .filter(|r| r.fleet_check && r.state.starts_with("finished") && name.is_none_or(|n| r.name == n))
+        .collect();
+    let mut docs = Vec::with_capacity(checks.len());
+    for r in &checks {
+        let doc: ReportDoc = match controller {
+            Some(url) => {
+                let request = pb::GetReportRequest { run_id: r.run_id.clone(), format: "json".to_owned() };
+                let text =
+                    client::connect(url).await?.get_report(request).await.map_err(client::status)?.into_inner().text;
+                serde_json::from_str(&text).context("the controller's report is not a report document")?
+            }
+            None => {
+                let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+                document(&store, r.run_id.parse().map_err(anyhow::Error::msg)?, &|_, _| {})?
+            }
+        };
+        docs.push(doc);
+    }
+    let history = report::fleet::history(&docs, host);
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&history)?);
+    } else {
+        print!("{}", report::fleet::render_history(&history));
+    }
+    Ok(0)
 }
 
 /// `validate`: the matrix's shape and warnings, with nothing submitted.

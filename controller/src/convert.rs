@@ -219,6 +219,7 @@ fn counted_run(run: &Run, p: &Counts, stage: u32) -> pb::RunInfo {
         note: run.note.as_ref().map(ToString::to_string).unwrap_or_default(),
         stage,
         ended_unix_ms: run.ended_unix_ms.unwrap_or(0),
+        fleet_check: run.fleet.is_some(),
     }
 }
 

@@ -157,6 +157,8 @@ pub struct TargetSample {
     pub evidence: Vec<String>,
     /// Repeats that failed, with the reason.
     pub failures: Vec<String>,
+    /// Its jobs.
+    pub jobs: Vec<u64>,
 }
 
 /// One (profile, metric) of one target, judged.
@@ -174,6 +176,8 @@ pub struct Judged {
     /// Its own repeats' spread, (max - min) / median, percent.
     pub spread_pct: f64,
     pub verdict: Verdict,
+    #[serde(default)]
+    pub higher_is_better: bool,
 }
 
 /// A cohort's centre and spread on one (profile, metric).
@@ -197,6 +201,13 @@ pub struct TargetRow {
     /// Hardware evidence, the likely cause first when one stands out.
     pub evidence: Vec<String>,
     pub failures: Vec<String>,
+    /// How it fell below its own previous check, when by more than
+    /// `drift_pct` (`drift`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<String>,
+    /// Its jobs (the CSV's rows name their target).
+    #[serde(default)]
+    pub jobs: Vec<u64>,
 }
 
 impl TargetRow {
@@ -308,6 +319,8 @@ fn judge_cohort(
                 metrics: metrics_judged,
                 evidence: Vec::new(),
                 failures: s.failures.clone(),
+                drift: Vec::new(),
+                jobs: s.jobs.clone(),
             }
         })
         .collect();
@@ -333,8 +346,9 @@ fn judge_one(
     let spread_pct = spread(repeats);
     // Only a deviation in the worse direction counts against a target.
     let worse = if higher_is_better { -deviation_pct } else { deviation_pct };
-    // With no spread in the cohort, any difference is many z out.
-    let far = z.is_none_or(|z| z.abs() >= t.z);
+    // With no spread in the cohort, any difference is many z out; and a
+    // difference smaller than a host's repeats usually differ by is noise.
+    let far = z.is_none_or(|z| z.abs() >= t.z) && worse >= usual_spread;
     let verdict = if worse >= t.fail_pct && far {
         Verdict::Outlier
     } else if headline && spread_pct > t.fail_pct.max(UNSTABLE_OVER_USUAL * usual_spread) {
@@ -353,6 +367,7 @@ fn judge_one(
         z,
         spread_pct,
         verdict,
+        higher_is_better,
     }
 }
 
@@ -364,6 +379,73 @@ fn spread(repeats: &[f64]) -> f64 {
     let value = median(&mut repeats.to_vec());
     let (lo, hi) = repeats.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
     if value != 0.0 && repeats.len() > 1 { (hi - lo) / value.abs() * 100.0 } else { 0.0 }
+}
+
+/// Flags every target whose headline metric (the objective, on any
+/// profile) fell more than `drift_pct` below its own value in the previous
+/// check (`before`, run `run`), beyond what its cohort moved (a new image or
+/// driver moves every host: the cohort's change is said with each flag),
+/// even inside the fleet's spread: a `warn` at least.
+pub fn drift(now: &mut [CohortResult], before: &[CohortResult], run: u64, drift_pct: f64) {
+    let earlier: BTreeMap<&str, &TargetRow> =
+        before.iter().flat_map(|c| &c.rows).map(|r| (r.target.as_str(), r)).collect();
+    for c in now.iter_mut() {
+        let Some(headline) = c.centres.first().map(|m| m.metric.clone()) else { continue };
+        let mut changes: Vec<Change> = Vec::new();
+        for (row, r) in c.rows.iter().enumerate() {
+            let Some(was) = earlier.get(r.target.as_str()) else { continue };
+            for j in r.metrics.iter().filter(|j| j.metric == headline) {
+                let then = was.metrics.iter().find(|w| w.metric == j.metric && w.profile == j.profile);
+                if let Some(then) = then.filter(|w| w.value != 0.0) {
+                    let pct = (j.value - then.value) / then.value * 100.0;
+                    changes.push(Change {
+                        profile: j.profile.clone(),
+                        row,
+                        pct,
+                        now: j.value,
+                        then: then.value,
+                        higher: j.higher_is_better,
+                    });
+                }
+            }
+        }
+        let mut profiles: Vec<&str> = changes.iter().map(|c| c.profile.as_str()).collect();
+        profiles.sort_unstable();
+        profiles.dedup();
+        let mut flags: Vec<(usize, String)> = Vec::new();
+        for profile in profiles {
+            let of: Vec<&Change> = changes.iter().filter(|c| c.profile == profile).collect();
+            let cohort = median(&mut of.iter().map(|c| c.pct).collect::<Vec<_>>());
+            for ch in of {
+                let worse = if ch.higher { cohort - ch.pct } else { ch.pct - cohort };
+                if worse > drift_pct {
+                    flags.push((
+                        ch.row,
+                        format!(
+                            "drift: {headline} on {profile} {:.2}, {:+.1}% from {:.2} in its last check (run {run}; its \
+                             cohort {cohort:+.1}%)",
+                            ch.now, ch.pct, ch.then
+                        ),
+                    ));
+                }
+            }
+        }
+        for (row, said) in flags {
+            let r = &mut c.rows[row];
+            r.drift.push(said);
+            r.verdict = r.verdict.map(|v| v.max(Verdict::Warn));
+        }
+    }
+}
+
+/// One target's headline metric on one profile, against its last check.
+struct Change {
+    profile: String,
+    row: usize,
+    pct: f64,
+    now: f64,
+    then: f64,
+    higher: bool,
 }
 
 /// The target's hardware evidence against its cohort: a likely cause first
@@ -491,6 +573,34 @@ mod tests {
     }
 
     #[test]
+    fn a_host_that_fell_below_its_last_check_is_flagged_inside_the_fleet_spread() {
+        let t = Thresholds { warn_pct: 10.0, fail_pct: 20.0, ..Thresholds::default() };
+        let before = judge(&fleet(None), &[TPUT, TTFT], "p", &t);
+        let mut now = judge(&fleet(Some((2, 0.92))), &[TPUT, TTFT], "p", &t);
+        assert_eq!(row(&now, "h2").verdict, Some(Verdict::Ok), "inside the fleet's spread");
+        drift(&mut now, &before, 7, t.drift_pct);
+        let h2 = row(&now, "h2");
+        assert_eq!(h2.verdict, Some(Verdict::Warn));
+        assert!(h2.drift[0].contains("-8.0% from") && h2.drift[0].contains("(run 7;"), "{:?}", h2.drift);
+        assert!(row(&now, "h1").drift.is_empty());
+    }
+
+    #[test]
+    fn a_fleet_that_moved_together_flags_no_host_by_drift() {
+        let before = judge(&fleet(None), &[TPUT, TTFT], "p", &Thresholds::default());
+        let slower: Vec<TargetSample> = fleet(None)
+            .into_iter()
+            .map(|mut s| {
+                s.values.values_mut().flatten().for_each(|v| *v *= 0.9);
+                s
+            })
+            .collect();
+        let mut now = judge(&slower, &[TPUT, TTFT], "p", &Thresholds::default());
+        drift(&mut now, &before, 7, 5.0);
+        assert!(now[0].rows.iter().all(|r| r.drift.is_empty() && r.verdict == Some(Verdict::Ok)), "{:?}", now[0].rows);
+    }
+
+    #[test]
     fn a_small_cohort_gets_no_verdict_and_another_driver_is_its_own_cohort() {
         let mut f = fleet(Some((0, 0.8)));
         f[7].cohort.driver = "560".into();
@@ -501,6 +611,20 @@ mod tests {
         assert_eq!(lone.rows[0].verdict, None);
         assert_eq!(lone.rows[0].word(), "no verdict: too few peers");
         assert_eq!(row(&c, "h0").verdict, Some(Verdict::Outlier));
+    }
+
+    #[test]
+    fn a_difference_within_what_repeats_usually_differ_by_is_noise() {
+        // Every host's TTFT repeats spread about 8%: a host 5% off is not
+        // told apart from the others, however tight their medians.
+        let f: Vec<TargetSample> = (0..7)
+            .map(|i| {
+                let m = if i == 3 { 52.5 } else { 50.0 + 0.01 * i as f64 };
+                host(&format!("h{i}"), &[1000.0; 3], &[m * 0.96, m, m * 1.04])
+            })
+            .collect();
+        let c = judge(&f, &[TPUT, TTFT], "p", &Thresholds::default());
+        assert_eq!(row(&c, "h3").verdict, Some(Verdict::Ok), "{:?}", row(&c, "h3"));
     }
 
     #[test]

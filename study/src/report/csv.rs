@@ -59,6 +59,17 @@ pub fn render(doc: &ReportDoc) -> String {
     ];
     head.extend(NUMBERS.iter().map(|(name, _)| *name));
     head.push("error");
+    // A fleet check's rows say which target ran them and its verdict.
+    let targets: std::collections::HashMap<u64, (&str, String)> = doc
+        .fleet
+        .iter()
+        .flat_map(|f| &f.cohorts)
+        .flat_map(|c| &c.rows)
+        .flat_map(|r| r.jobs.iter().map(move |j| (*j, (r.target.as_str(), r.word()))))
+        .collect();
+    if doc.fleet.is_some() {
+        head.extend(["target", "fleet_verdict"]);
+    }
     let mut out = line(head.iter().map(|s| s.to_string()));
     for c in &doc.configurations {
         for b in &c.blocks {
@@ -84,6 +95,10 @@ pub fn render(doc: &ReportDoc) -> String {
                     None => row.extend(NUMBERS.iter().map(|_| String::new())),
                 }
                 row.push(r.error.clone().unwrap_or_default());
+                if doc.fleet.is_some() {
+                    let (target, verdict) = targets.get(&r.job).cloned().unwrap_or_default();
+                    row.extend([target.to_owned(), verdict]);
+                }
                 out.push_str(&line(row.into_iter()));
             }
         }

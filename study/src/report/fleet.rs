@@ -66,6 +66,7 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
     let mut s = TargetSample { target: target.to_owned(), host: host.to_owned(), ..TargetSample::default() };
     let mut clocks = Vec::new();
     for j in jobs {
+        s.jobs.push(j.id);
         let summary = j.summary.as_ref().filter(|_| j.state == JobState::Succeeded);
         let Some(summary) = summary.filter(|s| s.invalid.is_none()) else {
             if j.state.is_terminal() {
@@ -134,6 +135,82 @@ pub fn tally(info: &FleetInfo) -> BTreeMap<String, usize> {
     out
 }
 
+/// Fleet checks over time: each target's headline numbers, one per check.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct History {
+    /// The checks, oldest first: (run id, when it was created, its name).
+    pub checks: Vec<(u64, i64, String)>,
+    /// Each target's cells, in the checks' order (`None`: not in that check).
+    pub targets: Vec<(String, Vec<Option<HistoryCell>>)>,
+}
+
+/// One target in one check: its headline metric's median and its verdict.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct HistoryCell {
+    pub metric: String,
+    pub profile: String,
+    pub value: f64,
+    pub verdict: String,
+}
+
+/// The history of these fleet checks' reports (oldest first after
+/// sorting by run), for the targets of `host` or all.
+pub fn history(docs: &[super::doc::ReportDoc], host: Option<&str>) -> History {
+    let mut docs: Vec<&super::doc::ReportDoc> = docs.iter().filter(|d| d.fleet.is_some()).collect();
+    docs.sort_by_key(|d| d.run.id);
+    let mut out = History::default();
+    for (n, doc) in docs.iter().enumerate() {
+        out.checks.push((doc.run.id, doc.run.created_unix_ms, doc.run.name.clone()));
+        let rows = doc.fleet.iter().flat_map(|f| &f.cohorts).flat_map(|c| &c.rows);
+        for r in rows.filter(|r| host.is_none_or(|h| r.host == h)) {
+            let Some(j) = r.metrics.first() else { continue };
+            let at = match out.targets.iter().position(|(t, _)| *t == r.target) {
+                Some(at) => at,
+                None => {
+                    out.targets.push((r.target.clone(), vec![None; docs.len()]));
+                    out.targets.len() - 1
+                }
+            };
+            out.targets[at].1[n] = Some(HistoryCell {
+                metric: j.metric.clone(),
+                profile: j.profile.clone(),
+                value: j.value,
+                verdict: r.word(),
+            });
+        }
+    }
+    out.targets.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The history as a table: a row per target, a column per check.
+pub fn render_history(h: &History) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if h.checks.is_empty() {
+        out.push_str("no finished fleet check is stored\n");
+        return out;
+    }
+    let what = h.targets.iter().flat_map(|(_, cells)| cells.iter().flatten()).next();
+    if let Some(c) = what {
+        let _ = writeln!(out, "{} on {}, the median of each check's repeats:", c.metric, c.profile);
+    }
+    let _ = write!(out, "{:<24}", "TARGET");
+    for (run, at, _) in &h.checks {
+        let _ = write!(out, " {:<24}", format!("run {run} {}", super::words::utc(*at)));
+    }
+    out.push('\n');
+    for (target, cells) in &h.targets {
+        let _ = write!(out, "{target:<24}");
+        for cell in cells {
+            let shown = cell.as_ref().map_or_else(|| "-".to_owned(), |c| format!("{:.2} {}", c.value, c.verdict));
+            let _ = write!(out, " {shown:<24}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// `-12.0%, z -24.9, spread 0.4%` for one judged metric.
 fn figures(j: &fleet::Judged) -> String {
     let z = j.z.map_or_else(|| "z -".to_owned(), |z| format!("z {z:+.1}"));
@@ -174,7 +251,7 @@ pub fn console(out: &mut String, info: &FleetInfo) {
             // An ok target's evidence is in the JSON; the console names what
             // explains a verdict.
             let evidence = if r.verdict == Some(fleet::Verdict::Ok) { &[][..] } else { &r.evidence[..] };
-            for said in flagged.iter().chain(evidence).chain(&r.failures) {
+            for said in r.drift.iter().chain(&flagged).chain(evidence).chain(&r.failures) {
                 line.push_str("; ");
                 line.push_str(said);
             }
@@ -224,7 +301,8 @@ pub fn markdown(out: &mut String, info: &FleetInfo) {
                 ),
                 None => ("-".into(), "-".into(), "-".into(), "-".into()),
             };
-            let evidence: Vec<&str> = r.evidence.iter().chain(&r.failures).map(String::as_str).collect();
+            let evidence: Vec<&str> =
+                r.drift.iter().chain(&r.evidence).chain(&r.failures).map(String::as_str).collect();
             let _ = writeln!(
                 out,
                 "| {} | {value} | {dev} | {z} | {spread} | {} | {} |",

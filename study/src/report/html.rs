@@ -51,6 +51,10 @@ pub fn render(doc: &ReportDoc) -> String {
         esc(&doc.generated_by)
     );
 
+    if let Some(f) = &doc.fleet {
+        out.push_str(&fleet_section(f));
+    }
+
     let _ = writeln!(out, "<h2>Conclusion</h2>");
     match &doc.recommendation {
         Some(r) => {
@@ -307,6 +311,125 @@ impl Frame {
         let _ = writeln!(self.svg, "</svg><figcaption>{}</figcaption></figure>", esc(caption));
         self.svg
     }
+}
+
+/// A fleet check: per cohort, a strip chart of each profile's headline
+/// metric (a dot per target at the median of its repeats, a whisker over
+/// them, the cohort's median and its warn and fail bands, outliers named),
+/// then its table.
+fn fleet_section(f: &FleetInfo) -> String {
+    let mut out = format!("<h2>Fleet check (per {})</h2>\n", esc(&f.per));
+    for c in &f.cohorts {
+        let _ = writeln!(out, "<h3>{}</h3>", esc(&c.described));
+        if c.too_few {
+            let _ = writeln!(out, "<p>Too few peers for verdicts ({} targets).</p>", c.rows.len());
+        }
+        let headline = c.centres.first().map(|m| m.metric.clone());
+        for centre in c.centres.iter().filter(|m| Some(&m.metric) == headline.as_ref()) {
+            out.push_str(&strip_chart(c, centre, &f.thresholds));
+        }
+        let _ = writeln!(
+            out,
+            "<table><tr><th>Target</th><th>{}</th><th>Deviation</th><th>z</th><th>Run-to-run spread</th>\
+             <th>Verdict</th><th>Evidence</th></tr>",
+            esc(headline.as_deref().unwrap_or("Value"))
+        );
+        for r in &c.rows {
+            let cells = r.metrics.first().map_or_else(
+                || "<td>-</td><td>-</td><td>-</td><td>-</td>".to_owned(),
+                |j| {
+                    format!(
+                        "<td>{:.2}</td><td>{:+.1}%</td><td>{}</td><td>{:.1}%</td>",
+                        j.value,
+                        j.deviation_pct,
+                        j.z.map_or_else(|| "-".to_owned(), |z| format!("{z:+.1}")),
+                        j.spread_pct
+                    )
+                },
+            );
+            let said: Vec<&str> = r.drift.iter().chain(&r.evidence).chain(&r.failures).map(String::as_str).collect();
+            let class = if r.verdict > Some(crate::fleet::Verdict::Ok) { " class=\"invalid\"" } else { "" };
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td>{cells}<td{class}>{}</td><td>{}</td></tr>",
+                esc(&r.target),
+                esc(&r.word()),
+                esc(&said.join("; "))
+            );
+        }
+        let _ = writeln!(out, "</table>");
+    }
+    if !f.skipped.is_empty() {
+        let _ = writeln!(out, "<p>Left out:</p><ul>");
+        for s in &f.skipped {
+            let _ = writeln!(out, "<li>{}: {}</li>", esc(&s.host), esc(&s.reason));
+        }
+        let _ = writeln!(out, "</ul>");
+    }
+    out
+}
+
+fn strip_chart(c: &crate::fleet::CohortResult, centre: &crate::fleet::Centre, t: &crate::fleet::Thresholds) -> String {
+    let points: Vec<(&str, &crate::fleet::Judged, bool)> = c
+        .rows
+        .iter()
+        .filter_map(|r| {
+            let j = r.metrics.iter().find(|j| j.metric == centre.metric && j.profile == centre.profile)?;
+            Some((r.target.as_str(), j, r.verdict == Some(crate::fleet::Verdict::Outlier)))
+        })
+        .collect();
+    if points.is_empty() || centre.median <= 0.0 {
+        return String::new();
+    }
+    let band = |pct: f64| centre.median * pct / 100.0;
+    let lo = points.iter().flat_map(|(_, j, _)| &j.repeats).fold(centre.median - band(t.fail_pct), |a, b| a.min(*b));
+    let hi = points.iter().flat_map(|(_, j, _)| &j.repeats).fold(centre.median + band(t.fail_pct), |a, b| a.max(*b));
+    let pad = (hi - lo) * 0.1;
+    let title = format!("{} on {}", centre.metric, centre.profile);
+    let mut f = Frame::new(&title, "target", &centre.metric, (0.0, points.len() as f64 + 1.0), (lo - pad, hi + pad));
+    let (x0, x1) = (f.px(0.0), f.px(points.len() as f64 + 1.0));
+    for (pct, fill) in [(t.fail_pct, "#fbe3e3"), (t.warn_pct, "#fff4d6")] {
+        let (top, bottom) = (f.py(centre.median + band(pct)), f.py(centre.median - band(pct)));
+        let _ = writeln!(
+            f.svg,
+            "<rect x=\"{x0:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{fill}\"/>",
+            x1 - x0,
+            bottom - top
+        );
+    }
+    let y = f.py(centre.median);
+    let _ = writeln!(
+        f.svg,
+        "<line x1=\"{x0:.1}\" y1=\"{y:.1}\" x2=\"{x1:.1}\" y2=\"{y:.1}\" stroke=\"#333\" stroke-dasharray=\"4 3\"/>"
+    );
+    for (i, (name, j, outlier)) in points.iter().enumerate() {
+        let x = f.px(i as f64 + 1.0);
+        let (rlo, rhi) = j.repeats.iter().fold((j.value, j.value), |(a, b), v| (a.min(*v), b.max(*v)));
+        let color = if *outlier { "#d62728" } else { PALETTE[0] };
+        let _ = writeln!(
+            f.svg,
+            "<line x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"{color}\"/>\
+             <circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{color}\"><title>{}: {:.2}</title></circle>",
+            f.py(rlo),
+            f.py(rhi),
+            f.py(j.value),
+            esc(name),
+            j.value
+        );
+        if *outlier {
+            let _ = writeln!(
+                f.svg,
+                "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#d62728\">{}</text>",
+                x + 6.0,
+                f.py(j.value) + 4.0,
+                esc(name)
+            );
+        }
+    }
+    f.end(&format!(
+        "Each target's median of its repeats (whisker: the repeats); dashed: the cohort's median; shaded: {}% and {}% from it.",
+        t.warn_pct, t.fail_pct
+    ))
 }
 
 /// The objective's metric name in a block's intervals and its value.

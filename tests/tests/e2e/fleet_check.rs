@@ -15,12 +15,17 @@ use crate::faults::{Controller, Proc, agent, bin, ready};
 /// A fleet check of one simulated vLLM on the 9B at a closed loop (a slow
 /// engine delivers less), three repeats a host.
 fn fleet_matrix(dir: &Path, per: &str, seed: u64) -> PathBuf {
+    fleet_matrix_with(dir, &format!("{{ per: {per} }}"), seed)
+}
+
+/// The same with its `fleet:` section given.
+fn fleet_matrix_with(dir: &Path, fleet: &str, seed: u64) -> PathBuf {
     let yaml = format!(
         "name: fleet
 model: Qwen/Qwen3.5-9B
 objective: output_throughput
 strategy: fleet
-fleet: {{ per: {per} }}
+fleet: {fleet}
 hardware: {{ gpu: H200, gpus_per_job: 1 }}
 engines:
   vllm: {{ runtime: process, args: [--max-model-len=8192, --sim-startup-ms=0] }}
@@ -31,13 +36,20 @@ profiles:
     requests: 16
 "
     );
-    let path = dir.join(format!("fleet-{per}-{seed}.yaml"));
+    let path = dir.join(format!("fleet-{}-{seed}.yaml", fleet.len()));
     std::fs::write(&path, yaml).expect("the matrix is written");
     path
 }
 
+/// One fleet test at a time: each runs up to eight agents, and two at once
+/// on a small machine measure its load, not the hosts.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The checks each fleet test runs, one dataset seed each.
 const SEEDS: u64 = 10;
+
+/// The checks of a healthy fleet in the false-alarm test.
+const FALSE_ALARM_SEEDS: u64 = 20;
 
 /// `benchfleet fleet check`: its exit code and what it printed.
 fn check(controller: &str, matrix: &Path, extra: &[&str]) -> (i32, String) {
@@ -67,6 +79,7 @@ fn verdict<'a>(text: &'a str, target: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_host_is_named_with_its_clock_and_a_drained_one_is_skipped() {
+    let _alone = ALONE.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Controller::start(dir.path());
     let names: Vec<String> = (0..7).map(|i| format!("h{i}")).collect();
@@ -100,8 +113,38 @@ async fn a_slow_host_is_named_with_its_clock_and_a_drained_one_is_skipped() {
     }
 }
 
+/// False alarms: the same fleet with no slow host, many seeds: no target
+/// may be anything but ok (a lab acts on every warning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_without_a_slow_host_raises_no_alarm() {
+    let _alone = ALONE.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Controller::start(dir.path());
+    let names: Vec<String> = (0..7).map(|i| format!("q{i}")).collect();
+    let _agents: Vec<Proc> = names.iter().map(|n| agent(dir.path(), n, &c.url(), &[])).collect();
+    ready(&c.url(), &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let mut alarms = Vec::new();
+    for seed in 1..=FALSE_ALARM_SEEDS {
+        let (url, matrix) = (c.url(), fleet_matrix(dir.path(), "host", seed));
+        let (code, text) = tokio::task::spawn_blocking(move || check(&url, &matrix, &[])).await.expect("check");
+        for n in &names {
+            if verdict(&text, n) != "ok" {
+                alarms.push(format!("seed {seed}: {}", line_of(&text, n).trim()));
+            }
+        }
+        assert!(code == 0 || !alarms.is_empty(), "seed {seed}: exit {code} with every host ok:\n{text}");
+    }
+    assert!(
+        alarms.is_empty(),
+        "{} false alarms in {FALSE_ALARM_SEEDS} checks of 7 hosts:\n{}",
+        alarms.len(),
+        alarms.join("\n")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_gpu_names_the_slow_gpu_of_a_host() {
+    let _alone = ALONE.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Controller::start(dir.path());
     let _a = agent(dir.path(), "big", &c.url(), &["--sim-gpus", "H200x4", "--sim-speed-gpu", "2=0.85"]);
@@ -114,4 +157,43 @@ async fn per_gpu_names_the_slow_gpu_of_a_host() {
     for g in [0, 1, 3] {
         assert_eq!(verdict(&text, &format!("big GPU {g}")), "ok", "GPU {g}:\n{text}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_slower_than_in_its_last_check_is_flagged_by_drift_and_the_history_shows_it() {
+    let _alone = ALONE.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Controller::start(dir.path());
+    let names = ["d0", "d1", "d2", "d3", "d4"];
+    let mut agents: Vec<Proc> = names.iter().map(|n| agent(dir.path(), n, &c.url(), &[])).collect();
+    ready(&c.url(), &names).await;
+    // Loose fleet thresholds: an 8% slower host is inside the fleet's spread.
+    let matrix = fleet_matrix_with(dir.path(), "{ warn_pct: 10, fail_pct: 20 }", 1);
+    let (url, m) = (c.url(), matrix.clone());
+    let (code, text) = tokio::task::spawn_blocking(move || check(&url, &m, &[])).await.expect("check");
+    assert_eq!(code, 0, "a healthy fleet passes:\n{text}");
+
+    // d2 comes back 8% slower.
+    agents[2].signal(rustix::process::Signal::TERM);
+    assert!(agents[2].exit(std::time::Duration::from_secs(30)).await.success(), "d2 leaves");
+    agents[2] = agent(dir.path(), "d2", &c.url(), &["--sim-speed", "0.92"]);
+    ready(&c.url(), &names).await;
+    let (url, m) = (c.url(), matrix.clone());
+    let (code, text) = tokio::task::spawn_blocking(move || check(&url, &m, &[])).await.expect("check");
+    assert_eq!(code, 1, "drift fails the check:\n{text}");
+    assert_eq!(verdict(&text, "d2"), "warn", "{text}");
+    assert!(line_of(&text, "d2").contains("in its last check (run 1)"), "{}", line_of(&text, "d2"));
+    for n in names.iter().filter(|n| **n != "d2") {
+        assert_eq!(verdict(&text, n), "ok", "{n}:\n{text}");
+    }
+
+    let out = Command::new(bin("benchfleet"))
+        .args(["--controller", &c.url(), "fleet", "history", "d2"])
+        .output()
+        .expect("benchfleet runs");
+    let history = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{history}{}", String::from_utf8_lossy(&out.stderr));
+    let row = history.lines().find(|l| l.starts_with("d2 ")).unwrap_or_else(|| panic!("no d2 row:\n{history}"));
+    assert!(row.contains(" ok") && row.contains(" warn"), "both checks, ok then warn: {row}");
+    assert!(!history.contains("d0 "), "only d2's targets: {history}");
 }
