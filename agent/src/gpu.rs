@@ -1,11 +1,13 @@
 //! The GPUs an agent offers. `GpuProbe` is the seam: the simulated probe
 //! serves local mode and tests; the NVML probe (`crate::nvml`) is the one for
 //! real hosts. Both take the readings the telemetry of a job samples
-//! (`GpuProbe::sample`). Verdicts (which GPU may be used, and why not) are in
+//! (`GpuProbe::sample`) and the energy counters read around its load run
+//! (`GpuProbe::energy_mj`). Verdicts (which GPU may be used, and why not) are in
 //! `crate::verdict`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 pub use benchfleet_core::telemetry::GpuSample;
 use serde::Serialize;
@@ -173,13 +175,24 @@ pub trait GpuProbe: Send + Sync {
     /// `/metrics` last said: only simulated GPUs, which have no load of their
     /// own, take it (a simulated GPU is as busy as its simulated engine).
     fn engine_load(&self, _uuids: &[String], _running: f64) {}
+
+    /// Each GPU's total energy counter, millijoules since its driver loaded,
+    /// in the order of `uuids`, for a job's energy: `None` for a GPU that
+    /// keeps none (or whose counter could not be read), never a guess. A
+    /// probe without counters gives `None` for every GPU. Blocks on the
+    /// GPUs: call it off the async threads.
+    fn energy_mj(&self, uuids: &[String]) -> anyhow::Result<Vec<Option<u64>>> {
+        Ok(vec![None; uuids.len()])
+    }
 }
 
 /// GPUs that do not exist, for local mode and tests: `count` GPUs of one
 /// model, all usable. Their readings follow their engine's load
-/// (`GpuProbe::engine_load`): idle at 345 MHz; busy near their maximum clock,
-/// with power, heat and utilization rising with the requests in flight; the
-/// engine's memory held once it runs.
+/// (`GpuProbe::engine_load`): idle at 345 MHz and 75 W; busy near their
+/// maximum clock, with power (up to about 606 W), heat and utilization
+/// rising with the requests in flight; the engine's memory held once it
+/// runs. Each keeps an energy counter from the probe's creation: its
+/// modelled power integrated over wall time.
 #[derive(Clone, Debug)]
 pub struct SimGpuProbe {
     /// "H100" or "H200".
@@ -187,8 +200,8 @@ pub struct SimGpuProbe {
     pub count: u32,
     /// Makes UUIDs unique per simulated host.
     pub host: String,
-    /// The last load each GPU's engine reported, by UUID.
-    load: Arc<Mutex<HashMap<String, f64>>>,
+    /// Each GPU's load and energy counter.
+    state: Arc<Mutex<SimState>>,
     /// How fast each GPU runs, by index: a slow one (`--sim-speed`) holds
     /// its clock down in proportion, as a power cap would.
     pub speed: SimSpeed,
@@ -241,14 +254,102 @@ fn sim_index(uuid: &str) -> Option<u32> {
     uuid.rsplit_once('-').and_then(|(_, i)| i.parse().ok())
 }
 
+/// What the simulated GPUs have been through.
+#[derive(Debug)]
+struct SimState {
+    /// When the counters started: each GPU was idle from then until its
+    /// engine first reported a load.
+    since: Instant,
+    /// By UUID, each GPU its engine or a reading has touched.
+    gpus: HashMap<String, SimGpu>,
+}
+
+/// One simulated GPU.
+#[derive(Clone, Copy, Debug)]
+struct SimGpu {
+    /// The requests its engine last reported in flight; `None` before its
+    /// engine ran.
+    running: Option<f64>,
+    /// Its energy counter, mJ, as of `at`.
+    energy_mj: f64,
+    at: Instant,
+}
+
+impl SimState {
+    /// A GPU, its counter brought up to `now` at the power its load drew
+    /// since the last time it was touched.
+    fn gpu(&mut self, uuid: &str, now: Instant) -> &mut SimGpu {
+        let since = self.since;
+        let g = self.gpus.entry(uuid.to_owned()).or_insert(SimGpu { running: None, energy_mj: 0.0, at: since });
+        let seconds = now.saturating_duration_since(g.at).as_secs_f64();
+        g.energy_mj += power_w(utilization(g.running)) * seconds * 1000.0;
+        g.at = g.at.max(now);
+        g
+    }
+}
+
+/// A simulated GPU's utilization, percent, with `running` requests in flight.
+fn utilization(running: Option<f64>) -> f64 {
+    match running {
+        Some(r) if r > 0.0 => (40.0 + 15.0 * r).min(100.0),
+        _ => 0.0,
+    }
+}
+
+/// A simulated GPU's power draw at a utilization: 75 W idle, up to 606.25 W.
+fn power_w(utilization: f64) -> f64 {
+    75.0 + 0.85 * 625.0 * utilization / 100.0
+}
+
 impl SimGpuProbe {
+    /// `count` simulated GPUs of `model` on the simulated host `host`, idle
+    /// and with their energy counters at 0.
     pub fn new(model: impl Into<String>, count: u32, host: impl Into<String>) -> SimGpuProbe {
-        SimGpuProbe { model: model.into(), count, host: host.into(), load: Arc::default(), speed: SimSpeed::default() }
+        let state = SimState { since: Instant::now(), gpus: HashMap::new() };
+        SimGpuProbe {
+            model: model.into(),
+            count,
+            host: host.into(),
+            state: Arc::new(Mutex::new(state)),
+            speed: SimSpeed::default(),
+        }
     }
 
     fn memory_bytes(&self) -> u64 {
         let memory_gib: u64 = if self.model.eq_ignore_ascii_case("H100") { 80 } else { 141 };
         memory_gib << 30
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SimState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fails for a UUID that is not one of this probe's GPUs.
+    fn check(&self, uuid: &str) -> anyhow::Result<()> {
+        if !uuid.starts_with(&format!("GPU-sim-{}-", self.host)) {
+            anyhow::bail!("no simulated GPU {uuid}");
+        }
+        Ok(())
+    }
+
+    /// `GpuProbe::engine_load` as of `now`.
+    fn engine_load_at(&self, uuids: &[String], running: f64, now: Instant) {
+        let mut state = self.state();
+        for uuid in uuids {
+            state.gpu(uuid, now).running = Some(running);
+        }
+    }
+
+    /// `GpuProbe::energy_mj` as of `now`.
+    fn energy_mj_at(&self, uuids: &[String], now: Instant) -> anyhow::Result<Vec<Option<u64>>> {
+        let mut state = self.state();
+        uuids
+            .iter()
+            .map(|uuid| {
+                self.check(uuid)?;
+                Ok(Some(state.gpu(uuid, now).energy_mj as u64))
+            })
+            .collect()
     }
 }
 
@@ -268,19 +369,14 @@ impl GpuProbe for SimGpuProbe {
     }
 
     fn sample(&self, uuids: &[String]) -> anyhow::Result<Vec<GpuSample>> {
-        let load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let state = self.state();
         let memory_clock_max = if self.model.eq_ignore_ascii_case("H100") { 2619 } else { 3201 };
         uuids
             .iter()
             .map(|uuid| {
-                if !uuid.starts_with(&format!("GPU-sim-{}-", self.host)) {
-                    anyhow::bail!("no simulated GPU {uuid}");
-                }
-                let running = load.get(uuid).copied();
-                let utilization = match running {
-                    Some(r) if r > 0.0 => (40.0 + 15.0 * r).min(100.0),
-                    _ => 0.0,
-                };
+                self.check(uuid)?;
+                let running = state.gpus.get(uuid).and_then(|g| g.running);
+                let utilization = utilization(running);
                 let busy = utilization > 0.0;
                 // A slow GPU is held down by its power cap while busy.
                 let speed = sim_index(uuid).map_or(1.0, |i| self.speed.of(i)).min(1.0);
@@ -295,7 +391,7 @@ impl GpuProbe for SimGpuProbe {
                     sm_clock_max_mhz: Some(1980),
                     memory_clock_mhz: Some(memory_clock_max),
                     memory_clock_max_mhz: Some(memory_clock_max),
-                    power_w: Some(75.0 + 0.85 * 625.0 * utilization / 100.0),
+                    power_w: Some(power_w(utilization)),
                     power_limit_w: Some(700.0),
                     temperature_c: Some(32 + (0.4 * utilization) as u32),
                     utilization_pct: Some(utilization as u32),
@@ -316,10 +412,11 @@ impl GpuProbe for SimGpuProbe {
     }
 
     fn engine_load(&self, uuids: &[String], running: f64) {
-        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
-        for uuid in uuids {
-            load.insert(uuid.clone(), running);
-        }
+        self.engine_load_at(uuids, running, Instant::now());
+    }
+
+    fn energy_mj(&self, uuids: &[String]) -> anyhow::Result<Vec<Option<u64>>> {
+        self.energy_mj_at(uuids, Instant::now())
     }
 }
 
@@ -368,6 +465,27 @@ mod tests {
         assert_eq!(busy[0].memory_used_bytes, Some((141u64 << 30) / 10 * 9));
         assert_eq!(busy[1], idle[1], "the other GPU's engine is not running");
         assert!(probe.sample(&["GPU-elsewhere".to_owned()]).is_err());
+    }
+
+    #[test]
+    fn a_simulated_gpu_s_energy_counter_runs_faster_under_load() {
+        let probe = SimGpuProbe::new("H200", 2, "h");
+        let uuids: Vec<String> = probe.probe().expect("inventory").into_iter().map(|g| g.uuid).collect();
+        let t0 = probe.state().since;
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
+        let mj = |s: u64| probe.energy_mj_at(&uuids, at(s)).expect("counters");
+        // Idle for 10 s: 75 W each.
+        assert_eq!(mj(10), [Some(750_000), Some(750_000)]);
+        // The first GPU's engine then runs 4 requests for 10 s: fully busy.
+        probe.engine_load_at(&uuids[..1], 4.0, at(10));
+        let busy = mj(20);
+        assert_eq!(busy, [Some(750_000 + 6_062_500), Some(1_500_000)]);
+        // Its engine goes idle again: back to 75 W.
+        probe.engine_load_at(&uuids[..1], 0.0, at(20));
+        assert_eq!(mj(30)[0], Some(750_000 + 6_062_500 + 750_000));
+        // Read in the past, a counter never goes back.
+        assert_eq!(mj(25)[0], Some(750_000 + 6_062_500 + 750_000));
+        assert!(probe.energy_mj(&["GPU-elsewhere".to_owned()]).is_err());
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! (nvml-wrapper, which loads `libnvidia-ml.so.1` at run time, so the agent
 //! builds and starts on hosts without NVIDIA software) and judges it with the
 //! agent's `Policy`; it also takes the readings of a job's telemetry
-//! (`GpuProbe::sample`). A thread of its own watches the GPUs' XID events for as
-//! long as the probe lives, into a log the async side reads without waiting.
+//! (`GpuProbe::sample`) and the GPUs' energy counters
+//! (`GpuProbe::energy_mj`). A thread of its own watches the GPUs' XID events
+//! for as long as the probe lives, into a log the async side reads without
+//! waiting.
 
 use std::ffi::{OsStr, c_uint};
 use std::path::{Path, PathBuf};
@@ -21,7 +23,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::event::EventSet;
 use serde::Serialize;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::gpu::{GpuInfo, GpuProbe, GpuProcess, GpuSample, RemappedRows, UNKNOWN_XID, XidEvent, throttle_reason_keys};
 use crate::verdict::{Policy, apply};
@@ -210,6 +212,19 @@ impl GpuProbe for NvmlProbe {
                     memory_used_bytes: d.memory_info().ok().map(|m| m.used),
                     throttle_reasons: d.current_throttle_reasons().ok().map(|r| r.bits()),
                 })
+            })
+            .collect()
+    }
+
+    /// Each GPU's total energy counter (`nvmlDeviceGetTotalEnergyConsumption`,
+    /// Volta and later); a GPU that cannot be found fails the reading, one
+    /// that keeps no counter or fails to give it reads `None`.
+    fn energy_mj(&self, uuids: &[String]) -> anyhow::Result<Vec<Option<u64>>> {
+        uuids
+            .iter()
+            .map(|uuid| {
+                let d = self.nvml.device_by_uuid(uuid.as_str()).map_err(|e| anyhow::anyhow!("GPU {uuid}: {e}"))?;
+                Ok(d.total_energy_consumption().inspect_err(|e| debug!(gpu = %uuid, "no energy counter: {e}")).ok())
             })
             .collect()
     }

@@ -2,6 +2,9 @@
 //! scraped every second and the group's GPUs read every 500 ms through the
 //! `GpuProbe`, into a `benchfleet_core::telemetry::Recorder`. A scrape or a
 //! reading that fails is counted, with its reason, and never fails the job.
+//! The GPUs' energy counters are read once as the load run starts and once
+//! as it ends (after loadgen exits, not from the engine's startup): a
+//! counter that cannot be read leaves the job's energy unknown.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +12,7 @@ use std::time::Duration;
 use benchfleet_core::telemetry::{Recorder, Telemetry, engine_series, read_metrics};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use crate::gpu::GpuProbe;
 
@@ -38,10 +42,16 @@ pub struct Sources {
     pub uuids: Vec<String>,
 }
 
-/// Reads `sources` until `stop` fires; returns what was read.
+/// The longest one reading of the energy counters may take: a GPU that
+/// hangs leaves the job's energy unknown rather than holding up its end.
+const ENERGY_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads `sources` until `stop` fires; returns what was read. The energy
+/// counters are read first and last.
 pub async fn record(sources: Sources, sampling: Sampling, stop: CancellationToken) -> Telemetry {
     let interval_ms = u32::try_from(sampling.sample_every.as_millis()).unwrap_or(u32::MAX);
     let mut recorder = Recorder::new(interval_ms);
+    let (energy_start, energy_from) = read_energy(&sources).await;
     let started = Instant::now();
     let since = |started: Instant| u32::try_from(started.elapsed().as_millis()).unwrap_or(u32::MAX);
     let mut scrapes = tokio::time::interval(sampling.scrape_every);
@@ -83,7 +93,27 @@ pub async fn record(sources: Sources, sampling: Sampling, stop: CancellationToke
             }
         }
     }
+    let (energy_end, energy_to) = read_energy(&sources).await;
+    let energy_ms = u64::try_from(energy_to.saturating_duration_since(energy_from).as_millis()).unwrap_or(u64::MAX);
+    recorder.energy(&sources.uuids, &energy_start, &energy_end, energy_ms);
     recorder.finish(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The group's GPUs' energy counters, mJ, and when they were read (the
+/// system's monotonic clock, not tokio's, which a test may pause); every one
+/// `None` when the reading failed or took too long.
+async fn read_energy(sources: &Sources) -> (Vec<Option<u64>>, std::time::Instant) {
+    let (gpus, uuids) = (sources.gpus.clone(), sources.uuids.clone());
+    let read = tokio::task::spawn_blocking(move || gpus.energy_mj(&uuids).map(|mj| (mj, std::time::Instant::now())));
+    let why = match tokio::time::timeout(ENERGY_READ_TIMEOUT, read).await {
+        Ok(Ok(Ok((mj, at)))) if mj.len() == sources.uuids.len() => return (mj, at),
+        Ok(Ok(Ok((mj, _)))) => format!("{} counters for {} GPUs", mj.len(), sources.uuids.len()),
+        Ok(Ok(Err(e))) => format!("{e:#}"),
+        Ok(Err(e)) => format!("the reading did not finish: {e}"),
+        Err(_) => format!("no answer within {} s", ENERGY_READ_TIMEOUT.as_secs()),
+    };
+    warn!("cannot read the GPUs' energy counters: {why}");
+    (vec![None; sources.uuids.len()], std::time::Instant::now())
 }
 
 /// One scrape of the engine's `/metrics`: the values of its kind's series.

@@ -1,13 +1,17 @@
 //! The "Serving Benchmark Result" block, field for field as `vllm bench
 //! serve` prints it and as the published reports quote it, and the load
-//! generator's check of itself that follows it.
+//! generator's check of itself that follows it. A block whose GPU energy is
+//! known (a report's, from the agents' counters) has an energy section
+//! after the reference block's sections; loadgen's own block has none.
 
 use std::fmt::Write as _;
 
 use crate::metrics::{Distribution, Summary};
+use crate::telemetry::Energy;
 
-/// Renders the block; every line ends with a newline.
-pub fn render_block(s: &Summary) -> String {
+/// Renders the block, with its energy section when `energy` is known;
+/// every line ends with a newline.
+pub fn render_block(s: &Summary, energy: Option<&Energy>) -> String {
     let mut out = String::from("============ Serving Benchmark Result ============\n");
     let mut line = |label: &str, value: String| {
         let _ = writeln!(out, "{label:<40} {value}");
@@ -32,6 +36,9 @@ pub fn render_block(s: &Summary) -> String {
     section(&mut out, "---------------Time to First Token----------------", "TTFT (ms):", "", &s.ttft_ms);
     section(&mut out, "-----Time per Output Token (excl. 1st token)------", "TPOT (ms):", "", &s.tpot_ms);
     section(&mut out, "---------------Inter-token Latency----------------", "ITL (ms):", "", &s.itl_ms);
+    if let Some(e) = energy {
+        energy_section(&mut out, e);
+    }
     // After every field of the reference block, so readers of that block
     // still find each one where they expect it.
     if let Some(reason) = &s.invalid {
@@ -85,6 +92,21 @@ pub fn render_self_check(s: &Summary) -> String {
     }
     out.push_str("==================================================\n");
     out
+}
+
+/// The GPUs' energy over the load run: joules, mean power, and per output
+/// token both ways.
+fn energy_section(out: &mut String, e: &Energy) {
+    out.push_str("-----------------------Energy---------------------\n");
+    let lines = [
+        ("GPU energy (J):", e.joules),
+        ("Mean GPU power (W):", e.mean_power_w),
+        ("Energy per output token (mJ):", e.mj_per_output_token),
+        ("Output tokens per joule:", e.output_tokens_per_joule),
+    ];
+    for (label, value) in lines {
+        let _ = writeln!(out, "{label:<40} {value:.2}");
+    }
 }
 
 /// One titled section of mean, median, P95 and P99. The latency section's
@@ -174,7 +196,7 @@ P99 ITL (ms):                            132.49
             itl_ms: dist(11.46, 0.0, 101.72, 132.49),
             ..Summary::default()
         };
-        assert_eq!(render_block(&s), REFERENCE);
+        assert_eq!(render_block(&s, None), REFERENCE);
     }
 
     #[test]
@@ -188,7 +210,7 @@ P99 ITL (ms):                            132.49
             ttft_ms: asked(dist(1604.23, 646.01, 5000.0, 5737.27)),
             ..Summary::default()
         };
-        let block = render_block(&s);
+        let block = render_block(&s, None);
         // Lines 297-298 and 124-125 of the Japanese H100 throughput report.
         for expected in [
             "P95 Latency(s):                           N/A\nP99 Latency(s):                           51.01\n",
@@ -198,7 +220,7 @@ P99 ITL (ms):                            132.49
         }
         let without_p99 =
             Distribution { percentiles: vec![Percentile { p: 95.0, value: 1.0 }], ..dist(1.0, 1.0, 1.0, 1.0) };
-        let block = render_block(&Summary { itl_ms: without_p99, ..Summary::default() });
+        let block = render_block(&Summary { itl_ms: without_p99, ..Summary::default() }, None);
         assert!(
             block.contains(
                 "P95 ITL (ms):                            1.00\nP99 ITL (ms):                            N/A\n"
@@ -208,14 +230,14 @@ P99 ITL (ms):                            132.49
 
     #[test]
     fn a_run_under_the_peak_window_has_no_peak() {
-        let block = render_block(&Summary { peak_output_throughput: None, ..Summary::default() });
+        let block = render_block(&Summary { peak_output_throughput: None, ..Summary::default() }, None);
         assert!(block.contains("Peak output token throughput (tok/s):    not measurable (run under 1 s)"), "{block}");
     }
 
     #[test]
     fn an_invalid_run_says_so_inside_the_block() {
         let s = Summary { invalid: Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into()), ..Summary::default() };
-        let block = render_block(&s);
+        let block = render_block(&s, None);
         let end = format!("RUN INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms\n{}\n", "=".repeat(50));
         assert!(block.ends_with(&end), "{block}");
         assert!(render_self_check(&s).contains("INVALID: p99 dispatch lag"));
@@ -223,8 +245,28 @@ P99 ITL (ms):                            132.49
     }
 
     #[test]
+    fn known_energy_is_a_section_after_the_itl_one_and_before_the_verdict() {
+        let s = Summary { invalid: Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into()), ..Summary::default() };
+        let energy = Energy::of(6_061.6, 10.0, 20_000).expect("figures");
+        let block = render_block(&s, Some(&energy));
+        let section = "\
+P99 ITL (ms):                            0.00
+-----------------------Energy---------------------
+GPU energy (J):                          6061.60
+Mean GPU power (W):                      606.16
+Energy per output token (mJ):            303.08
+Output tokens per joule:                 3.30
+RUN INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms
+";
+        assert!(block.contains(section), "{block}");
+        assert!(block.lines().all(|l| !l.starts_with('-') || l.len() == 50), "{block}");
+        // Unknown energy leaves the block as the reference prints it.
+        assert!(!render_block(&s, None).contains("Energy"));
+    }
+
+    #[test]
     fn without_a_cap_the_observed_peak_is_the_maximum_concurrency() {
         let s = Summary { peak_concurrent: 31, ..Summary::default() };
-        assert!(render_block(&s).contains("Maximum request concurrency:             31\n"));
+        assert!(render_block(&s, None).contains("Maximum request concurrency:             31\n"));
     }
 }

@@ -296,9 +296,13 @@ impl From<&Telemetry> for pb::JobTelemetry {
                         held_down_ms: g.held_down_ms,
                         held_down_sm_clock_mhz: g.held_down_sm_clock_mhz,
                         held_down_reasons: g.held_down_reasons.clone(),
+                        energy_mj_start: g.energy_mj_start,
+                        energy_mj_end: g.energy_mj_end,
                     })
                     .collect(),
                 peak_gpu_memory_bytes: s.peak_gpu_memory_bytes,
+                energy_j: s.energy_j,
+                energy_duration_ms: s.energy_duration_ms,
             }),
             series: t
                 .series
@@ -356,9 +360,13 @@ impl From<pb::JobTelemetry> for Telemetry {
                         held_down_ms: g.held_down_ms,
                         held_down_sm_clock_mhz: g.held_down_sm_clock_mhz,
                         held_down_reasons: g.held_down_reasons,
+                        energy_mj_start: g.energy_mj_start,
+                        energy_mj_end: g.energy_mj_end,
                     })
                     .collect(),
                 peak_gpu_memory_bytes: s.peak_gpu_memory_bytes,
+                energy_j: s.energy_j,
+                energy_duration_ms: s.energy_duration_ms,
             },
             series: t
                 .series
@@ -573,10 +581,31 @@ mod tests {
         };
         r.gpu_sample(0, 1, Ok(vec![sample]));
         r.gpu_sample(500, 1, Err("GPU-1: not found".into()));
+        r.energy(&["GPU-1".into()], &[Some(9_000_000)], &[Some(9_001_035)], 1_500);
         let telemetry = r.finish(1500);
         assert!(telemetry.summary.gpus[0].held_down_reasons == ["sw_power_cap"], "{telemetry:?}");
+        assert_eq!(telemetry.summary.energy_j, Some(1.035));
         let back = Telemetry::from(pb::JobTelemetry::from(&telemetry));
         assert_eq!(back, telemetry);
+    }
+
+    #[test]
+    fn job_energy_crosses_the_wire_known_or_absent() {
+        let mut r = crate::telemetry::Recorder::new(500);
+        let gpus = ["GPU-1".to_owned(), "GPU-2".to_owned()];
+        r.energy(&gpus, &[Some(5_000), Some(7)], &[Some(605_000), Some(60_007)], 1_000);
+        let known = r.finish(1_000);
+        let mut r = crate::telemetry::Recorder::new(500);
+        r.energy(&gpus, &[Some(5_000), None], &[Some(605_000), None], 1_000);
+        let absent = r.finish(1_000);
+        assert_eq!((known.summary.energy_j, absent.summary.energy_j), (Some(660.0), None));
+        for telemetry in [known, absent] {
+            let wire = pb::JobTelemetry::from(&telemetry);
+            let summary = wire.summary.as_ref().expect("a summary");
+            assert_eq!(summary.energy_j, telemetry.summary.energy_j);
+            assert_eq!(summary.gpus[1].energy_mj_start, telemetry.summary.gpus[1].energy_mj_start);
+            assert_eq!(Telemetry::from(wire), telemetry);
+        }
     }
 
     /// A distribution whose every field differs, from `n`.

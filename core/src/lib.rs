@@ -7,7 +7,7 @@
 //! histograms that merge, and pools repeats into one block; `gpu` matches GPU models to product
 //! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `telemetry`
 //! summarizes what an agent samples during a job (engine `/metrics`, GPU
-//! readings) and words a throttled GPU; `convert` is the one place records, summaries and load specs cross to and
+//! readings, the GPUs' energy) and words a throttled GPU; `convert` is the one place records, summaries and load specs cross to and
 //! from their gRPC form; `tls` is the rule every client keeps to reach the
 //! controller (https verified, plain text only to loopback or when asked);
 //! `notify` tells systemd a daemon is ready or stopping; `config` is the

@@ -434,7 +434,7 @@ mod goodput_tests {
         assert_eq!(g.good, 2);
         assert!((g.request_goodput - 2.0 / s.duration_s).abs() < 1e-9, "{g:?}");
         let line = format!("{:<40} {:.2}\n", "Request goodput (req/s):", g.request_goodput);
-        assert!(crate::block::render_block(&s).contains(&line), "{}", crate::block::render_block(&s));
+        assert!(crate::block::render_block(&s, None).contains(&line), "{}", crate::block::render_block(&s, None));
         assert_eq!(SummaryOptions::of(&s).goodput, Some(slo), "recomputed with the same SLOs");
         assert_eq!(summarize(&records, None).goodput, None);
     }

@@ -7,6 +7,13 @@
 //! set and how long its SM clock was held down. `TelemetrySummary` words a
 //! GPU that throttled as a report shows it.
 //!
+//! Energy: each GPU's NVML energy counter (millijoules since the driver
+//! loaded) is read at the start and at the end of the job's load run
+//! (`Recorder::energy`); the job's joules are the counters' increase summed
+//! over the group's GPUs, known only when every GPU gave both readings.
+//! `Energy` turns joules, the run's duration and its output tokens into
+//! the figures a report shows.
+//!
 //! `read_metrics` reads the engines' Prometheus text with
 //! `prom_text_format_parser`; the agent and the simulator's tests share it.
 
@@ -147,6 +154,13 @@ pub struct GpuTelemetry {
     /// The reasons set while held down, the longest first (keys).
     #[serde(default)]
     pub held_down_reasons: Vec<String>,
+    /// Its energy counter as the load run started, millijoules since the
+    /// driver loaded; `None` where it gave none.
+    #[serde(default)]
+    pub energy_mj_start: Option<u64>,
+    /// Its energy counter as the load run ended.
+    #[serde(default)]
+    pub energy_mj_end: Option<u64>,
 }
 
 /// A job's telemetry, summarized: small, kept with the job.
@@ -169,6 +183,13 @@ pub struct TelemetrySummary {
     /// The most memory any one of the group's GPUs held at a reading.
     #[serde(default)]
     pub peak_gpu_memory_bytes: Option<u64>,
+    /// The energy the group's GPUs used over the load run, J (summed over
+    /// them); `None` unless every GPU gave its counter at both ends.
+    #[serde(default)]
+    pub energy_j: Option<f64>,
+    /// The time between the two counter readings `energy_j` covers, ms.
+    #[serde(default)]
+    pub energy_duration_ms: Option<u64>,
 }
 
 /// A job's telemetry: its summary and its series.
@@ -179,6 +200,12 @@ pub struct Telemetry {
 }
 
 impl GpuTelemetry {
+    /// The energy it used between its two counter readings, mJ; `None`
+    /// without both, or when the counter went back (the driver reloaded).
+    pub fn energy_mj(&self) -> Option<u64> {
+        self.energy_mj_end?.checked_sub(self.energy_mj_start?)
+    }
+
     /// Why the GPU's results may be low, when its clocks were held down for
     /// at least `FLAG_SHARE` of a job of `duration_ms`, e.g. "SM clock 1,410
     /// of 1,980 MHz for 38% of the job: power cap".
@@ -227,6 +254,48 @@ impl TelemetrySummary {
     /// A series' numbers, by name (and GPU; "" for the engine's).
     pub fn stats(&self, name: &str, gpu: &str) -> Option<&SeriesStats> {
         self.series.iter().find(|s| s.name == name && s.gpu == gpu)
+    }
+
+    /// The job's energy figures, given the output tokens its load run
+    /// generated; `None` when its joules are not known.
+    pub fn energy(&self, output_tokens: u64) -> Option<Energy> {
+        let duration_ms = self.energy_duration_ms?;
+        Energy::of(self.energy_j?, duration_ms as f64 / 1000.0, output_tokens)
+    }
+}
+
+/// What a job (or a block of them) cost in GPU energy: the figures a report
+/// shows, from joules, the time they were used over and the output tokens
+/// generated meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Energy {
+    /// GPU board energy over the load run, summed over the group's GPUs, J.
+    pub joules: f64,
+    /// The joules over the load run's duration, W.
+    pub mean_power_w: f64,
+    /// Millijoules per output token.
+    pub mj_per_output_token: f64,
+    /// Output tokens per joule.
+    pub output_tokens_per_joule: f64,
+}
+
+impl Energy {
+    /// The figures of `joules` used over `duration_s` while `output_tokens`
+    /// were generated; `None` when any of the three is zero (or the joules
+    /// or the duration are not a finite positive number): nothing is
+    /// divided by zero, and no figure is guessed.
+    pub fn of(joules: f64, duration_s: f64, output_tokens: u64) -> Option<Energy> {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(joules) || !positive(duration_s) || output_tokens == 0 {
+            return None;
+        }
+        let tokens = output_tokens as f64;
+        Some(Energy {
+            joules,
+            mean_power_w: joules / duration_s,
+            mj_per_output_token: joules * 1000.0 / tokens,
+            output_tokens_per_joule: tokens / joules,
+        })
     }
 }
 
@@ -470,6 +539,23 @@ impl Recorder {
         }
     }
 
+    /// The group's GPUs' energy counters, mJ, read at the start (`start`)
+    /// and at the end (`end`) of the load run, `duration_ms` apart, each in
+    /// the order of `uuids`; `None` where a GPU gave no reading. The job's
+    /// joules are known only when every GPU gave both.
+    pub fn energy(&mut self, uuids: &[String], start: &[Option<u64>], end: &[Option<u64>], duration_ms: u64) {
+        let mut total_mj: Option<u64> = if uuids.is_empty() { None } else { Some(0) };
+        for (i, uuid) in uuids.iter().enumerate() {
+            let g = &mut self.gpus.entry(uuid.clone()).or_default().summary;
+            g.gpu.clone_from(uuid);
+            g.energy_mj_start = start.get(i).copied().flatten();
+            g.energy_mj_end = end.get(i).copied().flatten();
+            total_mj = total_mj.zip(g.energy_mj()).map(|(sum, mj)| sum + mj);
+        }
+        self.summary.energy_j = total_mj.map(|mj| mj as f64 / 1000.0);
+        self.summary.energy_duration_ms = self.summary.energy_j.map(|_| duration_ms);
+    }
+
     /// The job's telemetry, the job having lasted `duration_ms` since the
     /// recorder's time 0.
     pub fn finish(mut self, duration_ms: u64) -> Telemetry {
@@ -591,6 +677,58 @@ mod tests {
         assert_eq!(t.summary.gpu_sample_error.as_deref(), Some("GPU-b fell off the bus"));
         let power = t.summary.stats("gpu_power_w", "GPU-a").expect("GPU-a's power");
         assert_eq!((power.count, power.min, power.max, power.mean), (10, 0.0, 450.0, 225.0));
+    }
+
+    #[test]
+    fn energy_figures_are_the_joules_over_the_run_and_its_tokens() {
+        let e = Energy::of(6_000.0, 10.0, 20_000).expect("figures");
+        assert_eq!(
+            (e.joules, e.mean_power_w, e.mj_per_output_token, e.output_tokens_per_joule),
+            (6_000.0, 600.0, 300.0, 20_000.0 / 6_000.0)
+        );
+        // Nothing divided by zero, nothing guessed.
+        for (joules, duration_s, tokens) in
+            [(6_000.0, 10.0, 0), (6_000.0, 0.0, 10), (0.0, 10.0, 10), (-1.0, 10.0, 10), (f64::NAN, 10.0, 10)]
+        {
+            assert_eq!(Energy::of(joules, duration_s, tokens), None, "{joules} J, {duration_s} s, {tokens} tokens");
+        }
+    }
+
+    #[test]
+    fn a_job_s_energy_is_its_gpus_counters_increase_known_only_from_every_gpu() {
+        let uuids = ["GPU-a".to_owned(), "GPU-b".to_owned()];
+        let energy = |start: [Option<u64>; 2], end: [Option<u64>; 2]| {
+            let mut r = Recorder::new(500);
+            r.gpu_sample(0, 2, Ok(vec![GpuSample { uuid: "GPU-a".into(), ..gpu(0, 1980, 100, 0) }]));
+            r.energy(&uuids, &start, &end, 4_000);
+            r.finish(4_000).summary
+        };
+        let both = energy([Some(1_000_000), Some(5_000)], [Some(1_002_400), Some(7_500)]);
+        assert_eq!((both.energy_j, both.energy_duration_ms), (Some(4.9), Some(4_000)));
+        assert_eq!(both.gpus.len(), 2, "a GPU never sampled still has its readings: {:?}", both.gpus);
+        assert_eq!((both.gpus[1].gpu.as_str(), both.gpus[1].energy_mj()), ("GPU-b", Some(2_500)));
+        let e = both.energy(49).expect("figures");
+        assert!((e.mean_power_w - 1.225).abs() < 1e-9 && (e.mj_per_output_token - 100.0).abs() < 1e-9, "{e:?}");
+        // One GPU without a counter, one whose counter went back: unknown, not a part.
+        for t in [
+            energy([Some(1_000_000), None], [Some(1_002_400), None]),
+            energy([Some(1_000_000), Some(5_000)], [Some(1_002_400), Some(4_000)]),
+        ] {
+            assert_eq!((t.energy_j, t.energy_duration_ms, t.energy(49)), (None, None, None), "{:?}", t.gpus);
+        }
+        // A job without energy readings (an older agent's) has none.
+        assert_eq!(job(4, |t| gpu(t, 1980, 100, 0)).summary.energy_j, None);
+    }
+
+    #[test]
+    fn a_summary_stored_before_energy_was_measured_reads_back_without_it() {
+        let mut stored = serde_json::to_value(&job(4, |t| gpu(t, 1980, 100, 0)).summary).expect("JSON");
+        let fields = stored.as_object_mut().expect("an object");
+        fields.retain(|k, _| !k.starts_with("energy"));
+        let gpu = fields.get_mut("gpus").and_then(|g| g[0].as_object_mut()).expect("a GPU");
+        gpu.retain(|k, _| !k.starts_with("energy"));
+        let back: TelemetrySummary = serde_json::from_value(stored).expect("reads back");
+        assert_eq!((back.energy_j, back.energy_duration_ms, back.gpus[0].energy_mj_start), (None, None, None));
     }
 
     #[test]

@@ -145,7 +145,7 @@ async fn run_one(mut config: LoadConfig, sink: Option<SinkConfig>, quiet: bool) 
         reporter.abort();
     }
     let result = result?;
-    print!("{}", render_block(&result.summary));
+    print!("{}", render_block(&result.summary, None));
     print!("{}", render_self_check(&result.summary));
     Ok(result)
 }

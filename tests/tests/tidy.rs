@@ -15,6 +15,7 @@ const MAY_NAME_PROST_TYPES: &[&str] = &[
     "controller/src/service.rs",
     "cli/src/client.rs",
     "cli/src/cli.rs",
+    "cli/src/cli/fleet.rs",
     "agent/src/session.rs",
     "agent/src/job.rs",
     "agent/src/identity.rs",

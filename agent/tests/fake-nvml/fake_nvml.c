@@ -37,6 +37,15 @@
  *   gpu.0.sm_clock@1500 = 1410
  *   gpu.0.throttle@1500 = 0x4
  *
+ * Energy: energy_w, the power at which every GPU's total energy counter
+ * (nvmlDeviceGetTotalEnergyConsumption) runs: it reads 1,000,000,000 mJ
+ * when nvmlInit_v2 ran plus energy_w times the milliseconds since, from the
+ * monotonic clock (400 W by default; `unsupported` for a GPU that keeps no
+ * counter). It is not integrated over time: an `energy_w@MS` line would
+ * rescale the whole count, so a scenario sets it once.
+ *
+ *   gpu.*.energy_w = 400
+ *
  * Events: event_types (the mask nvmlDeviceGetSupportedEventTypes answers;
  * 0x1f by default, XID events included; 0x7 leaves them out), events_register
  * (`unsupported` or `error`: nvmlDeviceRegisterEvents fails for this GPU),
@@ -83,7 +92,7 @@ enum field {
     F_THROTTLE, F_SM_CLOCK, F_SM_CLOCK_MAX, F_MEM_CLOCK, F_MEM_CLOCK_MAX, F_POWER_LIMIT_MW,
     F_POWER_DEFAULT_MW, F_TEMPERATURE, F_PCIE_GEN, F_PCIE_GEN_MAX, F_PCIE_WIDTH, F_PCIE_WIDTH_MAX,
     F_PERSISTENCE, F_PROCESSES, F_EVENT_TYPES, F_EVENTS_REGISTER, F_XID, F_XID_AFTER_MS, F_POWER_MW,
-    F_UTILIZATION, F_MEM_UTILIZATION, F_COUNT
+    F_UTILIZATION, F_MEM_UTILIZATION, F_ENERGY_W, F_COUNT
 };
 
 static const char *const FIELD_NAMES[F_COUNT] = {
@@ -92,7 +101,7 @@ static const char *const FIELD_NAMES[F_COUNT] = {
     "throttle", "sm_clock", "sm_clock_max", "mem_clock", "mem_clock_max", "power_limit_mw",
     "power_default_mw", "temperature", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
     "persistence", "processes", "event_types", "events_register", "xid", "xid_after_ms", "power_mw",
-    "utilization", "mem_utilization",
+    "utilization", "mem_utilization", "energy_w",
 };
 
 /* A healthy, idle H200. */
@@ -106,7 +115,7 @@ static const long long HEALTHY[F_COUNT] = {
     [F_PCIE_WIDTH_MAX] = 16, [F_PERSISTENCE] = 1, [F_PROCESSES] = 0,
     /* Single and double bit ECC, P-state, XID, clock. */
     [F_EVENT_TYPES] = 0x1f, [F_EVENTS_REGISTER] = 0, [F_XID] = 0, [F_XID_AFTER_MS] = 0,
-    [F_POWER_MW] = 72000, [F_UTILIZATION] = 0, [F_MEM_UTILIZATION] = 0,
+    [F_POWER_MW] = 72000, [F_UTILIZATION] = 0, [F_MEM_UTILIZATION] = 0, [F_ENERGY_W] = 400,
 };
 
 struct fake_process {
@@ -136,6 +145,10 @@ static struct change {
 static unsigned int change_count;
 /* When the first telemetry reading was taken (0: not yet). */
 static long long readings_since_ns;
+/* When nvmlInit_v2 loaded the scenario: the energy counters' start. */
+static long long loaded_ns;
+/* What every energy counter reads at loaded_ns, mJ. */
+#define ENERGY_AT_LOAD_MJ 1000000000LL
 static long long now_ns(void);
 static unsigned int gpu_count;
 static char driver_version[80];
@@ -303,6 +316,7 @@ static nvmlReturn_t string(const char *value, char *out, unsigned int length) {
 nvmlReturn_t nvmlInit_v2(void) {
     nvmlReturn_t r = load();
     initialized = r == NVML_SUCCESS;
+    loaded_ns = now_ns();
     return r;
 }
 
@@ -454,6 +468,17 @@ nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned i
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *milliwatts) {
     UINT_FIELD(F_POWER_MW, milliwatts);
+    return NVML_SUCCESS;
+}
+
+/* Millijoules: the counter at load plus energy_w (W = mJ per ms) times the
+ * milliseconds since, to the nanosecond. */
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
+    long long watts;
+    nvmlReturn_t r = field(device, F_ENERGY_W, &watts);
+    if (r != NVML_SUCCESS) return r;
+    if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *energy = (unsigned long long)(ENERGY_AT_LOAD_MJ + watts * (now_ns() - loaded_ns) / 1000000LL);
     return NVML_SUCCESS;
 }
 

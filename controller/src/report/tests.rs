@@ -204,3 +204,81 @@ fn a_gpu_held_down_is_told_with_the_block() {
     let md = render_as(&doc, Format::Markdown);
     assert!(md.contains("**GPU held down**: SM clock 1,410 of 1,980 MHz for 38% of the job: power cap"), "{md}");
 }
+
+/// `j` with its GPUs' energy over its load run (`joules` over `seconds`, or
+/// not known) and the output tokens it generated.
+fn with_energy(mut j: Job, joules: Option<f64>, seconds: u64, tokens: u64) -> Job {
+    use benchfleet_core::telemetry::TelemetrySummary;
+    let duration = joules.map(|_| seconds * 1000);
+    j.telemetry =
+        Some(TelemetrySummary { energy_j: joules, energy_duration_ms: duration, ..TelemetrySummary::default() });
+    if let Some(s) = &mut j.summary {
+        s.total_output_tokens = tokens;
+    }
+    j
+}
+
+/// The energy section of a block of `joules` over `seconds` and `tokens`.
+fn energy_section(joules: f64, seconds: f64, tokens: f64) -> String {
+    format!(
+        "-----------------------Energy---------------------\n{:<40} {joules:.2}\n{:<40} {:.2}\n{:<40} {:.2}\n\
+         {:<40} {:.2}\n==================================================\n",
+        "GPU energy (J):",
+        "Mean GPU power (W):",
+        joules / seconds,
+        "Energy per output token (mJ):",
+        joules * 1000.0 / tokens,
+        "Output tokens per joule:",
+        tokens / joules
+    )
+}
+
+#[test]
+fn a_block_shows_its_gpu_energy_in_every_format() {
+    use benchfleet_core::telemetry::Energy;
+    let j = with_energy(job(0, 9632.01, 1000), Some(6_000.0), 10, 20_000);
+    let (_dir, store) = stored("energy", &[group(0, &[])], &[j]);
+    let doc = document(&store, RunId(1), &|_, _| {}).expect("doc");
+    let block = &doc.configurations[0].blocks[0];
+    assert_eq!(block.energy, Energy::of(6_000.0, 10.0, 20_000));
+    let section = energy_section(6_000.0, 10.0, 20_000.0);
+    assert!(section.contains("Mean GPU power (W):                      600.00\n"), "{section}");
+    let console = render(&store, RunId(1)).expect("render").text;
+    assert!(console.contains(&format!("P99 ITL (ms):                            0.00\n{section}")), "{console}");
+    assert!(render_as(&doc, Format::Markdown).contains(&section));
+    assert!(render_as(&doc, Format::Html).contains(&section));
+    let json: serde_json::Value = serde_json::from_str(&render_as(&doc, Format::Json)).expect("JSON");
+    let energy = &json["configurations"][0]["blocks"][0]["energy"];
+    assert_eq!((energy["joules"].as_f64(), energy["mj_per_output_token"].as_f64()), (Some(6_000.0), Some(300.0)));
+    let csv = render_as(&doc, Format::Csv);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert!(
+        rows[0].ends_with(",error,energy_j,mean_gpu_power_w,energy_per_output_token_mj,output_tokens_per_joule"),
+        "new columns at the end: {}",
+        rows[0]
+    );
+    assert!(rows[1].ends_with(",,6000.0000,600.0000,300.0000,3.3333"), "{}", rows[1]);
+}
+
+#[test]
+fn a_block_s_energy_sums_its_repeats_and_is_unknown_when_one_is() {
+    use benchfleet_core::telemetry::Energy;
+    let first = with_energy(job(0, 100.0, 1000), Some(6_000.0), 10, 20_000);
+    let mut second = with_energy(job(0, 200.0, 1000), Some(1_500.0), 5, 5_000);
+    (second.id, second.repeat) = (1, 2);
+    let (_dir, store) = stored("energy", &[group(0, &[])], &[first.clone(), second.clone()]);
+    let doc = document(&store, RunId(1), &|_, _| {}).expect("doc");
+    assert_eq!(doc.configurations[0].blocks[0].energy, Energy::of(7_500.0, 15.0, 25_000));
+    // Not pooled (no records stored): each repeat's block has its own energy.
+    let console = render(&store, RunId(1)).expect("render").text;
+    for section in [energy_section(6_000.0, 10.0, 20_000.0), energy_section(1_500.0, 5.0, 5_000.0)] {
+        assert!(console.contains(&section), "{section}\n{console}");
+    }
+
+    let unknown = with_energy(second, None, 5, 5_000);
+    let (_dir, store) = stored("energy", &[group(0, &[])], &[first, unknown]);
+    let doc = document(&store, RunId(1), &|_, _| {}).expect("doc");
+    assert_eq!(doc.configurations[0].blocks[0].energy, None, "never a part taken for the whole");
+    let csv = render_as(&doc, Format::Csv);
+    assert!(csv.lines().nth(2).is_some_and(|row| row.ends_with(",,,,,")), "{csv}");
+}

@@ -164,7 +164,7 @@ fn block(out: &mut String, b: &Block) {
                 let _ = writeln!(out, "({repeats} repeats pooled)");
             }
             out.push('\n');
-            out.push_str(&render_block(s));
+            out.push_str(&render_block(s, b.energy.as_ref()));
             intervals(out, b);
         }
         // Never a block of guessed percentiles: each repeat's own.
@@ -173,7 +173,7 @@ fn block(out: &mut String, b: &Block) {
             for r in b.repeats.iter().filter(|r| r.state == "succeeded") {
                 if let Some(s) = &r.summary {
                     let _ = writeln!(out, "\nrepeat {}:\n", r.repeat);
-                    out.push_str(&render_block(s));
+                    out.push_str(&render_block(s, r.energy().as_ref()));
                 }
             }
         }

@@ -1,11 +1,16 @@
 //! The report as CSV: one row per configuration x profile x repeat, each
 //! repeat's own numbers (RFC 4180 quoting), for spreadsheets and pipelines.
+//! Columns are only ever added at the end of a row.
 
 use benchfleet_core::Summary;
+use benchfleet_core::telemetry::Energy;
 
 use super::doc::ReportDoc;
 
 type Column = (&'static str, fn(&Summary) -> String);
+
+/// An energy column: its name and its figure.
+type EnergyColumn = (&'static str, fn(&Energy) -> f64);
 
 const NUMBERS: [Column; 27] = [
     ("successful", |s| s.successful.to_string()),
@@ -35,6 +40,15 @@ const NUMBERS: [Column; 27] = [
     ("offered_rate", |s| s.offered_rate.map_or(String::new(), f)),
     ("achieved_rate", |s| f(s.achieved_rate)),
     ("invalid", |s| s.invalid.clone().unwrap_or_default()),
+];
+
+/// The repeat's GPU energy, after every other column (so that readers of
+/// the earlier columns find each where it was); empty when not known.
+const ENERGY: [EnergyColumn; 4] = [
+    ("energy_j", |e| e.joules),
+    ("mean_gpu_power_w", |e| e.mean_power_w),
+    ("energy_per_output_token_mj", |e| e.mj_per_output_token),
+    ("output_tokens_per_joule", |e| e.output_tokens_per_joule),
 ];
 
 fn f(x: f64) -> String {
@@ -67,6 +81,7 @@ pub fn render(doc: &ReportDoc) -> String {
         .flat_map(|c| &c.rows)
         .flat_map(|r| r.jobs.iter().map(move |j| (*j, (r.target.as_str(), r.word()))))
         .collect();
+    head.extend(ENERGY.iter().map(|(name, _)| *name));
     if doc.fleet.is_some() {
         head.extend(["target", "fleet_verdict"]);
     }
@@ -95,6 +110,8 @@ pub fn render(doc: &ReportDoc) -> String {
                     None => row.extend(NUMBERS.iter().map(|_| String::new())),
                 }
                 row.push(r.error.clone().unwrap_or_default());
+                let energy = r.energy();
+                row.extend(ENERGY.iter().map(|(_, value)| energy.as_ref().map_or(String::new(), |e| f(value(e)))));
                 if doc.fleet.is_some() {
                     let (target, verdict) = targets.get(&r.job).cloned().unwrap_or_default();
                     row.extend([target.to_owned(), verdict]);

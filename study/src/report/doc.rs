@@ -8,6 +8,7 @@
 
 use benchfleet_core::Summary;
 use benchfleet_core::metrics::Percentile;
+use benchfleet_core::telemetry::Energy;
 use serde::{Deserialize, Serialize};
 
 /// The schema every JSON report names; a change that removes or retypes a
@@ -280,6 +281,11 @@ pub struct Block {
     /// GPU's SM clock (`TELEMETRY_CHARTED`); empty when none was taken.
     #[serde(default)]
     pub telemetry: Vec<benchfleet_core::telemetry::Series>,
+    /// The GPUs' energy over the successful repeats' load runs (joules,
+    /// durations and output tokens summed over them); `None` unless every
+    /// successful repeat's GPUs gave their energy counters.
+    #[serde(default)]
+    pub energy: Option<Energy>,
     pub repeats: Vec<Repeat>,
 }
 
@@ -328,6 +334,15 @@ pub struct Repeat {
     /// The engine's last log lines, for a failure.
     pub log_tail: Option<String>,
     pub provenance: Provenance,
+}
+
+impl Repeat {
+    /// Its GPUs' energy over its load run, against its own output tokens;
+    /// `None` when it did not succeed or its energy is not known.
+    pub fn energy(&self) -> Option<Energy> {
+        let tokens = self.summary.as_ref().filter(|_| self.state == "succeeded")?.total_output_tokens;
+        self.provenance.telemetry.as_ref()?.energy(tokens)
+    }
 }
 
 /// Where a repeat's numbers came from.

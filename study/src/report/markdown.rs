@@ -349,7 +349,7 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
         (Some(s), _) => {
             let pooled = if n > 1 { format!(" ({n} repeats pooled)") } else { String::new() };
             let _ = writeln!(out, "{heading} Benchmark result{pooled}\n");
-            let _ = writeln!(out, "```\n{}```\n", render_block(s));
+            let _ = writeln!(out, "```\n{}```\n", render_block(s, b.energy.as_ref()));
             if b.intervals.is_empty() {
                 let _ = writeln!(out, "One repeat: no confidence intervals.\n");
             } else {
@@ -366,7 +366,7 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
             for r in b.repeats.iter().filter(|r| r.state == "succeeded") {
                 if let Some(s) = &r.summary {
                     let _ = writeln!(out, "{heading} Benchmark result, repeat {}\n", r.repeat);
-                    let _ = writeln!(out, "```\n{}```\n", render_block(s));
+                    let _ = writeln!(out, "```\n{}```\n", render_block(s, r.energy().as_ref()));
                 }
             }
         }

@@ -27,7 +27,7 @@ pub mod words;
 use std::collections::HashMap;
 
 use benchfleet_core::stats::Estimate;
-use benchfleet_core::telemetry::Series;
+use benchfleet_core::telemetry::{Energy, Series};
 use benchfleet_core::{Digest, Summary, pool};
 
 use crate::greedy::{self, Objective, Plan};
@@ -461,8 +461,22 @@ fn block<M: Measurements + ?Sized>(measured: &M, profile: &str, jobs: &[&Job]) -
         ttft_ms,
         itl_ms,
         telemetry,
+        energy: energy(&done),
         repeats,
     })
+}
+
+/// The successful repeats' GPU energy as one: their joules, durations and
+/// output tokens summed; `None` unless every one of them knows its joules.
+fn energy(done: &[(&Job, &Summary)]) -> Option<Energy> {
+    let (mut joules, mut duration_ms, mut tokens) = (0.0, 0, 0);
+    for (j, s) in done {
+        let t = j.telemetry.as_ref()?;
+        joules += t.energy_j?;
+        duration_ms += t.energy_duration_ms?;
+        tokens += s.total_output_tokens;
+    }
+    Energy::of(joules, duration_ms as f64 / 1000.0, tokens)
 }
 
 fn provenance(j: &Job) -> Provenance {

@@ -1,13 +1,14 @@
 //! A job's telemetry and engine lifecycle facts, as the store keeps them:
 //! through the in-process fleet (simulated engines of both kinds, simulated
 //! GPUs), and through the real binaries with the agent reading a fake
-//! `libnvidia-ml.so` whose SM clock drops under a power cap mid-job.
+//! `libnvidia-ml.so`: an SM clock that drops under a power cap mid-job, and
+//! GPU energy counters, one running at a known power and one missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use benchfleet_controller::Store;
-use benchfleet_study::model::{AttemptKey, JobState, RunId};
+use benchfleet_controller::{SledStore, Store};
+use benchfleet_study::model::{AttemptKey, Job, JobState, RunId};
 
 use crate::faults::{Controller, Proc, bin, finished, submit};
 
@@ -66,6 +67,11 @@ async fn a_job_keeps_its_metrics_gpu_readings_engine_version_and_loadgen_command
         let series = store.telemetry(&AttemptKey { run, job: job.id, attempt: job.attempt })?.expect("the series");
         assert!(series.iter().any(|s| s.name == "gpu_power_w" && s.gpu == uuid && !s.points.is_empty()), "{kind}");
         assert!(t.engine_scrapes >= 2, "{kind}: {t:?}");
+        // A simulated GPU draws 75 W idle, up to about 606 W busy (give or take
+        // the timing of the two readings).
+        let tokens = job.summary.as_ref().map_or(0, |s| s.total_output_tokens);
+        let energy = t.energy(tokens).unwrap_or_else(|| panic!("{kind}: the job's energy: {t:?}"));
+        assert!((70.0..=620.0).contains(&energy.mean_power_w), "{kind}: {energy:?}");
         if kind == "sglang" {
             assert_eq!(t.engine_scrape_failures, t.engine_scrapes, "{kind}: {t:?}");
             assert_eq!(t.engine_scrape_error.as_deref(), Some("GET /metrics answered 404 Not Found"));
@@ -99,35 +105,41 @@ fn fake_nvml(dir: &Path) -> PathBuf {
     lib
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gpu_whose_clock_drops_under_a_power_cap_mid_job_is_flagged() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lib = fake_nvml(dir.path());
-    // Busy at full clock, then 2 s into the job the power cap holds it at 1,410 MHz.
-    let scenario = dir.path().join("scenario");
-    std::fs::write(
-        &scenario,
-        "gpus = 1\ngpu.*.sm_clock = 1980\ngpu.*.throttle = 0\ngpu.*.utilization = 95\ngpu.*.memory_used_mib = 70000\n\
-         gpu.0.sm_clock@2000 = 1410\ngpu.0.throttle@2000 = 0x4\ngpu.0.power_mw@2000 = 700000\n",
-    )
-    .expect("the scenario is written");
-    let c = Controller::start(dir.path());
-    let work = dir.path().join("agent");
+/// One job of `requests` at 50/s on a simulated vLLM engine, run by the
+/// real agent binary reading the fake NVML with `scenario`: the store once
+/// the run finished, and the job.
+async fn one_job_on_fake_nvml(dir: &Path, scenario: &str, requests: u32) -> (SledStore, Job) {
+    let lib = fake_nvml(dir);
+    let scenario_file = dir.join("scenario");
+    std::fs::write(&scenario_file, scenario).expect("the scenario is written");
+    let c = Controller::start(dir);
+    let work = dir.join("agent");
     let args: Vec<String> =
         ["--controller", &c.url(), "--name", "nvml", "--sim-engines", "--docker", "off", "--work-dir"]
             .iter()
             .map(|s| s.to_string())
             .chain([work.display().to_string()])
             .collect();
-    let env = [("FAKE_NVML_CONFIG", scenario.as_path()), ("BENCHFLEET_NVML_LIB", lib.as_path())];
-    let _agent = Proc::spawn_with(&bin("benchfleet-agent"), &args, &env, dir.path().join("agent.log"));
+    let env = [("FAKE_NVML_CONFIG", scenario_file.as_path()), ("BENCHFLEET_NVML_LIB", lib.as_path())];
+    let _agent = Proc::spawn_with(&bin("benchfleet-agent"), &args, &env, dir.join("agent.log"));
     let engines = "  vllm: { runtime: process, args: [--max-model-len=4096] }\n";
-    let run = submit(&c.url(), &matrix(dir.path(), engines, 250)).await.run_id;
+    let run = submit(&c.url(), &matrix(dir, engines, requests)).await.run_id;
     let done = finished(&c.url(), &run).await;
     assert_eq!((done.state.as_str(), done.jobs_succeeded), ("finished", 1), "{done:?}");
     let store = c.stop_and_open().await;
     let run: RunId = run.parse().expect("a run id");
     let job = store.jobs(run).expect("jobs").pop().expect("the job");
+    (store, job)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_whose_clock_drops_under_a_power_cap_mid_job_is_flagged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Busy at full clock, then 2 s into the job the power cap holds it at 1,410 MHz.
+    let scenario = "gpus = 1\ngpu.*.sm_clock = 1980\ngpu.*.throttle = 0\ngpu.*.utilization = 95\n\
+                    gpu.*.memory_used_mib = 70000\ngpu.0.sm_clock@2000 = 1410\ngpu.0.throttle@2000 = 0x4\n\
+                    gpu.0.power_mw@2000 = 700000\n";
+    let (store, job) = one_job_on_fake_nvml(dir.path(), scenario, 250).await;
     let flags = job.throttle_flags();
     let [flag] = flags.as_slice() else { panic!("one flag: {flags:?} {:?}", job.telemetry) };
     let share: u32 = flag
@@ -144,4 +156,34 @@ async fn a_gpu_whose_clock_drops_under_a_power_cap_mid_job_is_flagged() {
     let clock = series.iter().find(|s| s.name == "gpu_sm_clock_mhz").expect("the SM clock");
     let values: Vec<f64> = clock.points.iter().map(|p| p.1).collect();
     assert!(values.first() == Some(&1980.0) && values.last() == Some(&1410.0), "{values:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_s_gpu_energy_is_its_counter_s_increase_over_the_load_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The GPU's energy counter runs at 400 W.
+    let (_store, job) = one_job_on_fake_nvml(dir.path(), "gpus = 1\ngpu.*.energy_w = 400\n", 200).await;
+    let t = job.telemetry.as_ref().expect("the summary");
+    let (joules, ms) = (t.energy_j.expect("the job's joules"), t.energy_duration_ms.expect("their window"));
+    let expected = 400.0 * ms as f64 / 1000.0;
+    assert!((joules - expected).abs() <= 0.01 * expected, "{joules} J over {ms} ms: 400 W gives {expected} J");
+    assert!(t.gpus[0].energy_mj_start.is_some_and(|mj| mj >= 1_000_000_000), "{:?}", t.gpus);
+    // The window is the load run's: loadgen's benchmark inside it, the
+    // engine's startup outside.
+    let summary = job.summary.as_ref().expect("loadgen's summary");
+    let attempt = job.current().expect("the attempt");
+    let attempt_ms = (attempt.ended_unix_ms.expect("ended") - attempt.started_unix_ms) as f64;
+    let startup_ms = job.engine_startup_s.expect("the engine's startup") * 1000.0;
+    assert!(summary.duration_s * 1000.0 <= ms as f64, "{ms} ms: {summary:?}");
+    assert!(ms as f64 + startup_ms <= attempt_ms, "{ms} ms + startup {startup_ms} ms within {attempt_ms} ms");
+    let e = t.energy(summary.total_output_tokens).expect("the job's energy figures");
+    assert!((e.mean_power_w - 400.0).abs() <= 4.0, "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_without_an_energy_counter_leaves_the_job_s_energy_unknown() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_store, job) = one_job_on_fake_nvml(dir.path(), "gpus = 1\ngpu.*.energy_w = unsupported\n", 50).await;
+    let t = job.telemetry.as_ref().expect("the summary");
+    assert_eq!((t.energy_j, t.energy_duration_ms, t.gpus[0].energy_mj_start), (None, None, None), "{t:?}");
 }
