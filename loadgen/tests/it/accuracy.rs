@@ -23,9 +23,38 @@ fn within_2_percent(name: &str, measured: f64, truth: f64) {
     assert!((measured - truth).abs() <= 0.02 * truth.abs(), "{name}: measured {measured:.4}, truth {truth:.4}");
 }
 
+/// A timing further than 2% from its truth, said in `misses`.
+fn near(misses: &mut Vec<String>, name: &str, measured: f64, truth: f64) {
+    if (measured - truth).abs() > 0.02 * truth.abs() {
+        misses.push(format!("{name}: measured {measured:.4}, truth {truth:.4}"));
+    }
+}
+
+/// Attempts at the truth test: a machine busy with other work can delay a
+/// server's chunk or a client's read by a few milliseconds, which a P99
+/// over six streams shows; such a run is inconclusive and runs again. A
+/// client that measures wrong misses every time.
+const ATTEMPTS: usize = 3;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
     let _machine = crate::alone().await;
+    let mut said = Vec::new();
+    for attempt in 1..=ATTEMPTS {
+        let misses = truth_attempt().await;
+        if misses.is_empty() {
+            return;
+        }
+        eprintln!("attempt {attempt} inconclusive: {misses:?}");
+        said.push(format!("attempt {attempt}: {}", misses.join("; ")));
+    }
+    panic!("every attempt measured off the truth:\n{}", said.join("\n"));
+}
+
+/// One run against the recording server on each endpoint: what counts
+/// asserts at once; the timings that missed their truth are returned.
+async fn truth_attempt() -> Vec<String> {
+    let mut misses = Vec::new();
     let (url, served) = fake_openai::start_recorded(TIMING).await;
     for endpoint in [Endpoint::Completions, Endpoint::Chat] {
         served.lock().expect("truth lock").clear();
@@ -53,8 +82,8 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
         let true_latency = truth(&|r| vec![r.done.as_secs_f64()]);
         // The server kept its schedule to within 2% too: the truth is the
         // nominal timing, give or take the timer.
-        within_2_percent("server's own ttft", true_ttft.mean, ttft);
-        within_2_percent("server's own itl", true_itl.mean, gap);
+        near(&mut misses, "server's own ttft", true_ttft.mean, ttft);
+        near(&mut misses, "server's own itl", true_itl.mean, gap);
         for (name, d, truth) in [
             ("ttft", &s.ttft_ms, &true_ttft),
             ("tpot", &s.tpot_ms, &true_tpot),
@@ -62,10 +91,10 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
             ("itl per token", &s.itl_per_token_ms, &true_itl_per_token),
             ("latency", &s.latency_s, &true_latency),
         ] {
-            within_2_percent(&format!("{endpoint:?} mean {name}"), d.mean, truth.mean);
-            within_2_percent(&format!("{endpoint:?} median {name}"), d.median, truth.median);
+            near(&mut misses, &format!("{endpoint:?} mean {name}"), d.mean, truth.mean);
+            near(&mut misses, &format!("{endpoint:?} median {name}"), d.median, truth.median);
         }
-        within_2_percent("p99 ttft", s.ttft_ms.p99, true_ttft.p99);
+        near(&mut misses, "p99 ttft", s.ttft_ms.p99, true_ttft.p99);
         // From the schedule, the client's own dispatch adds to the server's
         // time: exactly the send lag of each request, and little of it. The
         // bound catches a client that sends on the wrong schedule (a whole
@@ -76,17 +105,17 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
         assert!((s.ttft_from_scheduled_ms.mean - (s.ttft_ms.mean + lag_ms)).abs() < 1e-6);
         assert!((s.latency_from_scheduled_s.mean - (s.latency_s.mean + lag_ms / 1e3)).abs() < 1e-9);
         assert!(s.ttft_from_scheduled_ms.mean < ttft * 1.25, "{:?}", s.ttft_from_scheduled_ms);
-        within_2_percent("p99 latency", s.latency_s.p99, true_latency.p99);
+        near(&mut misses, "p99 latency", s.latency_s.p99, true_latency.p99);
         // The block's ITL counts a 4-token chunk once; per token it is a quarter.
         assert_eq!(s.itl_ms.count, 6 * (CHUNKS - 1));
         assert_eq!(s.itl_per_token_ms.count, 6 * (CHUNKS - 1) * 4);
         let duration = (ttft + decode) / 1000.0;
-        within_2_percent("duration", s.duration_s, duration);
-        within_2_percent("output throughput", s.output_throughput, 6.0 * f64::from(TOKENS) / duration);
-        within_2_percent("request throughput", s.request_throughput, 6.0 / duration);
+        near(&mut misses, "duration", s.duration_s, duration);
+        near(&mut misses, "output throughput", s.output_throughput, 6.0 * f64::from(TOKENS) / duration);
+        near(&mut misses, "request throughput", s.request_throughput, 6.0 / duration);
         // Tokens, not chunks: 6 streams x 34 chunks x 4 tokens.
         let peak = s.peak_output_throughput.expect("a run over a second has a peak");
-        within_2_percent("peak output throughput", peak, 6.0 * 34.0 * 4.0);
+        near(&mut misses, "peak output throughput", peak, 6.0 * 34.0 * 4.0);
         assert!(s.peak_concurrent >= 6 && s.peak_concurrent <= 8, "{}", s.peak_concurrent);
         assert!((s.success_rate() - 0.75).abs() < 1e-9);
 
@@ -98,6 +127,7 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
         again.client_cpu_s = s.client_cpu_s;
         assert_eq!(&again, s);
     }
+    misses
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
