@@ -182,7 +182,7 @@ async fn a_host_slower_than_in_its_last_check_is_flagged_by_drift_and_the_histor
     let (code, text) = tokio::task::spawn_blocking(move || check(&url, &m, &[])).await.expect("check");
     assert_eq!(code, 1, "drift fails the check:\n{text}");
     assert_eq!(verdict(&text, "d2"), "warn", "{text}");
-    assert!(line_of(&text, "d2").contains("in its last check (run 1)"), "{}", line_of(&text, "d2"));
+    assert!(line_of(&text, "d2").contains("in its last check (run 1;"), "{}", line_of(&text, "d2"));
     for n in names.iter().filter(|n| **n != "d2") {
         assert_eq!(verdict(&text, n), "ok", "{n}:\n{text}");
     }
