@@ -347,8 +347,9 @@ fn judge_one(
     // Only a deviation in the worse direction counts against a target.
     let worse = if higher_is_better { -deviation_pct } else { deviation_pct };
     // With no spread in the cohort, any difference is many z out; and a
-    // difference smaller than a host's repeats usually differ by is noise.
-    let far = z.is_none_or(|z| z.abs() >= t.z) && worse >= usual_spread;
+    // difference smaller than a host's repeats usually differ by, or than
+    // its own repeats differ by, is noise.
+    let far = z.is_none_or(|z| z.abs() >= t.z) && worse >= usual_spread.max(spread_pct);
     let verdict = if worse >= t.fail_pct && far {
         Verdict::Outlier
     } else if headline && spread_pct > t.fail_pct.max(UNSTABLE_OVER_USUAL * usual_spread) {
