@@ -16,9 +16,6 @@ use crate::model::{FleetRun, Group, Job, JobState};
 /// it, one request is the whole tail.
 pub const P99_MIN_REQUESTS: u64 = 100;
 
-/// The energy a job's GPUs used per output token, from their counters.
-pub const ENERGY_METRIC: &str = "Energy per output token (mJ)";
-
 /// A metric with its reading from a job's summary.
 type Measured = (MetricDef, Reading);
 type Reading = fn(&Summary) -> f64;
@@ -56,8 +53,7 @@ pub(super) fn gather(
             Some(sample(&pin.label, &pin.host, &of_group, &metrics))
         })
         .collect();
-    let mut defs: Vec<MetricDef> = metrics.iter().map(|(d, _)| *d).collect();
-    defs.push(MetricDef { name: ENERGY_METRIC, higher_is_better: false });
+    let defs: Vec<MetricDef> = metrics.iter().map(|(d, _)| *d).collect();
     FleetInfo {
         per: fleet_run.per.as_str().to_owned(),
         thresholds,
@@ -92,14 +88,6 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
                 continue;
             }
             s.values.entry((j.profile.name.clone(), def.name.to_owned())).or_default().push(value(summary));
-        }
-        // Energy per output token, where every GPU of the job kept a counter.
-        let energy = j.telemetry.as_ref().and_then(|t| {
-            let seconds = t.energy_duration_ms? as f64 / 1000.0;
-            benchfleet_core::telemetry::Energy::of(t.energy_j?, seconds, summary.total_output_tokens)
-        });
-        if let Some(e) = energy {
-            s.values.entry((j.profile.name.clone(), ENERGY_METRIC.to_owned())).or_default().push(e.mj_per_output_token);
         }
         if let Some(t) = &j.telemetry {
             clocks.extend(t.series.iter().filter(|x| x.name == "gpu_sm_clock_mhz" && x.count > 0).map(|x| x.max));
