@@ -162,15 +162,8 @@ fn fleet_of(matrix: &Matrix, per: Option<Per>) -> Result<Option<FleetSpec>, Subm
             if matrix.strategy == Strategy::Greedy {
                 return refuse("a greedy study cannot be a fleet check; write one configuration".to_owned());
             }
-            if matrix.configs.len() != 1 {
-                return refuse(format!(
-                    "a fleet check runs one engine configuration on every host; this matrix makes {}: keep one \
-                     engine and no variants",
-                    matrix.configs.len()
-                ));
-            }
-            if let Some(p) = matrix.profiles.iter().find(|p| p.search.is_some()) {
-                return refuse(format!("profile '{}' searches; a fleet check compares every host at one load", p.name));
+            if let Some((field, why)) = matrix::fleet_refusal(&matrix.configs, &matrix.profiles) {
+                return refuse(format!("{field}: {why}"));
             }
             FleetSpec::default()
         }

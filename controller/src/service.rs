@@ -102,6 +102,14 @@ impl From<Stopped> for Status {
     }
 }
 
+/// A submission refused: the operator's to fix, or the store's failure.
+fn refused(e: SubmitError) -> Status {
+    match e {
+        SubmitError::Invalid(why) => Status::invalid_argument(why),
+        SubmitError::Store(e) => e.into(),
+    }
+}
+
 /// Runs store I/O off the async threads, as one of the controller's tasks:
 /// a call whose client went away leaves it running, and `serve` waits for
 /// it to end.
@@ -491,10 +499,6 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::SubmitRunResponse>, Status> {
         let submission = convert::submission(req.into_inner());
         let store = self.0.store().clone();
-        let refused = |e: SubmitError| match e {
-            SubmitError::Invalid(why) => Status::invalid_argument(why),
-            SubmitError::Store(e) => e.into(),
-        };
         let planner = store.clone();
         let mut prepared = blocking(&self.0, move || {
             plan::prepare(planner.as_ref(), &submission, || planner.next_run_id()).map_err(refused)
@@ -523,10 +527,6 @@ impl pb::operator_service_server::OperatorService for Services {
     async fn plan_run(&self, req: Request<pb::SubmitRunRequest>) -> Result<Response<pb::PlanRunResponse>, Status> {
         let submission = convert::submission(req.into_inner());
         // A run id no stored run has: the plan is never stored.
-        let refused = |e: SubmitError| match e {
-            SubmitError::Invalid(why) => Status::invalid_argument(why),
-            SubmitError::Store(e) => e.into(),
-        };
         let mut prepared =
             blocking(&self.0, move || plan::prepare_dry(&submission, || Ok(RunId(u64::MAX))).map_err(refused)).await?;
         if let Some(ask) = prepared.fleet.clone() {

@@ -103,37 +103,25 @@ pub(super) async fn history(
     host: Option<&str>,
     name: Option<&str>,
 ) -> anyhow::Result<i32> {
-    let runs = match controller {
+    let is_check =
+        |r: &pb::RunInfo| r.fleet_check && r.state.starts_with("finished") && name.is_none_or(|n| r.name == n);
+    let mut docs: Vec<ReportDoc> = Vec::new();
+    match controller {
         Some(url) => {
-            client::connect(url)
-                .await?
-                .list_runs(pb::ListRunsRequest {})
-                .await
-                .map_err(client::status)?
-                .into_inner()
-                .runs
-        }
-        None => benchfleet_controller::convert::run_list(&open_store(&data_dir(cli.data_dir.as_deref()))?)?,
-    };
-    let checks: Vec<&pb::RunInfo> = runs
-        .iter()
-        .filter(|r| r.fleet_check && r.state.starts_with("finished") && name.is_none_or(|n| r.name == n))
-        .collect();
-    let mut docs = Vec::with_capacity(checks.len());
-    for r in &checks {
-        let doc: ReportDoc = match controller {
-            Some(url) => {
+            let mut c = client::connect(url).await?;
+            let runs = c.list_runs(pb::ListRunsRequest {}).await.map_err(client::status)?.into_inner().runs;
+            for r in runs.iter().filter(|r| is_check(r)) {
                 let request = pb::GetReportRequest { run_id: r.run_id.clone(), format: "json".to_owned() };
-                let text =
-                    client::connect(url).await?.get_report(request).await.map_err(client::status)?.into_inner().text;
-                serde_json::from_str(&text).context("the controller's report is not a report document")?
+                let text = c.get_report(request).await.map_err(client::status)?.into_inner().text;
+                docs.push(serde_json::from_str(&text).context("the controller's report is not a report document")?);
             }
-            None => {
-                let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
-                document(&store, r.run_id.parse().map_err(anyhow::Error::msg)?, &|_, _| {})?
+        }
+        None => {
+            let store = open_store(&data_dir(cli.data_dir.as_deref()))?;
+            for r in benchfleet_controller::convert::run_list(&store)?.iter().filter(|r| is_check(r)) {
+                docs.push(document(&store, r.run_id.parse().map_err(anyhow::Error::msg)?, &|_, _| {})?);
             }
-        };
-        docs.push(doc);
+        }
     }
     let history = report::fleet::history(&docs, host);
     if cli.json {

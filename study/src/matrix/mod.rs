@@ -699,26 +699,10 @@ impl Ctx<'_> {
         warnings: &mut Vec<String>,
     ) -> Result<Vec<EngineConfig>, MatrixError> {
         let configs = self.grid(raw, repeats, engines, variants, profiles, warnings)?;
-        if configs.len() != 1 {
-            let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
-            return Err(self.err(
-                "strategy",
-                format!(
-                    "a fleet check runs one engine configuration on every host; this matrix makes {} ({}): \
-                     keep one engine and no variants",
-                    configs.len(),
-                    names.join(", ")
-                ),
-            ));
+        match fleet_refusal(&configs, &profiles.list) {
+            Some((field, why)) => Err(self.err(&field, why)),
+            None => Ok(configs),
         }
-        if let Some(p) = profiles.list.iter().find(|p| p.search.is_some()) {
-            return Err(self.err(
-                &format!("profiles.{}.search", p.name),
-                "a fleet check compares every host at one load; give this profile a fixed rate or concurrency"
-                    .to_owned(),
-            ));
-        }
-        Ok(configs)
     }
 
     /// The `fleet:` section: only with `strategy: fleet`, its thresholds
@@ -1122,6 +1106,31 @@ fn config(
         allow_warm_cache,
         profiles,
     }
+}
+
+/// Why configurations and profiles cannot be a fleet check (the field to
+/// fix and the words), if they cannot: it runs exactly one configuration,
+/// at fixed loads. The parser and `benchfleet fleet check` of a grid matrix
+/// share it.
+pub fn fleet_refusal(configs: &[EngineConfig], profiles: &[Profile]) -> Option<(String, String)> {
+    if configs.len() != 1 {
+        let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
+        return Some((
+            "strategy".to_owned(),
+            format!(
+                "a fleet check runs one engine configuration on every host; this matrix makes {} ({}): keep one \
+                 engine and no variants",
+                configs.len(),
+                names.join(", ")
+            ),
+        ));
+    }
+    profiles.iter().find(|p| p.search.is_some()).map(|p| {
+        (
+            format!("profiles.{}.search", p.name),
+            "a fleet check compares every host at one load; give this profile a fixed rate or concurrency".to_owned(),
+        )
+    })
 }
 
 /// Parses the YAML into the raw shape, with the text's comments blanked

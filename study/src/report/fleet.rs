@@ -12,9 +12,11 @@ use crate::fleet::{self, CohortKey, MetricDef, TargetSample, Thresholds};
 use crate::greedy::Objective;
 use crate::model::{FleetRun, Group, Job, JobState};
 
-/// A P99 needs this many successful requests in a job to be judged: below
-/// it, one request is the whole tail.
-pub const P99_MIN_REQUESTS: u64 = 100;
+/// A latency (mean or P99) needs this many successful requests in a job to
+/// be judged: below it, which requests happened to queue decides a mean by
+/// several percent, and one request is the whole tail. The objective is
+/// judged at any size.
+pub const LATENCY_MIN_REQUESTS: u64 = 100;
 
 /// A metric with its reading from a job's summary.
 type Measured = (MetricDef, Reading);
@@ -83,8 +85,9 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
             s.cohort = cohort(j);
             s.pcie = fingerprint_value(j.gpu_fingerprint.first().map_or("", String::as_str), "pcie");
         }
-        for (def, value) in metrics {
-            if def.name.starts_with("P99") && summary.successful < P99_MIN_REQUESTS {
+        for (n, (def, value)) in metrics.iter().enumerate() {
+            // The first is the objective.
+            if n > 0 && summary.successful < LATENCY_MIN_REQUESTS {
                 continue;
             }
             s.values.entry((j.profile.name.clone(), def.name.to_owned())).or_default().push(value(summary));
@@ -94,10 +97,7 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
         }
         // One line per way a GPU was held down, however many jobs saw it.
         for flag in j.throttle_flags() {
-            let kind = |f: &str| {
-                f.split(" for ").next().unwrap_or_default().to_owned() + f.rsplit(':').next().unwrap_or_default()
-            };
-            if !s.evidence.iter().any(|e| kind(e) == kind(&flag)) {
+            if !s.evidence.iter().any(|e| throttle_kind(e) == throttle_kind(&flag)) {
                 s.evidence.push(flag);
             }
         }
@@ -105,6 +105,14 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
     // Its slowest GPU's peak, over its jobs.
     s.sm_clock_mhz = clocks.into_iter().reduce(f64::min);
     s
+}
+
+/// A throttle flag without its share of the job: `SM clock 1,742 of 1,980
+/// MHz for 74% of the job: power cap` is (`SM clock 1,742 of 1,980 MHz`,
+/// `power cap`).
+fn throttle_kind(flag: &str) -> (&str, &str) {
+    let clock = flag.split(" for ").next().unwrap_or(flag);
+    (clock, flag.rsplit(": ").next().unwrap_or_default())
 }
 
 /// What makes a target comparable with another: its GPUs (model, count,
@@ -338,5 +346,14 @@ mod tests {
         let c = cohort(&j);
         assert_eq!((c.gpu.as_str(), c.gpus, c.driver.as_str()), ("NVIDIA H200", 2, "550.54.15"));
         assert_eq!(fingerprint_value(line, "pcie").as_deref(), Some("gen5x16"));
+    }
+
+    #[test]
+    fn throttle_flags_of_one_kind_differ_only_in_their_share() {
+        let a = "SM clock 1,742 of 1,980 MHz for 74% of the job: power cap";
+        let b = "SM clock 1,742 of 1,980 MHz for 59% of the job: power cap";
+        assert_eq!(throttle_kind(a), ("SM clock 1,742 of 1,980 MHz", "power cap"));
+        assert_eq!(throttle_kind(a), throttle_kind(b));
+        assert_ne!(throttle_kind(a), throttle_kind("SM clock 1,742 of 1,980 MHz for 74% of the job: heat"));
     }
 }

@@ -197,3 +197,17 @@ async fn a_host_slower_than_in_its_last_check_is_flagged_by_drift_and_the_histor
     assert!(row.contains(" ok") && row.contains(" warn"), "both checks, ok then warn: {row}");
     assert!(!history.contains("d0 "), "only d2's targets: {history}");
 }
+
+#[test]
+fn a_staged_speed_without_simulated_gpus_and_engines_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(bin("benchfleet-agent"))
+        .args(["--controller", "http://127.0.0.1:1", "--name", "x", "--docker", "off", "--sim-speed", "0.9"])
+        .arg("--work-dir")
+        .arg(dir.path())
+        .output()
+        .expect("benchfleet-agent runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("they need --sim-engines and --sim-gpus"), "{said}");
+}
