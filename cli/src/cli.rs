@@ -513,8 +513,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run { matrix, local: true } => run_local(matrix, &data_dir(cli.data_dir.as_deref()), json).await,
         Command::Run { matrix, local: false } => run_remote(controller, matrix, json).await,
         Command::Validate { matrix } => validate(matrix, json),
-        Command::Fleet { action: FleetCommand::Check { matrix, per, drain_outliers } } => {
-            fleet::check(controller, matrix, per.as_deref(), *drain_outliers, json).await
+        Command::Fleet { action: FleetCommand::Check { matrix, per, hosts, drain_outliers } } => {
+            fleet::check(controller, matrix, (per.as_deref(), hosts.as_ref()), *drain_outliers, json).await
         }
         Command::Fleet { action: FleetCommand::History { host, name } } => {
             fleet::history(&cli, controller, host.as_deref(), name.as_deref()).await

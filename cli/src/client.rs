@@ -203,6 +203,7 @@ pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result
         matrix_yaml: yaml,
         runtime_override: runtime_override.unwrap_or_default().to_owned(),
         fleet_per: String::new(),
+        fleet_hosts: String::new(),
         files: files.iter().map(|f| (f.path.clone(), f.sha256.clone())).collect(),
     };
     Ok(Submission { request, files, matrix: parsed, dataset_notes })

@@ -178,6 +178,7 @@ pub fn submission(r: pb::SubmitRunRequest) -> Submission {
         files: r.files.into_iter().collect::<BTreeMap<_, _>>(),
         runtime_override: r.runtime_override,
         fleet_per: r.fleet_per,
+        fleet_hosts: r.fleet_hosts,
     }
 }
 

@@ -563,7 +563,13 @@ impl Driver {
                 now
             }
             Input::FleetTargets(now, ask, reply) => {
-                let answer = self.sched.fleet_targets(now, ask.per, ask.gpu.as_deref(), ask.gpus_per_job, ask.runtime);
+                let answer = self.sched.fleet_targets(
+                    now,
+                    ask.per,
+                    (ask.gpu.as_deref(), ask.gpus_per_job),
+                    ask.runtime,
+                    ask.hosts.as_ref(),
+                );
                 replies.push(Box::new(move || {
                     let _ = reply.send(answer);
                 }));

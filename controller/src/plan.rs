@@ -9,6 +9,7 @@ use crate::sched::Targets;
 use crate::store::{Store, StoreError, is_sha256};
 use benchfleet_study::fleet::{FleetSpec, Per};
 use benchfleet_study::greedy::{self, Plan};
+use benchfleet_study::hostlist::HostList;
 use benchfleet_study::matrix::{self, Matrix, Strategy};
 use benchfleet_study::model::{
     Dataset, EngineConfig, FleetRun, Group, Job, Profile, Run, RunId, RunState, RuntimeKind,
@@ -26,6 +27,8 @@ pub struct Submission {
     /// Run it as a fleet check, per "host" or "gpu" (`benchfleet fleet
     /// check`); empty: as the matrix says.
     pub fleet_per: String,
+    /// A fleet check's host list (`--hosts`); empty: every host.
+    pub fleet_hosts: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +63,8 @@ pub struct FleetAsk {
     pub gpu: Option<String>,
     pub gpus_per_job: u32,
     pub runtime: RuntimeKind,
+    /// The hosts it may run on; `None`: every host.
+    pub hosts: Option<HostList>,
 }
 
 /// Validates a submission and builds its run; nothing is stored. Every file
@@ -118,6 +123,15 @@ fn prepare_as(
             })?),
         };
     let fleet = fleet_of(&matrix, per)?;
+    let hosts = match sub.fleet_hosts.trim() {
+        "" => None,
+        _ if fleet.is_none() => {
+            return Err(SubmitError::Invalid(
+                "a host list is for a fleet check (`benchfleet fleet check --hosts`)".into(),
+            ));
+        }
+        text => Some(HostList::parse(text).map_err(SubmitError::Invalid)?),
+    };
     let (configs, profiles, stage) = match matrix.strategy {
         Strategy::Grid | Strategy::Fleet => (matrix.configs.clone(), matrix.profiles.clone(), 1),
         // Later stages are planned when this one ends.
@@ -146,6 +160,7 @@ fn prepare_as(
         gpu: matrix.gpu.clone(),
         gpus_per_job: matrix.gpus_per_job,
         runtime: groups.first().map_or(RuntimeKind::Process, |g| g.config.runtime),
+        hosts,
     });
     Ok(Prepared { run, groups, jobs, warnings: matrix.warnings, greedy, fleet })
 }
@@ -182,7 +197,10 @@ fn fleet_of(matrix: &Matrix, per: Option<Per>) -> Result<Option<FleetSpec>, Subm
 pub fn pin(mut prepared: Prepared, targets: Targets) -> Result<Prepared, SubmitError> {
     if targets.targets.is_empty() {
         let why: Vec<String> = targets.skipped.iter().map(|s| format!("{}: {}", s.host, s.reason)).collect();
-        return Err(SubmitError::Invalid(if why.is_empty() {
+        let list = prepared.fleet.as_ref().and_then(|f| f.hosts.as_ref());
+        return Err(SubmitError::Invalid(if let (true, Some(list)) = (why.is_empty(), list) {
+            format!("no agent's name is on the host list '{list}'")
+        } else if why.is_empty() {
             "no agent is connected to run the fleet check on".to_owned()
         } else {
             format!("no host can run the fleet check ({})", why.join("; "))
@@ -484,6 +502,7 @@ mod tests {
             matrix_yaml: yaml.into(),
             runtime_override: String::new(),
             fleet_per: String::new(),
+            fleet_hosts: String::new(),
             files: [("chat.json".to_owned(), sha)].into_iter().collect(),
         };
         let good = br#"[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]"#;

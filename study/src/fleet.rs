@@ -310,8 +310,11 @@ fn judge_cohort(
                     Some(judge_one(c, repeats, (def.is_none_or(|d| d.higher_is_better), headline), t, *usual))
                 })
                 .collect();
+            // A repeat that failed (its engine, its GPUs, its host gone) is
+            // never ok, however good the others were.
+            let floor = if s.failures.is_empty() { Verdict::Ok } else { Verdict::Warn };
             let verdict = (!too_few && !metrics_judged.is_empty())
-                .then(|| metrics_judged.iter().map(|j| j.verdict).max().unwrap_or(Verdict::Ok));
+                .then(|| metrics_judged.iter().map(|j| j.verdict).fold(floor, Verdict::max));
             TargetRow {
                 target: s.target.clone(),
                 host: s.host.clone(),
@@ -555,6 +558,18 @@ mod tests {
         let c = judge(&f, &[TPUT, TTFT], "p", &Thresholds::default());
         assert_eq!(row(&c, "h1").verdict, Some(Verdict::Ok));
         assert_eq!(row(&c, "h2").verdict, Some(Verdict::Outlier));
+    }
+
+    #[test]
+    fn a_host_with_a_failed_repeat_is_never_ok_and_one_with_none_has_failed() {
+        let mut f = fleet(None);
+        f[2].failures.push("p repeat 3: agent h2 is gone".into());
+        f[4].values.clear();
+        f[4].failures.push("p repeat 1: engine exited".into());
+        let c = judge(&f, &[TPUT, TTFT], "p", &Thresholds::default());
+        assert_eq!(row(&c, "h2").verdict, Some(Verdict::Warn), "its two good repeats are in line, but one failed");
+        assert_eq!(row(&c, "h4").word(), "failed");
+        assert_eq!(row(&c, "h1").verdict, Some(Verdict::Ok));
     }
 
     #[test]

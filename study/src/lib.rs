@@ -13,6 +13,7 @@
 
 pub mod fleet;
 pub mod greedy;
+pub mod hostlist;
 pub mod matrix;
 pub mod model;
 pub mod report;

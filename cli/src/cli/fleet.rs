@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use benchfleet_proto as pb;
+use benchfleet_study::hostlist::HostList;
 use benchfleet_study::matrix::Strategy;
 use benchfleet_study::report::{self, Format, doc::ReportDoc};
 use clap::Subcommand;
@@ -29,6 +30,10 @@ pub enum FleetCommand {
         /// matrix's fleet.per, else host.
         #[arg(long, value_parser = ["host", "gpu"])]
         per: Option<String>,
+        /// Only these hosts (agent names): a comma-separated list with `*` and `?` wildcards and numeric
+        /// ranges as in Slurm (`gpu[01-16,20]`), a leading `!` leaving hosts out (`gpu[01-64],!gpu07`).
+        #[arg(long, value_name = "LIST", value_parser = parse_hosts)]
+        hosts: Option<HostList>,
         /// Drain every outlier host, its verdict as the reason (it finishes what it runs, takes no new work).
         #[arg(long)]
         drain_outliers: bool,
@@ -43,12 +48,16 @@ pub enum FleetCommand {
     },
 }
 
+fn parse_hosts(text: &str) -> Result<HostList, String> {
+    HostList::parse(text)
+}
+
 /// `fleet check`: submits the matrix as a fleet check, follows it, prints
 /// the report (its fleet section first) and exits by the worst verdict.
 pub(super) async fn check(
     controller: Option<&Target>,
     matrix: &Path,
-    per: Option<&str>,
+    (per, hosts): (Option<&str>, Option<&HostList>),
     drain_outliers: bool,
     json: bool,
 ) -> anyhow::Result<i32> {
@@ -59,6 +68,7 @@ pub(super) async fn check(
         (None, Strategy::Fleet) => String::new(),
         (None, _) => "host".to_owned(),
     };
+    sub.request.fleet_hosts = hosts.map(ToString::to_string).unwrap_or_default();
     note_datasets(&sub);
     let mut c = client::connect(url).await?;
     let submitted = client::submit(&mut c, sub).await?;

@@ -311,6 +311,7 @@ impl Scheduler {
             let reason = format!("job {} exceeded the attempt deadline of {}", key.1, human(deadline));
             self.abandon_group((key.0, group), &reason, Charge::Only(key.1), now);
         }
+        self.fail_stranded_pins(now);
     }
 
     fn lose(&mut self, id: AgentId, now: Now) {

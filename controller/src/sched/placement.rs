@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use super::{AgentEntry, AssignedJob, Assignment, Command, Fence, GroupKey, Liveness, Now, Scheduler, ToAgent};
 use crate::records::{AgentRecord, GpuState};
 use benchfleet_study::fleet::{Per, Skipped};
+use benchfleet_study::hostlist::HostList;
 use benchfleet_study::model::{
-    AgentId, AttemptInfo, AttemptOutcome, Group, Job, JobState, Pin, Placement, Run, RunId, RuntimeKind,
+    AgentId, AttemptInfo, AttemptOutcome, FailureKind, Group, Job, JobState, Pin, Placement, Run, RunId, RuntimeKind,
 };
 
 /// What a group needs of an agent.
@@ -128,6 +129,63 @@ impl Scheduler {
                 self.place(key, agent, gpus, now);
             }
         }
+    }
+
+    /// A fleet check's queued groups whose agent can no longer run them
+    /// fail instead of waiting for ever: the agent is gone (lost its lease,
+    /// or left and did not come back within one), drained, or the GPUs the
+    /// target names fail their checks. A target that cannot run is an
+    /// answer of the check, and its run ends with the others.
+    pub(super) fn fail_stranded_pins(&mut self, now: Now) {
+        let stranded: Vec<(Need, String)> = self
+            .queue
+            .keys()
+            .filter_map(|n| {
+                let (agent, gpus) = n.pin.as_ref()?;
+                Some((n.clone(), self.why_stranded(*agent, gpus, n, now)?))
+            })
+            .collect();
+        for (need, why) in stranded {
+            let keys = self.queue.remove(&need).unwrap_or_default();
+            for (_, key) in keys {
+                if let Some(g) = self.groups.get_mut(&key) {
+                    g.queued = false;
+                }
+                let left: Vec<u64> =
+                    self.group_jobs(key).filter(|j| !j.job.state.is_terminal()).map(|j| j.job.id).collect();
+                for job in left {
+                    self.end_attempt((key.0, job), AttemptOutcome::Failed, &why, false, FailureKind::Config, now);
+                }
+                self.forget_if_over(key.0);
+            }
+        }
+    }
+
+    /// Why a pinned need can never be placed on its agent, if so.
+    fn why_stranded(&self, agent: AgentId, gpus: &[String], need: &Need, now: Now) -> Option<String> {
+        let Some(a) = self.agents.get(&agent) else {
+            return Some(format!("its agent (id {agent}) is no longer known to the controller"));
+        };
+        let name = &a.rec.name;
+        if let Some(note) = &a.rec.drain {
+            return Some(format!("agent {name} was drained ({note}) before this target ran"));
+        }
+        // While most of the fleet is silent the controller may be the one
+        // cut off: nobody is declared gone then, as for leases.
+        let expired = a.last_heard.map_or(self.grace_until, |t| t + self.config.lease_ttl) <= now.at;
+        if a.lost || (a.session.is_none() && self.holding.is_none() && expired) {
+            return Some(format!(
+                "agent {name} is gone (no heartbeat within its lease) and this target runs only there"
+            ));
+        }
+        let failing: Vec<String> = need
+            .gpus(&a.rec)
+            .filter(|g| !g.usable && (gpus.is_empty() || gpus.contains(&g.uuid)))
+            .map(|g| format!("GPU {}: {}", g.index, g.reasons.join("; ")))
+            .collect();
+        let usable = need.gpus(&a.rec).filter(|g| g.usable && (gpus.is_empty() || gpus.contains(&g.uuid))).count();
+        (a.session.is_some() && usable < need.gpus as usize && !failing.is_empty())
+            .then(|| format!("agent {name}'s GPUs fail their checks ({})", failing.join("; ")))
     }
 
     fn pop(&mut self, need: &Need) {
@@ -338,11 +396,19 @@ impl Scheduler {
     /// What a fleet check would run on now: every agent that may take work
     /// with `gpus` usable GPUs of the model (per GPU: each disjoint set of
     /// `gpus` of them), and every other agent with the reason it is left
-    /// out.
-    pub fn fleet_targets(&self, now: Now, per: Per, model: Option<&str>, gpus: u32, runtime: RuntimeKind) -> Targets {
+    /// out. Agents not on the host list `hosts` are not considered.
+    pub fn fleet_targets(
+        &self,
+        now: Now,
+        per: Per,
+        (model, gpus): (Option<&str>, u32),
+        runtime: RuntimeKind,
+        hosts: Option<&HostList>,
+    ) -> Targets {
         let need = Need { gpu: model.map(str::to_ascii_lowercase), gpus, runtime, pin: None };
         let mut out = Targets::default();
-        let mut agents: Vec<&AgentEntry> = self.agents.values().collect();
+        let mut agents: Vec<&AgentEntry> =
+            self.agents.values().filter(|a| hosts.is_none_or(|h| h.matches(&a.rec.name))).collect();
         agents.sort_by(|a, b| a.rec.name.cmp(&b.rec.name));
         for a in agents {
             let host = a.rec.name.clone();
@@ -357,9 +423,10 @@ impl Scheduler {
             } else if !a.rec.runtimes.iter().any(|r| r == runtime.as_str()) {
                 Some(format!("does not run the {} runtime", runtime.as_str()))
             } else if need.gpus(&a.rec).count() < gpus as usize {
+                let n = need.gpus(&a.rec).count();
                 Some(format!(
-                    "has {} GPUs of the model, the check needs {}",
-                    need.gpus(&a.rec).count(),
+                    "has {n} GPU{} of the model, the check needs {}",
+                    if n == 1 { "" } else { "s" },
                     need.describe()
                 ))
             } else {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
-use benchfleet_study::model::{AttemptOutcome, Dataset, JobState, Note, RunState};
+use benchfleet_study::model::{AttemptOutcome, Dataset, JobState, Note, Pin, RunState, RuntimeKind};
 
 /// A scheduler in virtual time, and a store that keeps what it asked to
 /// write.
@@ -187,6 +187,18 @@ impl World {
     }
 
     pub fn submit(&mut self, run: u64, groups: u64, jobs_per_group: u64, gpu: &str, gpus: u32) -> RunId {
+        self.submit_pinned(run, groups, jobs_per_group, (gpu, gpus), &[])
+    }
+
+    /// A run whose group `g` is pinned to `pins[g]` (a fleet check's), where given.
+    pub fn submit_pinned(
+        &mut self,
+        run: u64,
+        groups: u64,
+        jobs_per_group: u64,
+        (gpu, gpus): (&str, u32),
+        pins: &[Pin],
+    ) -> RunId {
         let id = RunId(run);
         let r = Run {
             id,
@@ -218,7 +230,7 @@ impl World {
                 stage: 1,
                 placement: None,
                 failed_on: Vec::new(),
-                pin: None,
+                pin: pins.get(g as usize).cloned(),
             });
         }
         for g in &gs {
@@ -732,4 +744,154 @@ fn a_job_s_telemetry_goes_on_the_job_and_its_series_to_the_store_only_from_its_c
     assert_eq!(job.loadgen_args.len(), 2);
     assert_eq!(job.telemetry.as_ref().map(|t| t.engine_scrapes), Some(3));
     assert_eq!(w.store.telemetry.get(&fence.key), Some(&telemetry.series));
+}
+
+fn pin(w: &Welcome, host: &str) -> Pin {
+    Pin { agent: w.agent, host: host.into(), gpus: Vec::new(), label: host.into() }
+}
+
+#[test]
+fn a_fleet_target_whose_agent_is_gone_fails_instead_of_waiting_for_it() {
+    let mut w = World::new();
+    let a = w.hello("a", "ia", h200s(1), Vec::new()).expect("welcome");
+    let b = w.hello("b", "ib", h200s(1), Vec::new()).expect("welcome");
+    let run = w.submit_pinned(1, 2, 2, ("H200", 1), &[pin(&a, "a"), pin(&b, "b")]);
+    let (on_a, on_b) = (w.assigned(&a).remove(0), w.assigned(&b).remove(0));
+    w.succeed(&a, on_a.jobs[0].fence);
+    assert!(w.update(&b, on_b.jobs[0].fence, Reported::Running));
+    // b is killed: silent past its lease. Its target cannot run elsewhere.
+    for _ in 0..12 {
+        w.beat(&a);
+        w.advance(100);
+    }
+    for job in [2, 3] {
+        let j = w.job(run, job);
+        assert_eq!(j.state, JobState::Failed, "{j:?}");
+        assert!(j.error.as_deref().is_some_and(|e| e.contains("agent b is gone")), "{j:?}");
+    }
+    assert!(w.assigned(&a).len() == 1, "b's target never moves to a");
+    w.succeed(&a, on_a.jobs[1].fence);
+    assert!(w.done(&a, &on_a));
+    assert_eq!(w.store.runs[&run].state, RunState::Finished, "the check ends with the answer it has");
+    assert_eq!(w.store.jobs[&(run, 2)].state, JobState::Failed, "stored");
+}
+
+#[test]
+fn a_fleet_target_of_an_agent_drained_before_it_ran_fails_and_its_current_work_goes_on() {
+    let mut w = World::new();
+    let a = w.hello("a", "ia", h200s(1), Vec::new()).expect("welcome");
+    w.submit(1, 1, 1, "H200", 1);
+    let busy = w.assigned(&a).remove(0);
+    let check = w.submit_pinned(2, 1, 2, ("H200", 1), &[pin(&a, "a")]);
+    assert_eq!(w.assigned(&a).len(), 1, "the check's group waits for the GPU");
+    let now = w.now();
+    w.s.drain(now, "a", Note { by: "ops".into(), reason: "bad fan".into(), at_unix_ms: 0 }).expect("drained");
+    w.beat(&a);
+    w.advance(100);
+    let j = w.job(check, 0);
+    assert_eq!(j.state, JobState::Failed);
+    assert_eq!(j.error.as_deref(), Some("agent a was drained (by ops: bad fan) before this target ran"));
+    assert_eq!(w.store.runs[&check].state, RunState::Finished);
+    w.succeed(&a, busy.jobs[0].fence);
+    assert_eq!(w.job(RunId(1), 0).state, JobState::Succeeded, "the drained agent's own work finishes");
+}
+
+#[test]
+fn a_fleet_target_waits_for_its_agent_to_come_back_within_its_lease() {
+    let mut w = World::new();
+    let a = w.hello("a", "ia", h200s(1), Vec::new()).expect("welcome");
+    let b = w.hello("b", "ib", h200s(1), Vec::new()).expect("welcome");
+    // a restarts (SIGTERM, then back): it closed its session before the
+    // check was submitted.
+    let now = w.now();
+    w.s.session_closed(now, a.agent, a.epoch);
+    w.settle();
+    let run = w.submit_pinned(1, 2, 1, ("H200", 1), &[pin(&a, "a"), pin(&b, "b")]);
+    for _ in 0..5 {
+        w.beat(&b);
+        w.advance(100);
+    }
+    assert_eq!(w.job(run, 0).state, JobState::Pending, "half a lease: still waiting for a");
+    let back = w.hello("a", "ia2", h200s(1), Vec::new()).expect("welcome back");
+    let g = w.assigned(&back);
+    assert_eq!(g.len(), 1, "its target runs on it");
+    w.succeed(&back, g[0].jobs[0].fence);
+    assert_eq!(w.job(run, 0).state, JobState::Succeeded);
+}
+
+#[test]
+fn a_fleet_target_whose_gpu_fails_its_checks_fails_with_the_reason() {
+    let mut w = World::new();
+    let a = w.hello("a", "ia", h200s(2), Vec::new()).expect("welcome");
+    w.submit(1, 1, 1, "H200", 2);
+    let busy = w.assigned(&a).remove(0);
+    let uuid = h200s(2)[1].uuid.clone();
+    let target = Pin { gpus: vec![uuid.clone()], label: "a GPU 1".into(), ..pin(&a, "a") };
+    let run = w.submit_pinned(2, 1, 1, ("H200", 1), &[target]);
+    let mut gpus = h200s(2);
+    gpus[1].usable = false;
+    gpus[1].reasons = vec!["XID 79 during the watch".into()];
+    let now = w.now();
+    w.s.gpu_report(now, a.agent, a.epoch, gpus);
+    w.beat(&a);
+    w.advance(100);
+    let j = w.job(run, 0);
+    assert_eq!(j.state, JobState::Failed);
+    assert_eq!(j.error.as_deref(), Some("agent a's GPUs fail their checks (GPU 1: XID 79 during the watch)"));
+    w.succeed(&a, busy.jobs[0].fence);
+}
+
+#[test]
+fn fleet_targets_are_every_eligible_host_or_gpu_set_and_the_rest_say_why() {
+    use benchfleet_study::fleet::Per;
+    use benchfleet_study::hostlist::HostList;
+    let mut w = World::new();
+    let _a = w.hello("gpu01", "i1", h200s(4), Vec::new()).expect("welcome");
+    let _b = w.hello("gpu02", "i2", h200s(4), Vec::new()).expect("welcome");
+    let mut failing = h200s(4);
+    failing[3].usable = false;
+    failing[3].reasons = vec!["XID 79 during the watch".into()];
+    let _c = w.hello("gpu03", "i3", failing, Vec::new()).expect("welcome");
+    let _d = w.hello("gpu04", "i4", h200s(1), Vec::new()).expect("welcome");
+    let now = w.now();
+    w.s.drain(now, "gpu02", Note { by: "ops".into(), reason: "bad fan".into(), at_unix_ms: 0 }).expect("drained");
+    let targets = |per, gpus, hosts: Option<&str>| {
+        let list = hosts.map(|h| HostList::parse(h).expect("list"));
+        let t = w.s.fleet_targets(w.now(), per, (Some("H200"), gpus), RuntimeKind::Process, list.as_ref());
+        let labels: Vec<String> = t.targets.iter().map(|p| p.label.clone()).collect();
+        let skipped: Vec<String> = t.skipped.iter().map(|s| format!("{}: {}", s.host, s.reason)).collect();
+        (labels, skipped)
+    };
+    let (on, off) = targets(Per::Host, 2, None);
+    assert_eq!(on, ["gpu01", "gpu03"]);
+    assert_eq!(
+        off,
+        [
+            "gpu02: drained by ops: bad fan",
+            "gpu03: GPU 3: XID 79 during the watch",
+            "gpu04: has 1 GPU of the model, the check needs 2 H200s"
+        ]
+    );
+    let (on, _) = targets(Per::Gpu, 1, None);
+    assert_eq!(
+        on,
+        [
+            "gpu01 GPU 0",
+            "gpu01 GPU 1",
+            "gpu01 GPU 2",
+            "gpu01 GPU 3",
+            "gpu03 GPU 0",
+            "gpu03 GPU 1",
+            "gpu03 GPU 2",
+            "gpu04 GPU 0"
+        ]
+    );
+    let (on, _) = targets(Per::Gpu, 2, None);
+    assert_eq!(on, ["gpu01 GPUs 0+1", "gpu01 GPUs 2+3", "gpu03 GPUs 0+1"], "disjoint sets of usable GPUs");
+    let (on, off) = targets(Per::Host, 1, Some("gpu0[1-3],!gpu03"));
+    assert_eq!(
+        (on, off),
+        (vec!["gpu01".to_owned()], vec!["gpu02: drained by ops: bad fan".to_owned()]),
+        "only the list's hosts"
+    );
 }

@@ -138,6 +138,7 @@ fn study_of(matrix: &str, summary: Numbers) -> (tempfile::TempDir, SledStore, Ru
         files: BTreeMap::from([("sharegpt.json".to_owned(), sha)]),
         runtime_override: String::new(),
         fleet_per: String::new(),
+        fleet_hosts: String::new(),
     };
     let mut prepared = plan::prepare(&store, &sub, || store.next_run_id()).expect("prepare");
     prepared.run.created_unix_ms = 1_796_000_000_000;

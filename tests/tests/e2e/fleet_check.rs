@@ -45,11 +45,12 @@ profiles:
 /// on a small machine measure its load, not the hosts.
 static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The checks each fleet test runs, one dataset seed each.
-const SEEDS: u64 = 10;
-
-/// The checks of a healthy fleet in the false-alarm test.
-const FALSE_ALARM_SEEDS: u64 = 20;
+/// The checks the slow-host test runs, one dataset seed each (10, as the
+/// issue asks); the false-alarm test runs twice as many.
+/// `BENCHFLEET_FLEET_SEEDS` changes it, e.g. for a longer false-alarm count.
+fn seeds() -> u64 {
+    std::env::var("BENCHFLEET_FLEET_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10)
+}
 
 /// `benchfleet fleet check`: its exit code and what it printed.
 fn check(controller: &str, matrix: &Path, extra: &[&str]) -> (i32, String) {
@@ -99,7 +100,7 @@ async fn a_slow_host_is_named_with_its_clock_and_a_drained_one_is_skipped() {
         .await
         .expect("drain");
 
-    for seed in 1..=SEEDS {
+    for seed in 1..=seeds() {
         let url = c.url();
         let matrix = fleet_matrix(dir.path(), "host", seed);
         let (code, text) = tokio::task::spawn_blocking(move || check(&url, &matrix, &[])).await.expect("check");
@@ -124,7 +125,7 @@ async fn a_fleet_without_a_slow_host_raises_no_alarm() {
     let _agents: Vec<Proc> = names.iter().map(|n| agent(dir.path(), n, &c.url(), &[])).collect();
     ready(&c.url(), &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
     let mut alarms = Vec::new();
-    for seed in 1..=FALSE_ALARM_SEEDS {
+    for seed in 1..=2 * seeds() {
         let (url, matrix) = (c.url(), fleet_matrix(dir.path(), "host", seed));
         let (code, text) = tokio::task::spawn_blocking(move || check(&url, &matrix, &[])).await.expect("check");
         for n in &names {
@@ -136,8 +137,9 @@ async fn a_fleet_without_a_slow_host_raises_no_alarm() {
     }
     assert!(
         alarms.is_empty(),
-        "{} false alarms in {FALSE_ALARM_SEEDS} checks of 7 hosts:\n{}",
+        "{} false alarms in {} checks of 7 hosts:\n{}",
         alarms.len(),
+        2 * seeds(),
         alarms.join("\n")
     );
 }
@@ -160,7 +162,7 @@ async fn per_gpu_names_the_slow_gpu_of_a_host() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_slower_than_in_its_last_check_is_flagged_by_drift_and_the_history_shows_it() {
+async fn a_host_slower_than_in_its_last_check_is_flagged_by_drift_and_a_killed_one_fails_its_target() {
     let _alone = ALONE.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Controller::start(dir.path());
@@ -196,6 +198,29 @@ async fn a_host_slower_than_in_its_last_check_is_flagged_by_drift_and_the_histor
     let row = history.lines().find(|l| l.starts_with("d2 ")).unwrap_or_else(|| panic!("no d2 row:\n{history}"));
     assert!(row.contains(" ok") && row.contains(" warn"), "both checks, ok then warn: {row}");
     assert!(!history.contains("d0 "), "only d2's targets: {history}");
+
+    // A host list that cannot be read is bad input, refused before anything runs.
+    let (code, text) = check(&c.url(), &matrix, &["--hosts", "d[3-1]"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("'[3-1]': the range runs backwards"), "{text}");
+
+    // d4 is killed during a check of all hosts but d1: its target fails
+    // with the reason, and the check ends with the answer it has instead
+    // of waiting for d4.
+    let (url, m) = (c.url(), matrix.clone());
+    let running = tokio::task::spawn_blocking(move || check(&url, &m, &["--hosts", "d*,!d1"]));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    agents[4].kill9();
+    let (code, text) = tokio::time::timeout(std::time::Duration::from_secs(120), running)
+        .await
+        .expect("the check ends without d4")
+        .expect("check");
+    assert_eq!(code, 1, "{text}");
+    // Failed, or warn when a repeat finished before the kill.
+    assert!(["failed", "warn"].contains(&verdict(&text, "d4")), "{text}");
+    assert!(line_of(&text, "d4").contains("agent d4 is gone"), "{}", line_of(&text, "d4"));
+    assert!(!text.lines().any(|l| l.trim_start().starts_with("d1 ")), "d1 is not on the list:\n{text}");
+    assert!(text.contains("d0 ") && text.contains("d3 "), "{text}");
 }
 
 #[test]
