@@ -406,6 +406,11 @@ impl GpuProbe for SimGpuProbe {
                     } else {
                         0x1
                     }),
+                    // An H100 or H200 SXM's link, trained down to gen1 when idle.
+                    pcie_gen: Some(if busy { 5 } else { 1 }),
+                    pcie_width: Some(16),
+                    pcie_gen_max: Some(5),
+                    pcie_width_max: Some(16),
                 })
             })
             .collect()

@@ -19,7 +19,7 @@ use crate::gpu::{GpuInfo, GpuProbe};
 use crate::job::{Attempt, EngineLaunch, Failure, GroupAssignment, JobReport, LoadJob, LoadRun, Reported};
 use crate::load::LoadRunner;
 use crate::telemetry::{Sampling, Sources};
-use crate::verdict::{new_errors, new_xids};
+use crate::verdict::{hardware_changes, new_errors, new_xids};
 
 /// Where a group's reports go (the session keeps the latest of each attempt
 /// and forwards it to the controller).
@@ -292,9 +292,13 @@ async fn run_job(
     // The runner stops loadgen itself when `stop` fires, and waits for it.
     let result = ctx.loadgen.run(&run, stop.token()).await;
     sampling.cancel();
-    let telemetry = telemetry.await.inspect_err(|e| warn!("the job's telemetry was lost: {e}")).ok();
+    let mut telemetry = telemetry.await.inspect_err(|e| warn!("the job's telemetry was lost: {e}")).ok();
     if stop.is_stopped() {
         return None;
+    }
+    let after = gpus_after_job(&ctx.gpus, before.as_deref(), xid_mark, &uuids).await;
+    if let Some(t) = telemetry.as_mut() {
+        t.summary.hardware_notes = after.notes;
     }
     // What the final report of a job loadgen ran for carries.
     let ran = |report: JobReport| JobReport {
@@ -307,7 +311,7 @@ async fn run_job(
     };
     // A GPU error during the attempt makes its numbers worthless, whatever
     // loadgen says.
-    if let Some(error) = gpu_errors_since(&ctx.gpus, before.as_deref(), xid_mark, &uuids).await {
+    if let Some(error) = after.error {
         warn!(job = job.attempt.job, "{error}");
         return Some(ran(JobReport::failed(&job.attempt, Failure::Host, error)));
     }
@@ -437,25 +441,36 @@ fn attempt_gpus(gpus: &[GpuInfo], assigned: &[String]) -> Vec<String> {
     if assigned.is_empty() { gpus.iter().map(|g| g.uuid.clone()).collect() } else { assigned.to_vec() }
 }
 
-/// Why an attempt is invalid, if it is: new uncorrectable ECC errors since
-/// `before` (not compared when the GPUs could not be read before the job),
-/// and XID events since `xid_mark`.
-pub async fn gpu_errors_since(
+/// What the GPUs say of an attempt once it is over.
+#[derive(Debug, Default, PartialEq)]
+pub struct AfterJob {
+    /// Why the attempt is invalid, if it is.
+    pub error: Option<String>,
+    /// What changed without invalidating it (`verdict::hardware_changes`).
+    pub notes: Vec<String>,
+}
+
+/// The GPUs after an attempt: invalid with new uncorrectable ECC errors
+/// since `before` (not compared when the GPUs could not be read before the
+/// job) or XID events since `xid_mark`; noted with rows remapped and the
+/// like.
+pub async fn gpus_after_job(
     gpus: &Arc<dyn GpuProbe>,
     before: Option<&[GpuInfo]>,
     xid_mark: u64,
     uuids: &[String],
-) -> Option<String> {
-    let mut errors = match before {
+) -> AfterJob {
+    let (mut errors, notes) = match before {
         Some(before) => match probe(gpus).await {
-            Ok(after) => new_errors(before, &after, uuids),
+            Ok(after) => (new_errors(before, &after, uuids), hardware_changes(before, &after, uuids)),
             // A GPU that cannot be read after the job may have failed during it.
-            Err(e) => vec![format!("cannot read the GPUs after the job: {e:#}")],
+            Err(e) => (vec![format!("cannot read the GPUs after the job: {e:#}")], Vec::new()),
         },
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
     errors.extend(new_xids(&gpus.xid_events_after(xid_mark), uuids));
-    (!errors.is_empty()).then(|| format!("attempt invalidated: {}", errors.join("; ")))
+    let error = (!errors.is_empty()).then(|| format!("attempt invalidated: {}", errors.join("; ")));
+    AfterJob { error, notes }
 }
 
 #[cfg(test)]
@@ -540,6 +555,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn rows_remapped_during_an_attempt_are_noted_without_invalidating_it() {
+        use crate::gpu::RemappedRows;
+        let gpu = |uuid: &str| GpuInfo {
+            uuid: uuid.into(),
+            remapped_rows: Some(RemappedRows::default()),
+            ..GpuInfo::default()
+        };
+        let before = vec![gpu("GPU-0"), gpu("GPU-1")];
+        let changing = Arc::new(Changing { gpus: Mutex::new(before.clone()), xids: Vec::new() });
+        {
+            let mut now = changing.gpus.lock().expect("not poisoned");
+            now[0].remapped_rows = Some(RemappedRows { corrected: 2, pending: true, ..RemappedRows::default() });
+            // Another attempt's GPU: not this one's to note.
+            now[1].remapped_rows = Some(RemappedRows { uncorrected: 1, ..RemappedRows::default() });
+        }
+        let probe: Arc<dyn GpuProbe> = changing.clone();
+        let after = gpus_after_job(&probe, Some(&before), probe.xid_mark(), &["GPU-0".to_owned()]).await;
+        assert_eq!(after.error, None);
+        assert_eq!(
+            after.notes,
+            [
+                "GPU GPU-0: 2 rows remapped for correctable errors during the job",
+                "GPU GPU-0: a row remap is pending (applied at the next GPU reset)"
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn ecc_errors_and_xids_during_an_attempt_are_both_named() {
         let gpu = |uuid: &str| GpuInfo { uuid: uuid.into(), ecc_uncorrectable_volatile: Some(0), ..GpuInfo::default() };
         let xid = |seq, uuid: &str, xid| XidEvent { seq, uuid: uuid.into(), xid, at_unix_ms: 0 };
@@ -553,21 +596,21 @@ mod tests {
         let mark = probe.xid_mark();
         let attempt = ["GPU-0".to_owned()];
         assert_eq!(
-            gpu_errors_since(&probe, Some(&before), mark, &attempt).await.as_deref(),
+            gpus_after_job(&probe, Some(&before), mark, &attempt).await.error.as_deref(),
             Some("attempt invalidated: XID 79 on GPU GPU-0")
         );
         changing.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(2);
         assert_eq!(
-            gpu_errors_since(&probe, Some(&before), mark, &attempt).await.as_deref(),
+            gpus_after_job(&probe, Some(&before), mark, &attempt).await.error.as_deref(),
             Some("attempt invalidated: new uncorrectable ECC errors on GPU GPU-0: 2; XID 79 on GPU GPU-0")
         );
         // Without a reading before the job, XIDs still count.
         assert_eq!(
-            gpu_errors_since(&probe, None, mark, &attempt).await.as_deref(),
+            gpus_after_job(&probe, None, mark, &attempt).await.error.as_deref(),
             Some("attempt invalidated: XID 79 on GPU GPU-0")
         );
         changing.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(0);
-        assert_eq!(gpu_errors_since(&probe, Some(&before), 3, &attempt).await, None, "nothing after this mark");
+        assert_eq!(gpus_after_job(&probe, Some(&before), 3, &attempt).await.error, None, "nothing after this mark");
     }
 
     /// An engine that serves nothing and never exits.

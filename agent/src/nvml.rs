@@ -211,6 +211,10 @@ impl GpuProbe for NvmlProbe {
                     memory_utilization_pct: utilization.as_ref().map(|u| u.memory),
                     memory_used_bytes: d.memory_info().ok().map(|m| m.used),
                     throttle_reasons: d.current_throttle_reasons().ok().map(|r| r.bits()),
+                    pcie_gen: d.current_pcie_link_gen().ok(),
+                    pcie_width: d.current_pcie_link_width().ok(),
+                    pcie_gen_max: d.max_pcie_link_gen().ok(),
+                    pcie_width_max: d.max_pcie_link_width().ok(),
                 })
             })
             .collect()

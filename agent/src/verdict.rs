@@ -282,6 +282,41 @@ pub fn new_errors(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Ve
     out
 }
 
+/// What changed on the GPUs of `uuids` between `before` and `after` without
+/// making the attempt invalid: rows remapped (for correctable or
+/// uncorrectable errors), a remap left pending or failed, pages waiting to
+/// be retired. A fleet check shows them beside its verdicts.
+pub fn hardware_changes(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for uuid in uuids {
+        let (Some(b), Some(a)) = (before.iter().find(|g| &g.uuid == uuid), after.iter().find(|g| &g.uuid == uuid))
+        else {
+            continue;
+        };
+        if let (Some(rb), Some(ra)) = (b.remapped_rows, a.remapped_rows) {
+            for (what, n) in [
+                ("correctable", ra.corrected.saturating_sub(rb.corrected)),
+                ("uncorrectable", ra.uncorrected.saturating_sub(rb.uncorrected)),
+            ] {
+                if n > 0 {
+                    let rows = if n == 1 { "row" } else { "rows" };
+                    out.push(format!("GPU {uuid}: {n} {rows} remapped for {what} errors during the job"));
+                }
+            }
+            if ra.pending && !rb.pending {
+                out.push(format!("GPU {uuid}: a row remap is pending (applied at the next GPU reset)"));
+            }
+            if ra.failed && !rb.failed {
+                out.push(format!("GPU {uuid}: a row remap failed during the job (the GPU needs service)"));
+            }
+        }
+        if a.retired_pages_pending == Some(true) && b.retired_pages_pending != Some(true) {
+            out.push(format!("GPU {uuid}: pages wait to be retired (at the next GPU reset)"));
+        }
+    }
+    out
+}
+
 /// Why an attempt is invalid because of XID events during it: one reason per
 /// GPU of `uuids` (the attempt's) and XID number, in order of first
 /// occurrence, e.g. "XID 79 on GPU GPU-1" or "XID 13 on GPU GPU-1 (3 times)".

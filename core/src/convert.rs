@@ -298,11 +298,16 @@ impl From<&Telemetry> for pb::JobTelemetry {
                         held_down_reasons: g.held_down_reasons.clone(),
                         energy_mj_start: g.energy_mj_start,
                         energy_mj_end: g.energy_mj_end,
+                        pcie_gen_loaded: g.pcie_gen_loaded,
+                        pcie_width_loaded: g.pcie_width_loaded,
+                        pcie_gen_max: g.pcie_gen_max,
+                        pcie_width_max: g.pcie_width_max,
                     })
                     .collect(),
                 peak_gpu_memory_bytes: s.peak_gpu_memory_bytes,
                 energy_j: s.energy_j,
                 energy_duration_ms: s.energy_duration_ms,
+                hardware_notes: s.hardware_notes.clone(),
             }),
             series: t
                 .series
@@ -362,11 +367,16 @@ impl From<pb::JobTelemetry> for Telemetry {
                         held_down_reasons: g.held_down_reasons,
                         energy_mj_start: g.energy_mj_start,
                         energy_mj_end: g.energy_mj_end,
+                        pcie_gen_loaded: g.pcie_gen_loaded,
+                        pcie_width_loaded: g.pcie_width_loaded,
+                        pcie_gen_max: g.pcie_gen_max,
+                        pcie_width_max: g.pcie_width_max,
                     })
                     .collect(),
                 peak_gpu_memory_bytes: s.peak_gpu_memory_bytes,
                 energy_j: s.energy_j,
                 energy_duration_ms: s.energy_duration_ms,
+                hardware_notes: s.hardware_notes,
             },
             series: t
                 .series
@@ -577,6 +587,10 @@ mod tests {
             utilization_pct: Some(99),
             memory_used_bytes: Some(70 << 30),
             throttle_reasons: Some(0x4),
+            pcie_gen: Some(4),
+            pcie_width: Some(16),
+            pcie_gen_max: Some(5),
+            pcie_width_max: Some(16),
             ..Default::default()
         };
         r.gpu_sample(0, 1, Ok(vec![sample]));
@@ -585,6 +599,7 @@ mod tests {
         let telemetry = r.finish(1500);
         assert!(telemetry.summary.gpus[0].held_down_reasons == ["sw_power_cap"], "{telemetry:?}");
         assert_eq!(telemetry.summary.energy_j, Some(1.035));
+        assert_eq!(telemetry.summary.pcie_flags(), ["PCIe gen4 x16 under load, its maximum gen5 x16"]);
         let back = Telemetry::from(pb::JobTelemetry::from(&telemetry));
         assert_eq!(back, telemetry);
     }

@@ -104,6 +104,12 @@ pub struct GpuSample {
     pub memory_used_bytes: Option<u64>,
     /// NVML's clocks-throttle reason bits (`gpu::THROTTLE_REASONS`).
     pub throttle_reasons: Option<u64>,
+    /// The PCIe link now (it trains down when idle) and the most the GPU
+    /// and its slot can do.
+    pub pcie_gen: Option<u32>,
+    pub pcie_width: Option<u32>,
+    pub pcie_gen_max: Option<u32>,
+    pub pcie_width_max: Option<u32>,
 }
 
 /// One series as kept: (milliseconds since the job's telemetry began, value).
@@ -161,6 +167,17 @@ pub struct GpuTelemetry {
     /// Its energy counter as the load run ended.
     #[serde(default)]
     pub energy_mj_end: Option<u64>,
+    /// The lowest PCIe link it was read at while busy (a link that trains
+    /// down under load is degraded: a riser, a slot, a retimer).
+    #[serde(default)]
+    pub pcie_gen_loaded: Option<u32>,
+    #[serde(default)]
+    pub pcie_width_loaded: Option<u32>,
+    /// The most its link can do, as it reported.
+    #[serde(default)]
+    pub pcie_gen_max: Option<u32>,
+    #[serde(default)]
+    pub pcie_width_max: Option<u32>,
 }
 
 /// A job's telemetry, summarized: small, kept with the job.
@@ -190,6 +207,11 @@ pub struct TelemetrySummary {
     /// The time between the two counter readings `energy_j` covers, ms.
     #[serde(default)]
     pub energy_duration_ms: Option<u64>,
+    /// What changed on the GPUs over the attempt without invalidating it
+    /// (rows remapped for correctable errors, a remap pending), from the
+    /// agent's readings before and after.
+    #[serde(default)]
+    pub hardware_notes: Vec<String>,
 }
 
 /// A job's telemetry: its summary and its series.
@@ -204,6 +226,14 @@ impl GpuTelemetry {
     /// without both, or when the counter went back (the driver reloaded).
     pub fn energy_mj(&self) -> Option<u64> {
         self.energy_mj_end?.checked_sub(self.energy_mj_start?)
+    }
+
+    /// "PCIe gen4 x8 under load, its maximum gen5 x16", when the link it
+    /// was read at while busy is below what it can do.
+    pub fn pcie_flag(&self) -> Option<String> {
+        let (g, w) = (self.pcie_gen_loaded?, self.pcie_width_loaded?);
+        let (gm, wm) = (self.pcie_gen_max?, self.pcie_width_max?);
+        (g < gm || w < wm).then(|| format!("PCIe gen{g} x{w} under load, its maximum gen{gm} x{wm}"))
     }
 
     /// Why the GPU's results may be low, when its clocks were held down for
@@ -246,6 +276,19 @@ impl TelemetrySummary {
             .iter()
             .filter_map(|g| {
                 let flag = g.throttle_flag(self.duration_ms)?;
+                Some(if several { format!("{}: {flag}", g.gpu) } else { flag })
+            })
+            .collect()
+    }
+
+    /// Each GPU whose PCIe link was below its maximum under load, worded
+    /// (`GpuTelemetry::pcie_flag`), as `throttle_flags`.
+    pub fn pcie_flags(&self) -> Vec<String> {
+        let several = self.gpus.len() > 1;
+        self.gpus
+            .iter()
+            .filter_map(|g| {
+                let flag = g.pcie_flag()?;
                 Some(if several { format!("{}: {flag}", g.gpu) } else { flag })
             })
             .collect()
@@ -528,6 +571,16 @@ impl Recorder {
             (Some(at), Some(max)) => f64::from(at) < LOW_CLOCK_SHARE * f64::from(max),
             _ => false,
         };
+        let lowest = |seen: Option<u32>, now: Option<u32>| match (seen, now) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if busy {
+            g.pcie_gen_loaded = lowest(g.pcie_gen_loaded, s.pcie_gen);
+            g.pcie_width_loaded = lowest(g.pcie_width_loaded, s.pcie_width);
+        }
+        g.pcie_gen_max = g.pcie_gen_max.max(s.pcie_gen_max);
+        g.pcie_width_max = g.pcie_width_max.max(s.pcie_width_max);
         if slowed || (busy && low) {
             g.held_down_ms += dt;
             if let Some(at) = s.sm_clock_mhz {
@@ -602,6 +655,10 @@ mod tests {
             memory_utilization_pct: Some(40),
             memory_used_bytes: Some(u64::from(t_ms) << 20),
             throttle_reasons: Some(throttle),
+            pcie_gen: Some(5),
+            pcie_width: Some(16),
+            pcie_gen_max: Some(5),
+            pcie_width_max: Some(16),
         }
     }
 
@@ -658,6 +715,20 @@ mod tests {
         let blip = job(300, |t| if t == 1_000 { gpu(t, 1410, 100, 0x4) } else { gpu(t, 1980, 100, 0) });
         assert_eq!(blip.summary.gpus[0].held_down_ms, 500);
         assert_eq!(blip.summary.throttle_flags(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_link_below_its_maximum_under_load_is_flagged_and_an_idle_one_is_not() {
+        let at = |t: u32, util: u32, (g, w): (u32, u32)| GpuSample {
+            pcie_gen: Some(g),
+            pcie_width: Some(w),
+            ..gpu(t, 1980, util, 0)
+        };
+        // Idle links train down to gen1: that is power saving, not a fault.
+        let idle = job(20, |t| if t < 5_000 { at(t, 0, (1, 16)) } else { at(t, 100, (5, 16)) });
+        assert_eq!(idle.summary.pcie_flags(), Vec::<String>::new());
+        let degraded = job(20, |t| if t < 5_000 { at(t, 100, (5, 16)) } else { at(t, 100, (4, 8)) });
+        assert_eq!(degraded.summary.pcie_flags(), ["PCIe gen4 x8 under load, its maximum gen5 x16"]);
     }
 
     #[test]

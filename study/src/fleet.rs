@@ -153,6 +153,14 @@ pub struct TargetSample {
     pub sm_clock_mhz: Option<f64>,
     /// The PCIe link as the GPUs reported it: `gen5x16`.
     pub pcie: Option<String>,
+    /// Its hottest GPU's peak temperature over its jobs, °C.
+    pub temperature_c: Option<f64>,
+    /// Its GPUs' mean power draw over its jobs, W a GPU.
+    pub power_w: Option<f64>,
+    /// The engine's preemptions (SGLang: retractions) a job, on average.
+    pub preemptions: Option<f64>,
+    /// The engine's peak KV cache usage over its jobs, 0 to 1.
+    pub kv_cache_peak: Option<f64>,
     /// Throttle and hardware words from its jobs' provenance.
     pub evidence: Vec<String>,
     /// Repeats that failed, with the reason.
@@ -471,6 +479,7 @@ fn evidence(s: &TargetSample, cohort: &[&TargetSample]) -> Vec<String> {
             ));
         }
     }
+    out.extend(against_cohort(s, cohort));
     let mut links: BTreeMap<&str, usize> = BTreeMap::new();
     for m in cohort {
         if let Some(p) = &m.pcie {
@@ -481,6 +490,46 @@ fn evidence(s: &TargetSample, cohort: &[&TargetSample]) -> Vec<String> {
         && own != usual
     {
         out.push(format!("PCIe {}, cohort {}", pcie_words(own), pcie_words(usual)));
+    }
+    out
+}
+
+/// A GPU this much hotter than its cohort's median is noted, °C.
+const HOTTER_NOTED_C: f64 = 10.0;
+/// Mean power this far from the cohort's median is noted, a fraction.
+const POWER_NOTED: f64 = 0.10;
+/// KV cache usage this much above the cohort's is noted, 0 to 1.
+const KV_NOTED: f64 = 0.15;
+
+/// Temperature, power, and the engine's preemptions and KV cache against
+/// the cohort's medians, where they stand out.
+fn against_cohort(s: &TargetSample, cohort: &[&TargetSample]) -> Vec<String> {
+    let centre = |get: fn(&TargetSample) -> Option<f64>| {
+        let mut v: Vec<f64> = cohort.iter().filter_map(|m| get(m)).collect();
+        (v.len() > 1).then(|| median(&mut v))
+    };
+    let mut out = Vec::new();
+    if let (Some(own), Some(c)) = (s.temperature_c, centre(|m| m.temperature_c))
+        && own - c >= HOTTER_NOTED_C
+    {
+        out.push(format!("peak temperature {own:.0} °C, cohort {c:.0} °C"));
+    }
+    if let (Some(own), Some(c)) = (s.power_w, centre(|m| m.power_w))
+        && c > 0.0
+        && ((own - c) / c).abs() >= POWER_NOTED
+    {
+        out.push(format!("mean power {own:.0} W a GPU, cohort {c:.0} W ({:+.0}%)", (own - c) / c * 100.0));
+    }
+    if let (Some(own), Some(c)) = (s.preemptions, centre(|m| m.preemptions))
+        && own >= 1.0
+        && own > 2.0 * c + 1.0
+    {
+        out.push(format!("{own:.0} preemptions a job, cohort {c:.0} (the engine ran out of KV cache)"));
+    }
+    if let (Some(own), Some(c)) = (s.kv_cache_peak, centre(|m| m.kv_cache_peak))
+        && own - c >= KV_NOTED
+    {
+        out.push(format!("KV cache peak {:.0}%, cohort {:.0}%", own * 100.0, c * 100.0));
     }
     out
 }
@@ -670,5 +719,28 @@ mod tests {
         let c = judge(&f, &[TPUT, TTFT], "p", &Thresholds::default());
         assert!(row(&c, "h4").evidence[0].ends_with("power cap"), "the GPU's own word first");
         assert!(row(&c, "h1").evidence.is_empty());
+    }
+
+    #[test]
+    fn evidence_names_heat_power_preemptions_and_kv_cache_that_stand_out() {
+        let mut f = fleet(Some((4, 0.88)));
+        for (i, s) in f.iter_mut().enumerate() {
+            let odd = i == 4;
+            s.temperature_c = Some(if odd { 84.0 } else { 66.0 + i as f64 });
+            s.power_w = Some(if odd { 520.0 } else { 640.0 });
+            s.preemptions = Some(if odd { 12.0 } else { 0.0 });
+            s.kv_cache_peak = Some(if odd { 0.99 } else { 0.62 });
+        }
+        let c = judge(&f, &[TPUT, TTFT], "p", &Thresholds::default());
+        assert_eq!(
+            row(&c, "h4").evidence,
+            [
+                "peak temperature 84 °C, cohort 70 °C",
+                "mean power 520 W a GPU, cohort 640 W (-19%)",
+                "12 preemptions a job, cohort 0 (the engine ran out of KV cache)",
+                "KV cache peak 99%, cohort 62%",
+            ]
+        );
+        assert!(row(&c, "h7").evidence.is_empty(), "73 °C is within 10 °C of the cohort: {:?}", row(&c, "h7").evidence);
     }
 }

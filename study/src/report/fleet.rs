@@ -10,7 +10,7 @@ use benchfleet_core::Summary;
 use super::doc::FleetInfo;
 use crate::fleet::{self, CohortKey, MetricDef, TargetSample, Thresholds};
 use crate::greedy::Objective;
-use crate::model::{FleetRun, Group, Job, JobState};
+use crate::model::{AttemptOutcome, FleetRun, Group, Job, JobState};
 
 /// A latency (mean or P99) needs this many successful requests in a job to
 /// be judged: below it, which requests happened to queue decides a mean by
@@ -67,8 +67,16 @@ pub(super) fn gather(
 fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> TargetSample {
     let mut s = TargetSample { target: target.to_owned(), host: host.to_owned(), ..TargetSample::default() };
     let mut clocks = Vec::new();
+    let (mut temps, mut powers, mut preemptions, mut kv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for j in jobs {
         s.jobs.push(j.id);
+        // An attempt that failed and was run again (its GPUs threw an XID,
+        // its engine died) says as much of the host as a failed repeat.
+        let last = j.attempts.len().saturating_sub(1);
+        for a in j.attempts.iter().take(last).filter(|a| a.outcome == AttemptOutcome::Failed) {
+            let why = a.reason.as_deref().unwrap_or("no reason given");
+            s.failures.push(format!("{} repeat {} attempt {}: {why}", j.profile.name, j.repeat, a.number));
+        }
         let summary = j.summary.as_ref().filter(|_| j.state == JobState::Succeeded);
         let Some(summary) = summary.filter(|s| s.invalid.is_none()) else {
             if j.state.is_terminal() {
@@ -93,7 +101,20 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
             s.values.entry((j.profile.name.clone(), def.name.to_owned())).or_default().push(value(summary));
         }
         if let Some(t) = &j.telemetry {
-            clocks.extend(t.series.iter().filter(|x| x.name == "gpu_sm_clock_mhz" && x.count > 0).map(|x| x.max));
+            let of_gpus = |name: &'static str| t.series.iter().filter(move |x| x.name == name && x.count > 0);
+            clocks.extend(of_gpus("gpu_sm_clock_mhz").map(|x| x.max));
+            temps.extend(of_gpus("gpu_temperature_c").map(|x| x.max));
+            powers.extend(of_gpus("gpu_power_w").map(|x| x.mean));
+            let engine = |names: [&str; 2]| t.series.iter().find(|x| x.count > 0 && names.contains(&x.name.as_str()));
+            if let Some(p) = engine(["vllm:num_preemptions_total", "sglang:num_retracted_requests_total"]) {
+                preemptions.push((p.last - p.first).max(0.0));
+            }
+            kv.extend(engine(["vllm:kv_cache_usage_perc", "sglang:token_usage"]).map(|k| k.max));
+            for flag in t.pcie_flags().into_iter().chain(t.hardware_notes.iter().cloned()) {
+                if !s.evidence.contains(&flag) {
+                    s.evidence.push(flag);
+                }
+            }
         }
         // One line per way a GPU was held down, however many jobs saw it.
         for flag in j.throttle_flags() {
@@ -104,6 +125,11 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
     }
     // Its slowest GPU's peak, over its jobs.
     s.sm_clock_mhz = clocks.into_iter().reduce(f64::min);
+    s.temperature_c = temps.into_iter().reduce(f64::max);
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    s.power_w = mean(&powers);
+    s.preemptions = mean(&preemptions);
+    s.kv_cache_peak = kv.into_iter().reduce(f64::max);
     s
 }
 
@@ -346,6 +372,72 @@ mod tests {
         let c = cohort(&j);
         assert_eq!((c.gpu.as_str(), c.gpus, c.driver.as_str()), ("NVIDIA H200", 2, "550.54.15"));
         assert_eq!(fingerprint_value(line, "pcie").as_deref(), Some("gen5x16"));
+    }
+
+    #[test]
+    fn a_target_s_sample_keeps_retried_failures_hardware_notes_and_engine_figures() {
+        use benchfleet_core::telemetry::{GpuTelemetry, SeriesStats, TelemetrySummary};
+        let profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 }, 1);
+        let mut j = Job::new(crate::model::RunId(1), 0, 0, profile, 2);
+        j.state = JobState::Succeeded;
+        j.summary = Some(Summary { successful: 10, output_throughput: 1000.0, ..Summary::default() });
+        let attempt = |number, outcome, reason: &str| crate::model::AttemptInfo {
+            number,
+            epoch: 1,
+            agent: crate::model::AgentId(1),
+            agent_name: "h1".into(),
+            started_unix_ms: 0,
+            ended_unix_ms: Some(1),
+            outcome,
+            reason: Some(reason.into()),
+            charged: false,
+            log_tail: None,
+        };
+        j.attempts = vec![
+            attempt(1, AttemptOutcome::Failed, "attempt invalidated: XID 79 on GPU GPU-1"),
+            attempt(2, AttemptOutcome::Succeeded, ""),
+        ];
+        let stats = |name: &str, gpu: &str, (mean, max, first, last): (f64, f64, f64, f64)| SeriesStats {
+            name: name.into(),
+            gpu: gpu.into(),
+            count: 10,
+            min: 0.0,
+            mean,
+            max,
+            first,
+            last,
+        };
+        j.telemetry = Some(TelemetrySummary {
+            series: vec![
+                stats("gpu_temperature_c", "GPU-1", (70.0, 83.0, 60.0, 80.0)),
+                stats("gpu_power_w", "GPU-1", (610.0, 690.0, 100.0, 600.0)),
+                stats("vllm:num_preemptions_total", "", (3.0, 7.0, 2.0, 7.0)),
+                stats("vllm:kv_cache_usage_perc", "", (0.5, 0.97, 0.0, 0.4)),
+            ],
+            gpus: vec![GpuTelemetry {
+                gpu: "GPU-1".into(),
+                pcie_gen_loaded: Some(4),
+                pcie_width_loaded: Some(16),
+                pcie_gen_max: Some(5),
+                pcie_width_max: Some(16),
+                ..GpuTelemetry::default()
+            }],
+            hardware_notes: vec!["GPU GPU-1: 1 row remapped for correctable errors during the job".into()],
+            ..TelemetrySummary::default()
+        });
+        let s = sample("h1", "h1", &[&j], &metrics(Objective::OutputThroughput));
+        assert_eq!(s.failures, ["p repeat 2 attempt 1: attempt invalidated: XID 79 on GPU GPU-1"]);
+        assert_eq!(
+            s.evidence,
+            [
+                "PCIe gen4 x16 under load, its maximum gen5 x16",
+                "GPU GPU-1: 1 row remapped for correctable errors during the job"
+            ]
+        );
+        assert_eq!(
+            (s.temperature_c, s.power_w, s.preemptions, s.kv_cache_peak),
+            (Some(83.0), Some(610.0), Some(5.0), Some(0.97))
+        );
     }
 
     #[test]
