@@ -18,6 +18,16 @@ use crate::model::{AttemptOutcome, FleetRun, Group, Job, JobState};
 /// judged at any size.
 pub const LATENCY_MIN_REQUESTS: u64 = 100;
 
+/// The energy a job's GPUs used per output token, from their counters.
+pub const ENERGY_METRIC: &str = "Energy per output token (mJ)";
+
+/// Energy per token is judged only over load runs this long, ms: over a
+/// shorter one, the idle moments between requests and when the counter
+/// last ticked decide a share of it (simulated GPUs, whose power follows
+/// their engine's load as sampled, spread 20-50% between a host's repeats
+/// of 2-second jobs). Benchmarks on real hosts run for minutes.
+pub const ENERGY_MIN_MS: u64 = 10_000;
+
 /// A metric with its reading from a job's summary.
 type Measured = (MetricDef, Reading);
 type Reading = fn(&Summary) -> f64;
@@ -55,7 +65,8 @@ pub(super) fn gather(
             Some(sample(&pin.label, &pin.host, &of_group, &metrics))
         })
         .collect();
-    let defs: Vec<MetricDef> = metrics.iter().map(|(d, _)| *d).collect();
+    let mut defs: Vec<MetricDef> = metrics.iter().map(|(d, _)| *d).collect();
+    defs.push(MetricDef { name: ENERGY_METRIC, higher_is_better: false });
     FleetInfo {
         per: fleet_run.per.as_str().to_owned(),
         thresholds,
@@ -99,6 +110,12 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
                 continue;
             }
             s.values.entry((j.profile.name.clone(), def.name.to_owned())).or_default().push(value(summary));
+        }
+        // Energy per output token, where every GPU of the job kept a
+        // counter over a load run long enough to judge it by.
+        let energy = j.telemetry.as_ref().filter(|t| t.energy_duration_ms >= Some(ENERGY_MIN_MS));
+        if let Some(e) = energy.and_then(|t| t.energy(summary.total_output_tokens)) {
+            s.values.entry((j.profile.name.clone(), ENERGY_METRIC.to_owned())).or_default().push(e.mj_per_output_token);
         }
         if let Some(t) = &j.telemetry {
             let of_gpus = |name: &'static str| t.series.iter().filter(move |x| x.name == name && x.count > 0);
@@ -380,7 +397,9 @@ mod tests {
         let profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 }, 1);
         let mut j = Job::new(crate::model::RunId(1), 0, 0, profile, 2);
         j.state = JobState::Succeeded;
-        j.summary = Some(Summary { successful: 10, output_throughput: 1000.0, ..Summary::default() });
+        let summary =
+            Summary { successful: 10, output_throughput: 1000.0, total_output_tokens: 48_000, ..Summary::default() };
+        j.summary = Some(summary);
         let attempt = |number, outcome, reason: &str| crate::model::AttemptInfo {
             number,
             epoch: 1,
@@ -423,6 +442,8 @@ mod tests {
                 ..GpuTelemetry::default()
             }],
             hardware_notes: vec!["GPU GPU-1: 1 row remapped for correctable errors during the job".into()],
+            energy_j: Some(120.0),
+            energy_duration_ms: Some(12_000),
             ..TelemetrySummary::default()
         });
         let s = sample("h1", "h1", &[&j], &metrics(Objective::OutputThroughput));
@@ -438,6 +459,12 @@ mod tests {
             (s.temperature_c, s.power_w, s.preemptions, s.kv_cache_peak),
             (Some(83.0), Some(610.0), Some(5.0), Some(0.97))
         );
+        let energy = ("p".to_owned(), ENERGY_METRIC.to_owned());
+        assert_eq!(s.values.get(&energy), Some(&vec![2.5]), "120 J over 48,000 tokens");
+        // Over a 2-second load run, energy is shown in its block but not judged.
+        j.telemetry.as_mut().expect("telemetry").energy_duration_ms = Some(2_000);
+        let s = sample("h1", "h1", &[&j], &metrics(Objective::OutputThroughput));
+        assert_eq!(s.values.get(&energy), None);
     }
 
     #[test]
