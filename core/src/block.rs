@@ -82,6 +82,9 @@ pub fn render_self_check(s: &Summary) -> String {
     if let Some(u) = &s.usage_check {
         line("Prompt tokens, server off / compared:", format!("{} / {}", u.prompts_off, u.prompts_compared));
         line("Output tokens, server off / compared:", format!("{} / {}", u.outputs_off, u.outputs_compared));
+        if u.outputs_by_events > 0 {
+            line("Output tokens, one an event:", u.outputs_by_events.to_string());
+        }
         if let Some(said) = u.describe() {
             line("Token counts:", format!("DISAGREE: {said}"));
         }

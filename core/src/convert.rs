@@ -182,6 +182,7 @@ impl From<&Summary> for pb::Summary {
                 outputs_compared: u.outputs_compared,
                 outputs_off: u.outputs_off,
                 output_ratio: u.output_ratio,
+                outputs_by_events: u.outputs_by_events,
             }),
             goodput: s.goodput.map(|g| pb::Goodput {
                 ttft_ms: g.slo.ttft_ms,
@@ -246,6 +247,7 @@ impl From<pb::Summary> for Summary {
                 outputs_compared: u.outputs_compared,
                 outputs_off: u.outputs_off,
                 output_ratio: u.output_ratio,
+                outputs_by_events: u.outputs_by_events,
             }),
             goodput: s.goodput.map(|g| crate::metrics::Goodput {
                 slo: crate::metrics::Slo { ttft_ms: g.ttft_ms, tpot_ms: g.tpot_ms, e2el_ms: g.e2el_ms },
@@ -687,6 +689,7 @@ mod tests {
                 outputs_compared: 43,
                 outputs_off: 44,
                 output_ratio: 0.45,
+                outputs_by_events: 46,
             }),
             client_cpu_s: Some(34.5),
             invalid: Some("p99 dispatch lag 9.00 ms above 5.00 ms".into()),

@@ -409,6 +409,7 @@ fn pool_usage(repeats: &[&Summary]) -> Option<crate::metrics::UsageCheck> {
         outputs_compared: checks.iter().map(|c| c.outputs_compared).sum(),
         outputs_off: checks.iter().map(|c| c.outputs_off).sum(),
         output_ratio: weighted(&|c| c.outputs_compared, &|c| c.output_ratio),
+        outputs_by_events: checks.iter().map(|c| c.outputs_by_events).sum(),
     })
 }
 

@@ -466,7 +466,18 @@ pub struct UsageCheck {
     /// The server's completion tokens over the tokenizer's count of the
     /// streamed text, all compared.
     pub output_ratio: f64,
+    /// Replies whose server count equalled the text events they streamed
+    /// (one token an event, as vLLM and SGLang stream): the stream itself
+    /// agrees with the server, and they were not tokenized again, but for
+    /// one in `USAGE_SAMPLE` (those are in `outputs_compared`).
+    #[serde(default)]
+    pub outputs_by_events: u64,
 }
+
+/// Of the replies whose count the stream's events already agree with, one
+/// in this many is tokenized again all the same: a server that counts
+/// wrongly in step with its events is still caught.
+pub const USAGE_SAMPLE: u64 = 16;
 
 /// How far a server's token count may be from the tokenizer's.
 pub const USAGE_TOLERANCE: f64 = 0.05;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use benchfleet_core::metrics::USAGE_SAMPLE;
 use bytes::Bytes;
 use rustls::ClientConnection;
 use rustls::pki_types::ServerName;
@@ -133,6 +134,8 @@ pub(crate) struct Target {
 pub(crate) struct UsageTally {
     prompts: [AtomicU64; 4],
     outputs: [AtomicU64; 4],
+    /// Replies whose count their events agreed with, tokenized or not.
+    by_events: AtomicU64,
 }
 
 impl UsageTally {
@@ -153,7 +156,20 @@ impl UsageTally {
             outputs_compared: get(&self.outputs[0]),
             outputs_off: get(&self.outputs[1]),
             output_ratio: ratio(&self.outputs),
+            // Those tokenized as the sample are counted as compared.
+            outputs_by_events: get(&self.by_events) - get(&self.by_events).div_ceil(USAGE_SAMPLE),
         }
+    }
+
+    /// Whether a reply of `server` completion tokens that streamed `events`
+    /// text events must be tokenized for the check: when they disagree (a
+    /// server that streams several tokens an event, or miscounts), and for
+    /// one in `USAGE_SAMPLE` of those that agree.
+    fn must_tokenize(&self, server: u32, events: usize) -> bool {
+        if events != server as usize {
+            return true;
+        }
+        self.by_events.fetch_add(1, Ordering::Relaxed).is_multiple_of(USAGE_SAMPLE)
     }
 }
 
@@ -984,7 +1000,9 @@ impl Recorder {
             if let (true, Some(server)) = (*prompts, usage.prompt_tokens) {
                 UsageTally::add(&tally.prompts, server, r.prompt_tokens);
             }
-            if let (Some(server), Some(text)) = (usage.completion_tokens, &self.text) {
+            if let (Some(server), Some(text)) = (usage.completion_tokens, &self.text)
+                && tally.must_tokenize(server, r.chunks.len())
+            {
                 UsageTally::add(&tally.outputs, server, self.target.counter.count(text));
             }
         }

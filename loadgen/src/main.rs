@@ -190,7 +190,13 @@ fn save(args: &Args, result: &LoadResult, step: Option<usize>) -> anyhow::Result
             ),
         };
         let name = args.result_filename.clone().unwrap_or_else(|| benchfleet_loadgen::vllm::default_filename(&meta));
-        let path = named(&args.result_dir.clone().unwrap_or_default().join(name));
+        let dir = args.result_dir.clone().unwrap_or_default();
+        // As vLLM does: the directory is made when it is missing.
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create the result directory {}", dir.display()))?;
+        }
+        let path = named(&dir.join(name));
         let json = serde_json::to_vec_pretty(&benchfleet_loadgen::vllm::result_json(result, &meta))
             .context("cannot encode the result")?;
         std::fs::write(&path, json).with_context(|| format!("cannot write the result to {}", path.display()))?;

@@ -216,7 +216,11 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
     let _machine = crate::beside().await;
     let url = fake_openai::start(QUICK).await;
     let port = url.rsplit(':').next().expect("a port").to_owned();
-    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A result directory that does not exist yet: made, as vLLM makes it.
+    let dir = tmp.path().join("results/today");
+    let tokenizer = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer.json");
+    // Every flag docs/loadgen.md maps for random prompts, as vLLM takes them.
     let vllm_line = [
         "--backend",
         "vllm",
@@ -224,10 +228,16 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
         "127.0.0.1",
         "--port",
         &port,
+        "--endpoint",
+        "/v1/completions",
         "--model",
         "good",
+        "--tokenizer",
+        tokenizer.to_str().expect("utf-8"),
         "--dataset-name",
         "random",
+        "--random-range-ratio",
+        "0.0",
         "--random-input-len",
         "8",
         "--random-output-len",
@@ -236,10 +246,17 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
         "5",
         "--request-rate",
         "50",
+        "--burstiness",
+        "1.0",
+        "--max-concurrency",
+        "4",
+        "--disable-shuffle",
+        "--label",
+        "nightly",
         "--ignore-eos",
         "--save-result",
         "--result-dir",
-        dir.path().to_str().expect("utf-8"),
+        dir.to_str().expect("utf-8"),
         "--result-filename",
         "r.json",
         "--metric-percentiles",
@@ -256,9 +273,10 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
     let output = loadgen().args(vllm_line).output().await.expect("runs");
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let result: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).expect("the result file")).expect("json");
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).expect("the result file")).expect("json");
     assert_eq!((result["completed"].as_u64(), result["failed"].as_u64()), (Some(5), Some(0)));
     assert_eq!((result["backend"].as_str(), result["request_rate"].as_f64()), (Some("openai"), Some(50.0)));
+    assert_eq!((result["label"].as_str(), result["max_concurrency"].as_u64()), (Some("nightly"), Some(4)));
     assert_eq!(result["input_lens"].as_array().map(Vec::len), Some(5));
     assert_eq!(result["output_lens"], serde_json::json!([4, 4, 4, 4, 4]));
     for key in ["mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "p99_e2el_ms"] {

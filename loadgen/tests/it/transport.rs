@@ -460,13 +460,22 @@ async fn a_server_whose_token_counts_disagree_with_the_tokenizer_is_told() {
     let check = result.summary.usage_check.expect("compared, with a tokenizer");
     assert_eq!((check.prompts_compared, check.prompts_off), (3, 3));
     assert!((check.prompt_ratio - 5.0 / 40.0).abs() < 1e-9, "{check:?}");
-    // "one two three": three tokens, as the server says.
-    assert_eq!((check.outputs_compared, check.outputs_off, check.output_ratio), (3, 0, 1.0));
+    // "one", " two", " three": three events of a token, as the server
+    // counts; the first such reply is tokenized all the same (one in 16).
+    assert_eq!((check.outputs_compared, check.outputs_off, check.output_ratio), (1, 0, 1.0));
+    assert_eq!(check.outputs_by_events, 2, "agreed by their events, not tokenized again");
     let said = check.describe().expect("a disagreement");
     assert!(
         said.contains("prompt token counts differ from the tokenizer's on 3 of 3 requests (server / tokenizer 0.12)")
     );
     assert!(benchfleet_loadgen::block::render_self_check(&result.summary).contains("Token counts:"));
+    // One event of three tokens: its count cannot be read off the events,
+    // so every such reply is tokenized.
+    let whole = start(Reply::Whole, Pace::AtOnce).await;
+    let mut config = one_at_a_time(&whole, 3, false);
+    config.tokens = benchfleet_loadgen::TokenCounter::load(&fixture).expect("the fixture tokenizer");
+    let check = run(config, None).await.expect("run").summary.usage_check.expect("compared");
+    assert_eq!((check.outputs_compared, check.outputs_off, check.outputs_by_events), (3, 0, 0));
     // Without a tokenizer nothing is compared: words are not tokens.
     let result = run(one_at_a_time(&server, 1, true), None).await.expect("run");
     assert_eq!(result.summary.usage_check, None);
