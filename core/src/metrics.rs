@@ -477,7 +477,7 @@ pub struct UsageCheck {
 /// Of the replies whose count the stream's events already agree with, one
 /// in this many is tokenized again all the same: a server that counts
 /// wrongly in step with its events is still caught.
-pub const USAGE_SAMPLE: u64 = 16;
+pub const USAGE_SAMPLE: u64 = 128;
 
 /// How far a server's token count may be from the tokenizer's.
 pub const USAGE_TOLERANCE: f64 = 0.05;

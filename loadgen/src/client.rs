@@ -20,7 +20,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -134,8 +134,14 @@ pub(crate) struct Target {
 pub(crate) struct UsageTally {
     prompts: [AtomicU64; 4],
     outputs: [AtomicU64; 4],
-    /// Replies whose count their events agreed with, tokenized or not.
+    /// Replies whose count their events agreed with, not tokenized.
     by_events: AtomicU64,
+    /// Replies started: one in `USAGE_SAMPLE` keeps its text to be
+    /// tokenized whatever its events say.
+    started: AtomicU64,
+    /// A reply came without the server's count, or with one its events did
+    /// not agree with: from then on every reply keeps its text.
+    distrust: AtomicBool,
 }
 
 impl UsageTally {
@@ -156,20 +162,36 @@ impl UsageTally {
             outputs_compared: get(&self.outputs[0]),
             outputs_off: get(&self.outputs[1]),
             output_ratio: ratio(&self.outputs),
-            // Those tokenized as the sample are counted as compared.
-            outputs_by_events: get(&self.by_events) - get(&self.by_events).div_ceil(USAGE_SAMPLE),
+            outputs_by_events: get(&self.by_events),
         }
     }
 
-    /// Whether a reply of `server` completion tokens that streamed `events`
-    /// text events must be tokenized for the check: when they disagree (a
-    /// server that streams several tokens an event, or miscounts), and for
-    /// one in `USAGE_SAMPLE` of those that agree.
-    fn must_tokenize(&self, server: u32, events: usize) -> bool {
-        if events != server as usize {
-            return true;
+    /// Whether a reply about to start keeps its text for the tokenizer: one
+    /// in `USAGE_SAMPLE`, and every one until a reply has agreed by its
+    /// events or once one has not (its count then cannot be read off the
+    /// events). Returns (keep the text, tokenize it whatever the events).
+    fn keep_text(&self) -> (bool, bool) {
+        let sampled = self.started.fetch_add(1, Ordering::Relaxed).is_multiple_of(USAGE_SAMPLE);
+        let trusted = self.by_events.load(Ordering::Relaxed) > 0 && !self.distrust.load(Ordering::Relaxed);
+        (sampled || !trusted, sampled)
+    }
+
+    /// Whether a finished reply of `server` completion tokens (if the server
+    /// said) that streamed `events` text events must be tokenized: when they
+    /// disagree (a server that streams several tokens an event, or
+    /// miscounts) or it is in the sample; else it is counted as agreeing.
+    fn must_tokenize(&self, server: Option<u32>, events: usize, sampled: bool) -> bool {
+        match server {
+            Some(n) if events == n as usize && !sampled => {
+                self.by_events.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            Some(n) if events == n as usize => true,
+            _ => {
+                self.distrust.store(true, Ordering::Relaxed);
+                true
+            }
         }
-        self.by_events.fetch_add(1, Ordering::Relaxed).is_multiple_of(USAGE_SAMPLE)
     }
 }
 
@@ -738,6 +760,8 @@ struct Recorder {
     usage: Option<Usage>,
     /// The reply's text, kept only when a tokenizer must count it.
     text: Option<String>,
+    /// In the usage check's sample: tokenized whatever its events say.
+    sampled: bool,
 }
 
 impl Recorder {
@@ -747,6 +771,10 @@ impl Recorder {
         // Sized for the reply asked for: no regrowth, no slack (a chunk per
         // token at most, and usually exactly that).
         let chunks = if target.stream { request.max_tokens.min(1 << 16) as usize } else { 1 };
+        let (keep, sampled) = match &target.usage {
+            Some((tally, _)) => tally.keep_text(),
+            None => (true, false),
+        };
         let rec = Recorder {
             record: RequestRecord {
                 seq: request.seq,
@@ -772,7 +800,8 @@ impl Recorder {
             data: Vec::new(),
             after_cr: false,
             usage: None,
-            text: target.counter.needs_text().then(String::new),
+            text: (keep && target.counter.needs_text()).then(String::new),
+            sampled,
             target,
         };
         (rec, request.body)
@@ -993,15 +1022,16 @@ impl Recorder {
             (None, Some(text)) if !text.is_empty() => self.target.counter.count(text),
             (None, _) => counted,
         };
-        if let (Some((tally, prompts)), Some(usage)) = (&self.target.usage, self.usage)
+        if let Some((tally, prompts)) = &self.target.usage
             && r.outcome.is_ok()
             && r.phase == benchfleet_core::record::Phase::Measured
         {
-            if let (true, Some(server)) = (*prompts, usage.prompt_tokens) {
+            if let (true, Some(server)) = (*prompts, self.usage.and_then(|u| u.prompt_tokens)) {
                 UsageTally::add(&tally.prompts, server, r.prompt_tokens);
             }
-            if let (Some(server), Some(text)) = (usage.completion_tokens, &self.text)
-                && tally.must_tokenize(server, r.chunks.len())
+            let server = self.usage.and_then(|u| u.completion_tokens);
+            if tally.must_tokenize(server, r.chunks.len(), self.sampled)
+                && let (Some(server), Some(text)) = (server, &self.text)
             {
                 UsageTally::add(&tally.outputs, server, self.target.counter.count(text));
             }

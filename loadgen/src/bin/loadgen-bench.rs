@@ -59,6 +59,10 @@ enum Cmd {
         concurrency: Option<usize>,
         #[arg(long)]
         requests: usize,
+        /// A tokenizer (`tokenizer.json`): prompts from its words, and the
+        /// usage check (the server's counts against it) on.
+        #[arg(long)]
+        processor: Option<std::path::PathBuf>,
     },
     /// The floor under (c): the same open loop, sent by a client that only
     /// reads (a task per request, a read per wake-up, kept-alive
@@ -79,7 +83,9 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
     match Args::parse().command {
         Cmd::Serve { ttft_ms, itl_ms, tokens } => rt.block_on(serve(ttft_ms, itl_ms, tokens)),
-        Cmd::Client { url, rate, concurrency, requests } => rt.block_on(client(url, rate, concurrency, requests)),
+        Cmd::Client { url, rate, concurrency, requests, processor } => {
+            rt.block_on(client(url, (rate, concurrency), requests, processor.as_deref()))
+        }
         Cmd::Bare { url, rate, requests } => rt.block_on(bare(url, rate, requests)),
         Cmd::All { server_core, client_core, seconds } => all(server_core, client_core, seconds),
     }
@@ -234,9 +240,17 @@ async fn recv(
 
 // ---------------------------------------------------------------- client --
 
-async fn client(url: String, rate: Option<f64>, concurrency: Option<usize>, requests: usize) -> anyhow::Result<()> {
+async fn client(
+    url: String,
+    (rate, concurrency): (Option<f64>, Option<usize>),
+    requests: usize,
+    processor: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let dataset = Dataset::Random { input_tokens: 16, output_tokens: 128, seed: 1 };
     let mut config = LoadConfig::new(url, "bench", dataset, requests);
+    if let Some(path) = processor {
+        config.tokens = benchfleet_loadgen::TokenCounter::load(path).context("cannot load the tokenizer")?;
+    }
     config.request_rate = rate;
     config.arrival = Arrival::Poisson { seed: 1 };
     config.max_concurrency = concurrency;
@@ -261,6 +275,8 @@ async fn client(url: String, rate: Option<f64>, concurrency: Option<usize>, requ
         "peak_rss_mb": peak_rss_mb,
         "peak_concurrent": s.peak_concurrent,
         "invalid": s.invalid,
+        "usage_tokenized": s.usage_check.map(|u| u.outputs_compared),
+        "usage_by_events": s.usage_check.map(|u| u.outputs_by_events),
     });
     println!("{line}");
     Ok(())

@@ -461,7 +461,7 @@ async fn a_server_whose_token_counts_disagree_with_the_tokenizer_is_told() {
     assert_eq!((check.prompts_compared, check.prompts_off), (3, 3));
     assert!((check.prompt_ratio - 5.0 / 40.0).abs() < 1e-9, "{check:?}");
     // "one", " two", " three": three events of a token, as the server
-    // counts; the first such reply is tokenized all the same (one in 16).
+    // counts; the first such reply is tokenized all the same (one in 128).
     assert_eq!((check.outputs_compared, check.outputs_off, check.output_ratio), (1, 0, 1.0));
     assert_eq!(check.outputs_by_events, 2, "agreed by their events, not tokenized again");
     let said = check.describe().expect("a disagreement");
