@@ -17,8 +17,11 @@ use tokio_stream::StreamExt;
 
 pub type OperatorClient = pb::operator_service_client::OperatorServiceClient<tonic::transport::Channel>;
 
-/// Largest message: matrices are at most 1 MiB, files go in 1 MiB chunks.
+/// Largest message sent: matrices are at most 1 MiB, files go in 1 MiB chunks.
 const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Largest answer taken: a report's JSON grows with its jobs (a 100-host
+/// fleet check's is about 5 MB), as the controller's `MAX_REPLY_BYTES`.
+const MAX_REPLY_BYTES: usize = 256 << 20;
 const CHUNK: usize = 1 << 20;
 
 /// The controller could not be reached (exit code 3).
@@ -77,7 +80,7 @@ pub async fn connect(target: impl Into<Target>) -> anyhow::Result<OperatorClient
     let endpoint = tls::endpoint(url, &target.tls)?;
     let channel = endpoint.connect().await.map_err(|e| Unreachable { url: url.to_owned(), reason: error_chain(&e) })?;
     Ok(OperatorClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(MAX_REPLY_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 

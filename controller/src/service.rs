@@ -33,6 +33,10 @@ use benchfleet_study::model::{AgentId, Note, RunId};
 /// Most bytes of one message: matrices are at most 1 MiB, files travel in
 /// 1 MiB chunks, record batches are cut at 1 MiB by loadgen.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Most bytes of one answer to an operator: a report's JSON grows with its
+/// jobs (a 100-host fleet check's 300 jobs are about 5 MB of it), job and
+/// run listings with the store.
+pub const MAX_REPLY_BYTES: usize = 256 << 20;
 /// Record batches: 256 records of a few thousand chunks each can pass the
 /// above before loadgen's size cut.
 pub const MAX_BATCH_BYTES: usize = 16 << 20;
@@ -1039,7 +1043,7 @@ pub async fn serve(
         .add_service(
             pb::operator_service_server::OperatorServiceServer::new(services)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                .max_encoding_message_size(MAX_REPLY_BYTES),
         );
     if let Ok(reflection) = reflection {
         router = router.add_service(reflection);

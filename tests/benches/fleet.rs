@@ -79,15 +79,16 @@ fn matrix(dir: &Path, requests: u32) -> PathBuf {
     let yaml = format!(
         "name: fleet-bench
 model: Qwen/Qwen3.5-9B
+objective: output_throughput
 hardware: {{ gpu: H200, gpus_per_job: 1 }}
 strategy: fleet
 repeats: 3
 engines:
-  vllm: {{ runtime: process, args: [--max-model-len=8192] }}
+  vllm: {{ runtime: process, args: [--max-model-len=8192, --sim-startup-ms=0] }}
 profiles:
   load:
     dataset: {{ random: {{ input_tokens: 3072, output_tokens: 48, seed: 1 }} }}
-    concurrency: 4
+    max_concurrency: 4
     requests: {requests}
 "
     );
@@ -115,6 +116,10 @@ fn check(url: &str, matrix: &Path, extra: &[&str]) -> (Duration, String) {
         .to_owned();
     let tally = text.lines().find(|l| l.starts_with("Verdicts:")).unwrap_or("no verdict line").to_owned();
     eprintln!("  {tally}");
+    // What a failed or unstable target said (a loaded machine makes noisy hosts).
+    for line in text.lines().filter(|l| l.contains(" failed ") || l.contains(" unstable ")).take(5) {
+        eprintln!("  {}", line.trim());
+    }
     (took, run)
 }
 
