@@ -664,10 +664,12 @@ fn validate(matrix: &Path, json: bool) -> anyhow::Result<i32> {
             ("grid", shape, Some(jobs))
         }
         Strategy::Fleet => {
-            let per = m.fleet.unwrap_or_default().per.as_str();
+            let per = m.fleet.as_ref().map(|f| f.per).unwrap_or_default().as_str();
+            let hosts = m.fleet.as_ref().and_then(|f| f.hosts.as_deref());
             let shape = format!(
-                "{} on every {per} of the fleet: {} x {} per {per}",
+                "{} on every {per} of the fleet{}: {} x {} per {per}",
                 m.configs.first().map_or("one configuration", |c| c.name.as_str()),
+                hosts.map(|h| format!(" on the host list '{h}'")).unwrap_or_default(),
                 plural(m.profiles.len(), "profile"),
                 plural(m.repeats as usize, "repeat")
             );

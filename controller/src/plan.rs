@@ -123,7 +123,11 @@ fn prepare_as(
             })?),
         };
     let fleet = fleet_of(&matrix, per)?;
-    let hosts = match sub.fleet_hosts.trim() {
+    let given = match sub.fleet_hosts.trim() {
+        "" => fleet.as_ref().and_then(|f| f.hosts.as_deref()).unwrap_or_default(),
+        given => given,
+    };
+    let hosts = match given {
         "" => None,
         _ if fleet.is_none() => {
             return Err(SubmitError::Invalid(
@@ -151,7 +155,7 @@ fn prepare_as(
         note: None,
         files: sub.files.clone(),
         runtime_override,
-        fleet: fleet.map(|f| FleetRun { per: f.per, skipped: Vec::new() }),
+        fleet: fleet.as_ref().map(|f| FleetRun { per: f.per, skipped: Vec::new() }),
     };
     let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
     let greedy = matrix.strategy == Strategy::Greedy;
@@ -169,7 +173,7 @@ fn prepare_as(
 /// `benchfleet fleet check` (per host or GPU) of a matrix that makes one
 /// configuration at fixed loads.
 fn fleet_of(matrix: &Matrix, per: Option<Per>) -> Result<Option<FleetSpec>, SubmitError> {
-    let mut spec = match (matrix.fleet, per) {
+    let mut spec = match (matrix.fleet.clone(), per) {
         (None, None) => return Ok(None),
         (Some(spec), _) => spec,
         (None, Some(_)) => {
@@ -518,5 +522,26 @@ mod tests {
             other => panic!("accepted: {:?}", other.map(|p| p.run.id)),
         }
         assert!(store.runs().expect("runs").is_empty(), "nothing stored");
+    }
+
+    #[test]
+    fn a_fleet_check_s_host_list_is_the_matrix_s_unless_the_command_gives_one() {
+        let yaml = "name: f\nmodel: m\nstrategy: fleet\nfleet: { hosts: 'gpu[01-04]' }\nhardware: { gpu: H200 }\n\
+                    engines:\n  vllm: {}\nprofiles:\n  p: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 2 }\n";
+        let sub = |hosts: &str| Submission {
+            matrix_name: "f.yaml".into(),
+            matrix_yaml: yaml.into(),
+            fleet_hosts: hosts.into(),
+            ..Submission::default()
+        };
+        let hosts = |hosts: &str| {
+            let prepared = prepare_dry(&sub(hosts), || Ok(RunId(1))).expect("valid");
+            let list = prepared.fleet.expect("a fleet check").hosts.expect("a host list");
+            ["gpu01", "gpu04", "gpu05", "cpu01"].into_iter().filter(|h| list.matches(h)).collect::<Vec<_>>()
+        };
+        assert_eq!(hosts(""), ["gpu01", "gpu04"], "the matrix's");
+        assert_eq!(hosts("cpu*"), ["cpu01"], "the command's");
+        let bad = prepare_dry(&sub("gpu[9-1]"), || Ok(RunId(1))).map(|_| ()).expect_err("refused").to_string();
+        assert!(bad.contains("the range runs backwards"), "{bad}");
     }
 }

@@ -71,10 +71,14 @@ impl Default for Thresholds {
 }
 
 /// A fleet check as its matrix asks it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FleetSpec {
     pub per: Per,
     pub thresholds: Thresholds,
+    /// Only these hosts (`fleet.hosts`, a `crate::hostlist` list, checked);
+    /// `--hosts` given to `fleet check` stands in for it.
+    #[serde(default)]
+    pub hosts: Option<String>,
 }
 
 /// A host (or one GPU set of it) that was not run on, and why.

@@ -742,6 +742,10 @@ impl Ctx<'_> {
                 format!("must be at least warn_pct ({}), got {}", t.warn_pct, t.fail_pct),
             ));
         }
+        if let Some(hosts) = &f.hosts {
+            crate::hostlist::HostList::parse(hosts).map_err(|why| err("fleet.hosts", why))?;
+            spec.hosts = Some(hosts.clone());
+        }
         Ok(Some(spec))
     }
 
@@ -1256,6 +1260,9 @@ profiles:
         let m = parse("f.yaml", &tuned, &hash).expect("valid");
         let f = m.fleet.expect("fleet");
         assert_eq!((m.repeats, f.per, f.thresholds.fail_pct, f.thresholds.drift_pct), (5, Per::Gpu, 5.0, 3.0));
+        let listed = format!("{FLEET}fleet: {{ hosts: 'gpu[01-08],!gpu03' }}\n");
+        let f = parse("f.yaml", &listed, &hash).expect("valid").fleet.expect("fleet");
+        assert_eq!(f.hosts.as_deref(), Some("gpu[01-08],!gpu03"));
     }
 
     #[test]
@@ -1271,6 +1278,10 @@ profiles:
             ("fleet: { per: rack }\n", "fleet.per: must be host or gpu, got 'rack'"),
             ("fleet: { z: -1 }\n", "fleet.z: must be a number above 0, got -1"),
             ("fleet: { zz: 1 }\n", "fleet"),
+            (
+                "fleet: { hosts: 'gpu[3-1]' }\n",
+                "fleet.hosts: host list 'gpu[3-1]': 'gpu[3-1]': '[3-1]': the range runs backwards",
+            ),
         ] {
             let e = parse("f.yaml", &format!("{FLEET}{extra}"), &hash).expect_err(extra).to_string();
             assert!(e.contains(said), "{extra}: {e}");

@@ -52,6 +52,8 @@ pub(super) struct RawFleet {
     pub(super) z: Option<f64>,
     #[serde(default)]
     pub(super) drift_pct: Option<f64>,
+    #[serde(default)]
+    pub(super) hosts: Option<String>,
 }
 
 pub(super) fn one() -> i64 {

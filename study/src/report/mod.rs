@@ -209,7 +209,7 @@ pub fn document<M: Measurements + ?Sized>(
 
     let setup = setup_of(&configurations);
     let fleet = run.fleet.as_ref().map(|f| {
-        let thresholds = matrix.as_ref().and_then(|m| m.fleet).map(|f| f.thresholds).unwrap_or_default();
+        let thresholds = matrix.as_ref().and_then(|m| m.fleet.as_ref()).map(|f| f.thresholds).unwrap_or_default();
         fleet::gather(f, thresholds, (all_groups, stored_jobs), objective, &primary)
     });
 
