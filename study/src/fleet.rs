@@ -167,8 +167,12 @@ pub struct TargetSample {
     pub kv_cache_peak: Option<f64>,
     /// Throttle and hardware words from its jobs' provenance.
     pub evidence: Vec<String>,
-    /// Repeats that failed, with the reason.
+    /// Repeats that failed, with the reason (INVALID ones too).
     pub failures: Vec<String>,
+    /// Of those, the ones that say something of the host: the engine, the
+    /// GPUs or the agent failed (an INVALID repeat is the load generator's
+    /// miss of its schedule, no measurement either way).
+    pub host_failures: usize,
     /// Its jobs.
     pub jobs: Vec<u64>,
 }
@@ -324,7 +328,7 @@ fn judge_cohort(
                 .collect();
             // A repeat that failed (its engine, its GPUs, its host gone) is
             // never ok, however good the others were.
-            let floor = if s.failures.is_empty() { Verdict::Ok } else { Verdict::Warn };
+            let floor = if s.host_failures == 0 { Verdict::Ok } else { Verdict::Warn };
             let verdict = (!too_few && !metrics_judged.is_empty())
                 .then(|| metrics_judged.iter().map(|j| j.verdict).fold(floor, Verdict::max));
             TargetRow {
@@ -617,12 +621,20 @@ mod tests {
     fn a_host_with_a_failed_repeat_is_never_ok_and_one_with_none_has_failed() {
         let mut f = fleet(None);
         f[2].failures.push("p repeat 3: agent h2 is gone".into());
+        f[2].host_failures = 1;
+        f[3].failures.push("p repeat 2: INVALID: p99 dispatch lag 31 ms exceeds 25 ms".into());
         f[4].values.clear();
         f[4].failures.push("p repeat 1: engine exited".into());
+        f[4].host_failures = 1;
         let c = judge(&f, &[TPUT, TTFT], "p", &Thresholds::default());
         assert_eq!(row(&c, "h2").verdict, Some(Verdict::Warn), "its two good repeats are in line, but one failed");
         assert_eq!(row(&c, "h4").word(), "failed");
         assert_eq!(row(&c, "h1").verdict, Some(Verdict::Ok));
+        assert_eq!(
+            row(&c, "h3").verdict,
+            Some(Verdict::Ok),
+            "an INVALID repeat is no measurement, not the host's fault"
+        );
     }
 
     #[test]

@@ -87,6 +87,7 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
         for a in j.attempts.iter().take(last).filter(|a| a.outcome == AttemptOutcome::Failed) {
             let why = a.reason.as_deref().unwrap_or("no reason given");
             s.failures.push(format!("{} repeat {} attempt {}: {why}", j.profile.name, j.repeat, a.number));
+            s.host_failures += 1;
         }
         let summary = j.summary.as_ref().filter(|_| j.state == JobState::Succeeded);
         let Some(summary) = summary.filter(|s| s.invalid.is_none()) else {
@@ -96,6 +97,9 @@ fn sample(target: &str, host: &str, jobs: &[&Job], metrics: &[Measured]) -> Targ
                     (Some(e), None) => e.clone(),
                     (None, None) => j.state.as_str().to_owned(),
                 };
+                if summary.and_then(|s| s.invalid.as_ref()).is_none() && j.state != JobState::Cancelled {
+                    s.host_failures += 1;
+                }
                 s.failures.push(format!("{} repeat {}: {why}", j.profile.name, j.repeat));
             }
             continue;
@@ -448,6 +452,7 @@ mod tests {
         });
         let s = sample("h1", "h1", &[&j], &metrics(Objective::OutputThroughput));
         assert_eq!(s.failures, ["p repeat 2 attempt 1: attempt invalidated: XID 79 on GPU GPU-1"]);
+        assert_eq!(s.host_failures, 1);
         assert_eq!(
             s.evidence,
             [
