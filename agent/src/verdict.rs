@@ -262,11 +262,7 @@ fn below(value: u32, max: u32, min_fraction: f64) -> bool {
 /// results. Only the GPUs named by `uuids` (the attempt's) are compared.
 pub fn new_errors(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Vec<String> {
     let mut out = Vec::new();
-    for uuid in uuids {
-        let (Some(b), Some(a)) = (before.iter().find(|g| &g.uuid == uuid), after.iter().find(|g| &g.uuid == uuid))
-        else {
-            continue;
-        };
+    for (uuid, b, a) in read_twice(before, after, uuids) {
         let grew = |b: Option<u64>, a: Option<u64>| match (b, a) {
             (Some(b), Some(a)) if a > b => a - b,
             _ => 0,
@@ -282,17 +278,25 @@ pub fn new_errors(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Ve
     out
 }
 
+/// Each GPU of `uuids` read both `before` and `after` a job.
+fn read_twice<'a>(
+    before: &'a [GpuInfo],
+    after: &'a [GpuInfo],
+    uuids: &'a [String],
+) -> impl Iterator<Item = (&'a String, &'a GpuInfo, &'a GpuInfo)> {
+    uuids.iter().filter_map(move |uuid| {
+        let read = |gpus: &'a [GpuInfo]| gpus.iter().find(|g| &g.uuid == uuid);
+        Some((uuid, read(before)?, read(after)?))
+    })
+}
+
 /// What changed on the GPUs of `uuids` between `before` and `after` without
 /// making the attempt invalid: rows remapped (for correctable or
 /// uncorrectable errors), a remap left pending or failed, pages waiting to
 /// be retired. A fleet check shows them beside its verdicts.
 pub fn hardware_changes(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Vec<String> {
     let mut out = Vec::new();
-    for uuid in uuids {
-        let (Some(b), Some(a)) = (before.iter().find(|g| &g.uuid == uuid), after.iter().find(|g| &g.uuid == uuid))
-        else {
-            continue;
-        };
+    for (uuid, b, a) in read_twice(before, after, uuids) {
         if let (Some(rb), Some(ra)) = (b.remapped_rows, a.remapped_rows) {
             for (what, n) in [
                 ("correctable", ra.corrected.saturating_sub(rb.corrected)),

@@ -271,11 +271,16 @@ impl TelemetrySummary {
     /// Each GPU that throttled, worded (`GpuTelemetry::throttle_flag`); with
     /// more than one GPU, each flag starts with its GPU's UUID.
     pub fn throttle_flags(&self) -> Vec<String> {
+        self.per_gpu(|g| g.throttle_flag(self.duration_ms))
+    }
+
+    /// Each GPU's `flag`, led by its UUID when there are several.
+    fn per_gpu(&self, flag: impl Fn(&GpuTelemetry) -> Option<String>) -> Vec<String> {
         let several = self.gpus.len() > 1;
         self.gpus
             .iter()
             .filter_map(|g| {
-                let flag = g.throttle_flag(self.duration_ms)?;
+                let flag = flag(g)?;
                 Some(if several { format!("{}: {flag}", g.gpu) } else { flag })
             })
             .collect()
@@ -284,14 +289,7 @@ impl TelemetrySummary {
     /// Each GPU whose PCIe link was below its maximum under load, worded
     /// (`GpuTelemetry::pcie_flag`), as `throttle_flags`.
     pub fn pcie_flags(&self) -> Vec<String> {
-        let several = self.gpus.len() > 1;
-        self.gpus
-            .iter()
-            .filter_map(|g| {
-                let flag = g.pcie_flag()?;
-                Some(if several { format!("{}: {flag}", g.gpu) } else { flag })
-            })
-            .collect()
+        self.per_gpu(GpuTelemetry::pcie_flag)
     }
 
     /// A series' numbers, by name (and GPU; "" for the engine's).

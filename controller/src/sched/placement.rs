@@ -178,14 +178,13 @@ impl Scheduler {
                 "agent {name} is gone (no heartbeat within its lease) and this target runs only there"
             ));
         }
-        let failing: Vec<String> = need
-            .gpus(&a.rec)
-            .filter(|g| !g.usable && (gpus.is_empty() || gpus.contains(&g.uuid)))
-            .map(|g| format!("GPU {}: {}", g.index, g.reasons.join("; ")))
-            .collect();
-        let usable = need.gpus(&a.rec).filter(|g| g.usable && (gpus.is_empty() || gpus.contains(&g.uuid))).count();
-        (a.session.is_some() && usable < need.gpus as usize && !failing.is_empty())
-            .then(|| format!("agent {name}'s GPUs fail their checks ({})", failing.join("; ")))
+        let (usable, failing): (Vec<&GpuState>, Vec<&GpuState>) =
+            need.gpus(&a.rec).filter(|g| gpus.is_empty() || gpus.contains(&g.uuid)).partition(|g| g.usable);
+        (a.session.is_some() && usable.len() < need.gpus as usize && !failing.is_empty()).then(|| {
+            let why: Vec<String> =
+                failing.iter().map(|g| format!("GPU {}: {}", g.index, g.reasons.join("; "))).collect();
+            format!("agent {name}'s GPUs fail their checks ({})", why.join("; "))
+        })
     }
 
     fn pop(&mut self, need: &Need) {
