@@ -103,7 +103,7 @@ impl Histogram {
 /// the common values (below 2^17 µs, 131 ms: gaps between tokens) and a map
 /// beyond.
 #[derive(Debug, Default)]
-struct Tally {
+pub(crate) struct Tally {
     count: u64,
     sum_ns: f64,
     /// (µs, weight) of the first samples, until there are `KEPT` of them.
@@ -116,7 +116,7 @@ const KEPT: usize = 4096;
 const DENSE_US: usize = 1 << 17;
 
 impl Tally {
-    fn add(&mut self, ns: f64, weight: u64) {
+    pub(crate) fn add(&mut self, ns: f64, weight: u64) {
         self.count += weight;
         self.sum_ns += ns * weight as f64;
         let us = (ns / 1e3).round() as i64;
@@ -140,7 +140,7 @@ impl Tally {
         }
     }
 
-    fn finish(self) -> Histogram {
+    pub(crate) fn finish(self) -> Histogram {
         let mut counts: Vec<(i64, u64)> = self.sparse.into_iter().collect();
         counts.extend(self.dense.iter().enumerate().filter(|&(_, &c)| c > 0).map(|(i, &c)| (i as i64, c)));
         counts.extend(self.kept);

@@ -36,7 +36,8 @@ pub mod tls;
 pub use block::render_block;
 pub use digest::{Digest, DigestBuilder, Histogram, pool};
 pub use metrics::{
-    DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryOptions, summarize, summarize_with,
+    DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryBuilder, SummaryOptions, summarize,
+    summarize_with,
 };
 pub use record::{Chunk, ChunkIter, Chunks, Outcome, Phase, RequestRecord};
 

@@ -2,12 +2,13 @@
 //! they are computed: loadgen, the controller and the reports all call
 //! [`summarize`]. See `docs/metrics.md` for the definitions in prose.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use serde::{Deserialize, Serialize};
 
-use crate::record::{ChunkIter, Outcome, Phase, RequestRecord};
+use crate::record::{Phase, RequestRecord};
+
+mod build;
+
+pub use build::{GAPS_KEPT, SummaryBuilder};
 
 const NS_PER_S: f64 = 1e9;
 const NS_PER_MS: f64 = 1e6;
@@ -55,9 +56,7 @@ impl Distribution {
             let percentiles = asked.iter().map(|&p| Percentile { p, value: 0.0 }).collect();
             return Distribution { percentiles, ..Distribution::default() };
         }
-        // Summed in the order given, as `of_many` does: both give the same
-        // numbers for the same samples.
-        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        let mean = Sum::of(samples.iter().copied()).mean();
         samples.sort_by(f64::total_cmp);
         let n = samples.len();
         Distribution::from_ranks(n, mean, asked, |rank| samples[rank])
@@ -68,7 +67,8 @@ impl Distribution {
     /// few passes, and only the samples near each percentile are ever held
     /// at once. The numbers are exactly those of [`Distribution::with_percentiles`].
     pub fn of_many<I: Iterator<Item = f64>>(samples: impl Fn() -> I, asked: &[f64]) -> Distribution {
-        let (n, sum) = samples().fold((0usize, 0f64), |(n, sum), x| (n + 1, sum + x));
+        let sum = Sum::of(samples());
+        let n = sum.n;
         if n <= SORT_LIMIT {
             return Distribution::with_percentiles(samples().collect(), asked);
         }
@@ -84,7 +84,7 @@ impl Distribution {
         ranks.dedup();
         let values = select_ranks(&samples, n, &ranks);
         let at = |rank: usize| ranks.binary_search(&rank).map_or(f64::NAN, |i| values[i]);
-        Distribution::from_ranks(n, sum / n as f64, asked, at)
+        Distribution::from_ranks(n, sum.mean(), asked, at)
     }
 
     /// The summary of `n` samples whose mean is `mean`, given the sample of
@@ -115,6 +115,40 @@ impl Distribution {
                 .map(|(_, value)| value);
         }
         self.percentiles.iter().find(|q| q.p == p).map(|q| q.value)
+    }
+}
+
+/// A sum of samples that is the same in whatever order they come (a run's
+/// records come back in the order they finish, and are stored in the order
+/// they were sent): each is added as a fixed-point number of 2^-60 units,
+/// exactly, and the sum is rounded once, at the end.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sum {
+    n: usize,
+    units: i128,
+}
+
+impl Sum {
+    const UNIT: f64 = (1u64 << 60) as f64;
+
+    fn of(samples: impl Iterator<Item = f64>) -> Sum {
+        let mut sum = Sum::default();
+        for x in samples {
+            sum.add(x, 1);
+        }
+        sum
+    }
+
+    /// Adds `times` samples of `x`.
+    fn add(&mut self, x: f64, times: usize) {
+        self.n += times;
+        // Exact for every sample from 2^-8 up to 2^67 (a duration in ms or
+        // s); a smaller one loses what is below 2^-60.
+        self.units += (x * Sum::UNIT) as i128 * times as i128;
+    }
+
+    fn mean(&self) -> f64 {
+        if self.n == 0 { 0.0 } else { self.units as f64 / Sum::UNIT / self.n as f64 }
     }
 }
 
@@ -612,86 +646,29 @@ pub fn summarize(records: &[RequestRecord], max_concurrency: Option<u64>) -> Sum
 /// client's CPU time comes from the records, so a summary can always be
 /// recomputed from them.
 pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary {
-    let records: Vec<&RequestRecord> = all.iter().filter(|r| r.phase == Phase::Measured).collect();
-    let ok: Vec<&RequestRecord> = records.iter().copied().filter(|r| r.outcome.is_ok()).collect();
-
-    let first_send = records.iter().map(|r| r.sent_ns).min();
-    let last_completion = records.iter().map(|r| r.completed_ns).max();
-    let duration_s = match (first_send, last_completion) {
-        (Some(start), Some(end)) if end > start => (end - start) as f64 / NS_PER_S,
-        _ => 0.0,
-    };
-    let per_second = |x: f64| {
-        if duration_s > 0.0 { x / duration_s } else { 0.0 }
-    };
-
-    let total_input_tokens: u64 = ok.iter().map(|r| u64::from(r.prompt_tokens)).sum();
-    let total_output_tokens: u64 = ok.iter().map(|r| u64::from(r.output_tokens)).sum();
-
-    let ms = |ns: i64| ns as f64 / NS_PER_MS;
-    let dist = |samples: Vec<f64>| Distribution::with_percentiles(samples, &options.percentiles);
-
-    let mut failures = Failures::default();
-    for r in &records {
-        match r.outcome {
-            Outcome::Ok => {}
-            Outcome::HttpError => failures.http_error += 1,
-            Outcome::Timeout => failures.timeout += 1,
-            Outcome::Cancelled => failures.cancelled += 1,
-            Outcome::Incomplete => failures.incomplete += 1,
-            Outcome::TransportError => failures.transport_error += 1,
-            Outcome::Disconnected => failures.disconnected += 1,
-            Outcome::Malformed => failures.malformed += 1,
-        }
+    let percentiles = options.percentiles.clone();
+    let mut builder = SummaryBuilder::without_gaps(options);
+    // After each record, no later one has a chunk before the earliest first
+    // arrival among them: the peak's window settles up to there.
+    let mut horizons = vec![i64::MAX; all.len()];
+    for i in (1..all.len()).rev() {
+        let first = all[i].chunks.first().map_or(i64::MAX, |c| c.at_ns);
+        horizons[i - 1] = horizons[i].min(first);
     }
-
-    let mut summary = Summary {
-        successful: ok.len() as u64,
-        failed: (records.len() - ok.len()) as u64,
-        max_concurrency: options.max_concurrency,
-        duration_s,
-        total_input_tokens,
-        total_output_tokens,
-        request_throughput: per_second(ok.len() as f64),
-        output_throughput: per_second(total_output_tokens as f64),
-        peak_output_throughput: (duration_s >= 1.0).then(|| peak_tokens_per_second(&ok)),
-        peak_concurrent: peak_concurrency(&records),
-        total_token_throughput: per_second((total_input_tokens + total_output_tokens) as f64),
-        latency_s: dist(ok.iter().map(|r| r.latency_ns() as f64 / NS_PER_S).collect()),
-        ttft_ms: dist(ok.iter().filter_map(|r| r.ttft_ns()).map(ms).collect()),
-        tpot_ms: dist(ok.iter().filter_map(|r| r.tpot_ns()).map(|t| t / NS_PER_MS).collect()),
-        // A sample per chunk (or token) of every request: too many to copy.
-        itl_ms: Distribution::of_many(|| chunk_itls_ms(&ok), &options.percentiles),
-        itl_per_token_ms: Distribution::of_many(|| token_itls_ms(&ok), &options.percentiles),
-        latency_from_scheduled_s: dist(ok.iter().map(|r| r.latency_from_scheduled_ns() as f64 / NS_PER_S).collect()),
-        ttft_from_scheduled_ms: dist(ok.iter().filter_map(|r| r.ttft_from_scheduled_ns()).map(ms).collect()),
-        connect_ms: dist(records.iter().filter_map(|r| r.connect_ns).map(ms).collect()),
-        failures,
-        excluded: (all.len() - records.len()) as u64,
-        // The first wave of a closed loop (or of a run with everything due at
-        // once) is due at the very start and necessarily goes out one after
-        // another: that is the profile, not a client falling behind.
-        dispatch_lag_ms: dist(records.iter().filter(|r| r.ready_ns() > 0).map(|r| ms(r.dispatch_lag_ns())).collect()),
-        offered_rate: rate_of(records.iter().map(|r| r.scheduled_ns)),
-        achieved_rate: rate_of(records.iter().map(|r| r.sent_ns)).unwrap_or(0.0),
-        cap_waits: records.iter().filter(|r| r.slot_ns.is_some()).count() as u64,
-        lag_limit_ms: 0.0,
-        rate_tolerance: options.rate_tolerance,
-        client_cpu_s: None,
-        invalid: None,
-        usage_check: None,
-        goodput: options.goodput.map(|slo| {
-            let good = ok.iter().filter(|r| slo.met_by(r)).count() as u64;
-            Goodput { slo, good, request_goodput: per_second(good as f64) }
-        }),
+    for (r, horizon) in all.iter().zip(horizons) {
+        builder.add(r);
+        builder.settle(horizon);
+    }
+    // The chunk gaps are read from the records again on each pass, not
+    // copied: they are the most numerous samples.
+    let ok = || all.iter().filter(|r| r.phase == Phase::Measured && r.outcome.is_ok());
+    let gaps = || {
+        ok().flat_map(|r| {
+            let scale = token_scale(r);
+            r.chunks.pairs().map(move |(a, b)| (b.at_ns - a.at_ns, f64::from(b.tokens) * scale))
+        })
     };
-    let (limit, basis) = match options.lag_limit_ms {
-        Some(limit) => (limit, "the limit asked for"),
-        None => lag_limit_for(summary.offered_rate, summary.ttft_ms.median),
-    };
-    summary.lag_limit_ms = limit;
-    summary.invalid = validity(&summary, basis);
-    summary
+    builder.finish_with(build::itl_distributions(gaps, &percentiles))
 }
 
 /// Why a run is not to be trusted: the client lagged behind its schedule, or
@@ -739,116 +716,11 @@ fn token_scale(r: &RequestRecord) -> f64 {
     if counted == 0 || r.output_tokens == 0 { 1.0 } else { f64::from(r.output_tokens) / counted as f64 }
 }
 
-/// Every gap between two chunks of a request, ms (the vLLM-compatible ITL).
-fn chunk_itls_ms<'a>(ok: &'a [&'a RequestRecord]) -> impl Iterator<Item = f64> + 'a {
-    ok.iter().flat_map(|r| r.chunks.pairs().map(|(a, b)| (b.at_ns - a.at_ns) as f64 / NS_PER_MS))
-}
-
-/// Every gap between two tokens, ms: a chunk of k tokens after a gap g
-/// gives k samples of g / k.
-fn token_itls_ms<'a>(ok: &'a [&'a RequestRecord]) -> impl Iterator<Item = f64> + 'a {
-    ok.iter().flat_map(|r| token_gaps(r)).flat_map(|(gap, n)| std::iter::repeat_n(gap, n))
-}
-
-/// Each gap between two chunks of `r` as (per-token gap ms, tokens).
-fn token_gaps(r: &RequestRecord) -> impl Iterator<Item = (f64, usize)> + '_ {
-    token_gaps_ns(r).map(|(gap, n)| (gap / NS_PER_MS, n))
-}
-
 /// Each gap between two chunks of `r` as (per-token gap ns, tokens): the
 /// chunk's tokens, scaled to the server's count, share the gap before it.
 pub(crate) fn token_gaps_ns(r: &RequestRecord) -> impl Iterator<Item = (f64, usize)> + '_ {
     let scale = token_scale(r);
-    r.chunks.pairs().filter_map(move |(a, b)| {
-        let tokens = f64::from(b.tokens) * scale;
-        (tokens > 0.0).then(|| ((b.at_ns - a.at_ns) as f64 / tokens, (tokens.round() as usize).max(1)))
-    })
-}
-
-/// The most output tokens that arrived in any window of one second, found by
-/// sliding a window over every chunk arrival (tokens, not chunks, so a chunk
-/// of k tokens counts k).
-fn peak_tokens_per_second(ok: &[&RequestRecord]) -> f64 {
-    let window_ns = 1_000_000_000;
-    // The window's two ends walk the same arrivals, the start behind.
-    let mut starts = Arrivals::new(ok);
-    let mut start = starts.next();
-    let (mut best, mut in_window) = (0f64, 0f64);
-    for (at_ns, tokens) in Arrivals::new(ok) {
-        in_window += tokens;
-        while let Some((from_ns, leaving)) = start
-            && at_ns - from_ns >= window_ns
-        {
-            in_window -= leaving;
-            start = starts.next();
-        }
-        best = best.max(in_window);
-    }
-    // Sums of fractional token shares: round away the float noise.
-    (best * 1e6).round() / 1e6
-}
-
-/// Every chunk of the records in arrival order, with its tokens scaled by
-/// its record's [`token_scale`]: a merge of the records' own lists (each in
-/// arrival order), holding a cursor per record rather than a copy of every
-/// arrival, which for a long run would be the largest thing in memory. The
-/// records join the merge in the order of their first arrival, so the heap
-/// holds only those whose chunks are arriving (about the requests in flight),
-/// not every record of the run.
-struct Arrivals<'a> {
-    cursors: Vec<(ChunkIter<'a>, f64)>,
-    /// Records by their first arrival: (arrival, record), next to join last.
-    waiting: Vec<(i64, usize)>,
-    /// The next chunk of each record that joined: (arrival, record, tokens).
-    next: BinaryHeap<Reverse<(i64, usize, u32)>>,
-}
-
-impl<'a> Arrivals<'a> {
-    fn new(records: &[&'a RequestRecord]) -> Arrivals<'a> {
-        let cursors: Vec<(ChunkIter<'a>, f64)> = records.iter().map(|r| (r.chunks.iter(), token_scale(r))).collect();
-        let mut waiting: Vec<(i64, usize)> =
-            records.iter().enumerate().filter_map(|(i, r)| r.chunks.iter().next().map(|c| (c.at_ns, i))).collect();
-        // Latest first: the next to join is popped off the end.
-        waiting.sort_unstable_by(|a, b| b.cmp(a));
-        Arrivals { cursors, waiting, next: BinaryHeap::new() }
-    }
-}
-
-impl Iterator for Arrivals<'_> {
-    type Item = (i64, f64);
-
-    fn next(&mut self) -> Option<(i64, f64)> {
-        // A record joins once its first arrival is no later than the
-        // earliest arrival in the merge (ties go by record, as before).
-        while let Some(&(at_ns, i)) = self.waiting.last()
-            && self.next.peek().is_none_or(|Reverse((t, j, _))| (at_ns, i) < (*t, *j))
-        {
-            self.waiting.pop();
-            if let Some(c) = self.cursors[i].0.next() {
-                self.next.push(Reverse((c.at_ns, i, c.tokens)));
-            }
-        }
-        let Reverse((at_ns, i, tokens)) = self.next.pop()?;
-        let (chunks, scale) = &mut self.cursors[i];
-        let scale = *scale;
-        if let Some(c) = chunks.next() {
-            self.next.push(Reverse((c.at_ns, i, c.tokens)));
-        }
-        Some((at_ns, f64::from(tokens) * scale))
-    }
-}
-
-/// The most requests in flight at once, from send to completion.
-fn peak_concurrency(records: &[&RequestRecord]) -> u64 {
-    // A completion at the same instant as a send frees its slot first.
-    let mut events: Vec<(i64, i64)> = records.iter().flat_map(|r| [(r.sent_ns, 1), (r.completed_ns, -1)]).collect();
-    events.sort_unstable();
-    let (mut now, mut peak) = (0i64, 0i64);
-    for (_, delta) in events {
-        now += delta;
-        peak = peak.max(now);
-    }
-    peak as u64
+    r.chunks.pairs().filter_map(move |(a, b)| build::per_token(b.at_ns - a.at_ns, f64::from(b.tokens) * scale))
 }
 
 #[cfg(test)]
@@ -998,8 +870,129 @@ mod tests {
                     all.iter().filter(|c| c.at_ns > from && c.at_ns <= end.at_ns).map(|c| f64::from(c.tokens)).sum()
                 })
                 .fold(0f64, f64::max);
-            let ok: Vec<&RequestRecord> = records.iter().collect();
-            assert_eq!(peak_tokens_per_second(&ok), brute);
+            // More than a second long, so that the peak is measured.
+            let s = summarize(&records, None);
+            assert!(s.duration_s >= 1.0);
+            assert_eq!(s.peak_output_throughput, Some(brute));
+        }
+    }
+
+    /// A mixed run: overlapping streamed requests with chunks of several
+    /// tokens and usage counts that rescale them, failures, warm-up,
+    /// cap waits, new connections, and the server's long pauses.
+    fn mixed_run(rng: &mut rand_chacha::ChaCha8Rng, n: u64) -> Vec<RequestRecord> {
+        use rand::Rng;
+        (0..n)
+            .map(|i| {
+                let mut r = streamed(
+                    i,
+                    i as i64 * 3 + rng.random_range(0..5),
+                    rng.random_range(10..300),
+                    rng.random_range(1..40),
+                    rng.random_range(1..60),
+                );
+                r.scheduled_ns -= rng.random_range(0..2_000_000);
+                r.chunks = r.chunks.iter().map(|c| Chunk { tokens: rng.random_range(0..4), ..c }).collect();
+                r.output_tokens = r.chunks.iter().map(|c| c.tokens).sum::<u32>() + rng.random_range(0..3);
+                if rng.random_range(0..40) == 0 {
+                    // A stall of five seconds before the last chunk.
+                    let mut chunks = r.chunks.to_vec();
+                    if let Some(last) = chunks.last_mut() {
+                        last.at_ns += 5_000_000_000;
+                        r.completed_ns = last.at_ns;
+                    }
+                    r.chunks = chunks.into();
+                }
+                match rng.random_range(0..20) {
+                    0 => {
+                        r.outcome = Outcome::Timeout;
+                        r.error = Some(format!("request {i} timed out"));
+                    }
+                    1 => r.phase = Phase::Warmup,
+                    2 => r.slot_ns = Some(r.sent_ns - 1_000),
+                    3 => r.connect_ns = Some(rng.random_range(50_000..900_000)),
+                    _ => {}
+                }
+                r
+            })
+            .collect()
+    }
+
+    /// What the builder makes of records given in completion order, its
+    /// window settled as a load generator settles it (at the earliest send
+    /// still in flight), is what `summarize_with` makes of them all: every
+    /// figure, with the chunk gaps kept and with them counted into
+    /// histograms (within half a microsecond there).
+    #[test]
+    fn a_summary_built_as_records_complete_is_the_summary_of_them_all() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for round in 0..6 {
+            let records = mixed_run(&mut rng, 700);
+            let options = SummaryOptions {
+                goodput: Some(Slo { ttft_ms: Some(150.0), tpot_ms: None, e2el_ms: None }),
+                percentiles: vec![10.0, 50.0, 90.0, 99.9],
+                ..SummaryOptions::new(Some(64))
+            };
+            let all = summarize_with(&records, options.clone());
+            let mut done: Vec<&RequestRecord> = records.iter().collect();
+            done.sort_by_key(|r| (r.completed_ns, r.seq));
+            let gaps: usize = records.iter().map(|r| r.chunks.len().saturating_sub(1)).sum();
+            let kept = if round % 2 == 0 { usize::MAX } else { gaps / 3 };
+            let mut builder = SummaryBuilder::keeping(options, kept);
+            for (i, r) in done.iter().enumerate() {
+                builder.add(r);
+                // Still in flight: those sent and not yet given.
+                let in_flight = done[i + 1..].iter().map(|r| r.sent_ns).min().unwrap_or(i64::MAX);
+                builder.settle(in_flight);
+            }
+            assert_eq!(builder.first_error(), records.iter().find_map(|r| r.error.as_deref()));
+            let streamed = builder.finish();
+            let same = |a: &Distribution, b: &Distribution, tolerance: f64, what: &str| {
+                assert_eq!(a.count, b.count, "{what}");
+                let pairs = [(a.mean, b.mean), (a.median, b.median), (a.p95, b.p95), (a.p99, b.p99)];
+                let asked = a.percentiles.iter().zip(&b.percentiles).map(|(x, y)| (x.value, y.value));
+                for (x, y) in pairs.into_iter().chain(asked) {
+                    assert!((x - y).abs() <= tolerance, "{what} (round {round}): {x} against {y}");
+                }
+            };
+            for (a, b, what) in [
+                (&streamed.latency_s, &all.latency_s, "latency"),
+                (&streamed.ttft_ms, &all.ttft_ms, "ttft"),
+                (&streamed.tpot_ms, &all.tpot_ms, "tpot"),
+                (&streamed.latency_from_scheduled_s, &all.latency_from_scheduled_s, "latency from scheduled"),
+                (&streamed.ttft_from_scheduled_ms, &all.ttft_from_scheduled_ms, "ttft from scheduled"),
+                (&streamed.connect_ms, &all.connect_ms, "connect"),
+                (&streamed.dispatch_lag_ms, &all.dispatch_lag_ms, "dispatch lag"),
+            ] {
+                same(a, b, 0.0, what);
+            }
+            // Counted into histograms: within half a microsecond, in ms;
+            // the means exact all the same.
+            let itl_tolerance = if kept == usize::MAX { 0.0 } else { 0.0005 };
+            same(&streamed.itl_ms, &all.itl_ms, itl_tolerance, "itl");
+            same(&streamed.itl_per_token_ms, &all.itl_per_token_ms, itl_tolerance, "itl per token");
+            assert_eq!(streamed.itl_ms.mean, all.itl_ms.mean);
+            assert_eq!(streamed.itl_per_token_ms.mean, all.itl_per_token_ms.mean);
+            let (mut a, mut b) = (streamed.clone(), all.clone());
+            for s in [&mut a, &mut b] {
+                for d in [
+                    &mut s.latency_s,
+                    &mut s.ttft_ms,
+                    &mut s.tpot_ms,
+                    &mut s.itl_ms,
+                    &mut s.itl_per_token_ms,
+                    &mut s.latency_from_scheduled_s,
+                    &mut s.ttft_from_scheduled_ms,
+                    &mut s.connect_ms,
+                    &mut s.dispatch_lag_ms,
+                ] {
+                    *d = Distribution::default();
+                }
+            }
+            // Every other figure is the same number.
+            assert_eq!(a, b, "round {round}");
+            assert!(all.peak_output_throughput.is_some_and(|p| p > 0.0) && all.failed > 0 && all.excluded > 0);
         }
     }
 

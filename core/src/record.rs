@@ -144,6 +144,34 @@ impl Chunks {
     pub fn to_vec(&self) -> Vec<Chunk> {
         self.iter().collect()
     }
+
+    /// Where a walk through the chunks starts: for a walk that outlives a
+    /// borrow (an iterator would hold one), see [`Chunks::next_at`].
+    pub fn cursor(&self) -> ChunkCursor {
+        ChunkCursor { next: 0, long: 0, at_ns: self.first_ns }
+    }
+
+    /// The chunk at `cursor`, moving it on; `None` past the last.
+    pub fn next_at(&self, cursor: &mut ChunkCursor) -> Option<Chunk> {
+        let &(gap, tokens) = self.packed.get(cursor.next)?;
+        cursor.next += 1;
+        let gap = if gap == LONG_GAP {
+            cursor.long += 1;
+            self.long_gaps.get(cursor.long - 1).copied().unwrap_or(0)
+        } else {
+            i64::from(gap)
+        };
+        cursor.at_ns = cursor.at_ns.wrapping_add(gap);
+        Some(Chunk { at_ns: cursor.at_ns, tokens })
+    }
+}
+
+/// A position in a [`Chunks`], apart from it.
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkCursor {
+    next: usize,
+    long: usize,
+    at_ns: i64,
 }
 
 /// The chunks of [`Chunks::iter`].
@@ -308,6 +336,10 @@ mod tests {
         );
         let pairs: Vec<(Chunk, Chunk)> = chunks.windows(2).map(|w| (w[0], w[1])).collect();
         assert_eq!(compact.pairs().collect::<Vec<_>>(), pairs);
+        // A cursor walks the same arrivals.
+        let mut cursor = compact.cursor();
+        let walked: Vec<Chunk> = std::iter::from_fn(|| compact.next_at(&mut cursor)).collect();
+        assert_eq!(walked, chunks);
         // On the wire (JSON) it is the plain list, both ways.
         let json = serde_json::to_string(&compact).expect("json");
         assert_eq!(json, serde_json::to_string(&chunks).expect("json"));

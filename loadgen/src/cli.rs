@@ -537,6 +537,9 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
     config.percentiles = args.metric_percentiles.clone().unwrap_or_else(|| args.percentiles.clone());
     config.goodput = spec.goodput;
     config.tokens = tokens;
+    // Only a file of them needs the records at the end: the summary is built
+    // as they come in, and the controller has them as they do.
+    config.keep_records = args.save_records.is_some() || args.save_csv.is_some() || args.save_result;
     Ok(config)
 }
 

@@ -273,64 +273,73 @@ const WORDS: &[&str] = &[
 /// The text of the prompts a run of `n` requests of `dataset` sends, in
 /// order: what a seed decides.
 pub fn prompt_texts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Vec<String> {
-    prompts(dataset, n, counter).into_iter().map(|p| p.text).collect()
+    prompt_iter(dataset.clone(), n, counter.clone()).map(|p| p.text).collect()
 }
 
 /// The prompts of `n` requests, their tokens counted by `counter`.
+#[cfg(test)]
 pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Vec<Prompt> {
-    let random = |input: Lengths, output: Lengths, seed: u64| {
+    prompt_iter(dataset.clone(), n, counter.clone()).collect()
+}
+
+/// The prompts of `n` requests, made one at a time as they are taken (a
+/// run of a million requests does not hold them all), their tokens counted
+/// by `counter`. Its size hint is exact.
+pub(crate) fn prompt_iter(
+    dataset: Dataset,
+    n: usize,
+    counter: TokenCounter,
+) -> Box<dyn Iterator<Item = Prompt> + Send> {
+    let random = |input: Lengths,
+                  output: Lengths,
+                  seed: u64,
+                  counter: TokenCounter|
+     -> Box<dyn Iterator<Item = Prompt> + Send> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        (0..n)
-            .map(|_| {
-                let (input, output) = (input.draw(&mut rng), output.draw(&mut rng));
-                let (text, known) = counter.random_text(input, &mut rng);
-                let tokens = known.unwrap_or_else(|| counter.count(&text));
-                Prompt { tokens, text, max_tokens: output.max(1), ignore_eos: true }
-            })
-            .collect()
+        Box::new((0..n).map(move |_| {
+            let (input, output) = (input.draw(&mut rng), output.draw(&mut rng));
+            let (text, known) = counter.random_text(input, &mut rng);
+            let tokens = known.unwrap_or_else(|| counter.count(&text));
+            Prompt { tokens, text, max_tokens: output.max(1), ignore_eos: true }
+        }))
     };
     match dataset {
         Dataset::Random { input_tokens, output_tokens, seed } => {
-            random(Lengths::exact(*input_tokens), Lengths::exact(*output_tokens), *seed)
+            random(Lengths::exact(input_tokens), Lengths::exact(output_tokens), seed, counter)
         }
-        Dataset::RandomSpread { input, output, seed } => random(*input, *output, *seed),
+        Dataset::RandomSpread { input, output, seed } => random(input, output, seed, counter),
         Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
-            let mut rng = ChaCha8Rng::seed_from_u64(*seed);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
             let prefixes: Vec<(String, Option<u32>)> =
-                (0..(*groups).max(1)).map(|_| counter.random_text(*prefix_tokens, &mut rng)).collect();
-            (0..n)
-                .map(|i| {
-                    let (suffix, known_suffix) = counter.random_text(*suffix_tokens, &mut rng);
-                    let (prefix, known_prefix) = &prefixes[i % prefixes.len()];
-                    let text = counter.join(prefix, &suffix);
-                    let tokens = match (known_prefix, known_suffix) {
-                        (Some(p), Some(s)) if counter.has_word_pieces() => p + s,
-                        _ => counter.count(&text),
-                    };
-                    Prompt { tokens, text, max_tokens: (*output_tokens).max(1), ignore_eos: true }
-                })
-                .collect()
+                (0..groups.max(1)).map(|_| counter.random_text(prefix_tokens, &mut rng)).collect();
+            Box::new((0..n).map(move |i| {
+                let (suffix, known_suffix) = counter.random_text(suffix_tokens, &mut rng);
+                let (prefix, known_prefix) = &prefixes[i % prefixes.len()];
+                let text = counter.join(prefix, &suffix);
+                let tokens = match (known_prefix, known_suffix) {
+                    (Some(p), Some(s)) if counter.has_word_pieces() => p + s,
+                    _ => counter.count(&text),
+                };
+                Prompt { tokens, text, max_tokens: output_tokens.max(1), ignore_eos: true }
+            }))
         }
         Dataset::ShareGpt { data, output_tokens, shuffle } => {
             let mut order: Vec<usize> = (0..data.entries.len()).collect();
             if let Some(seed) = shuffle {
-                order.shuffle(&mut ChaCha8Rng::seed_from_u64(*seed));
+                order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
             }
             // Each entry is counted once, however often it is reused.
             let mut counted: Vec<Option<(u32, u32)>> = vec![None; data.entries.len()];
-            order
-                .iter()
-                .cycle()
-                .take(if order.is_empty() { 0 } else { n })
-                .map(|&i| {
-                    let e = &data.entries[i];
-                    let (tokens, max_tokens) = *counted[i].get_or_insert_with(|| {
-                        let reply = output_tokens.unwrap_or_else(|| counter.count(&e.reply).max(1));
-                        (counter.count(&e.prompt), reply)
-                    });
-                    Prompt { text: e.prompt.clone(), tokens, max_tokens, ignore_eos: output_tokens.is_some() }
-                })
-                .collect()
+            let n = if order.is_empty() { 0 } else { n };
+            Box::new((0..n).map(move |k| {
+                let i = order[k % order.len()];
+                let e = &data.entries[i];
+                let (tokens, max_tokens) = *counted[i].get_or_insert_with(|| {
+                    let reply = output_tokens.unwrap_or_else(|| counter.count(&e.reply).max(1));
+                    (counter.count(&e.prompt), reply)
+                });
+                Prompt { text: e.prompt.clone(), tokens, max_tokens, ignore_eos: output_tokens.is_some() }
+            }))
         }
     }
 }

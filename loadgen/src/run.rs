@@ -6,6 +6,7 @@
 //! channel. So the cap needs no shared semaphore, connection reuse no shared
 //! pool, and nothing on the hot path takes a lock.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +25,7 @@ use crate::client::{
 };
 use crate::clock::{self, Clock};
 use crate::dataset::{self, Dataset, TokenCounter};
-use crate::metrics::{DEFAULT_PERCENTILES, DEFAULT_RATE_TOLERANCE, Summary, SummaryOptions, summarize_with};
+use crate::metrics::{DEFAULT_PERCENTILES, DEFAULT_RATE_TOLERANCE, Summary, SummaryBuilder, SummaryOptions};
 use crate::record::{Phase, RequestRecord};
 use crate::schedule::{Arrival, send_times};
 use crate::sink::{Sink, SinkConfig, SinkError};
@@ -89,6 +90,11 @@ pub struct LoadConfig {
     pub stop: CancellationToken,
     /// Live counters for a progress display, if the caller wants one.
     pub progress: Option<Arc<Progress>>,
+    /// Keep every record for [`LoadResult::records`]. Without it the run
+    /// holds a few numbers a request (the summary is built as the records
+    /// come in, and they go to the sink as they do), so its memory grows
+    /// with the requests in flight, not with the run's length.
+    pub keep_records: bool,
 }
 
 /// A part of the run at its start or end, by request count or by time.
@@ -136,6 +142,7 @@ impl LoadConfig {
             goodput: None,
             stop: CancellationToken::new(),
             progress: None,
+            keep_records: true,
         }
     }
 }
@@ -168,9 +175,12 @@ impl Progress {
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct LoadResult {
-    /// One per request sent, in schedule order.
+    /// One per request sent, in schedule order; empty unless the run was
+    /// asked to keep them ([`LoadConfig::keep_records`]).
     pub records: Vec<RequestRecord>,
     pub summary: Summary,
+    /// The error of the earliest request (by schedule) that failed with one.
+    pub first_error: Option<String>,
 }
 
 impl LoadResult {
@@ -195,7 +205,7 @@ impl LoadResult {
         .filter(|(_, n)| *n > 0)
         .map(|(what, n)| format!("{what} {n}"))
         .collect();
-        let first = self.records.iter().find_map(|r| r.error.as_deref()).unwrap_or("no error was recorded");
+        let first = self.first_error.as_deref().unwrap_or("no error was recorded");
         Some(format!("all {} requests failed ({}); the first: {first}", s.failed, counts.join(", ")))
     }
 }
@@ -233,34 +243,27 @@ pub enum LoadError {
     Connect { n: usize, addr: String, error: client::RequestError },
     #[error("{0}")]
     Tls(String),
+    #[error("cannot start the thread that makes request bodies")]
+    Thread(#[source] std::io::Error),
 }
 
 /// Runs the load: checks the server serves the model, opens connections,
 /// sends every request at its deadline and records it. With a sink, returns
 /// only once the controller has acknowledged every record and the summary.
-pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadResult, LoadError> {
+pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadResult, LoadError> {
     check(&config)?;
 
-    // Everything costly happens before the measured window: prompts, bodies,
-    // the schedule, connections, the sink's stream.
-    let prompts = dataset::prompts(&config.dataset, config.num_requests, &config.tokens);
-    let options = BodyOptions {
-        endpoint: config.endpoint,
-        model: &config.model,
-        stream: config.stream,
-        extra: &config.extra_body,
-    };
-    let requests: Vec<Prepared> = prompts
-        .iter()
-        .map(|p| Prepared {
-            body: Bytes::from(client::request_body(&options, p)),
-            prompt_tokens: p.tokens,
-            max_tokens: p.max_tokens,
-        })
-        .collect();
-    drop(prompts);
-    let deadlines = send_times(requests.len(), config.request_rate, config.arrival);
-    let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(requests.len());
+    // Everything costly happens before the measured window: the schedule,
+    // connections, the sink's stream, and the first request bodies (all of
+    // them, for a run whose bodies fit in `AHEAD_BYTES`; the rest are made
+    // on a thread of their own as the run goes).
+    let dataset =
+        std::mem::replace(&mut config.dataset, Dataset::Random { input_tokens: 0, output_tokens: 0, seed: 0 });
+    let prompts = dataset::prompt_iter(dataset, config.num_requests, config.tokens.clone());
+    let count = prompts.size_hint().0;
+    let (bodies, ready) = prepare(prompts, &config)?;
+    let deadlines = send_times(count, config.request_rate, config.arrival);
+    let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(count);
     let roots = match &config.ca_cert {
         Some(path) => read_roots(path)?,
         None => Vec::new(),
@@ -287,39 +290,91 @@ pub async fn run(config: LoadConfig, sink: Option<SinkConfig>) -> Result<LoadRes
         Some(sink) => Some(Sink::start(sink, config.stop.clone()).await.map_err(LoadError::Sink)?),
         None => None,
     };
-
-    let cpu_before = clock::cpu_time();
-    target.clock = Clock::start();
-    let phases = Phases::new(&config, &deadlines);
-    let target = Arc::new(target);
-    let records = dispatch(Arc::clone(&target), &config, requests, &deadlines, phases, idle, sink.as_ref()).await;
-    let target_usage = target.usage.as_ref().map(|(tally, _)| tally.check());
-    let cpu = cpu_before.zip(clock::cpu_time()).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
+    let _ = ready.await;
 
     let cap = config.max_concurrency.map(|n| n as u64);
     let options = SummaryOptions {
         max_concurrency: cap,
         lag_limit_ms: config.lag_limit_ms,
         rate_tolerance: config.rate_tolerance,
-        percentiles: config.percentiles,
+        percentiles: config.percentiles.clone(),
         goodput: config.goodput,
     };
-    let mut summary = summarize_with(&records, options);
+    let cpu_before = clock::cpu_time();
+    target.clock = Clock::start();
+    let phases = Phases::new(&config, &deadlines);
+    let target = Arc::new(target);
+    let collected =
+        Collected::new(SummaryBuilder::new(options), config.keep_records.then(|| Vec::with_capacity(count)));
+    let collected =
+        dispatch(Arc::clone(&target), &config, bodies, &deadlines, phases, idle, sink.as_ref(), collected).await;
+    let target_usage = target.usage.as_ref().map(|(tally, _)| tally.check());
+    let cpu = cpu_before.zip(clock::cpu_time()).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
+
+    let Collected { summary, records, .. } = collected;
+    let first_error = summary.first_error().map(str::to_owned);
+    let taken = summary.records();
+    let mut summary = summary.finish();
+    let mut records = records.unwrap_or_default();
+    records.sort_unstable_by_key(|r| r.seq);
     summary.client_cpu_s = cpu;
     summary.usage_check = target_usage;
     if let Some(sink) = sink {
         sink.finish(summary.clone()).await.map_err(|source| match source {
             // Not a matter of acknowledgements: the attempt is over.
             SinkError::Refused { .. } => LoadError::Sink(source),
-            source => LoadError::Unacknowledged {
-                unacked: (records.len() as u64).saturating_sub(source.acked()),
-                total: records.len() as u64,
-                source,
-            },
+            source => LoadError::Unacknowledged { unacked: taken.saturating_sub(source.acked()), total: taken, source },
         })?;
     }
-    Ok(LoadResult { records, summary })
+    Ok(LoadResult { records, summary, first_error })
 }
+
+/// The bodies of the requests as they are sent, made on a thread of their
+/// own at most a few megabytes ahead, and a signal that the first of them
+/// (every one of a short run) are ready.
+fn prepare(
+    prompts: Box<dyn Iterator<Item = dataset::Prompt> + Send>,
+    config: &LoadConfig,
+) -> Result<(mpsc::Receiver<Prepared>, tokio::sync::oneshot::Receiver<()>), LoadError> {
+    let (endpoint, model, stream, extra) =
+        (config.endpoint, config.model.clone(), config.stream, config.extra_body.clone());
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let make = move |p: dataset::Prompt| {
+        let options = BodyOptions { endpoint, model: &model, stream, extra: &extra };
+        Prepared {
+            body: Bytes::from(client::request_body(&options, &p)),
+            prompt_tokens: p.tokens,
+            max_tokens: p.max_tokens,
+        }
+    };
+    let mut prompts = prompts;
+    let Some(first) = prompts.next().map(&make) else {
+        let (_, bodies) = mpsc::channel(1);
+        let _ = ready_tx.send(());
+        return Ok((bodies, ready));
+    };
+    let ahead = (AHEAD_BYTES / first.body.len().max(1)).max(MIN_AHEAD);
+    let (tx, bodies) = mpsc::channel(ahead);
+    let _ = tx.try_send(first);
+    let work = move || {
+        let mut ready_tx = Some(ready_tx);
+        for (made, prompt) in (1..).zip(prompts) {
+            if tx.blocking_send(make(prompt)).is_err() {
+                return;
+            }
+            if made + 1 >= ahead {
+                ready_tx.take().map(|ready| ready.send(()));
+            }
+        }
+    };
+    std::thread::Builder::new().name("loadgen-bodies".into()).spawn(work).map_err(LoadError::Thread)?;
+    Ok((bodies, ready))
+}
+
+/// Request bodies made ahead of their send, in bytes (at least
+/// `MIN_AHEAD` bodies).
+const AHEAD_BYTES: usize = 16 << 20;
+const MIN_AHEAD: usize = 1024;
 
 fn check(config: &LoadConfig) -> Result<(), LoadError> {
     let bad = |m: &str| Err(LoadError::Config(m.to_owned()));
@@ -413,21 +468,62 @@ struct Done {
     conn: Option<Conn>,
 }
 
+/// What the dispatcher makes of the records as they come back: the
+/// summary, built as they do, and the records themselves where they are
+/// kept.
+struct Collected {
+    summary: SummaryBuilder,
+    records: Option<Vec<RequestRecord>>,
+    /// When each request from `first` on was handed to its task, ns, until
+    /// its record is back: no chunk of a request still out arrived before
+    /// the earliest of them (its send followed), so the summary's
+    /// tokens-per-second window settles up to there.
+    out: VecDeque<Option<i64>>,
+    first: u64,
+}
+
+impl Collected {
+    fn new(summary: SummaryBuilder, records: Option<Vec<RequestRecord>>) -> Collected {
+        Collected { summary, records, out: VecDeque::new(), first: 0 }
+    }
+
+    fn sent(&mut self, seq: u64, at_ns: i64) {
+        debug_assert_eq!(seq, self.first + self.out.len() as u64);
+        self.out.push_back(Some(at_ns));
+    }
+
+    fn take(&mut self, record: RequestRecord, now_ns: i64) {
+        if let Some(out) = usize::try_from(record.seq - self.first).ok().and_then(|i| self.out.get_mut(i)) {
+            *out = None;
+        }
+        while self.out.front().is_some_and(Option::is_none) {
+            self.out.pop_front();
+            self.first += 1;
+        }
+        self.summary.add(&record);
+        self.summary.settle(self.out.front().copied().flatten().unwrap_or(now_ns));
+        if let Some(records) = &mut self.records {
+            records.push(record);
+        }
+    }
+}
+
 /// Sends every request at its deadline (or when a slot frees, under a cap)
-/// until the schedule, the maximum duration or a stop ends it; returns the
-/// records in schedule order.
+/// until the schedule, the maximum duration or a stop ends it; returns what
+/// the records made.
+#[allow(clippy::too_many_arguments)]
 async fn dispatch(
     target: Arc<Target>,
     config: &LoadConfig,
-    requests: Vec<Prepared>,
+    mut bodies: mpsc::Receiver<Prepared>,
     deadlines: &[Duration],
     phases: Phases,
     mut idle: Vec<Conn>,
     sink: Option<&Sink>,
-) -> Vec<RequestRecord> {
+    mut collected: Collected,
+) -> Collected {
     let clock = target.clock;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-    let mut records = Vec::with_capacity(requests.len());
     let mut in_flight = 0usize;
     let cap = config.max_concurrency.unwrap_or(usize::MAX);
     let end = config.max_duration.map(|d| clock.at(d));
@@ -440,17 +536,28 @@ async fn dispatch(
     tokio::pin!(end_or_never);
     let stop = target.cancel.clone();
     let sink_tx = sink.map(Sink::sender);
-    let mut accept = |done: Done, idle: &mut Vec<Conn>, in_flight: &mut usize| {
+    let accept = |done: Done, idle: &mut Vec<Conn>, in_flight: &mut usize, collected: &mut Collected| {
         *in_flight -= 1;
         if let Some(conn) = done.conn {
             idle.push(conn);
         }
-        records.push(done.record);
+        collected.take(done.record, clock.now_ns());
     };
 
-    'sending: for (seq, (Prepared { body, prompt_tokens, max_tokens }, deadline)) in
-        requests.into_iter().zip(deadlines).enumerate()
-    {
+    'sending: for (seq, deadline) in deadlines.iter().enumerate() {
+        // Made ahead: waiting here means the thread making them fell behind.
+        let Prepared { body, prompt_tokens, max_tokens } = match bodies.try_recv() {
+            Ok(prepared) => prepared,
+            Err(_) => tokio::select! {
+                biased;
+                () = stop.cancelled() => break 'sending,
+                () = &mut end_or_never => break 'sending,
+                prepared = bodies.recv() => match prepared {
+                    Some(prepared) => prepared,
+                    None => break 'sending,
+                },
+            },
+        };
         // Until the deadline, take completions in (their connections are
         // reused, and the records would otherwise pile up in the channel).
         let due = tokio::time::sleep_until(clock.at(*deadline));
@@ -461,7 +568,7 @@ async fn dispatch(
                 () = stop.cancelled() => break 'sending,
                 () = &mut end_or_never => break 'sending,
                 () = &mut due => break,
-                Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
+                Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight, &mut collected),
             }
         }
         // Under the cap, a request that is due waits for a slot: its send is
@@ -475,17 +582,18 @@ async fn dispatch(
                 () = &mut end_or_never => break 'sending,
                 Some(done) = done_rx.recv() => {
                     slot_ns = Some(done.record.completed_ns);
-                    accept(done, &mut idle, &mut in_flight);
+                    accept(done, &mut idle, &mut in_flight, &mut collected);
                 }
             }
         }
         while let Ok(done) = done_rx.try_recv() {
-            accept(done, &mut idle, &mut in_flight);
+            accept(done, &mut idle, &mut in_flight, &mut collected);
         }
         let scheduled_ns = ns(*deadline);
         let ready_ns = slot_ns.map_or(scheduled_ns, |s| s.max(scheduled_ns));
         let phase = phases.of(seq, ready_ns);
         let request = Request { seq: seq as u64, scheduled_ns, slot_ns, phase, body, prompt_tokens, max_tokens };
+        collected.sent(seq as u64, clock.now_ns());
         let sending = client::send(Arc::clone(&target), request, idle.pop());
         let (progress, sink_tx, done_tx) = (config.progress.clone(), sink_tx.clone(), done_tx.clone());
         if let Some(progress) = &progress {
@@ -518,19 +626,18 @@ async fn dispatch(
     while in_flight > 0 {
         tokio::select! {
             biased;
-            Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
+            Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight, &mut collected),
             () = &mut end_or_never, if !stop.is_cancelled() => stop.cancel(),
             () = stop.cancelled() => {
                 // Already cancelled: wait for the records to come in.
                 match done_rx.recv().await {
-                    Some(done) => accept(done, &mut idle, &mut in_flight),
+                    Some(done) => accept(done, &mut idle, &mut in_flight, &mut collected),
                     None => break,
                 }
             }
         }
     }
-    records.sort_unstable_by_key(|r| r.seq);
-    records
+    collected
 }
 
 /// The transport for the base URL: our own HTTP/1.1 connections, over TLS

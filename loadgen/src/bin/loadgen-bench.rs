@@ -63,6 +63,10 @@ enum Cmd {
         /// usage check (the server's counts against it) on.
         #[arg(long)]
         processor: Option<std::path::PathBuf>,
+        /// Keep every record to the end, as a run asked for a file of them
+        /// does (by default they are let go as the summary takes them).
+        #[arg(long)]
+        keep_records: bool,
     },
     /// The floor under (c): the same open loop, sent by a client that only
     /// reads (a task per request, a read per wake-up, kept-alive
@@ -83,8 +87,8 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
     match Args::parse().command {
         Cmd::Serve { ttft_ms, itl_ms, tokens } => rt.block_on(serve(ttft_ms, itl_ms, tokens)),
-        Cmd::Client { url, rate, concurrency, requests, processor } => {
-            rt.block_on(client(url, (rate, concurrency), requests, processor.as_deref()))
+        Cmd::Client { url, rate, concurrency, requests, processor, keep_records } => {
+            rt.block_on(client(url, (rate, concurrency), requests, processor.as_deref(), keep_records))
         }
         Cmd::Bare { url, rate, requests } => rt.block_on(bare(url, rate, requests)),
         Cmd::All { server_core, client_core, seconds } => all(server_core, client_core, seconds),
@@ -245,6 +249,7 @@ async fn client(
     (rate, concurrency): (Option<f64>, Option<usize>),
     requests: usize,
     processor: Option<&std::path::Path>,
+    keep_records: bool,
 ) -> anyhow::Result<()> {
     let dataset = Dataset::Random { input_tokens: 16, output_tokens: 128, seed: 1 };
     let mut config = LoadConfig::new(url, "bench", dataset, requests);
@@ -255,11 +260,15 @@ async fn client(
     config.arrival = Arrival::Poisson { seed: 1 };
     config.max_concurrency = concurrency;
     config.idle_timeout = Duration::from_secs(60);
-    let LoadResult { records, summary: s } = run(config, None).await?;
-    let chunks: usize = records.iter().map(|r| r.chunks.len()).sum();
+    // By default as the load generator's binary runs without a file of
+    // records: the summary built as they come in, the records let go.
+    config.keep_records = keep_records;
+    let LoadResult { summary: s, .. } = run(config, None).await?;
+    // Every successful request's chunks: one more than its gaps.
+    let chunks = s.itl_ms.count + s.successful;
     let peak_rss_mb = peak_rss_kb().map(|kb| kb as f64 / 1024.0);
     let line = serde_json::json!({
-        "requests": records.len(),
+        "requests": s.successful + s.failed + s.excluded,
         "ok": s.successful,
         "chunks": chunks,
         "duration_s": s.duration_s,

@@ -33,6 +33,8 @@ pub struct Behaviour {
 pub struct Received {
     /// How many times each record seq was stored.
     pub stored: BTreeMap<u64, u32>,
+    /// The records themselves, by seq (the last copy of each).
+    pub records: BTreeMap<u64, pb::RequestRecord>,
     pub summary: Option<pb::Summary>,
     pub streams: u32,
     pub attempts: Vec<pb::AttemptRef>,
@@ -89,6 +91,7 @@ impl IngestService for Fake {
                     let mut received = fake.received.lock().expect("lock");
                     for record in &batch.records {
                         *received.stored.entry(record.seq).or_default() += 1;
+                        received.records.insert(record.seq, record.clone());
                     }
                     received.attempts.extend(batch.attempt.clone());
                     if batch.summary.is_some() {

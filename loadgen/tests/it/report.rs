@@ -49,6 +49,33 @@ async fn every_record_and_the_summary_reach_the_controller() {
     assert!(received.attempts.len() > 2, "records are sent as they complete, in several batches");
 }
 
+/// A run that keeps no records (the binary's, unless a file of them is
+/// asked for) builds its summary as they come in: it is the summary of the
+/// records the controller received, to the last digit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_keeps_no_records_summarizes_the_ones_it_sent() {
+    let _machine = crate::beside().await;
+    let url = fake_openai::start(QUICK).await;
+    let (ingest, received) = fake_ingest::start(Behaviour::default()).await;
+    let mut config = random_load(&url, "good", 60, 10, 5);
+    config.request_rate = Some(50.0);
+    config.keep_records = false;
+    config.warmup = benchfleet_loadgen::Window::Requests(5);
+    let result = run(config, Some(SinkConfig::new(ingest, "run-1", 7, 2))).await.expect("run");
+    assert!(result.records.is_empty(), "none kept");
+    let received = std::mem::take(&mut *received.lock().expect("lock"));
+    let records: Vec<benchfleet_loadgen::RequestRecord> =
+        received.records.into_values().map(|r| r.try_into().expect("a record")).collect();
+    assert_eq!(records.len(), 60);
+    let s = &result.summary;
+    let mut again = benchfleet_loadgen::summarize_with(&records, benchfleet_loadgen::SummaryOptions::of(s));
+    again.client_cpu_s = s.client_cpu_s;
+    again.usage_check = s.usage_check;
+    assert_eq!(&again, s);
+    assert_eq!((s.successful, s.excluded), (55, 5));
+    assert!(s.peak_output_throughput.is_some_and(|p| p > 0.0), "{s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_attempt_stops_at_once_and_is_not_resent() {
     let _machine = crate::beside().await;
