@@ -19,6 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
+mod versus;
+
 #[derive(Parser)]
 #[command(name = "loadgen-bench", about = "Benchmarks benchfleet-loadgen against a server of known timing")]
 struct Args {
@@ -68,6 +70,32 @@ enum Cmd {
         #[arg(long)]
         keep_records: bool,
     },
+    /// benchfleet-loadgen against a peer client (vLLM's Rust `vllm-bench`,
+    /// built from its source) given the same `vllm bench serve` command
+    /// line: the zero-delay ceiling with and without a tokenizer, closed
+    /// loops at 256/512/1024 streams, Poisson at 400/800/1600 req/s (and a
+    /// million requests with `--million`); a Markdown table of medians.
+    Versus {
+        /// The peer's binary.
+        #[arg(long)]
+        peer: std::path::PathBuf,
+        /// loadgen's binary; by default the one beside this one.
+        #[arg(long)]
+        loadgen: Option<std::path::PathBuf>,
+        /// The `tokenizer.json` both are given.
+        #[arg(long)]
+        processor: std::path::PathBuf,
+        /// Runs of each client on each load, alternating.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long, default_value_t = 0)]
+        server_core: u32,
+        #[arg(long, default_value_t = 1)]
+        client_core: u32,
+        /// Also a million requests each (minutes a run): memory and CPU.
+        #[arg(long)]
+        million: bool,
+    },
     /// The floor under (c): the same open loop, sent by a client that only
     /// reads (a task per request, a read per wake-up, kept-alive
     /// connections; no parsing, no timing, no records); prints a JSON line.
@@ -92,6 +120,9 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Bare { url, rate, requests } => rt.block_on(bare(url, rate, requests)),
         Cmd::All { server_core, client_core, seconds } => all(server_core, client_core, seconds),
+        Cmd::Versus { peer, loadgen, processor, runs, server_core, client_core, million } => {
+            versus::versus(&versus::Versus { peer, loadgen, processor, runs, server_core, client_core, million })
+        }
     }
 }
 
