@@ -38,6 +38,8 @@ pub struct Timing {
 pub struct Served {
     pub chunks: Vec<Duration>,
     pub done: Duration,
+    /// The prompt it was sent.
+    pub prompt: String,
 }
 
 /// Every completed stream the server served, in completion order.
@@ -89,7 +91,8 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
     }
     let chat = request.get("messages").is_some();
     let prompt = if chat { &request["messages"][0]["content"] } else { &request["prompt"] };
-    let prompt_tokens = prompt.as_str().unwrap_or_default().split_whitespace().count();
+    let prompt = prompt.as_str().unwrap_or_default().to_owned();
+    let prompt_tokens = prompt.split_whitespace().count();
     let tokens = request["max_tokens"].as_u64().expect("max_tokens");
     let stop_after = match model.as_str() {
         "drop-after-3" => Some(3),
@@ -102,7 +105,7 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let truth = server.truth.clone();
     tokio::spawn(async move {
-        let mut served = Served::default();
+        let mut served = Served { prompt, ..Served::default() };
         let send = |data: String| tx.send(Ok(Bytes::from(format!("data: {data}\n\n"))));
         // Neither a role-only nor an empty chunk is a token.
         let empty = if chat {

@@ -76,6 +76,29 @@ async fn a_run_that_keeps_no_records_summarizes_the_ones_it_sent() {
     assert!(s.peak_output_throughput.is_some_and(|p| p > 0.0), "{s:?}");
 }
 
+/// A run longer than the bodies made ahead of it (about 1,000 of these
+/// 20 KB ones, the rest made during the run on their own thread) sends
+/// every prompt of its seed once, none lost, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_made_during_the_run_are_each_the_seed_s_prompt_sent_once() {
+    let _machine = crate::beside().await;
+    let instant = Timing { ttft: Duration::ZERO, itl: Duration::ZERO, per_chunk: 1 };
+    let (url, truth) = fake_openai::start_recorded(instant).await;
+    let (n, words) = (1500, 4000);
+    let mut config = random_load(&url, "good", n, words, 1);
+    config.max_concurrency = Some(32);
+    config.keep_records = false;
+    let dataset = config.dataset.clone();
+    let result = run(config, None).await.expect("run");
+    assert_eq!(result.summary.successful, n as u64);
+    assert_eq!(result.summary.total_input_tokens, (n * words as usize) as u64);
+    let mut sent: Vec<String> = truth.lock().expect("truth").iter().map(|s| s.prompt.clone()).collect();
+    let mut seeded = benchfleet_loadgen::dataset::prompt_texts(&dataset, n, &benchfleet_loadgen::TokenCounter::Words);
+    sent.sort_unstable();
+    seeded.sort_unstable();
+    assert!(sent == seeded, "the prompts sent are not the seed's, each once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_attempt_stops_at_once_and_is_not_resent() {
     let _machine = crate::beside().await;
