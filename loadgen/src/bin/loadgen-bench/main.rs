@@ -218,6 +218,12 @@ async fn connection(tcp: TcpStream, (ttft, itl, tokens): (Duration, Duration, u6
             write.write_all(response.as_bytes()).await?;
             continue;
         }
+        // Only generation streams: a peer client asking for, say, `/tokenize`
+        // learns that this server has none, as from a server without it.
+        if !head.starts_with("POST /v1/completions ") && !head.starts_with("POST /v1/chat/completions ") {
+            write.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").await?;
+            continue;
+        }
         write
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
             .await?;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::{Server, Truth, Value, num, server_truth, start_server};
+use super::{SERVER_LATE_MS, Server, Truth, Value, num, server_truth, start_server};
 
 /// What to compare, and how often.
 pub struct Versus {
@@ -318,9 +318,17 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// The medians of each client on each load, and loadgen's against the peer.
+/// The ideal rate of a closed loop is its streams over the server's
+/// latency; of an open loop, its requests over the schedule's length plus
+/// one latency (the last request sent still takes that long; a Poisson
+/// schedule's length varies with its draw). A load on which the server's
+/// timer woke it more than `SERVER_LATE_MS` late on average measured the
+/// server's core, not the client: its row says so.
 fn print_table(table: &[(&Load, Vec<(Client, Vec<Outcome>)>)]) {
-    println!("\n| load | client | req/s | achieved / ideal | mean TTFT / server's | CPU per request | peak RSS |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!(
+        "\n| load | client | req/s | achieved / ideal | mean TTFT / server's | CPU per request | peak RSS | server late |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for (load, got) in table {
         let mut peer_rate = f64::NAN;
         let mut rows = Vec::new();
@@ -329,9 +337,10 @@ fn print_table(table: &[(&Load, Vec<(Client, Vec<Outcome>)>)]) {
             let rate = m(|o| o.rate);
             // A closed loop's ideal: its streams over the server's latency;
             // an open loop's: the offered rate.
+            let latency_s = m(|o| o.truth_latency_ms) / 1000.0;
             let ideal = match (load.rate, load.concurrency) {
-                (Some(rate), _) => rate,
-                (None, Some(c)) if load.ttft_ms > 0 => c as f64 / (m(|o| o.truth_latency_ms) / 1000.0),
+                (Some(rate), _) => load.requests as f64 / (load.requests as f64 / rate + latency_s),
+                (None, Some(c)) if load.ttft_ms > 0 => c as f64 / latency_s,
                 _ => f64::NAN,
             };
             let ttft = m(|o| o.ttft_ms);
@@ -340,9 +349,10 @@ fn print_table(table: &[(&Load, Vec<(Client, Vec<Outcome>)>)]) {
             if *client == Client::Peer {
                 peer_rate = rate;
             }
-            rows.push((client, rate, ideal, ttft, truth, cpu_per_request_ms, m(|o| o.rss_mb)));
+            let late = m(|o| o.server_late_ms);
+            rows.push((client, rate, ideal, ttft, truth, cpu_per_request_ms, m(|o| o.rss_mb), late));
         }
-        for (client, rate, ideal, ttft, truth, cpu, rss) in rows {
+        for (client, rate, ideal, ttft, truth, cpu, rss, late) in rows {
             let against = if *client == Client::Peer { String::new() } else { format!(" ({:.2}x)", rate / peer_rate) };
             let ideal = if ideal.is_nan() { "-".to_owned() } else { format!("{:.3}", rate / ideal) };
             let ttft = if load.ttft_ms == 0 {
@@ -350,8 +360,10 @@ fn print_table(table: &[(&Load, Vec<(Client, Vec<Outcome>)>)]) {
             } else {
                 format!("{:+.1}%", (ttft / truth - 1.0) * 100.0)
             };
+            let late =
+                if late > SERVER_LATE_MS { format!("{late:.1} ms: its core is full") } else { format!("{late:.1} ms") };
             println!(
-                "| {} | {} | {rate:.0}{against} | {ideal} | {ttft} | {cpu:.3} ms | {rss:.1} MB |",
+                "| {} | {} | {rate:.0}{against} | {ideal} | {ttft} | {cpu:.3} ms | {rss:.1} MB | {late} |",
                 load.name,
                 client.name()
             );
