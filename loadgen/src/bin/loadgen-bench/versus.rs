@@ -45,6 +45,9 @@ impl Client {
     }
 }
 
+/// Each client's outcomes on one load, run by run.
+type Runs = Vec<(Client, Vec<Outcome>)>;
+
 /// One load: the server's timing and the client's command.
 struct Load {
     name: String,
@@ -126,7 +129,7 @@ pub fn versus(v: &Versus) -> anyhow::Result<()> {
     let mut table = Vec::new();
     for load in &loads {
         println!("\n{}", load.name);
-        let mut got: Vec<(Client, Vec<Outcome>)> = load.clients.iter().map(|&c| (c, Vec::new())).collect();
+        let mut got: Runs = load.clients.iter().map(|&c| (c, Vec::new())).collect();
         for run in 0..v.runs {
             for (client, outcomes) in &mut got {
                 let server = start_server(v.server_core, load.ttft_ms, load.itl_ms)?;
@@ -324,7 +327,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// schedule's length varies with its draw). A load on which the server's
 /// timer woke it more than `SERVER_LATE_MS` late on average measured the
 /// server's core, not the client: its row says so.
-fn print_table(table: &[(&Load, Vec<(Client, Vec<Outcome>)>)]) {
+fn print_table(table: &[(&Load, Runs)]) {
     println!(
         "\n| load | client | req/s | achieved / ideal | mean TTFT / server's | CPU per request | peak RSS | server late |"
     );
