@@ -662,13 +662,7 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
     // The chunk gaps are read from the records again on each pass, not
     // copied: they are the most numerous samples.
     let ok = || all.iter().filter(|r| r.phase == Phase::Measured && r.outcome.is_ok());
-    let gaps = || {
-        ok().flat_map(|r| {
-            let scale = token_scale(r);
-            r.chunks.pairs().map(move |(a, b)| (b.at_ns - a.at_ns, f64::from(b.tokens) * scale))
-        })
-    };
-    builder.finish_with(build::itl_distributions(gaps, &percentiles))
+    builder.finish_with(build::itl_distributions(|| ok().flat_map(chunk_gaps), &percentiles))
 }
 
 /// Why a run is not to be trusted: the client lagged behind its schedule, or
@@ -696,18 +690,6 @@ fn validity(s: &Summary, basis: &str) -> Option<String> {
     (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
-/// Events per second over the span of `times`; `None` for fewer than two
-/// events or when they all fall on one instant.
-fn rate_of(times: impl Iterator<Item = i64>) -> Option<f64> {
-    let (mut n, mut lo, mut hi) = (0u64, i64::MAX, i64::MIN);
-    for t in times {
-        n += 1;
-        lo = lo.min(t);
-        hi = hi.max(t);
-    }
-    (n > 1 && hi > lo).then(|| (n - 1) as f64 / ((hi - lo) as f64 / NS_PER_S))
-}
-
 /// How many output tokens one counted chunk token is worth in `r`: the
 /// server's usage is the truth about the total, the chunk counts (the
 /// tokenizer's, or words) only say how it is spread over the chunks.
@@ -716,11 +698,17 @@ fn token_scale(r: &RequestRecord) -> f64 {
     if counted == 0 || r.output_tokens == 0 { 1.0 } else { f64::from(r.output_tokens) / counted as f64 }
 }
 
+/// Each gap between two chunks of `r`: (ns, the later chunk's tokens scaled
+/// to the server's count).
+fn chunk_gaps(r: &RequestRecord) -> impl Iterator<Item = (i64, f64)> + '_ {
+    let scale = token_scale(r);
+    r.chunks.pairs().map(move |(a, b)| (b.at_ns - a.at_ns, f64::from(b.tokens) * scale))
+}
+
 /// Each gap between two chunks of `r` as (per-token gap ns, tokens): the
 /// chunk's tokens, scaled to the server's count, share the gap before it.
 pub(crate) fn token_gaps_ns(r: &RequestRecord) -> impl Iterator<Item = (f64, usize)> + '_ {
-    let scale = token_scale(r);
-    r.chunks.pairs().filter_map(move |(a, b)| build::per_token(b.at_ns - a.at_ns, f64::from(b.tokens) * scale))
+    chunk_gaps(r).filter_map(|(gap, tokens)| build::per_token(gap, tokens))
 }
 
 #[cfg(test)]

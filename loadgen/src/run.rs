@@ -257,6 +257,7 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
     // connections, the sink's stream, and the first request bodies (all of
     // them, for a run whose bodies fit in `AHEAD_BYTES`; the rest are made
     // on a thread of their own as the run goes).
+    // The dataset moves to that thread; the config keeps an empty one.
     let dataset =
         std::mem::replace(&mut config.dataset, Dataset::Random { input_tokens: 0, output_tokens: 0, seed: 0 });
     let prompts = dataset::prompt_iter(dataset, config.num_requests, config.tokens.clone());
@@ -333,7 +334,7 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
 /// own at most a few megabytes ahead, and a signal that the first of them
 /// (every one of a short run) are ready.
 fn prepare(
-    prompts: Box<dyn Iterator<Item = dataset::Prompt> + Send>,
+    mut prompts: Box<dyn Iterator<Item = dataset::Prompt> + Send>,
     config: &LoadConfig,
 ) -> Result<(mpsc::Receiver<Prepared>, tokio::sync::oneshot::Receiver<()>), LoadError> {
     let (endpoint, model, stream, extra) =
@@ -347,7 +348,6 @@ fn prepare(
             max_tokens: p.max_tokens,
         }
     };
-    let mut prompts = prompts;
     let Some(first) = prompts.next().map(&make) else {
         let (_, bodies) = mpsc::channel(1);
         let _ = ready_tx.send(());

@@ -16,7 +16,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::{
-    Distribution, Failures, Goodput, NS_PER_MS, NS_PER_S, Sum, Summary, SummaryOptions, lag_limit_for, rate_of,
+    Distribution, Failures, Goodput, NS_PER_MS, NS_PER_S, Sum, Summary, SummaryOptions, chunk_gaps, lag_limit_for,
     token_scale, validity,
 };
 use crate::digest::Tally;
@@ -47,6 +47,7 @@ pub struct SummaryBuilder {
     sends: Vec<i64>,
     completions: Vec<i64>,
     scheduled: Span,
+    sent: Span,
     cap_waits: u64,
     good: u64,
     /// `None` when the caller reads the gaps from records it still holds.
@@ -82,6 +83,7 @@ impl SummaryBuilder {
             sends: Vec::new(),
             completions: Vec::new(),
             scheduled: Span::default(),
+            sent: Span::default(),
             cap_waits: 0,
             good: 0,
             gaps: Some(Gaps { kept: Vec::new(), limit: gaps, counted: None }),
@@ -106,6 +108,7 @@ impl SummaryBuilder {
         self.sends.push(r.sent_ns);
         self.completions.push(r.completed_ns);
         self.scheduled.add(r.scheduled_ns);
+        self.sent.add(r.sent_ns);
         if r.slot_ns.is_some() {
             self.cap_waits += 1;
         }
@@ -149,13 +152,12 @@ impl SummaryBuilder {
         if self.options.goodput.is_some_and(|slo| slo.met_by(r)) {
             self.good += 1;
         }
-        let scale = token_scale(r);
         if let Some(gaps) = &mut self.gaps {
-            for (a, b) in r.chunks.pairs() {
-                gaps.add(b.at_ns - a.at_ns, f64::from(b.tokens) * scale);
+            for (gap_ns, tokens) in chunk_gaps(r) {
+                gaps.add(gap_ns, tokens);
             }
         }
-        self.peak.add(r.chunks.clone(), scale);
+        self.peak.add(r.chunks.clone(), token_scale(r));
     }
 
     /// Says that no record still to come has a chunk that arrived before
@@ -203,7 +205,6 @@ impl SummaryBuilder {
             if duration_s > 0.0 { x / duration_s } else { 0.0 }
         };
         let dist = |samples: Vec<f64>| Distribution::with_percentiles(samples, &options.percentiles);
-        let achieved_rate = rate_of(self.sends.iter().copied()).unwrap_or(0.0);
         let peak_concurrent = peak_concurrency(self.sends, self.completions);
         let mut summary = Summary {
             successful: self.ok,
@@ -230,7 +231,7 @@ impl SummaryBuilder {
             excluded: self.records - self.measured,
             dispatch_lag_ms: dist(self.dispatch_lag_ms),
             offered_rate: self.scheduled.rate(),
-            achieved_rate,
+            achieved_rate: self.sent.rate().unwrap_or(0.0),
             cap_waits: self.cap_waits,
             lag_limit_ms: 0.0,
             rate_tolerance: options.rate_tolerance,
@@ -253,7 +254,9 @@ impl SummaryBuilder {
     }
 }
 
-/// The count and span of some instants, for a rate over them.
+/// The count and span of some instants, for a rate over them: events per
+/// second over their span, `None` for fewer than two or when they all fall
+/// on one instant.
 #[derive(Clone, Copy, Debug)]
 struct Span {
     n: u64,
