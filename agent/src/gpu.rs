@@ -38,6 +38,10 @@ pub struct GpuInfo {
     pub ecc_uncorrectable_volatile: Option<u64>,
     /// Uncorrectable ECC errors over the GPU's lifetime.
     pub ecc_uncorrectable_aggregate: Option<u64>,
+    /// Corrected (single-bit) ECC errors since the last driver reload: no
+    /// harm to a result, but a count that rises during a job is memory
+    /// wearing out before it fails.
+    pub ecc_corrected_volatile: Option<u64>,
     /// Pages waiting to be retired at the next reset (GPUs before Ampere).
     pub retired_pages_pending: Option<bool>,
     /// Row remapping state (Ampere and later).
@@ -160,6 +164,12 @@ pub trait GpuProbe: Send + Sync {
     /// probe's policy ignores. A probe that watches no XID events (the
     /// simulated one) has none.
     fn xid_events_after(&self, _mark: u64) -> Vec<XidEvent> {
+        Vec::new()
+    }
+
+    /// The XID events received after `mark` that the probe's policy
+    /// ignores: they do not invalidate an attempt, but are noted beside it.
+    fn xid_events_ignored_after(&self, _mark: u64) -> Vec<XidEvent> {
         Vec::new()
     }
 

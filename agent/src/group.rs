@@ -452,15 +452,15 @@ pub struct AfterJob {
 
 /// The GPUs after an attempt: invalid with new uncorrectable ECC errors
 /// since `before` (not compared when the GPUs could not be read before the
-/// job) or XID events since `xid_mark`; noted with rows remapped and the
-/// like.
+/// job) or XID events since `xid_mark`; noted with rows remapped, XIDs the
+/// policy ignores and the like.
 pub async fn gpus_after_job(
     gpus: &Arc<dyn GpuProbe>,
     before: Option<&[GpuInfo]>,
     xid_mark: u64,
     uuids: &[String],
 ) -> AfterJob {
-    let (mut errors, notes) = match before {
+    let (mut errors, mut notes) = match before {
         Some(before) => match probe(gpus).await {
             Ok(after) => (new_errors(before, &after, uuids), hardware_changes(before, &after, uuids)),
             // A GPU that cannot be read after the job may have failed during it.
@@ -469,6 +469,8 @@ pub async fn gpus_after_job(
         None => (Vec::new(), Vec::new()),
     };
     errors.extend(new_xids(&gpus.xid_events_after(xid_mark), uuids));
+    let ignored = new_xids(&gpus.xid_events_ignored_after(xid_mark), uuids);
+    notes.extend(ignored.into_iter().map(|xid| format!("{xid} during the job, which the agent's policy ignores")));
     let error = (!errors.is_empty()).then(|| format!("attempt invalidated: {}", errors.join("; ")));
     AfterJob { error, notes }
 }
@@ -479,10 +481,12 @@ mod tests {
     use crate::gpu::XidEvent;
 
     /// GPUs whose inventory a test changes between probes, and a fixed XID
-    /// log of which only the events after a mark are returned.
+    /// log of which only the events after a mark are returned (apart: the
+    /// XID numbers its policy ignores).
     struct Changing {
         gpus: Mutex<Vec<GpuInfo>>,
         xids: Vec<XidEvent>,
+        ignored: Vec<u64>,
     }
 
     impl GpuProbe for Changing {
@@ -495,7 +499,11 @@ mod tests {
         }
 
         fn xid_events_after(&self, mark: u64) -> Vec<XidEvent> {
-            self.xids.iter().filter(|e| e.seq > mark).cloned().collect()
+            self.xids.iter().filter(|e| e.seq > mark && !self.ignored.contains(&e.xid)).cloned().collect()
+        }
+
+        fn xid_events_ignored_after(&self, mark: u64) -> Vec<XidEvent> {
+            self.xids.iter().filter(|e| e.seq > mark && self.ignored.contains(&e.xid)).cloned().collect()
         }
     }
 
@@ -563,7 +571,7 @@ mod tests {
             ..GpuInfo::default()
         };
         let before = vec![gpu("GPU-0"), gpu("GPU-1")];
-        let changing = Arc::new(Changing { gpus: Mutex::new(before.clone()), xids: Vec::new() });
+        let changing = Arc::new(Changing { gpus: Mutex::new(before.clone()), xids: Vec::new(), ignored: Vec::new() });
         {
             let mut now = changing.gpus.lock().expect("not poisoned");
             now[0].remapped_rows = Some(RemappedRows { corrected: 2, pending: true, ..RemappedRows::default() });
@@ -591,6 +599,7 @@ mod tests {
             gpus: Mutex::new(before.clone()),
             // Before the mark, and on a GPU of another attempt: neither counts.
             xids: vec![xid(1, "GPU-0", 13), xid(2, "GPU-1", 79), xid(3, "GPU-0", 79)],
+            ignored: Vec::new(),
         });
         let probe: Arc<dyn GpuProbe> = changing.clone();
         let mark = probe.xid_mark();
@@ -611,6 +620,23 @@ mod tests {
         );
         changing.gpus.lock().expect("not poisoned")[0].ecc_uncorrectable_volatile = Some(0);
         assert_eq!(gpus_after_job(&probe, Some(&before), 3, &attempt).await.error, None, "nothing after this mark");
+    }
+
+    #[tokio::test]
+    async fn an_xid_the_policy_ignores_is_noted_and_does_not_invalidate() {
+        let xid = |seq, xid| XidEvent { seq, uuid: "GPU-0".into(), xid, at_unix_ms: 0 };
+        let before = vec![GpuInfo { uuid: "GPU-0".into(), ..GpuInfo::default() }];
+        let changing = Arc::new(Changing {
+            gpus: Mutex::new(before.clone()),
+            xids: vec![xid(2, 43), xid(3, 43), xid(4, 43)],
+            ignored: vec![43],
+        });
+        let probe: Arc<dyn GpuProbe> = changing.clone();
+        let after = gpus_after_job(&probe, Some(&before), probe.xid_mark(), &["GPU-0".to_owned()]).await;
+        assert_eq!(after.error, None);
+        assert_eq!(after.notes, ["XID 43 on GPU GPU-0 (3 times) during the job, which the agent's policy ignores"]);
+        let other = gpus_after_job(&probe, Some(&before), probe.xid_mark(), &["GPU-1".to_owned()]).await;
+        assert!(other.notes.is_empty(), "another attempt's GPU");
     }
 
     /// An engine that serves nothing and never exits.
@@ -648,7 +674,7 @@ mod tests {
             r#"{"exit":"none_succeeded","code":4,"error":"all 3 requests failed (http_error 3); the first: http 500"}"#;
         let script = crate::load::tests::fake_loadgen(dir.path(), "loadgen", 4, Some(outcome));
         let runner = crate::load::ProcessLoadRunner::new(script, None, dir.path().join("outcomes"));
-        let gpus: Arc<dyn GpuProbe> = Arc::new(Changing { gpus: Mutex::new(Vec::new()), xids: Vec::new() });
+        let gpus: Arc<dyn GpuProbe> = Arc::new(Changing { gpus: Mutex::new(Vec::new()), xids: Vec::new(), ignored: Vec::new() });
         let ctx = GroupContext {
             agent_name: "a".into(),
             gpus,

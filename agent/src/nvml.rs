@@ -151,6 +151,11 @@ impl NvmlProbe {
             ecc_enabled: read(u, "the ECC mode", device.is_ecc_enabled()).map(|m| m.currently_enabled),
             ecc_uncorrectable_volatile: read(u, "the ECC error count", ecc(EccCounter::Volatile)),
             ecc_uncorrectable_aggregate: read(u, "the lifetime ECC error count", ecc(EccCounter::Aggregate)),
+            ecc_corrected_volatile: read(
+                u,
+                "the corrected ECC error count",
+                device.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile),
+            ),
             retired_pages_pending: read(u, "the retired pages", device.are_pages_pending_retired()),
             remapped_rows: read(u, "the remapped rows", remapped_rows(&self.nvml, device)),
             throttle_reasons: read(u, "the throttle reasons", device.current_throttle_reasons())
@@ -187,7 +192,11 @@ impl GpuProbe for NvmlProbe {
     }
 
     fn xid_events_after(&self, mark: u64) -> Vec<XidEvent> {
-        self.xid.log().after(mark, &self.policy.ignore_xids)
+        self.xid.log().after(mark, |xid| !self.policy.ignore_xids.contains(&xid))
+    }
+
+    fn xid_events_ignored_after(&self, mark: u64) -> Vec<XidEvent> {
+        self.xid.log().after(mark, |xid| self.policy.ignore_xids.contains(&xid))
     }
 
     /// One reading of each GPU by UUID; a GPU that cannot be found fails the
@@ -275,8 +284,9 @@ impl XidLog {
         self.events.push(XidEvent { seq: self.last, uuid, xid, at_unix_ms });
     }
 
-    fn after(&self, mark: u64, ignore: &[u64]) -> Vec<XidEvent> {
-        self.events.iter().filter(|e| e.seq > mark && !ignore.contains(&e.xid)).cloned().collect()
+    /// The events after `mark` whose XID number `keep` takes.
+    fn after(&self, mark: u64, keep: impl Fn(u64) -> bool) -> Vec<XidEvent> {
+        self.events.iter().filter(|e| e.seq > mark && keep(e.xid)).cloned().collect()
     }
 }
 
@@ -499,7 +509,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_xid_log_returns_what_came_after_a_mark_less_ignored_xids() {
+    fn the_xid_log_returns_what_came_after_a_mark_of_the_xids_asked_for() {
         let mut log = XidLog::default();
         assert_eq!(log.mark(), 0);
         log.push("GPU-0".into(), 13, 1);
@@ -507,11 +517,13 @@ mod tests {
         log.push("GPU-1".into(), 79, 2);
         log.push("GPU-0".into(), 43, 3);
         let seen = |mark, ignore: &[u64]| -> Vec<(String, u64)> {
-            log.after(mark, ignore).into_iter().map(|e| (e.uuid, e.xid)).collect()
+            log.after(mark, |x| !ignore.contains(&x)).into_iter().map(|e| (e.uuid, e.xid)).collect()
         };
         assert_eq!(seen(0, &[]), [("GPU-0".into(), 13), ("GPU-1".into(), 79), ("GPU-0".into(), 43)]);
         assert_eq!(seen(mark, &[]), [("GPU-1".into(), 79), ("GPU-0".into(), 43)]);
         assert_eq!(seen(mark, &[43]), [("GPU-1".into(), 79)]);
+        let ignored: Vec<u64> = log.after(mark, |x| x == 43).iter().map(|e| e.xid).collect();
+        assert_eq!(ignored, [43], "the ignored ones, apart");
         assert!(seen(log.mark(), &[]).is_empty(), "nothing after the newest");
     }
 
@@ -527,10 +539,10 @@ mod tests {
         assert_eq!(log.events.len(), XidLog::PER_XID + 2);
         let kept: Vec<(&str, u64)> = log.events.iter().take(2).map(|e| (e.uuid.as_str(), e.xid)).collect();
         assert_eq!(kept, [("GPU-1", 79), ("GPU-0", 48)]);
-        let after = log.after(mark, &[]);
+        let after = log.after(mark, |_| true);
         assert_eq!(after.len(), XidLog::PER_XID + 1);
         assert_eq!(after.last().map(|e| e.seq), Some(log.mark()), "the newest is kept");
-        assert_eq!(log.after(mark, &[43]).iter().map(|e| e.xid).collect::<Vec<_>>(), [48], "a flood of an ignored XID");
+        assert_eq!(log.after(mark, |x| x != 43).iter().map(|e| e.xid).collect::<Vec<_>>(), [48], "a flood of an ignored XID");
     }
 
     #[test]

@@ -292,8 +292,8 @@ fn read_twice<'a>(
 
 /// What changed on the GPUs of `uuids` between `before` and `after` without
 /// making the attempt invalid: rows remapped (for correctable or
-/// uncorrectable errors), a remap left pending or failed, pages waiting to
-/// be retired. A fleet check shows them beside its verdicts.
+/// uncorrectable errors), a remap left pending or failed, corrected ECC
+/// errors, pages waiting to be retired. A fleet check shows them beside its verdicts.
 pub fn hardware_changes(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     for (uuid, b, a) in read_twice(before, after, uuids) {
@@ -313,6 +313,15 @@ pub fn hardware_changes(before: &[GpuInfo], after: &[GpuInfo], uuids: &[String])
             if ra.failed && !rb.failed {
                 out.push(format!("GPU {uuid}: a row remap failed during the job (the GPU needs service)"));
             }
+        }
+        // Volatile: a driver reload during the job resets it, and then
+        // nothing is said.
+        if let (Some(cb), Some(ca)) = (b.ecc_corrected_volatile, a.ecc_corrected_volatile)
+            && ca > cb
+        {
+            let n = ca - cb;
+            let errors = if n == 1 { "error" } else { "errors" };
+            out.push(format!("GPU {uuid}: {n} corrected ECC {errors} during the job"));
         }
         if a.retired_pages_pending == Some(true) && b.retired_pages_pending != Some(true) {
             out.push(format!("GPU {uuid}: pages wait to be retired (at the next GPU reset)"));
@@ -615,6 +624,25 @@ mod tests {
         after[1].ecc_uncorrectable_aggregate = Some(1);
         assert_eq!(new_errors(&before, &after, &uuids(&["GPU-1"])), ["new uncorrectable ECC errors on GPU GPU-1: 1"]);
         assert!(new_errors(&before, &before, &uuids(&["GPU-0", "GPU-1"])).is_empty());
+    }
+
+    #[test]
+    fn corrected_ecc_errors_during_an_attempt_are_noted_not_held_against_it() {
+        let before = vec![GpuInfo { ecc_corrected_volatile: Some(40), ..h200() }];
+        let mut after = before.clone();
+        let uuids = ["GPU-0".to_owned()];
+        assert!(hardware_changes(&before, &after, &uuids).is_empty(), "none new");
+        after[0].ecc_corrected_volatile = Some(41);
+        assert_eq!(hardware_changes(&before, &after, &uuids), ["GPU GPU-0: 1 corrected ECC error during the job"]);
+        after[0].ecc_corrected_volatile = Some(52);
+        assert_eq!(hardware_changes(&before, &after, &uuids), ["GPU GPU-0: 12 corrected ECC errors during the job"]);
+        assert!(new_errors(&before, &after, &uuids).is_empty(), "corrected errors do not invalidate");
+        // A driver reload reset the count: nothing can be said.
+        after[0].ecc_corrected_volatile = Some(3);
+        assert!(hardware_changes(&before, &after, &uuids).is_empty());
+        // A GPU that does not count them.
+        after[0].ecc_corrected_volatile = None;
+        assert!(hardware_changes(&before, &after, &uuids).is_empty());
     }
 
     fn xid(seq: u64, uuid: &str, xid: u64) -> XidEvent {

@@ -144,10 +144,11 @@ pub fn table(gpus: &[GpuInfo]) -> String {
             None => size(g.memory_total_bytes),
         };
         let ecc = format!(
-            "{}, {} unc. ({} lifetime)",
+            "{}, {} unc. ({} lifetime), {} corr.",
             on_off(g.ecc_enabled),
             n64(g.ecc_uncorrectable_volatile),
-            n64(g.ecc_uncorrectable_aggregate)
+            n64(g.ecc_uncorrectable_aggregate),
+            n64(g.ecc_corrected_volatile)
         );
         let pcie = format!("gen{}/{} x{}/{}", n(g.pcie_gen), n(g.pcie_gen_max), n(g.pcie_width), n(g.pcie_width_max));
         let clocks = format!(

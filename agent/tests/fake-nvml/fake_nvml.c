@@ -20,7 +20,8 @@
  * Every GPU starts as a healthy, idle NVIDIA H200. Numeric fields also take
  * `unsupported` (the query answers NVML_ERROR_NOT_SUPPORTED) and `error`
  * (NVML_ERROR_UNKNOWN). Fields: name, uuid, serial, memory_total_mib,
- * memory_used_mib, mig, ecc, ecc_volatile, ecc_aggregate, retired_pending,
+ * memory_used_mib, mig, ecc, ecc_volatile, ecc_aggregate, ecc_corrected (corrected
+ * errors, the volatile and aggregate counts alike), retired_pending,
  * remap_corrected, remap_uncorrected, remap_pending, remap_failed, throttle
  * (the reason bit mask, e.g. 0x8), sm_clock, sm_clock_max, mem_clock,
  * mem_clock_max, power_limit_mw, power_default_mw, power_mw (the draw),
@@ -92,7 +93,7 @@ enum field {
     F_THROTTLE, F_SM_CLOCK, F_SM_CLOCK_MAX, F_MEM_CLOCK, F_MEM_CLOCK_MAX, F_POWER_LIMIT_MW,
     F_POWER_DEFAULT_MW, F_TEMPERATURE, F_PCIE_GEN, F_PCIE_GEN_MAX, F_PCIE_WIDTH, F_PCIE_WIDTH_MAX,
     F_PERSISTENCE, F_PROCESSES, F_EVENT_TYPES, F_EVENTS_REGISTER, F_XID, F_XID_AFTER_MS, F_POWER_MW,
-    F_UTILIZATION, F_MEM_UTILIZATION, F_ENERGY_W, F_COUNT
+    F_UTILIZATION, F_MEM_UTILIZATION, F_ENERGY_W, F_ECC_CORRECTED, F_COUNT
 };
 
 static const char *const FIELD_NAMES[F_COUNT] = {
@@ -101,7 +102,7 @@ static const char *const FIELD_NAMES[F_COUNT] = {
     "throttle", "sm_clock", "sm_clock_max", "mem_clock", "mem_clock_max", "power_limit_mw",
     "power_default_mw", "temperature", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
     "persistence", "processes", "event_types", "events_register", "xid", "xid_after_ms", "power_mw",
-    "utilization", "mem_utilization", "energy_w",
+    "utilization", "mem_utilization", "energy_w", "ecc_corrected",
 };
 
 /* A healthy, idle H200. */
@@ -116,6 +117,7 @@ static const long long HEALTHY[F_COUNT] = {
     /* Single and double bit ECC, P-state, XID, clock. */
     [F_EVENT_TYPES] = 0x1f, [F_EVENTS_REGISTER] = 0, [F_XID] = 0, [F_XID_AFTER_MS] = 0,
     [F_POWER_MW] = 72000, [F_UTILIZATION] = 0, [F_MEM_UTILIZATION] = 0, [F_ENERGY_W] = 400,
+    [F_ECC_CORRECTED] = 0,
 };
 
 struct fake_process {
@@ -412,15 +414,12 @@ nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pendin
     return NVML_SUCCESS;
 }
 
-/* errorType 1 = uncorrected; counterType 0 = volatile, 1 = aggregate. */
+/* errorType 0 = corrected, 1 = uncorrected; counterType 0 = volatile, 1 = aggregate. */
 nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type, int counter_type,
                                          unsigned long long *count) {
-    if (error_type != 1) {
-        *count = 0;
-        return NVML_SUCCESS;
-    }
     long long v;
-    nvmlReturn_t r = field(device, counter_type == 0 ? F_ECC_VOLATILE : F_ECC_AGGREGATE, &v);
+    int f = error_type == 0 ? F_ECC_CORRECTED : counter_type == 0 ? F_ECC_VOLATILE : F_ECC_AGGREGATE;
+    nvmlReturn_t r = field(device, f, &v);
     if (r == NVML_SUCCESS) *count = (unsigned long long)v;
     return r;
 }

@@ -74,6 +74,18 @@ fn a_gpu_with_ecc_errors_is_excluded_alone() {
 }
 
 #[test]
+fn corrected_ecc_errors_are_read_and_do_not_make_a_gpu_unusable() {
+    let scenario = Scenario::new("gpus = 2\ngpu.1.ecc_corrected = 17\n");
+    let (code, report) = scenario.verify_json(&[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["gpus"][0]["ecc_corrected_volatile"], 0);
+    assert_eq!(report["gpus"][1]["ecc_corrected_volatile"], 17);
+    let out = scenario.agent(&["verify"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("on, 0 unc. (0 lifetime), 17 corr."), "{table}");
+}
+
+#[test]
 fn an_a100_is_not_an_h200() {
     let scenario = "gpus = 1\ngpu.*.name = NVIDIA A100-SXM4-80GB\n";
     let (code, report) = verify_json(scenario, &["--require", "H200"]);
