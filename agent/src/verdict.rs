@@ -406,6 +406,7 @@ mod tests {
             ecc_enabled: Some(true),
             ecc_uncorrectable_volatile: Some(0),
             ecc_uncorrectable_aggregate: Some(0),
+            ecc_corrected_volatile: Some(0),
             retired_pages_pending: None,
             remapped_rows: Some(RemappedRows::default()),
             throttle_reasons: Some(vec!["gpu_idle".into()]),
