@@ -674,7 +674,8 @@ mod tests {
             r#"{"exit":"none_succeeded","code":4,"error":"all 3 requests failed (http_error 3); the first: http 500"}"#;
         let script = crate::load::tests::fake_loadgen(dir.path(), "loadgen", 4, Some(outcome));
         let runner = crate::load::ProcessLoadRunner::new(script, None, dir.path().join("outcomes"));
-        let gpus: Arc<dyn GpuProbe> = Arc::new(Changing { gpus: Mutex::new(Vec::new()), xids: Vec::new(), ignored: Vec::new() });
+        let gpus: Arc<dyn GpuProbe> =
+            Arc::new(Changing { gpus: Mutex::new(Vec::new()), xids: Vec::new(), ignored: Vec::new() });
         let ctx = GroupContext {
             agent_name: "a".into(),
             gpus,

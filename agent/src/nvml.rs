@@ -542,7 +542,11 @@ mod tests {
         let after = log.after(mark, |_| true);
         assert_eq!(after.len(), XidLog::PER_XID + 1);
         assert_eq!(after.last().map(|e| e.seq), Some(log.mark()), "the newest is kept");
-        assert_eq!(log.after(mark, |x| x != 43).iter().map(|e| e.xid).collect::<Vec<_>>(), [48], "a flood of an ignored XID");
+        assert_eq!(
+            log.after(mark, |x| x != 43).iter().map(|e| e.xid).collect::<Vec<_>>(),
+            [48],
+            "a flood of an ignored XID"
+        );
     }
 
     #[test]

@@ -105,6 +105,11 @@ pub struct Args {
     /// one). With no rate it makes a closed loop of this many users.
     #[arg(long)]
     pub max_concurrency: Option<usize>,
+    /// Threads the requests run on, each with its own connections and an
+    /// even share of the schedule and the cap (default: the cores this
+    /// process may use; never more than the cap or the requests).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: Option<u16>,
     /// A load profile instead of --request-rate/--arrival/--max-concurrency:
     /// synchronous (one at a time), throughput (all at once), or sweep
     /// (synchronous, throughput, then --sweep-steps rates between).
@@ -540,6 +545,10 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
     // Only a file of them needs the records at the end: the summary is built
     // as they come in, and the controller has them as they do.
     config.keep_records = args.save_records.is_some() || args.save_csv.is_some() || args.save_result;
+    config.workers = match args.workers {
+        Some(n) => usize::from(n),
+        None => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+    };
     Ok(config)
 }
 

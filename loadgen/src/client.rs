@@ -116,7 +116,7 @@ pub(crate) struct Tls {
 
 /// What every request of a run shares.
 pub(crate) struct Target {
-    pub transport: Transport,
+    pub transport: Arc<Transport>,
     pub stream: bool,
     pub timeouts: Timeouts,
     pub clock: Clock,
@@ -218,11 +218,10 @@ thread_local! {
 /// (and so be used again) before it is closed instead.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1);
 
-/// Opens a connection, with its TLS handshake for https: both within the
-/// connect timeout.
-pub(crate) async fn connect(target: &Target) -> Result<Conn, RequestError> {
-    let Transport { addr, addrs, tls, .. } = &target.transport;
-    let timeout = target.timeouts.connect;
+/// Opens a connection, with its TLS handshake for https: both within
+/// `timeout`.
+pub(crate) async fn connect(transport: &Transport, timeout: Duration) -> Result<Conn, RequestError> {
+    let Transport { addr, addrs, tls, .. } = transport;
     let opening = async {
         let tcp = TcpStream::connect(&addrs[..])
             .await
@@ -350,7 +349,7 @@ async fn exchange(
 /// Opens a connection for a request, recording how long it took.
 async fn open(target: &Target, rec: &mut Recorder) -> Result<Conn, RequestError> {
     let started = target.clock.now_ns();
-    let opened = connect(target).await;
+    let opened = connect(&target.transport, target.timeouts.connect).await;
     match &opened {
         Ok(_) => rec.record.connect_ns = Some(target.clock.now_ns() - started),
         Err(_) => rec.record.sent_ns = target.clock.now_ns(),

@@ -1,15 +1,20 @@
 //! One load run: open connections, dispatch every request at its deadline,
 //! collect the records, summarize, and report.
 //!
-//! One dispatcher task owns the schedule, the concurrency count and the idle
-//! connections; request tasks hand their record and connection back over a
-//! channel. So the cap needs no shared semaphore, connection reuse no shared
-//! pool, and nothing on the hot path takes a lock.
+//! The requests run on `workers` event loops (the caller's alone, or one
+//! thread each): worker `w` sends requests `w`, `w + workers`, ... at their
+//! absolute deadlines on the run's one clock, with its own share of the cap
+//! and its own connections. Each worker's dispatcher owns its schedule, its
+//! in-flight count and its idle connections; its request tasks hand their
+//! record and connection back over a channel. So the cap needs no shared
+//! semaphore and connection reuse no shared pool; the one lock is the
+//! summary's, taken once as a request goes and once as its record comes.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,7 +22,7 @@ use futures_util::FutureExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde::Deserialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{
@@ -28,7 +33,7 @@ use crate::dataset::{self, Dataset, TokenCounter};
 use crate::metrics::{DEFAULT_PERCENTILES, DEFAULT_RATE_TOLERANCE, Summary, SummaryBuilder, SummaryOptions};
 use crate::record::{Phase, RequestRecord};
 use crate::schedule::{Arrival, send_times};
-use crate::sink::{Sink, SinkConfig, SinkError};
+use crate::sink::{RecordSender, Sink, SinkConfig, SinkError};
 
 /// Everything that defines a load run.
 #[derive(Clone, Debug)]
@@ -95,6 +100,11 @@ pub struct LoadConfig {
     /// come in, and they go to the sink as they do), so its memory grows
     /// with the requests in flight, not with the run's length.
     pub keep_records: bool,
+    /// Threads the requests run on, each with its own event loop and
+    /// connections and every `workers`th request of the schedule (at most
+    /// one a request, and one a slot of the cap). 1: the caller's runtime,
+    /// no thread of its own.
+    pub workers: usize,
 }
 
 /// A part of the run at its start or end, by request count or by time.
@@ -143,6 +153,7 @@ impl LoadConfig {
             stop: CancellationToken::new(),
             progress: None,
             keep_records: true,
+            workers: 1,
         }
     }
 }
@@ -243,7 +254,7 @@ pub enum LoadError {
     Connect { n: usize, addr: String, error: client::RequestError },
     #[error("{0}")]
     Tls(String),
-    #[error("cannot start the thread that makes request bodies")]
+    #[error("cannot start a thread of the run (request bodies, or a worker)")]
     Thread(#[source] std::io::Error),
 }
 
@@ -262,57 +273,103 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
         std::mem::replace(&mut config.dataset, Dataset::Random { input_tokens: 0, output_tokens: 0, seed: 0 });
     let prompts = dataset::prompt_iter(dataset, config.num_requests, config.tokens.clone());
     let count = prompts.size_hint().0;
-    let (bodies, ready) = prepare(prompts, &config)?;
-    let deadlines = send_times(count, config.request_rate, config.arrival);
+    let cap = config.max_concurrency.unwrap_or(usize::MAX);
+    let workers = config.workers.clamp(1, count.clamp(1, cap));
+    let (bodies, ready) = prepare(prompts, &config, workers)?;
+    let deadlines: Arc<[Duration]> = send_times(count, config.request_rate, config.arrival).into();
     let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(count);
     let roots = match &config.ca_cert {
         Some(path) => read_roots(path)?,
         None => Vec::new(),
     };
     check_model(&build_client(&roots)?, &config).await?;
-    let transport = transport(&config, &roots).await?;
-    let cancel = config.stop.child_token();
-    let mut target = Target {
-        transport,
-        stream: config.stream,
-        timeouts: Timeouts {
-            connect: config.connect_timeout,
-            first_token: config.first_token_timeout,
-            idle: config.idle_timeout,
-            total: config.total_timeout,
-        },
-        clock: Clock::start(),
-        counter: config.tokens.clone(),
-        cancel: cancel.clone(),
-        usage: config.tokens.needs_text().then(|| (UsageTally::default(), config.endpoint == Endpoint::Completions)),
-    };
-    let idle = open_connections(&target, first_wave).await?;
-    let sink = match sink {
-        Some(sink) => Some(Sink::start(sink, config.stop.clone()).await.map_err(LoadError::Sink)?),
-        None => None,
-    };
-    let _ = ready.await;
-
-    let cap = config.max_concurrency.map(|n| n as u64);
+    let transport = Arc::new(transport(&config, &roots).await?);
     let options = SummaryOptions {
-        max_concurrency: cap,
+        max_concurrency: config.max_concurrency.map(|n| n as u64),
         lag_limit_ms: config.lag_limit_ms,
         rate_tolerance: config.rate_tolerance,
         percentiles: config.percentiles.clone(),
         goodput: config.goodput,
     };
-    let cpu_before = clock::cpu_time();
-    target.clock = Clock::start();
-    let phases = Phases::new(&config, &deadlines);
-    let target = Arc::new(target);
-    let collected =
-        Collected::new(SummaryBuilder::new(options), config.keep_records.then(|| Vec::with_capacity(count)));
-    let collected =
-        dispatch(Arc::clone(&target), &config, bodies, &deadlines, phases, idle, sink.as_ref(), collected).await;
+    let collected = Arc::new(Mutex::new(Collected::new(
+        workers,
+        SummaryBuilder::new(options),
+        config.keep_records.then(|| Vec::with_capacity(count)),
+    )));
+    let phases = Arc::new(Phases::new(&config, &deadlines));
+
+    // Each worker opens its share of the first wave's connections on its
+    // own event loop, then waits for the run's clock to start.
+    let (go, started) = watch::channel(None::<Go>);
+    let mut opened = Vec::with_capacity(workers);
+    let mut running = Vec::with_capacity(workers);
+    for (index, bodies) in bodies.into_iter().enumerate() {
+        let (opened_tx, opened_rx) = oneshot::channel();
+        opened.push(opened_rx);
+        let lane = Lane {
+            index,
+            of: workers,
+            cap: share(cap, index, workers),
+            end: config.max_duration,
+            progress: config.progress.clone(),
+        };
+        let work = worker(
+            lane,
+            (Arc::clone(&transport), config.connect_timeout, share(first_wave, index, workers)),
+            opened_tx,
+            started.clone(),
+            bodies,
+            (Arc::clone(&deadlines), Arc::clone(&phases)),
+            Arc::clone(&collected),
+        );
+        running.push(Running::start(work, workers, index)?);
+    }
+    drop(started);
+    let usage = config.tokens.needs_text().then(|| (UsageTally::default(), config.endpoint == Endpoint::Completions));
+    let begin = async {
+        // Dropped when the start fails, and the workers then end.
+        let go = go;
+        for opened in opened {
+            // A worker that ended without a word has panicked: its join says why.
+            opened.await.unwrap_or(Ok(()))?;
+        }
+        let sink = match sink {
+            Some(sink) => Some(Sink::start(sink, config.stop.clone()).await.map_err(LoadError::Sink)?),
+            None => None,
+        };
+        let _ = ready.await;
+        let target = Arc::new(Target {
+            transport: Arc::clone(&transport),
+            stream: config.stream,
+            timeouts: Timeouts {
+                connect: config.connect_timeout,
+                first_token: config.first_token_timeout,
+                idle: config.idle_timeout,
+                total: config.total_timeout,
+            },
+            clock: Clock::start(),
+            counter: config.tokens.clone(),
+            cancel: config.stop.child_token(),
+            usage,
+        });
+        let cpu_before = clock::cpu_time();
+        let _ = go.send(Some(Go { target: Arc::clone(&target), sink: sink.as_ref().map(Sink::sender) }));
+        Ok::<_, LoadError>((target, sink, cpu_before))
+    };
+    // The workers on the caller's runtime (one, with no thread of its own)
+    // run beside the start: they wait for it.
+    let (begun, ()) = tokio::join!(begin, Running::run_inline(&mut running));
+    for worker in running {
+        worker.join().await;
+    }
+    let (target, sink, cpu_before) = begun?;
     let target_usage = target.usage.as_ref().map(|(tally, _)| tally.check());
     let cpu = cpu_before.zip(clock::cpu_time()).map(|(a, b)| b.saturating_sub(a).as_secs_f64());
 
-    let Collected { summary, records, .. } = collected;
+    let Collected { summary, records, .. } = Arc::into_inner(collected)
+        .expect("the workers have ended")
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let first_error = summary.first_error().map(str::to_owned);
     let taken = summary.records();
     let mut summary = summary.finish();
@@ -330,16 +387,120 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
     Ok(LoadResult { records, summary, first_error })
 }
 
-/// The bodies of the requests as they are sent, made on a thread of their
-/// own at most a few megabytes ahead, and a signal that the first of them
-/// (every one of a short run) are ready.
+/// The `index`th of `of` shares of `total`: the first ones take the rest.
+fn share(total: usize, index: usize, of: usize) -> usize {
+    if total == usize::MAX { total } else { total / of + usize::from(index < total % of) }
+}
+
+/// What a worker needs once the run's clock has started.
+#[derive(Clone)]
+struct Go {
+    target: Arc<Target>,
+    sink: Option<RecordSender>,
+}
+
+/// A worker's part of the run.
+struct Lane {
+    /// It sends requests `index`, `index + of`, `index + 2 of`, ...
+    index: usize,
+    of: usize,
+    /// Its share of the concurrency cap.
+    cap: usize,
+    /// Sending stops this long after the start.
+    end: Option<Duration>,
+    progress: Option<Arc<Progress>>,
+}
+
+/// One worker: opens its connections, says so, waits for the clock, and
+/// sends its share of the schedule; gives up quietly when the run does not
+/// start (another worker could not connect, or the sink could not).
+async fn worker(
+    lane: Lane,
+    (transport, timeout, warm): (Arc<Transport>, Duration, usize),
+    opened: oneshot::Sender<Result<(), LoadError>>,
+    mut started: watch::Receiver<Option<Go>>,
+    bodies: mpsc::Receiver<Prepared>,
+    (deadlines, phases): (Arc<[Duration]>, Arc<Phases>),
+    collected: Arc<Mutex<Collected>>,
+) {
+    let idle = match open_connections(&transport, timeout, warm).await {
+        Ok(idle) => {
+            let _ = opened.send(Ok(()));
+            idle
+        }
+        Err(e) => {
+            let _ = opened.send(Err(e));
+            return;
+        }
+    };
+    let Ok(go) = started.wait_for(Option::is_some).await.map(|go| go.clone()) else {
+        return;
+    };
+    let Some(Go { target, sink }) = go else {
+        return;
+    };
+    dispatch(target, &lane, bodies, &deadlines, &phases, idle, sink, &collected).await;
+}
+
+/// A worker as it runs: on the caller's runtime (the only one), or on a
+/// thread of its own with a runtime of its own.
+enum Running {
+    Inline(Option<Pin<Box<dyn Future<Output = ()> + Send>>>),
+    Thread(std::thread::JoinHandle<()>),
+}
+
+impl Running {
+    fn start(
+        work: impl Future<Output = ()> + Send + 'static,
+        workers: usize,
+        index: usize,
+    ) -> Result<Running, LoadError> {
+        if workers == 1 {
+            return Ok(Running::Inline(Some(Box::pin(work))));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(LoadError::Thread)?;
+        let thread = std::thread::Builder::new()
+            .name(format!("loadgen-{index}"))
+            .spawn(move || runtime.block_on(work))
+            .map_err(LoadError::Thread)?;
+        Ok(Running::Thread(thread))
+    }
+
+    /// Runs the inline workers to their end.
+    async fn run_inline(running: &mut [Running]) {
+        for worker in running {
+            if let Running::Inline(work) = worker
+                && let Some(work) = work.take()
+            {
+                work.await;
+            }
+        }
+    }
+
+    /// Waits for a thread's end; its panic is the caller's.
+    async fn join(self) {
+        if let Running::Thread(thread) = self {
+            match tokio::task::spawn_blocking(move || thread.join()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(panic)) => std::panic::resume_unwind(panic),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        }
+    }
+}
+
+/// The bodies of the requests as they are sent, one queue a worker (request
+/// `seq` in queue `seq % lanes`), made on a thread of their own at most a
+/// few megabytes ahead, and a signal that the first of them (every one of
+/// a short run) are ready.
 fn prepare(
     mut prompts: Box<dyn Iterator<Item = dataset::Prompt> + Send>,
     config: &LoadConfig,
-) -> Result<(mpsc::Receiver<Prepared>, tokio::sync::oneshot::Receiver<()>), LoadError> {
+    lanes: usize,
+) -> Result<(Vec<mpsc::Receiver<Prepared>>, oneshot::Receiver<()>), LoadError> {
     let (endpoint, model, stream, extra) =
         (config.endpoint, config.model.clone(), config.stream, config.extra_body.clone());
-    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let (ready_tx, ready) = oneshot::channel();
     let make = move |p: dataset::Prompt| {
         let options = BodyOptions { endpoint, model: &model, stream, extra: &extra };
         Prepared {
@@ -349,17 +510,16 @@ fn prepare(
         }
     };
     let Some(first) = prompts.next().map(&make) else {
-        let (_, bodies) = mpsc::channel(1);
         let _ = ready_tx.send(());
-        return Ok((bodies, ready));
+        return Ok(((0..lanes).map(|_| mpsc::channel(1).1).collect(), ready));
     };
     let ahead = (AHEAD_BYTES / first.body.len().max(1)).max(MIN_AHEAD);
-    let (tx, bodies) = mpsc::channel(ahead);
-    let _ = tx.try_send(first);
+    let (tx, bodies): (Vec<_>, Vec<_>) = (0..lanes).map(|_| mpsc::channel(ahead.div_ceil(lanes))).unzip();
+    let _ = tx[0].try_send(first);
     let work = move || {
         let mut ready_tx = Some(ready_tx);
         for (made, prompt) in (1..).zip(prompts) {
-            if tx.blocking_send(make(prompt)).is_err() {
+            if tx[made % lanes].blocking_send(make(prompt)).is_err() {
                 return;
             }
             if made + 1 >= ahead {
@@ -468,65 +628,86 @@ struct Done {
     conn: Option<Conn>,
 }
 
-/// What the dispatcher makes of the records as they come back: the
-/// summary, built as they do, and the records themselves where they are
-/// kept.
+/// What the workers make of the records as they come back: the summary,
+/// built as they do, and the records themselves where they are kept.
 struct Collected {
     summary: SummaryBuilder,
     records: Option<Vec<RequestRecord>>,
-    /// When each request from `first` on was handed to its task, ns, until
-    /// its record is back: no chunk of a request still out arrived before
-    /// the earliest of them (its send followed), so the summary's
-    /// tokens-per-second window settles up to there.
-    out: VecDeque<Option<i64>>,
+    /// Each worker's requests still out (`seq % lanes.len()` is the
+    /// worker): no chunk of a request still out arrived before the
+    /// earliest of their sends, so the summary's tokens-per-second window
+    /// settles up to there.
+    lanes: Vec<Out>,
+}
+
+/// When each of a worker's requests from its `first` on (its own count)
+/// was handed to its task, ns, until its record is back.
+#[derive(Default)]
+struct Out {
+    sent: VecDeque<Option<i64>>,
     first: u64,
 }
 
 impl Collected {
-    fn new(summary: SummaryBuilder, records: Option<Vec<RequestRecord>>) -> Collected {
-        Collected { summary, records, out: VecDeque::new(), first: 0 }
+    fn new(lanes: usize, summary: SummaryBuilder, records: Option<Vec<RequestRecord>>) -> Collected {
+        Collected { summary, records, lanes: (0..lanes).map(|_| Out::default()).collect() }
     }
 
-    fn sent(&mut self, seq: u64, at_ns: i64) {
-        debug_assert_eq!(seq, self.first + self.out.len() as u64);
-        self.out.push_back(Some(at_ns));
+    /// Request `seq` goes now. The time is read under the lock that `take`
+    /// reads it under too: a worker with nothing out settles no later than
+    /// its next send.
+    fn sent(&mut self, seq: u64, clock: &Clock) {
+        let n = self.lanes.len() as u64;
+        let out = &mut self.lanes[(seq % n) as usize];
+        debug_assert_eq!(seq / n, out.first + out.sent.len() as u64);
+        out.sent.push_back(Some(clock.now_ns()));
     }
 
-    fn take(&mut self, record: RequestRecord, now_ns: i64) {
-        if let Some(out) = usize::try_from(record.seq - self.first).ok().and_then(|i| self.out.get_mut(i)) {
-            *out = None;
+    fn take(&mut self, record: RequestRecord, clock: &Clock) {
+        let n = self.lanes.len() as u64;
+        let out = &mut self.lanes[(record.seq % n) as usize];
+        let index = (record.seq / n).checked_sub(out.first).and_then(|i| usize::try_from(i).ok());
+        if let Some(sent) = index.and_then(|i| out.sent.get_mut(i)) {
+            *sent = None;
         }
-        while self.out.front().is_some_and(Option::is_none) {
-            self.out.pop_front();
-            self.first += 1;
+        while out.sent.front().is_some_and(Option::is_none) {
+            out.sent.pop_front();
+            out.first += 1;
         }
         self.summary.add(&record);
-        self.summary.settle(self.out.front().copied().flatten().unwrap_or(now_ns));
+        self.summary.settle(self.horizon(clock.now_ns()));
         if let Some(records) = &mut self.records {
             records.push(record);
         }
     }
+
+    /// A time before which no chunk of a request still out arrived: the
+    /// earliest send of those still out on any worker; `now_ns` when none
+    /// is (a worker's next send is later).
+    fn horizon(&self, now_ns: i64) -> i64 {
+        self.lanes.iter().filter_map(|out| out.sent.front().copied().flatten()).min().unwrap_or(now_ns)
+    }
 }
 
-/// Sends every request at its deadline (or when a slot frees, under a cap)
-/// until the schedule, the maximum duration or a stop ends it; returns what
-/// the records made.
+/// Sends each of the lane's requests at its deadline (or when a slot of
+/// its cap frees) until the schedule, the maximum duration or a stop ends
+/// it; its records go to `collected`.
 #[allow(clippy::too_many_arguments)]
 async fn dispatch(
     target: Arc<Target>,
-    config: &LoadConfig,
+    lane: &Lane,
     mut bodies: mpsc::Receiver<Prepared>,
     deadlines: &[Duration],
-    phases: Phases,
+    phases: &Phases,
     mut idle: Vec<Conn>,
-    sink: Option<&Sink>,
-    mut collected: Collected,
-) -> Collected {
+    sink_tx: Option<RecordSender>,
+    collected: &Mutex<Collected>,
+) {
     let clock = target.clock;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut in_flight = 0usize;
-    let cap = config.max_concurrency.unwrap_or(usize::MAX);
-    let end = config.max_duration.map(|d| clock.at(d));
+    let cap = lane.cap;
+    let end = lane.end.map(|d| clock.at(d));
     let end_or_never = async move {
         match end {
             Some(end) => tokio::time::sleep_until(end).await,
@@ -535,16 +716,17 @@ async fn dispatch(
     };
     tokio::pin!(end_or_never);
     let stop = target.cancel.clone();
-    let sink_tx = sink.map(Sink::sender);
-    let accept = |done: Done, idle: &mut Vec<Conn>, in_flight: &mut usize, collected: &mut Collected| {
+    let lock = || collected.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let accept = |done: Done, idle: &mut Vec<Conn>, in_flight: &mut usize| {
         *in_flight -= 1;
         if let Some(conn) = done.conn {
             idle.push(conn);
         }
-        collected.take(done.record, clock.now_ns());
+        lock().take(done.record, &clock);
     };
 
-    'sending: for (seq, deadline) in deadlines.iter().enumerate() {
+    'sending: for seq in (lane.index..deadlines.len()).step_by(lane.of) {
+        let deadline = &deadlines[seq];
         // Made ahead: waiting here means the thread making them fell behind.
         let Prepared { body, prompt_tokens, max_tokens } = match bodies.try_recv() {
             Ok(prepared) => prepared,
@@ -568,7 +750,7 @@ async fn dispatch(
                 () = stop.cancelled() => break 'sending,
                 () = &mut end_or_never => break 'sending,
                 () = &mut due => break,
-                Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight, &mut collected),
+                Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
             }
         }
         // Under the cap, a request that is due waits for a slot: its send is
@@ -582,24 +764,24 @@ async fn dispatch(
                 () = &mut end_or_never => break 'sending,
                 Some(done) = done_rx.recv() => {
                     slot_ns = Some(done.record.completed_ns);
-                    accept(done, &mut idle, &mut in_flight, &mut collected);
+                    accept(done, &mut idle, &mut in_flight);
                 }
             }
         }
         while let Ok(done) = done_rx.try_recv() {
-            accept(done, &mut idle, &mut in_flight, &mut collected);
+            accept(done, &mut idle, &mut in_flight);
         }
         let scheduled_ns = ns(*deadline);
         let ready_ns = slot_ns.map_or(scheduled_ns, |s| s.max(scheduled_ns));
         let phase = phases.of(seq, ready_ns);
         let request = Request { seq: seq as u64, scheduled_ns, slot_ns, phase, body, prompt_tokens, max_tokens };
-        collected.sent(seq as u64, clock.now_ns());
+        lock().sent(seq as u64, &clock);
         let sending = client::send(Arc::clone(&target), request, idle.pop());
-        let (progress, sink_tx, done_tx) = (config.progress.clone(), sink_tx.clone(), done_tx.clone());
+        let (progress, sink_tx, done_tx) = (lane.progress.clone(), sink_tx.clone(), done_tx.clone());
         if let Some(progress) = &progress {
             progress.sent.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(sink) = sink {
+        if let Some(sink) = &sink_tx {
             sink.count_sent();
         }
         in_flight += 1;
@@ -626,18 +808,17 @@ async fn dispatch(
     while in_flight > 0 {
         tokio::select! {
             biased;
-            Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight, &mut collected),
+            Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
             () = &mut end_or_never, if !stop.is_cancelled() => stop.cancel(),
             () = stop.cancelled() => {
                 // Already cancelled: wait for the records to come in.
                 match done_rx.recv().await {
-                    Some(done) => accept(done, &mut idle, &mut in_flight, &mut collected),
+                    Some(done) => accept(done, &mut idle, &mut in_flight),
                     None => break,
                 }
             }
         }
     }
-    collected
 }
 
 /// The transport for the base URL: our own HTTP/1.1 connections, over TLS
@@ -709,13 +890,12 @@ fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, LoadError> {
 }
 
 /// Opens `n` connections before the measured window.
-async fn open_connections(target: &Target, n: usize) -> Result<Vec<Conn>, LoadError> {
-    let addr = &target.transport.addr;
-    let opened = futures_util::future::join_all((0..n).map(|_| client::connect(target))).await;
+async fn open_connections(transport: &Transport, timeout: Duration, n: usize) -> Result<Vec<Conn>, LoadError> {
+    let opened = futures_util::future::join_all((0..n).map(|_| client::connect(transport, timeout))).await;
     opened
         .into_iter()
         .enumerate()
-        .map(|(i, c)| c.map_err(|error| LoadError::Connect { n: i + 1, addr: addr.clone(), error }))
+        .map(|(i, c)| c.map_err(|error| LoadError::Connect { n: i + 1, addr: transport.addr.clone(), error }))
         .collect()
 }
 
@@ -798,4 +978,58 @@ async fn check_model(http: &reqwest::Client, config: &LoadConfig) -> Result<(), 
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Chunks, Outcome};
+
+    fn record(seq: u64, sent_ns: i64, completed_ns: i64) -> RequestRecord {
+        RequestRecord {
+            seq,
+            scheduled_ns: 0,
+            sent_ns,
+            slot_ns: None,
+            connect_ns: None,
+            first_token_ns: None,
+            completed_ns,
+            chunks: Chunks::default(),
+            prompt_tokens: 0,
+            output_tokens: 0,
+            outcome: Outcome::Ok,
+            http_status: Some(200),
+            error: None,
+            phase: Phase::Measured,
+        }
+    }
+
+    /// The summary's window settles up to the earliest send still out on
+    /// any worker, whichever worker's record came back.
+    #[test]
+    fn records_settle_up_to_the_earliest_request_still_out_on_any_worker() {
+        let clock = Clock::start();
+        let mut c = Collected::new(2, SummaryBuilder::new(SummaryOptions::new(None)), None);
+        assert_eq!(c.horizon(7), 7, "nothing out");
+        // Requests 0 and 2 on worker 0, 1 and 3 on worker 1.
+        for seq in 0..4 {
+            c.sent(seq, &clock);
+        }
+        let at = |c: &Collected, lane: usize| c.lanes[lane].sent.front().copied().flatten().expect("out");
+        let (first0, first1) = (at(&c, 0), at(&c, 1));
+        assert!(first0 <= first1);
+        assert_eq!(c.horizon(i64::MAX), first0);
+        // Worker 0's second comes back first: its first is still out.
+        c.take(record(2, 0, 1), &clock);
+        assert_eq!(c.horizon(i64::MAX), first0);
+        c.take(record(0, 0, 1), &clock);
+        assert_eq!(c.lanes[0].first, 2, "both of worker 0's are back");
+        assert_eq!(c.horizon(i64::MAX), first1, "worker 1's first is the earliest out");
+        c.take(record(1, 0, 1), &clock);
+        c.take(record(3, 0, 1), &clock);
+        assert_eq!(c.horizon(42), 42, "none out");
+        assert_eq!(c.summary.records(), 4);
+        c.sent(4, &clock);
+        assert_eq!(c.lanes[0].sent.len(), 1, "worker 0's third");
+    }
 }

@@ -187,14 +187,9 @@ impl Sink {
         Ok(Sink { url: state.config.url.clone(), tx, task: tokio::spawn(state.run(rx)), sent })
     }
 
-    /// A handle for the request tasks.
+    /// A handle for the workers and their request tasks.
     pub(crate) fn sender(&self) -> RecordSender {
-        RecordSender(self.tx.clone())
-    }
-
-    /// Counts one request sent.
-    pub(crate) fn count_sent(&self) {
-        self.sent.fetch_add(1, Ordering::Relaxed);
+        RecordSender { tx: self.tx.clone(), sent: Arc::clone(&self.sent) }
     }
 
     /// Sends the summary and waits until the controller has stored it and
@@ -213,15 +208,23 @@ impl Sink {
     }
 }
 
-/// Where request tasks put their records.
+/// Where request tasks put their records, and workers count their sends.
 #[derive(Clone)]
-pub(crate) struct RecordSender(mpsc::UnboundedSender<Message>);
+pub(crate) struct RecordSender {
+    tx: mpsc::UnboundedSender<Message>,
+    sent: Arc<AtomicU64>,
+}
 
 impl RecordSender {
     /// Queues one record; never waits. If the sink has given up the record is
     /// dropped here and counted as unacknowledged at the end.
     pub(crate) fn record(&self, record: RequestRecord) {
-        let _ = self.0.send(Message::Record(Box::new(record)));
+        let _ = self.tx.send(Message::Record(Box::new(record)));
+    }
+
+    /// Counts one request sent.
+    pub(crate) fn count_sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
     }
 }
 

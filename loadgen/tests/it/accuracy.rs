@@ -56,11 +56,14 @@ async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
 async fn truth_attempt() -> Vec<String> {
     let mut misses = Vec::new();
     let (url, served) = fake_openai::start_recorded(TIMING).await;
-    for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+    // The chat run on three workers: their records make one summary, the
+    // peak's window settled across them.
+    for (endpoint, workers) in [(Endpoint::Completions, 1), (Endpoint::Chat, 3)] {
         served.lock().expect("truth lock").clear();
         // 8 at once; the server fails every 4th: 6 streams, 2 errors.
         let mut config = random_load(&url, "every-4th-fails", 8, 30, TOKENS);
         config.endpoint = endpoint;
+        config.workers = workers;
         let result = run(config, None).await.expect("run");
         let s = &result.summary;
 
@@ -138,6 +141,8 @@ async fn a_client_at_a_rate_keeps_its_schedule_and_says_so() {
     config.request_rate = Some(40.0);
     config.warmup = Window::Requests(5);
     config.cooldown = Window::Requests(5);
+    // Two workers keep the one schedule between them.
+    config.workers = 2;
     let result = run(config, None).await.expect("run");
     let s = &result.summary;
     assert_eq!((s.successful, s.excluded), (30, 10));
@@ -162,6 +167,8 @@ async fn timeouts_malformed_streams_and_the_end_of_the_run_are_outcomes() {
             config.first_token_timeout = Duration::from_millis(400);
             config.idle_timeout = Duration::from_millis(150);
             config.max_duration = (model == "good").then_some(Duration::from_millis(500));
+            // One request a worker: the end of the run reaches both.
+            config.workers = 2;
             let result = run(config, None).await.expect("run");
             assert_eq!(result.summary.failed, 2, "{model}");
             for r in &result.records {

@@ -27,6 +27,8 @@ async fn saved_records_recompute_to_the_saved_summary() {
         .args(["--base-url", &url, "--model", "good", "--endpoint", "/v1/chat/completions"])
         .args(["--random-input-len", "12", "--random-output-len", "6", "--num-prompts", "20"])
         .args(["--request-rate", "100", "--seed", "3", "--max-concurrency", "4", "--quiet"])
+        // Three workers, with 2, 1 and 1 of the cap's 4 slots.
+        .args(["--workers", "3"])
         .arg("--save-records")
         .arg(&records_path)
         .arg("--save-summary")
@@ -53,6 +55,13 @@ async fn saved_records_recompute_to_the_saved_summary() {
     assert_eq!(serde_json::to_string_pretty(&recomputed).expect("json"), saved);
     let saved: Summary = serde_json::from_str(&saved).expect("json");
     assert_eq!(saved.total_output_tokens, 20 * 6);
+    assert!(saved.peak_concurrent <= 4, "{}", saved.peak_concurrent);
+
+    let output =
+        loadgen().args(["--base-url", &url, "--model", "good", "--workers", "0"]).output().await.expect("runs");
+    assert_eq!(output.status.code(), Some(2), "no run on no thread");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--workers"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

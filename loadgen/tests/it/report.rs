@@ -52,21 +52,32 @@ async fn every_record_and_the_summary_reach_the_controller() {
 /// A run that keeps no records (the binary's, unless a file of them is
 /// asked for) builds its summary as they come in: it is the summary of the
 /// records the controller received, to the last digit.
+/// On one worker and on three, whose records merge into one summary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_keeps_no_records_summarizes_the_ones_it_sent() {
     let _machine = crate::beside().await;
+    for workers in [1, 3] {
+        keeps_no_records(workers).await;
+    }
+}
+
+async fn keeps_no_records(workers: usize) {
     let url = fake_openai::start(QUICK).await;
     let (ingest, received) = fake_ingest::start(Behaviour::default()).await;
     let mut config = random_load(&url, "good", 60, 10, 5);
     config.request_rate = Some(50.0);
     config.keep_records = false;
     config.warmup = benchfleet_loadgen::Window::Requests(5);
+    config.workers = workers;
     let result = run(config, Some(SinkConfig::new(ingest, "run-1", 7, 2))).await.expect("run");
     assert!(result.records.is_empty(), "none kept");
     let received = std::mem::take(&mut *received.lock().expect("lock"));
     let records: Vec<benchfleet_loadgen::RequestRecord> =
         received.records.into_values().map(|r| r.try_into().expect("a record")).collect();
     assert_eq!(records.len(), 60);
+    let mut seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..60).collect::<Vec<_>>(), "each request once, on {workers} workers");
     let s = &result.summary;
     let mut again = benchfleet_loadgen::summarize_with(&records, benchfleet_loadgen::SummaryOptions::of(s));
     again.client_cpu_s = s.client_cpu_s;
@@ -79,18 +90,28 @@ async fn a_run_that_keeps_no_records_summarizes_the_ones_it_sent() {
 /// A run longer than the bodies made ahead of it (about 1,000 of these
 /// 20 KB ones, the rest made during the run on their own thread) sends
 /// every prompt of its seed once, none lost, none twice.
+/// On one worker, and on four taking turns at the bodies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_made_during_the_run_are_each_the_seed_s_prompt_sent_once() {
     let _machine = crate::beside().await;
+    for workers in [1, 4] {
+        bodies_sent_once(workers).await;
+    }
+}
+
+async fn bodies_sent_once(workers: usize) {
     let instant = Timing { ttft: Duration::ZERO, itl: Duration::ZERO, per_chunk: 1 };
     let (url, truth) = fake_openai::start_recorded(instant).await;
     let (n, words) = (1500, 4000);
     let mut config = random_load(&url, "good", n, words, 1);
     config.max_concurrency = Some(32);
     config.keep_records = false;
+    config.workers = workers;
     let dataset = config.dataset.clone();
     let result = run(config, None).await.expect("run");
     assert_eq!(result.summary.successful, n as u64);
+    // The cap holds across the workers (8 each).
+    assert!(result.summary.peak_concurrent <= 32, "{}", result.summary.peak_concurrent);
     assert_eq!(result.summary.total_input_tokens, (n * words as usize) as u64);
     let mut sent: Vec<String> = truth.lock().expect("truth").iter().map(|s| s.prompt.clone()).collect();
     let mut seeded = benchfleet_loadgen::dataset::prompt_texts(&dataset, n, &benchfleet_loadgen::TokenCounter::Words);

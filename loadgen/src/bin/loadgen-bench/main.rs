@@ -69,6 +69,10 @@ enum Cmd {
         /// does (by default they are let go as the summary takes them).
         #[arg(long)]
         keep_records: bool,
+        /// Threads the requests run on (`LoadConfig::workers`); 1 runs
+        /// them on this one-thread runtime.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
     },
     /// benchfleet-loadgen against a peer client (vLLM's Rust `vllm-bench`,
     /// built from its source) given the same `vllm bench serve` command
@@ -115,8 +119,8 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
     match Args::parse().command {
         Cmd::Serve { ttft_ms, itl_ms, tokens } => rt.block_on(serve(ttft_ms, itl_ms, tokens)),
-        Cmd::Client { url, rate, concurrency, requests, processor, keep_records } => {
-            rt.block_on(client(url, (rate, concurrency), requests, processor.as_deref(), keep_records))
+        Cmd::Client { url, rate, concurrency, requests, processor, keep_records, workers } => {
+            rt.block_on(client(url, (rate, concurrency), requests, processor.as_deref(), (keep_records, workers)))
         }
         Cmd::Bare { url, rate, requests } => rt.block_on(bare(url, rate, requests)),
         Cmd::All { server_core, client_core, seconds } => all(server_core, client_core, seconds),
@@ -286,7 +290,7 @@ async fn client(
     (rate, concurrency): (Option<f64>, Option<usize>),
     requests: usize,
     processor: Option<&std::path::Path>,
-    keep_records: bool,
+    (keep_records, workers): (bool, usize),
 ) -> anyhow::Result<()> {
     let dataset = Dataset::Random { input_tokens: 16, output_tokens: 128, seed: 1 };
     let mut config = LoadConfig::new(url, "bench", dataset, requests);
@@ -300,6 +304,7 @@ async fn client(
     // By default as the load generator's binary runs without a file of
     // records: the summary built as they come in, the records let go.
     config.keep_records = keep_records;
+    config.workers = workers;
     let LoadResult { summary: s, .. } = run(config, None).await?;
     // Every successful request's chunks: one more than its gaps.
     let chunks = s.itl_ms.count + s.successful;
