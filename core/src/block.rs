@@ -62,6 +62,9 @@ pub fn render_self_check(s: &Summary) -> String {
         line("  http error/timeout/incomplete:", format!("{}/{}/{}", f.http_error, f.timeout, f.incomplete));
         line("  transport error/cancelled:", format!("{}/{}", f.transport_error, f.cancelled));
         line("  disconnected/malformed:", format!("{}/{}", f.disconnected, f.malformed));
+        for r in &s.failure_reasons {
+            line(&format!("  {} of them:", r.count), r.reason.clone());
+        }
     }
     line("Success rate (%):", format!("{:.2}", s.success_rate() * 100.0));
     line("Warm-up and cool-down requests:", s.excluded.to_string());

@@ -166,6 +166,11 @@ impl From<&Summary> for pb::Summary {
             failed_transport_error: s.failures.transport_error,
             failed_disconnected: s.failures.disconnected,
             failed_malformed: s.failures.malformed,
+            failure_reasons: s
+                .failure_reasons
+                .iter()
+                .map(|r| pb::FailureReason { reason: r.reason.clone(), count: r.count })
+                .collect(),
             excluded: s.excluded,
             dispatch_lag_ms: Some((&s.dispatch_lag_ms).into()),
             offered_rate: s.offered_rate,
@@ -226,6 +231,11 @@ impl From<pb::Summary> for Summary {
                 disconnected: s.failed_disconnected,
                 malformed: s.failed_malformed,
             },
+            failure_reasons: s
+                .failure_reasons
+                .into_iter()
+                .map(|r| crate::metrics::FailureReason { reason: r.reason, count: r.count })
+                .collect(),
             excluded: s.excluded,
             dispatch_lag_ms: s.dispatch_lag_ms.unwrap_or_default().into(),
             offered_rate: s.offered_rate,
@@ -670,6 +680,10 @@ mod tests {
                 disconnected: 26,
                 malformed: 27,
             },
+            failure_reasons: vec![
+                crate::metrics::FailureReason { reason: "http 400: too long".into(), count: 20 },
+                crate::metrics::FailureReason { reason: "first-token timeout".into(), count: 22 },
+            ],
             excluded: 28,
             dispatch_lag_ms: dist(29.0),
             offered_rate: Some(30.5),

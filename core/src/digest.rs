@@ -374,6 +374,13 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
             disconnected: sum(&|s| s.failures.disconnected),
             malformed: sum(&|s| s.failures.malformed),
         },
+        failure_reasons: {
+            let mut counts = crate::metrics::ReasonCounts::default();
+            for r in repeats.iter().flat_map(|s| &s.failure_reasons) {
+                counts.add(r.reason.clone(), r.count);
+            }
+            counts.named()
+        },
         excluded: sum(&|s| s.excluded),
         dispatch_lag_ms: dist(&|x| &x.dispatch_lag_ms, &|d| &d.dispatch_lag, ms),
         goodput: first.goodput.map(|g| {

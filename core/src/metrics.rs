@@ -269,6 +269,91 @@ pub struct Failures {
     pub malformed: u64,
 }
 
+/// Failed requests that share a reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureReason {
+    pub reason: String,
+    pub count: u64,
+}
+
+/// The most reasons a summary names; the rest are counted as one.
+pub const REASONS_NAMED: usize = 8;
+
+/// Distinct reasons counted before any further one is counted as "other".
+const REASONS_COUNTED: usize = 1024;
+
+/// What the rest of the reasons are named as.
+const OTHER_REASONS: &str = "other reasons";
+
+/// Counts of failed requests by reason, as they come.
+#[derive(Clone, Debug, Default)]
+pub struct ReasonCounts(std::collections::BTreeMap<String, u64>);
+
+impl ReasonCounts {
+    pub fn add(&mut self, reason: String, count: u64) {
+        let key = if self.0.len() >= REASONS_COUNTED && !self.0.contains_key(&reason) {
+            OTHER_REASONS.to_owned()
+        } else {
+            reason
+        };
+        *self.0.entry(key).or_default() += count;
+    }
+
+    /// The commonest `REASONS_NAMED` (most first, then by name), and the
+    /// rest as one.
+    pub fn named(self) -> Vec<FailureReason> {
+        let mut all: Vec<FailureReason> =
+            self.0.into_iter().map(|(reason, count)| FailureReason { reason, count }).collect();
+        all.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+        if all.len() > REASONS_NAMED {
+            let rest: u64 = all.drain(REASONS_NAMED - 1..).map(|r| r.count).sum();
+            all.push(FailureReason { reason: OTHER_REASONS.to_owned(), count: rest });
+        }
+        all
+    }
+}
+
+/// The reason a failed request is counted under: for a server's refusal, its
+/// status and the message of its JSON error (vLLM's `message`, OpenAI's
+/// `error.message`, a `detail`) with every number in it written N, so that
+/// "maximum context length is 8192 tokens, you requested 9000" is one
+/// reason however long each prompt was; else the client's error.
+pub fn failure_reason(r: &RequestRecord) -> String {
+    let error = r.error.as_deref().unwrap_or(r.outcome.as_str());
+    let reason = match error.split_once(": ") {
+        Some((status, body)) if status.starts_with("http ") => {
+            let json: Option<serde_json::Value> = serde_json::from_str(body).ok();
+            let message = json.as_ref().and_then(|v| {
+                [&v["message"], &v["error"]["message"], &v["detail"], &v["error"]].into_iter().find_map(|m| m.as_str())
+            });
+            format!("{status}: {}", numbers_as_n(message.unwrap_or(body)))
+        }
+        _ => error.to_owned(),
+    };
+    let mut end = reason.len().min(160);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].trim_end().to_owned()
+}
+
+fn numbers_as_n(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                out.push('N');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The numbers of one "Serving Benchmark Result" block, and the load
 /// generator's check of itself.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -313,6 +398,9 @@ pub struct Summary {
     /// Failed requests by outcome.
     #[serde(default)]
     pub failures: Failures,
+    /// Failed requests by reason (`failure_reason`), the commonest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_reasons: Vec<FailureReason>,
     /// Requests sent during warm-up or cool-down: recorded, not measured.
     #[serde(default)]
     pub excluded: u64,
@@ -588,6 +676,16 @@ impl Summary {
         let sent = self.successful + self.failed;
         if sent == 0 { 0.0 } else { self.successful as f64 / sent as f64 }
     }
+
+    /// `success rate 80.0% (1 of 1 failed: http 400: ...)`: the rate and,
+    /// where the failures were counted by reason, the commonest.
+    pub fn success_said(&self) -> String {
+        let rate = format!("success rate {:.1}%", self.success_rate() * 100.0);
+        match self.failure_reasons.first() {
+            Some(r) => format!("{rate} ({} of {} failed: {})", r.count, self.failed, r.reason),
+            None => rate,
+        }
+    }
 }
 
 /// What a summary needs besides the records.
@@ -743,6 +841,73 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * b.abs().max(1.0)
+    }
+
+    /// A failed record with `error`.
+    fn failed_with(error: &str) -> RequestRecord {
+        RequestRecord { outcome: Outcome::HttpError, error: Some(error.into()), ..streamed(0, 0, 0, 0, 0) }
+    }
+
+    #[test]
+    fn a_server_s_refusals_group_by_their_message_whatever_its_numbers() {
+        let vllm = |n: u32| {
+            format!(
+                r#"http 400: {{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested {n} tokens in the messages.","type":"BadRequestError","param":null,"code":400}}"#
+            )
+        };
+        let said = "http 400: This model's maximum context length is N tokens. However, you requested N tokens in the messages.";
+        assert_eq!(failure_reason(&failed_with(&vllm(9000))), said);
+        assert_eq!(failure_reason(&failed_with(&vllm(12_345))), said);
+        let openai =
+            r#"http 429: {"error":{"message":"Rate limit reached: 60 requests a minute","type":"rate_limit"}}"#;
+        assert_eq!(failure_reason(&failed_with(openai)), "http 429: Rate limit reached: N requests a minute");
+        assert_eq!(failure_reason(&failed_with(r#"http 422: {"detail":"bad field"}"#)), "http 422: bad field");
+        assert_eq!(failure_reason(&failed_with("http 503: busy, retry in 5 s")), "http 503: busy, retry in N s");
+        // The client's own errors are said as they are; an excerpt cut short
+        // (not JSON) is its text.
+        assert_eq!(failure_reason(&failed_with("first-token timeout after 600 s")), "first-token timeout after 600 s");
+        assert_eq!(failure_reason(&failed_with("http 500: {\"message\":\"cut")), "http 500: {\"message\":\"cut");
+        let long = format!("http 500: {}", "é".repeat(200));
+        assert!(failure_reason(&failed_with(&long)).len() <= 160);
+        let none = RequestRecord { outcome: Outcome::Cancelled, ..streamed(0, 0, 0, 0, 0) };
+        assert_eq!(failure_reason(&none), "cancelled");
+    }
+
+    #[test]
+    fn a_summary_names_the_commonest_reasons_and_counts_the_rest_as_one() {
+        let mut records: Vec<RequestRecord> = Vec::new();
+        for (i, n) in (1..=10u64).enumerate() {
+            for _ in 0..n {
+                records.push(RequestRecord {
+                    seq: records.len() as u64,
+                    ..failed_with(&format!("reason {}", (b'a' + i as u8) as char))
+                });
+            }
+        }
+        records.push(streamed(records.len() as u64, 0, 10, 5, 4));
+        let s = summarize(&records, None);
+        assert_eq!(s.failed, 55);
+        let named: Vec<(&str, u64)> = s.failure_reasons.iter().map(|r| (r.reason.as_str(), r.count)).collect();
+        assert_eq!(
+            named,
+            [
+                ("reason j", 10),
+                ("reason i", 9),
+                ("reason h", 8),
+                ("reason g", 7),
+                ("reason f", 6),
+                ("reason e", 5),
+                ("reason d", 4),
+                ("other reasons", 6)
+            ]
+        );
+        assert_eq!(s.success_said(), "success rate 1.8% (10 of 55 failed: reason j)");
+        // Pooled repeats add up by reason.
+        let mut again = ReasonCounts::default();
+        for r in s.failure_reasons.iter().chain(&s.failure_reasons) {
+            again.add(r.reason.clone(), r.count);
+        }
+        assert_eq!(again.named()[0], FailureReason { reason: "reason j".into(), count: 20 });
     }
 
     #[test]

@@ -237,7 +237,7 @@ impl<'a> Greedy<'a> {
             Some(Some(m)) => match &m.summary.invalid {
                 Some(why) => Err(format!("run INVALID: {why}; not adopted")),
                 None if m.summary.success_rate() < self.matrix.min_success_rate => {
-                    Err(format!("success rate {:.1}%, not adopted", m.summary.success_rate() * 100.0))
+                    Err(format!("{}, not adopted", m.summary.success_said()))
                 }
                 None => Ok(m),
             },

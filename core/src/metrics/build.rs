@@ -55,6 +55,8 @@ pub struct SummaryBuilder {
     peak: PeakTokens,
     /// The error of the earliest request (by schedule) that has one.
     first_error: Option<(u64, String)>,
+    /// Failed measured requests by reason.
+    reasons: super::ReasonCounts,
 }
 
 impl SummaryBuilder {
@@ -89,6 +91,7 @@ impl SummaryBuilder {
             gaps: Some(Gaps { kept: Vec::new(), limit: gaps, counted: None }),
             peak: PeakTokens::default(),
             first_error: None,
+            reasons: super::ReasonCounts::default(),
         }
     }
 
@@ -133,6 +136,7 @@ impl SummaryBuilder {
             Outcome::Malformed => f.malformed += 1,
         }
         if !r.outcome.is_ok() {
+            self.reasons.add(super::failure_reason(r), 1);
             return;
         }
         self.ok += 1;
@@ -228,6 +232,7 @@ impl SummaryBuilder {
             ttft_from_scheduled_ms: dist(self.ttft_from_scheduled_ms),
             connect_ms: dist(self.connect_ms),
             failures: self.failures,
+            failure_reasons: self.reasons.named(),
             excluded: self.records - self.measured,
             dispatch_lag_ms: dist(self.dispatch_lag_ms),
             offered_rate: self.scheduled.rate(),

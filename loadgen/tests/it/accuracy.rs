@@ -68,6 +68,9 @@ async fn truth_attempt() -> Vec<String> {
         let s = &result.summary;
 
         assert_eq!((s.successful, s.failed, s.failures.http_error), (6, 2, 2), "{endpoint:?}");
+        assert_eq!(s.failure_reasons.len(), 1, "{:?}", s.failure_reasons);
+        assert_eq!(s.failure_reasons[0].count, 2);
+        assert!(s.failure_reasons[0].reason.starts_with("http 500: engine exploded engine"), "{:?}", s.failure_reasons);
         assert_eq!(s.total_output_tokens, 6 * u64::from(TOKENS));
         assert_eq!(s.total_input_tokens, 6 * 30);
         let (ttft, gap) = (200.0, 30.0);

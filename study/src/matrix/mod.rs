@@ -1187,11 +1187,49 @@ fn locate(yaml: &str, path: &[&str]) -> Option<usize> {
     Some(yaml[..at].matches('\n').count() + 1)
 }
 
-/// The line of the second place `key` stands as a key.
-pub(crate) fn second_key_line(yaml: &str, key: &str) -> Option<usize> {
-    let first = find_key(yaml, key)?;
+/// The line of `key`'s second appearance as a key of the mapping the
+/// parser found it twice in: it places a duplicate at the mapping's start
+/// (`at`, line and column from 1). A flow mapping, or one not found that
+/// way, gives the second place `key` stands as a key after that start.
+pub(crate) fn second_key_line(yaml: &str, key: &str, at: Option<(usize, usize)>) -> Option<usize> {
+    let (line, column) = at.unwrap_or((1, 1));
+    if let Some(found) = second_in_block(yaml, key, (line, column)) {
+        return Some(found);
+    }
+    let from = yaml.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum::<usize>();
+    let first = from + find_key(&yaml[from..], key)?;
     let second = first + find_key(&yaml[first..], key)?;
     Some(yaml[..second].matches('\n').count() + 1)
+}
+
+/// In the block mapping whose first key stands at `(line, column)`: the line
+/// of `key`'s second appearance among its own keys (those at its column, on
+/// the lines before one indented less), not those of mappings inside it.
+fn second_in_block(yaml: &str, key: &str, (line, column): (usize, usize)) -> Option<usize> {
+    let col = column.checked_sub(1)?;
+    let mut seen = 0;
+    for (n, text) in yaml.lines().enumerate().skip(line.checked_sub(1)?) {
+        let trimmed = text.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let indent = text.len() - trimmed.len();
+        // The first line's key may follow a sequence's `- `.
+        if n + 1 > line && indent != col {
+            if indent < col {
+                return None;
+            }
+            continue;
+        }
+        let at_key = text.get(col..)?;
+        if matches!(find_key(at_key, key), Some(end) if end == key.len() || end == key.len() + 1) {
+            seen += 1;
+            if seen == 2 {
+                return Some(n + 1);
+            }
+        }
+    }
+    None
 }
 
 /// Offset just past `key:` (optionally quoted) where it stands as a key.
@@ -1516,6 +1554,26 @@ profiles:
         let e = parse("m.yaml", &format!("{GOOD}repeats: 3\n"), &hash).expect_err("duplicate");
         assert!(e.to_string().contains("the key 'repeats' appears twice"), "{e}");
         assert_eq!(e.line, Some(17));
+    }
+
+    /// The duplicate is named where it appears the second time in its own
+    /// mapping, not where the same key first appears in another one.
+    #[test]
+    fn a_duplicate_key_is_named_at_its_second_place_in_its_own_mapping() {
+        let twice = |yaml: &str| {
+            let e = parse("m.yaml", yaml, &hash).expect_err("duplicate");
+            assert!(e.message.contains("appears twice in one mapping"), "{e}");
+            e.line
+        };
+        // `image` stands in each engine; the second engine has two.
+        let nested = "engines:\n  a:\n    image: x\n    kind: vllm\n  b:\n    kind: vllm\n    model: m\n    image: y\n    flags: {}\n    image: z\n";
+        assert_eq!(twice(nested), Some(10));
+        // Inside the mapping, a deeper one's key of the same name is not its own.
+        let deeper = "a:\n  b:\n    c: 1\n  x:\n    c: 2\n  c: 3\n  c: 4\n";
+        assert_eq!(twice(deeper), Some(7));
+        // A sequence item's mapping; and a flow mapping.
+        assert_eq!(twice("items:\n  - name: a\n    x: 1\n    name: b\n"), Some(4));
+        assert_eq!(twice("a: {k: 1}\nb: {c: 1,\n  k: 2, k: 3}\n"), Some(3));
     }
 
     #[test]

@@ -251,14 +251,21 @@ pub fn from_yaml(file: &str, plain: &str, e: &serde_yaml_ng::Error, syntax: bool
     if head == "unknown anchor" {
         return error(file, line, "an alias (*name) refers to an anchor (&name) defined nowhere before it".to_owned());
     }
-    if let Some(key) = head.strip_prefix("duplicate entry with key ") {
+    // Found while reading the text, or (with the mapping's path) while
+    // reading it into the matrix's shape.
+    const DUPLICATE: &str = "duplicate entry with key ";
+    let duplicate = head.strip_prefix(DUPLICATE).map(|key| ("", key)).or_else(|| {
+        let (path, rest) = head.split_once(": ")?;
+        Some((path, rest.strip_prefix(DUPLICATE)?)).filter(|_| !path.contains(' '))
+    });
+    if let Some((path, key)) = duplicate {
         // The parser places a duplicate key at its mapping's start; point
         // at the key's second appearance instead.
         let key = key.trim_matches('"');
         return MatrixError {
             file: file.to_owned(),
-            line: super::second_key_line(plain, key).or(line),
-            field: String::new(),
+            line: super::second_key_line(plain, key, at).or(line),
+            field: path.to_owned(),
             message: format!("the key '{key}' appears twice in one mapping"),
         };
     }

@@ -807,7 +807,11 @@ fn comparisons(
     for profile in profiles {
         for v in configs.iter().filter(|c| !c.is_baseline()) {
             let Some(base) = baseline_of(configs, v) else { continue };
-            let (b, s) = (base.block(&profile.name), v.block(&profile.name));
+            // A variant a study never ran on this profile (a stage measures
+            // its own profiles) has nothing to say here; one that ran and
+            // failed does.
+            let Some(s) = v.block(&profile.name) else { continue };
+            let (b, s) = (base.block(&profile.name), Some(s));
             let pooled = |blk: Option<&Block>| blk.and_then(|b| pool(&b.summaries().collect::<Vec<_>>(), None));
             let mut row = ComparisonRow {
                 profile: profile.name.clone(),
@@ -829,7 +833,7 @@ fn comparisons(
                 (row.verdict, row.said) = if let Some(why) = &ss.invalid {
                     (Verdict::Invalid, format!("run INVALID: {why}; not adopted"))
                 } else if ss.success_rate() < min_success_rate {
-                    (Verdict::BelowAcceptance, format!("success rate {:.1}%, not adopted", ss.success_rate() * 100.0))
+                    (Verdict::BelowAcceptance, format!("{}, not adopted", ss.success_said()))
                 } else if let Some(why) = &bs.invalid {
                     (Verdict::BaselineInvalid, format!("baseline run INVALID: {why}; not compared"))
                 } else {

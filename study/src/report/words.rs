@@ -100,7 +100,7 @@ pub fn stage_sentence(
         if let Some(why) = &s.invalid {
             listing[i].push_str(&format!(" (INVALID: {why})"));
         } else if s.success_rate() < min_success_rate {
-            listing[i].push_str(&format!(" (success rate {:.1}%, not adopted)", s.success_rate() * 100.0));
+            listing[i].push_str(&format!(" ({}, not adopted)", s.success_said()));
         }
     }
     valued.retain(|(_, s, _)| s.invalid.is_none() && s.success_rate() >= min_success_rate);
