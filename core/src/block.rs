@@ -92,6 +92,12 @@ pub fn render_self_check(s: &Summary) -> String {
             line("Token counts:", format!("DISAGREE: {said}"));
         }
     }
+    if s.usage_below_events > 0 {
+        line(
+            "Usage below its events (replies):",
+            format!("{} (fewer tokens counted than text events streamed: cannot be true)", s.usage_below_events),
+        );
+    }
     match &s.invalid {
         None => line("Run:", format!("VALID (p99 lag limit {:.2} ms)", s.lag_limit_ms)),
         Some(reason) => line("Run:", format!("INVALID: {reason}")),

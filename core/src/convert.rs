@@ -180,6 +180,7 @@ impl From<&Summary> for pb::Summary {
             rate_tolerance: s.rate_tolerance,
             client_cpu_s: s.client_cpu_s,
             invalid: s.invalid.clone(),
+            usage_below_events: s.usage_below_events,
             usage_check: s.usage_check.map(|u| pb::UsageCheck {
                 prompts_compared: u.prompts_compared,
                 prompts_off: u.prompts_off,
@@ -250,6 +251,7 @@ impl From<pb::Summary> for Summary {
             },
             client_cpu_s: s.client_cpu_s,
             invalid: s.invalid,
+            usage_below_events: s.usage_below_events,
             usage_check: s.usage_check.map(|u| crate::metrics::UsageCheck {
                 prompts_compared: u.prompts_compared,
                 prompts_off: u.prompts_off,
@@ -696,6 +698,7 @@ mod tests {
                 good: 46,
                 request_goodput: 4.75,
             }),
+            usage_below_events: 48,
             usage_check: Some(crate::metrics::UsageCheck {
                 prompts_compared: 40,
                 prompts_off: 41,

@@ -395,6 +395,7 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         client_cpu_s: repeats.iter().map(|s| s.client_cpu_s).sum(),
         invalid: (!invalid.is_empty()).then(|| invalid.join("; ")),
         usage_check: pool_usage(repeats),
+        usage_below_events: sum(&|s| s.usage_below_events),
     })
 }
 

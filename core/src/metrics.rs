@@ -441,6 +441,17 @@ pub struct Summary {
     /// The requests within the goodput SLOs, when some were given.
     #[serde(default)]
     pub goodput: Option<Goodput>,
+    /// Successful replies whose usage counted fewer tokens than the reply
+    /// streamed events that carried text: no server streams a token in two
+    /// events, so their counts cannot be true (the tokens-per-second and
+    /// TPOT figures rest on them). Counted with or without a tokenizer;
+    /// like the CPU time, loadgen's own account.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub usage_below_events: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// vLLM's goodput SLOs (`--goodput ttft:200 tpot:50 e2el:5000`, ms): a

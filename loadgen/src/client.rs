@@ -127,6 +127,9 @@ pub(crate) struct Target {
     /// The server's token counts against the tokenizer's; `None` without
     /// a tokenizer. Whether prompts are compared (the completions endpoint).
     pub usage: Option<(UsageTally, bool)>,
+    /// Successful measured replies whose usage counted fewer tokens than
+    /// they streamed text events (`Summary::usage_below_events`).
+    pub below_events: AtomicU64,
 }
 
 /// The running account behind `UsageCheck`.
@@ -1021,9 +1024,12 @@ impl Recorder {
             (None, Some(text)) if !text.is_empty() => self.target.counter.count(text),
             (None, _) => counted,
         };
+        let measured = r.outcome.is_ok() && r.phase == benchfleet_core::record::Phase::Measured;
+        if measured && self.usage.and_then(|u| u.completion_tokens).is_some_and(|n| (n as usize) < r.chunks.len()) {
+            self.target.below_events.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some((tally, prompts)) = &self.target.usage
-            && r.outcome.is_ok()
-            && r.phase == benchfleet_core::record::Phase::Measured
+            && measured
         {
             if let (true, Some(server)) = (*prompts, self.usage.and_then(|u| u.prompt_tokens)) {
                 UsageTally::add(&tally.prompts, server, r.prompt_tokens);

@@ -351,6 +351,7 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
             counter: config.tokens.clone(),
             cancel: config.stop.child_token(),
             usage,
+            below_events: AtomicU64::new(0),
         });
         let cpu_before = clock::cpu_time();
         let _ = go.send(Some(Go { target: Arc::clone(&target), sink: sink.as_ref().map(Sink::sender) }));
@@ -377,6 +378,7 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
     records.sort_unstable_by_key(|r| r.seq);
     summary.client_cpu_s = cpu;
     summary.usage_check = target_usage;
+    summary.usage_below_events = target.below_events.load(Ordering::Relaxed);
     if let Some(sink) = sink {
         sink.finish(summary.clone()).await.map_err(|source| match source {
             // Not a matter of acknowledgements: the attempt is over.

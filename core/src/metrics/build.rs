@@ -243,6 +243,7 @@ impl SummaryBuilder {
             client_cpu_s: None,
             invalid: None,
             usage_check: None,
+            usage_below_events: 0,
             goodput: options.goodput.map(|slo| Goodput {
                 slo,
                 good: self.good,

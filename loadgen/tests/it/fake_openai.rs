@@ -3,6 +3,7 @@
 //! chat, the first chunk is reasoning), `http-500` fails, `every-4th-fails`
 //! answers every fourth request with a 500, `drop-after-3` breaks the stream
 //! after three chunks, `malformed` sends a chunk that is not JSON,
+//! `undercount` says it generated half the tokens it streamed,
 //! `stall-first` never sends a token, `stall-after-2` stops after two chunks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +77,16 @@ pub async fn start_recorded(timing: Timing) -> (String, Truth) {
 }
 
 async fn models() -> Json<Value> {
-    let models = ["good", "http-500", "drop-after-3", "every-4th-fails", "malformed", "stall-first", "stall-after-2"];
+    let models = [
+        "good",
+        "http-500",
+        "drop-after-3",
+        "every-4th-fails",
+        "malformed",
+        "stall-first",
+        "stall-after-2",
+        "undercount",
+    ];
     let data: Vec<Value> = models.iter().map(|m| json!({ "id": m })).collect();
     Json(json!({"object": "list", "data": data}))
 }
@@ -140,7 +150,8 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
             served.chunks.push(arrived.elapsed());
             send(chunk.to_string()).await.ok();
         }
-        let usage = json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}});
+        let counted = if model == "undercount" { tokens / 2 } else { tokens };
+        let usage = json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": counted}});
         send(usage.to_string()).await.ok();
         served.done = arrived.elapsed();
         send("[DONE]".to_owned()).await.ok();

@@ -90,6 +90,26 @@ async fn keeps_no_records(workers: usize) {
 /// A run longer than the bodies made ahead of it (about 1,000 of these
 /// 20 KB ones, the rest made during the run on their own thread) sends
 /// every prompt of its seed once, none lost, none twice.
+/// A server whose usage counts half the tokens it streamed is caught
+/// without a tokenizer, and its counts still go into the block as given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_below_the_events_streamed_is_flagged_without_a_tokenizer() {
+    let _machine = crate::beside().await;
+    let url = fake_openai::start(QUICK).await;
+    let mut config = random_load(&url, "undercount", 4, 5, 6);
+    config.warmup = benchfleet_loadgen::Window::Requests(1);
+    let result = run(config, None).await.expect("run");
+    let s = &result.summary;
+    assert_eq!((s.successful, s.usage_below_events), (3, 3), "the warm-up's is not counted");
+    assert_eq!(s.total_output_tokens, 3 * 3, "the server's count is the one reported");
+    let check = benchfleet_loadgen::block::render_self_check(s);
+    assert!(check.contains("Usage below its events (replies):        3 (fewer tokens"), "{check}");
+
+    let result = run(random_load(&url, "good", 2, 5, 6), None).await.expect("run");
+    assert_eq!(result.summary.usage_below_events, 0);
+    assert!(!benchfleet_loadgen::block::render_self_check(&result.summary).contains("Usage below"));
+}
+
 /// On one worker, and on four taking turns at the bodies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_made_during_the_run_are_each_the_seed_s_prompt_sent_once() {
