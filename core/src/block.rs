@@ -6,12 +6,18 @@
 
 use std::fmt::Write as _;
 
+use crate::cost::Cost;
 use crate::metrics::{Distribution, Summary};
 use crate::telemetry::Energy;
 
 /// Renders the block, with its energy section when `energy` is known;
 /// every line ends with a newline.
 pub fn render_block(s: &Summary, energy: Option<&Energy>) -> String {
+    render_block_with(s, energy, None)
+}
+
+/// The block with its energy and cost sections where they are known.
+pub fn render_block_with(s: &Summary, energy: Option<&Energy>, cost: Option<&Cost>) -> String {
     let mut out = String::from("============ Serving Benchmark Result ============\n");
     let mut line = |label: &str, value: String| {
         let _ = writeln!(out, "{label:<40} {value}");
@@ -38,6 +44,9 @@ pub fn render_block(s: &Summary, energy: Option<&Energy>) -> String {
     section(&mut out, "---------------Inter-token Latency----------------", "ITL (ms):", "", &s.itl_ms);
     if let Some(e) = energy {
         energy_section(&mut out, e);
+    }
+    if let Some(c) = cost {
+        cost_section(&mut out, c);
     }
     // After every field of the reference block, so readers of that block
     // still find each one where they expect it.
@@ -119,6 +128,16 @@ fn energy_section(out: &mut String, e: &Energy) {
     for (label, value) in lines {
         let _ = writeln!(out, "{label:<40} {value:.2}");
     }
+}
+
+fn cost_section(out: &mut String, c: &Cost) {
+    out.push_str("------------------------Cost----------------------\n");
+    let _ = writeln!(out, "{:<40} {:.4}", "GPU hours:", c.gpu_hours);
+    let shown = |v: Option<f64>| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.4}"));
+    let _ =
+        writeln!(out, "{:<40} {}", format!("Cost per 1M input tokens ({}):", c.currency), shown(c.per_million_input));
+    let _ =
+        writeln!(out, "{:<40} {}", format!("Cost per 1M output tokens ({}):", c.currency), shown(c.per_million_output));
 }
 
 /// One titled section of mean, median, P95 and P99. The latency section's
@@ -254,6 +273,23 @@ P99 ITL (ms):                            132.49
         assert!(block.ends_with(&end), "{block}");
         assert!(render_self_check(&s).contains("INVALID: p99 dispatch lag"));
         assert!(render_self_check(&Summary::default()).contains("VALID"));
+    }
+
+    #[test]
+    fn a_known_price_is_a_cost_section_after_the_energy_one() {
+        let price = crate::cost::Price { gpu_hour: 3.5, currency: "EUR".into() };
+        let s = Summary { total_output_tokens: 2_000, ..Summary::default() };
+        let cost = crate::cost::Cost::of(&price, 3600.0, 0, 2_000).expect("a cost");
+        let block = render_block_with(&s, None, Some(&cost));
+        let section = "\
+------------------------Cost----------------------
+GPU hours:                               1.0000
+Cost per 1M input tokens (EUR):          N/A
+Cost per 1M output tokens (EUR):         1750.0000
+==================================================
+";
+        assert!(block.ends_with(section), "{block}");
+        assert_eq!(render_block_with(&s, None, None), render_block(&s, None));
     }
 
     #[test]

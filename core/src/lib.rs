@@ -20,6 +20,7 @@ pub mod block;
 pub mod config;
 #[cfg(feature = "wire")]
 pub mod convert;
+pub mod cost;
 pub mod digest;
 pub mod engine;
 pub mod gpu;
@@ -33,7 +34,7 @@ pub mod telemetry;
 #[cfg(feature = "wire")]
 pub mod tls;
 
-pub use block::render_block;
+pub use block::{render_block, render_block_with};
 pub use digest::{Digest, DigestBuilder, Histogram, pool};
 pub use metrics::{
     DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryBuilder, SummaryOptions, summarize,

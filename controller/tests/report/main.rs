@@ -372,6 +372,46 @@ fn the_latency_study_compares_by_ratio_across_its_rates() {
     snapshot("latency-study.txt", &render_as(&doc, Format::Console));
 }
 
+/// With a price per GPU-hour, every block says what its tokens cost and
+/// the conclusion compares the recommendation's with its baseline's.
+#[test]
+fn a_price_per_gpu_hour_costs_every_block_and_the_conclusion() {
+    let (_dir, store, run) = study_of(&format!("{MATRIX}cost: {{ gpu_hour: 3.5 }}\n"), summary);
+    let doc = doc_of(&store, run);
+    let r = doc.recommendation.as_ref().expect("a recommendation");
+    let cost_of = |name: &str| {
+        let c = doc.configurations.iter().find(|c| c.name == name).expect("configuration");
+        let b = c.block(&r.profile).expect("its block");
+        let done: Vec<&Summary> = b.repeats.iter().filter_map(|r| r.summary.as_ref()).collect();
+        // One GPU a job (its fingerprint), for each repeat's duration.
+        let hours: f64 = done.iter().map(|s| s.duration_s).sum::<f64>() / 3600.0;
+        let output: u64 = done.iter().map(|s| s.total_output_tokens).sum();
+        let cost = b.cost.clone().expect("a cost");
+        assert!((cost.gpu_hours - hours).abs() < 1e-9, "{cost:?}");
+        let expected = hours * 3.5 / output as f64 * 1e6;
+        assert!((cost.per_million_output.expect("output") - expected).abs() < 1e-9 * expected, "{cost:?}");
+        expected
+    };
+    let best = cost_of(&r.config);
+    let base = cost_of(r.baseline.as_deref().expect("a baseline"));
+    let md = render_as(&doc, Format::Markdown);
+    assert!(md.contains("Cost per 1M output tokens (USD):"), "{md}");
+    let line = format!(
+        "At 3.50 USD a GPU-hour, a million output tokens cost {best:.4} USD on `{}`, against {base:.4} USD on the \
+         baseline `{}` ({:+.1}%) (profile {}).",
+        r.config,
+        r.baseline.as_deref().unwrap_or_default(),
+        (best / base - 1.0) * 100.0,
+        r.profile
+    );
+    assert!(md.contains(&line), "{line}\n{md}");
+    // Without a price there is no cost anywhere.
+    let (_dir, store, run) = study();
+    let plain = doc_of(&store, run);
+    assert!(plain.configurations.iter().flat_map(|c| &c.blocks).all(|b| b.cost.is_none()));
+    assert!(!render_as(&plain, Format::Markdown).contains("GPU-hour"));
+}
+
 #[test]
 fn the_json_report_reads_back_and_every_field_is_documented() {
     let (_dir, store, run) = study();

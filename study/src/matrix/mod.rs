@@ -168,6 +168,9 @@ pub struct Matrix {
     pub strategy: Strategy,
     /// A fleet check's settings (`strategy: fleet`).
     pub fleet: Option<FleetSpec>,
+    /// The price of a GPU-hour (`cost:`): every block says what its tokens
+    /// cost.
+    pub cost: Option<benchfleet_core::cost::Price>,
     /// In file order.
     pub engines: Vec<EngineDef>,
     /// In file order, which is the order their args are applied in.
@@ -254,6 +257,7 @@ fn parse_as(
         Strategy::Fleet => cx.one_config(&raw, top.repeats, &engines, &variants, &profiles, &mut warnings)?,
     };
     let fleet = cx.fleet(&raw, top.strategy)?;
+    let cost = cx.cost(&raw)?;
     if strict {
         cx.contexts(&raw, top.strategy, &configs, &engines, &variants, &profiles, &mut warnings)?;
     }
@@ -270,6 +274,7 @@ fn parse_as(
         repeats: top.repeats,
         strategy: top.strategy,
         fleet,
+        cost,
         engines,
         variants,
         configs,
@@ -703,6 +708,20 @@ impl Ctx<'_> {
             Some((field, why)) => Err(self.err(&field, why)),
             None => Ok(configs),
         }
+    }
+
+    /// The `cost:` section: a positive price per GPU-hour and a currency
+    /// code (USD when none is given).
+    fn cost(&self, raw: &RawMatrix) -> Result<Option<benchfleet_core::cost::Price>, MatrixError> {
+        let Some(c) = &raw.cost else { return Ok(None) };
+        if !(c.gpu_hour.is_finite() && c.gpu_hour > 0.0 && c.gpu_hour <= 1e6) {
+            return Err(self.err("cost.gpu_hour", format!("must be a price above 0, got {}", c.gpu_hour)));
+        }
+        let currency = c.currency.clone().unwrap_or_else(|| "USD".to_owned());
+        if currency.is_empty() || currency.len() > 8 || !currency.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(self.err("cost.currency", format!("must be a currency code such as USD, got '{currency}'")));
+        }
+        Ok(Some(benchfleet_core::cost::Price { gpu_hour: c.gpu_hour, currency }))
     }
 
     /// The `fleet:` section: only with `strategy: fleet`, its thresholds
@@ -1554,6 +1573,23 @@ profiles:
         let e = parse("m.yaml", &format!("{GOOD}repeats: 3\n"), &hash).expect_err("duplicate");
         assert!(e.to_string().contains("the key 'repeats' appears twice"), "{e}");
         assert_eq!(e.line, Some(17));
+    }
+
+    #[test]
+    fn a_price_per_gpu_hour_is_read_and_checked() {
+        let m = parse("m.yaml", &format!("{GOOD}cost: {{ gpu_hour: 3.5 }}\n"), &hash).expect("parses");
+        assert_eq!(m.cost, Some(benchfleet_core::cost::Price { gpu_hour: 3.5, currency: "USD".into() }));
+        let m = parse("m.yaml", &format!("{GOOD}cost: {{ gpu_hour: 2, currency: EUR }}\n"), &hash).expect("parses");
+        assert_eq!(m.cost.map(|c| c.currency), Some("EUR".into()));
+        assert_eq!(parse("m.yaml", GOOD, &hash).expect("parses").cost, None);
+        check_err(
+            &format!("{GOOD}cost: {{ gpu_hour: 0 }}\n"),
+            "m.yaml:17: cost.gpu_hour: must be a price above 0, got 0",
+        );
+        check_err(
+            &format!("{GOOD}cost: {{ gpu_hour: 1, currency: 'US$' }}\n"),
+            "m.yaml:17: cost.currency: must be a currency code such as USD, got 'US$'",
+        );
     }
 
     /// The duplicate is named where it appears the second time in its own

@@ -37,6 +37,17 @@ pub(super) struct RawMatrix {
     /// The model's tokenizer.json, relative to the matrix.
     #[serde(default)]
     pub(super) processor: Option<String>,
+    /// A price per GPU-hour: every block then says what its tokens cost.
+    #[serde(default)]
+    pub(super) cost: Option<RawCost>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCost {
+    pub(super) gpu_hour: f64,
+    #[serde(default)]
+    pub(super) currency: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use benchfleet_core::render_block;
+use benchfleet_core::{render_block, render_block_with};
 
 use super::doc::*;
 
@@ -164,7 +164,7 @@ fn block(out: &mut String, b: &Block) {
                 let _ = writeln!(out, "({repeats} repeats pooled)");
             }
             out.push('\n');
-            out.push_str(&render_block(s, b.energy.as_ref()));
+            out.push_str(&render_block_with(s, b.energy.as_ref(), b.cost.as_ref()));
             intervals(out, b);
         }
         // Never a block of guessed percentiles: each repeat's own.

@@ -286,6 +286,10 @@ pub struct Block {
     /// successful repeat's GPUs gave their energy counters.
     #[serde(default)]
     pub energy: Option<Energy>,
+    /// What the successful repeats' GPU time cost, at the matrix's price
+    /// (`cost:`); `None` without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<benchfleet_core::cost::Cost>,
     pub repeats: Vec<Repeat>,
 }
 

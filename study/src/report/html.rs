@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use benchfleet_core::metrics::Percentile;
 use benchfleet_core::telemetry::Series;
-use benchfleet_core::{Summary, pool, render_block};
+use benchfleet_core::{Summary, pool, render_block_with};
 
 use super::doc::*;
 
@@ -170,7 +170,8 @@ pub fn render(doc: &ReportDoc) -> String {
                     if let Some(why) = &s.invalid {
                         let _ = writeln!(out, "<p class=\"invalid\">INVALID: {}</p>", esc(why));
                     }
-                    let _ = writeln!(out, "<pre>{}</pre>", esc(&render_block(s, b.energy.as_ref())));
+                    let _ =
+                        writeln!(out, "<pre>{}</pre>", esc(&render_block_with(s, b.energy.as_ref(), b.cost.as_ref())));
                 }
                 (None, Some(why)) => {
                     let _ = writeln!(out, "<p>The repeats cannot be pooled: {}.</p>", esc(why));

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use benchfleet_core::engine::EngineKind;
-use benchfleet_core::render_block;
+use benchfleet_core::{render_block, render_block_with};
 
 use super::doc::*;
 use super::words;
@@ -92,6 +92,31 @@ fn conclusion(out: &mut String, doc: &ReportDoc, aim: &str) {
             let _ = writeln!(out, "No variant did better than this engine's defaults beyond noise.\n");
         }
     }
+    if let Some(line) = cost_line(doc, r) {
+        let _ = writeln!(out, "{line}\n");
+    }
+}
+
+/// What a million output tokens cost on the recommended configuration, and
+/// on its baseline, at the matrix's price; `None` without one.
+fn cost_line(doc: &ReportDoc, r: &Recommendation) -> Option<String> {
+    let cost = |name: &str| doc.configurations.iter().find(|c| c.name == name)?.block(&r.profile)?.cost.clone();
+    let best = cost(&r.config)?;
+    let per_million = best.per_million_output?;
+    let currency = &best.currency;
+    let mut line = format!(
+        "At {:.2} {currency} a GPU-hour, a million output tokens cost {per_million:.4} {currency} on `{}`",
+        best.gpu_hour, r.config
+    );
+    if let Some(base) = r.baseline.as_deref().and_then(|b| cost(b)?.per_million_output.map(|c| (b, c))) {
+        let (name, before) = base;
+        line.push_str(&format!(
+            ", against {before:.4} {currency} on the baseline `{name}` ({:+.1}%)",
+            (per_million / before - 1.0) * 100.0
+        ));
+    }
+    line.push_str(&format!(" (profile {}).", r.profile));
+    Some(line)
 }
 
 /// The recommended serve command one argument a line, as the references
@@ -349,7 +374,7 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
         (Some(s), _) => {
             let pooled = if n > 1 { format!(" ({n} repeats pooled)") } else { String::new() };
             let _ = writeln!(out, "{heading} Benchmark result{pooled}\n");
-            let _ = writeln!(out, "```\n{}```\n", render_block(s, b.energy.as_ref()));
+            let _ = writeln!(out, "```\n{}```\n", render_block_with(s, b.energy.as_ref(), b.cost.as_ref()));
             if b.intervals.is_empty() {
                 let _ = writeln!(out, "One repeat: no confidence intervals.\n");
             } else {

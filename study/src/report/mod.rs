@@ -26,6 +26,7 @@ pub mod words;
 
 use std::collections::HashMap;
 
+use benchfleet_core::cost::{Cost, Price};
 use benchfleet_core::stats::Estimate;
 use benchfleet_core::telemetry::{Energy, Series};
 use benchfleet_core::{Digest, Summary, pool};
@@ -159,6 +160,7 @@ pub fn document<M: Measurements + ?Sized>(
         .unwrap_or_default();
     let profiles: Vec<ProfileInfo> = profile_list.iter().map(|p| profile_info(p, p.name == primary)).collect();
 
+    let price = matrix.as_ref().and_then(|m| m.cost.as_ref().map(|p| (p, m.gpus_per_job)));
     let mut configurations = Vec::with_capacity(groups.len());
     for group in &groups {
         let mut blocks = Vec::new();
@@ -166,7 +168,7 @@ pub fn document<M: Measurements + ?Sized>(
             let of_profile: Vec<&Job> =
                 jobs.iter().filter(|j| j.group == group.id && j.profile.name == profile.name).collect();
             if !of_profile.is_empty() {
-                blocks.push(block(measured, &profile.name, &of_profile)?);
+                blocks.push(block(measured, &profile.name, &of_profile, price)?);
             }
         }
         let c = &group.config;
@@ -398,7 +400,14 @@ const CHART_PERCENTILES: [f64; 22] = [
 /// One configuration on one profile: every repeat with its provenance,
 /// and the successful ones pooled from their digests (each repeat's read
 /// as `Measurements` gives it: from the store, or built from its records).
-fn block<M: Measurements + ?Sized>(measured: &M, profile: &str, jobs: &[&Job]) -> Result<Block, M::Error> {
+/// `price`: a GPU-hour's and the GPUs a job has where its fingerprint does
+/// not list them.
+fn block<M: Measurements + ?Sized>(
+    measured: &M,
+    profile: &str,
+    jobs: &[&Job],
+    price: Option<(&Price, u32)>,
+) -> Result<Block, M::Error> {
     let done: Vec<(&Job, &Summary)> = jobs
         .iter()
         .filter(|j| j.state == JobState::Succeeded)
@@ -462,8 +471,23 @@ fn block<M: Measurements + ?Sized>(measured: &M, profile: &str, jobs: &[&Job]) -
         itl_ms,
         telemetry,
         energy: energy(&done),
+        cost: price.and_then(|price| cost(&done, price)),
         repeats,
     })
+}
+
+/// What the successful repeats' GPU time cost: each repeat's GPUs (as
+/// fingerprinted, else the matrix's per job) over its load run.
+fn cost(done: &[(&Job, &Summary)], (price, gpus_per_job): (&Price, u32)) -> Option<Cost> {
+    let gpu_seconds: f64 = done
+        .iter()
+        .map(|(j, s)| {
+            let gpus = if j.gpu_fingerprint.is_empty() { gpus_per_job as usize } else { j.gpu_fingerprint.len() };
+            gpus as f64 * s.duration_s
+        })
+        .sum();
+    let tokens = |f: fn(&Summary) -> u64| done.iter().map(|(_, s)| f(s)).sum();
+    Cost::of(price, gpu_seconds, tokens(|s| s.total_input_tokens), tokens(|s| s.total_output_tokens))
 }
 
 /// The successful repeats' GPU energy as one: their joules, durations and
