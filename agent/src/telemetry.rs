@@ -1,5 +1,6 @@
 //! A job's telemetry, taken while its loadgen runs: the engine's `/metrics`
-//! scraped every second and the group's GPUs read every 500 ms through the
+//! scraped every second (and once more after loadgen exits, so a counter's
+//! increase covers every request) and the group's GPUs read every 500 ms through the
 //! `GpuProbe`, into a `benchfleet_core::telemetry::Recorder`. A scrape or a
 //! reading that fails is counted, with its reason, and never fails the job.
 //! The GPUs' energy counters are read once as the load run starts and once
@@ -93,6 +94,12 @@ pub async fn record(sources: Sources, sampling: Sampling, stop: CancellationToke
             }
         }
     }
+    // The engine's counters once more, after the last request: a job's
+    // increase runs from the first scrape (before its first request) to
+    // this one.
+    let t = since(started);
+    let scraped = scrape(&sources, timeout).await;
+    recorder.engine_scrape(t, scraped);
     let (energy_end, energy_to) = read_energy(&sources).await;
     let energy_ms = u64::try_from(energy_to.saturating_duration_since(energy_from).as_millis()).unwrap_or(u64::MAX);
     recorder.energy(&sources.uuids, &energy_start, &energy_end, energy_ms);

@@ -13,11 +13,22 @@ use crate::telemetry::Energy;
 /// Renders the block, with its energy section when `energy` is known;
 /// every line ends with a newline.
 pub fn render_block(s: &Summary, energy: Option<&Energy>) -> String {
-    render_block_with(s, energy, None)
+    render_block_with(s, &Sections { energy, ..Sections::default() })
 }
 
-/// The block with its energy and cost sections where they are known.
-pub fn render_block_with(s: &Summary, energy: Option<&Energy>, cost: Option<&Cost>) -> String {
+/// What a report knows of a block besides its summary; each is a section
+/// of its own after the reference block's, where known.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sections<'a> {
+    pub energy: Option<&'a Energy>,
+    pub cost: Option<&'a Cost>,
+    /// The engine's prefix cache hit rate over the jobs, 0 to 1.
+    pub prefix_cache_hit_rate: Option<f64>,
+}
+
+/// The block with the sections that are known.
+pub fn render_block_with(s: &Summary, sections: &Sections<'_>) -> String {
+    let Sections { energy, cost, prefix_cache_hit_rate } = *sections;
     let mut out = String::from("============ Serving Benchmark Result ============\n");
     let mut line = |label: &str, value: String| {
         let _ = writeln!(out, "{label:<40} {value}");
@@ -47,6 +58,10 @@ pub fn render_block_with(s: &Summary, energy: Option<&Energy>, cost: Option<&Cos
     }
     if let Some(c) = cost {
         cost_section(&mut out, c);
+    }
+    if let Some(rate) = prefix_cache_hit_rate {
+        out.push_str("-------------------Prefix Cache-------------------\n");
+        let _ = writeln!(out, "{:<40} {:.2}", "Prefix cache hit rate (%):", rate * 100.0);
     }
     // After every field of the reference block, so readers of that block
     // still find each one where they expect it.
@@ -276,20 +291,25 @@ P99 ITL (ms):                            132.49
     }
 
     #[test]
-    fn a_known_price_is_a_cost_section_after_the_energy_one() {
+    fn a_known_price_and_prefix_cache_are_sections_after_the_energy_one() {
         let price = crate::cost::Price { gpu_hour: 3.5, currency: "EUR".into() };
         let s = Summary { total_output_tokens: 2_000, ..Summary::default() };
         let cost = crate::cost::Cost::of(&price, 3600.0, 0, 2_000).expect("a cost");
-        let block = render_block_with(&s, None, Some(&cost));
+        let block = render_block_with(
+            &s,
+            &Sections { cost: Some(&cost), prefix_cache_hit_rate: Some(0.4321), ..Sections::default() },
+        );
         let section = "\
 ------------------------Cost----------------------
 GPU hours:                               1.0000
 Cost per 1M input tokens (EUR):          N/A
 Cost per 1M output tokens (EUR):         1750.0000
+-------------------Prefix Cache-------------------
+Prefix cache hit rate (%):               43.21
 ==================================================
 ";
         assert!(block.ends_with(section), "{block}");
-        assert_eq!(render_block_with(&s, None, None), render_block(&s, None));
+        assert_eq!(render_block_with(&s, &Sections::default()), render_block(&s, None));
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub mod telemetry;
 #[cfg(feature = "wire")]
 pub mod tls;
 
-pub use block::{render_block, render_block_with};
+pub use block::{Sections, render_block, render_block_with};
 pub use digest::{Digest, DigestBuilder, Histogram, pool};
 pub use metrics::{
     DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryBuilder, SummaryOptions, summarize,

@@ -297,6 +297,21 @@ impl TelemetrySummary {
         self.series.iter().find(|s| s.name == name && s.gpu == gpu)
     }
 
+    /// The engine's prefix cache over the job: (prompt tokens found in the
+    /// cache, prompt tokens looked up), from its counters' first and last
+    /// readings (taken before the first request and after the last): vLLM's
+    /// `prefix_cache_hits`/`prefix_cache_queries`, SGLang's cached and
+    /// prompt tokens. `None` when the engine keeps no such counters or
+    /// looked nothing up.
+    pub fn prefix_cache(&self) -> Option<(f64, f64)> {
+        let delta = |name: &str| self.stats(name, "").filter(|s| s.count > 0).map(|s| (s.last - s.first).max(0.0));
+        let (hits, queries) = match (delta("vllm:prefix_cache_hits_total"), delta("vllm:prefix_cache_queries_total")) {
+            (Some(h), Some(q)) => (h, q),
+            _ => (delta("sglang:cached_tokens_total")?, delta("sglang:prompt_tokens_total")?),
+        };
+        (queries > 0.0).then_some((hits.min(queries), queries))
+    }
+
     /// The job's energy figures, given the output tokens its load run
     /// generated; `None` when its joules are not known.
     pub fn energy(&self, output_tokens: u64) -> Option<Energy> {
@@ -667,6 +682,45 @@ mod tests {
             r.gpu_sample(i * 500, 1, Ok(vec![at(i * 500)]));
         }
         r.finish(u64::from(n) * 500)
+    }
+
+    #[test]
+    fn the_prefix_cache_hit_rate_is_the_counters_increase_over_the_job() {
+        let counter = |name: &str, first: f64, last: f64| SeriesStats {
+            name: name.into(),
+            gpu: String::new(),
+            count: 5,
+            min: first,
+            mean: (first + last) / 2.0,
+            max: last,
+            first,
+            last,
+        };
+        let vllm = TelemetrySummary {
+            series: vec![
+                counter("vllm:prefix_cache_queries_total", 1_000.0, 11_000.0),
+                counter("vllm:prefix_cache_hits_total", 400.0, 2_900.0),
+            ],
+            ..TelemetrySummary::default()
+        };
+        assert_eq!(vllm.prefix_cache(), Some((2_500.0, 10_000.0)), "since the job began, not the server");
+        let sglang = TelemetrySummary {
+            series: vec![
+                counter("sglang:prompt_tokens_total", 0.0, 8_000.0),
+                counter("sglang:cached_tokens_total", 0.0, 6_000.0),
+            ],
+            ..TelemetrySummary::default()
+        };
+        assert_eq!(sglang.prefix_cache(), Some((6_000.0, 8_000.0)));
+        let idle = TelemetrySummary {
+            series: vec![
+                counter("vllm:prefix_cache_queries_total", 5.0, 5.0),
+                counter("vllm:prefix_cache_hits_total", 1.0, 1.0),
+            ],
+            ..TelemetrySummary::default()
+        };
+        assert_eq!(idle.prefix_cache(), None, "nothing looked up");
+        assert_eq!(TelemetrySummary::default().prefix_cache(), None);
     }
 
     #[test]

@@ -324,3 +324,40 @@ fn a_search_profile_finds_the_highest_rate_within_its_slos_on_real_engines() {
     assert_eq!(doc["run"]["jobs_total"], 3);
     assert_eq!(doc["recommendation"]["config"], "vllm");
 }
+
+/// The engine's prefix cache over each job, from its counters read before
+/// the first request and after the last, on the real simulator and loadgen:
+/// two shared prefixes of 1,024 tokens and suffixes of 64 make every
+/// request after the first of its group find its prefix cached (the
+/// simulator caches whole blocks of 16 tokens). With a price, the block's
+/// cost is its GPU-hour over its tokens.
+#[test]
+fn a_job_s_prefix_cache_hit_rate_and_cost_are_its_own() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let matrix = data.path().join("prefix.yaml");
+    std::fs::write(
+        &matrix,
+        "name: prefix\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
+         vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192] }\nprofiles:\n  shared:\n    \
+         dataset: { shared_prefix: { groups: 2, prefix_tokens: 1024, suffix_tokens: 64, output_tokens: 16, seed: 1 } }\n    \
+         rate: 20\n    requests: 60\ncost: { gpu_hour: 4 }\n",
+    )
+    .expect("matrix");
+    let out = benchfleet(data.path(), &["run", "--local", matrix.to_str().expect("utf-8 path")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "run --local failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let run_id = stdout.lines().find_map(|l| l.strip_prefix("run id: ")).expect("the run id is printed").to_owned();
+    let json = benchfleet(data.path(), &["report", &run_id, "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("a JSON report");
+    let block = &doc["configurations"][0]["blocks"][0];
+    // 58 of 60 requests find their 1,024-token prefix: 58 x 1,024 of 60 x 1,088.
+    let expected = 58.0 * 1024.0 / (60.0 * 1088.0);
+    let rate = block["prefix_cache_hit_rate"].as_f64().expect("a hit rate");
+    assert!((rate - expected).abs() < 0.005, "{rate} against {expected}: {block:#}");
+    assert!(stdout.contains(&format!("Prefix cache hit rate (%):               {:.2}", rate * 100.0)), "{stdout}");
+    let pooled = &block["pooled"];
+    let hours = pooled["duration_s"].as_f64().expect("duration") / 3600.0;
+    let output = pooled["total_output_tokens"].as_f64().expect("tokens");
+    let per_million = block["cost"]["per_million_output"].as_f64().expect("a cost");
+    assert!((per_million - hours * 4.0 / output * 1e6).abs() < 1e-9 * per_million, "{block:#}");
+}

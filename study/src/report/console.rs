@@ -164,7 +164,7 @@ fn block(out: &mut String, b: &Block) {
                 let _ = writeln!(out, "({repeats} repeats pooled)");
             }
             out.push('\n');
-            out.push_str(&render_block_with(s, b.energy.as_ref(), b.cost.as_ref()));
+            out.push_str(&render_block_with(s, &b.sections()));
             intervals(out, b);
         }
         // Never a block of guessed percentiles: each repeat's own.

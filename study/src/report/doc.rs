@@ -290,7 +290,23 @@ pub struct Block {
     /// (`cost:`); `None` without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<benchfleet_core::cost::Cost>,
+    /// The engine's prefix cache over the successful repeats: prompt tokens
+    /// found cached over those looked up (its counters' increase over each
+    /// job, summed), 0 to 1; `None` unless every one of them has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_hit_rate: Option<f64>,
     pub repeats: Vec<Repeat>,
+}
+
+impl Block {
+    /// The sections besides the reference block's that the report knows.
+    pub fn sections(&self) -> benchfleet_core::Sections<'_> {
+        benchfleet_core::Sections {
+            energy: self.energy.as_ref(),
+            cost: self.cost.as_ref(),
+            prefix_cache_hit_rate: self.prefix_cache_hit_rate,
+        }
+    }
 }
 
 /// The telemetry series a block keeps for its charts.

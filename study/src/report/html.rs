@@ -170,8 +170,7 @@ pub fn render(doc: &ReportDoc) -> String {
                     if let Some(why) = &s.invalid {
                         let _ = writeln!(out, "<p class=\"invalid\">INVALID: {}</p>", esc(why));
                     }
-                    let _ =
-                        writeln!(out, "<pre>{}</pre>", esc(&render_block_with(s, b.energy.as_ref(), b.cost.as_ref())));
+                    let _ = writeln!(out, "<pre>{}</pre>", esc(&render_block_with(s, &b.sections())));
                 }
                 (None, Some(why)) => {
                     let _ = writeln!(out, "<p>The repeats cannot be pooled: {}.</p>", esc(why));

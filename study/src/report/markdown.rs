@@ -374,7 +374,7 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
         (Some(s), _) => {
             let pooled = if n > 1 { format!(" ({n} repeats pooled)") } else { String::new() };
             let _ = writeln!(out, "{heading} Benchmark result{pooled}\n");
-            let _ = writeln!(out, "```\n{}```\n", render_block_with(s, b.energy.as_ref(), b.cost.as_ref()));
+            let _ = writeln!(out, "```\n{}```\n", render_block_with(s, &b.sections()));
             if b.intervals.is_empty() {
                 let _ = writeln!(out, "One repeat: no confidence intervals.\n");
             } else {

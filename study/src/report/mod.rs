@@ -472,8 +472,20 @@ fn block<M: Measurements + ?Sized>(
         telemetry,
         energy: energy(&done),
         cost: price.and_then(|price| cost(&done, price)),
+        prefix_cache_hit_rate: prefix_cache_hit_rate(&done),
         repeats,
     })
+}
+
+/// The successful repeats' prefix cache hits over lookups, summed; `None`
+/// unless every one of them counted some.
+fn prefix_cache_hit_rate(done: &[(&Job, &Summary)]) -> Option<f64> {
+    let (mut hits, mut queries) = (0.0, 0.0);
+    for (j, _) in done {
+        let (h, q) = j.telemetry.as_ref()?.prefix_cache()?;
+        (hits, queries) = (hits + h, queries + q);
+    }
+    (queries > 0.0).then(|| hits / queries)
 }
 
 /// What the successful repeats' GPU time cost: each repeat's GPUs (as
@@ -925,4 +937,62 @@ fn recommendation(
         baseline: baseline.map(|b| b.name.clone()),
         table,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Dataset, RunId};
+    use benchfleet_core::telemetry::{SeriesStats, TelemetrySummary};
+
+    fn job(hits: (f64, f64), queries: (f64, f64)) -> Job {
+        let profile = Profile::new("p", Dataset::Random { input_tokens: 8, output_tokens: 8, seed: 0 }, 1);
+        let mut j = Job::new(RunId(1), 0, 0, profile, 1);
+        let counter = |name: &str, (first, last): (f64, f64)| SeriesStats {
+            name: name.into(),
+            gpu: String::new(),
+            count: 3,
+            min: first,
+            mean: last,
+            max: last,
+            first,
+            last,
+        };
+        j.telemetry = Some(TelemetrySummary {
+            series: vec![
+                counter("vllm:prefix_cache_hits_total", hits),
+                counter("vllm:prefix_cache_queries_total", queries),
+            ],
+            ..TelemetrySummary::default()
+        });
+        j
+    }
+
+    #[test]
+    fn a_block_s_prefix_cache_hit_rate_sums_its_repeats_counters() {
+        let s = Summary::default();
+        let (a, b) = (job((0.0, 300.0), (0.0, 1_000.0)), job((300.0, 1_200.0), (1_000.0, 4_000.0)));
+        assert_eq!(prefix_cache_hit_rate(&[(&a, &s), (&b, &s)]), Some(1_200.0 / 4_000.0));
+        let mut blind = job((0.0, 0.0), (0.0, 0.0));
+        blind.telemetry = None;
+        assert_eq!(prefix_cache_hit_rate(&[(&a, &s), (&blind, &s)]), None, "every repeat has it, or none is said");
+    }
+
+    #[test]
+    fn a_block_s_cost_counts_each_repeat_s_gpus_over_its_run() {
+        let price = Price { gpu_hour: 2.0, currency: "USD".into() };
+        let s = Summary {
+            duration_s: 1_800.0,
+            total_input_tokens: 1_000,
+            total_output_tokens: 4_000,
+            ..Summary::default()
+        };
+        let mut two = job((0.0, 0.0), (0.0, 0.0));
+        two.gpu_fingerprint = vec!["NVIDIA H200".into(), "NVIDIA H200".into()];
+        let unlisted = job((0.0, 0.0), (0.0, 0.0));
+        // Two GPUs for half an hour, and the matrix's 4 for another.
+        let c = cost(&[(&two, &s), (&unlisted, &s)], (&price, 4)).expect("a cost");
+        assert!((c.gpu_hours - 3.0).abs() < 1e-12, "{c:?}");
+        assert!((c.per_million_output.expect("output") - 6.0 / 8_000.0 * 1e6).abs() < 1e-6, "{c:?}");
+    }
 }
