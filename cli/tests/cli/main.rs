@@ -279,29 +279,32 @@ fn reproduce_a_block(doc: &serde_json::Value) {
     }
 }
 
+/// `run --local` on a matrix of `yaml` (in a data directory of its own):
+/// what it printed, and its JSON report.
+fn run_local_json(yaml: &str) -> (String, serde_json::Value) {
+    let data = tempfile::tempdir().expect("tempdir");
+    let matrix = data.path().join("matrix.yaml");
+    std::fs::write(&matrix, yaml).expect("matrix");
+    let out = benchfleet(data.path(), &["run", "--local", matrix.to_str().expect("utf-8 path")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "run --local failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let run_id = stdout.lines().find_map(|l| l.strip_prefix("run id: ")).expect("the run id is printed").to_owned();
+    let json = benchfleet(data.path(), &["report", &run_id, "--json"]);
+    (stdout, serde_json::from_slice(&json.stdout).expect("a JSON report"))
+}
+
 /// A search profile run by `run --local` with the real simulator and
 /// loadgen: each round of probes is planned from the stored results, every
 /// probe is a job with its block, and the report gives the rate found.
 #[test]
 fn a_search_profile_finds_the_highest_rate_within_its_slos_on_real_engines() {
-    let data = tempfile::tempdir().expect("tempdir");
-    let matrix = data.path().join("capacity.yaml");
-    std::fs::write(
-        &matrix,
+    let (stdout, doc) = run_local_json(
         "name: capacity\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
          vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192] }\nprofiles:\n  chat:\n    \
          dataset: { random: { input_tokens: 3072, output_tokens: 128, seed: 42 } }\n    requests: 40\n    \
          search: { rate: [4, 32], steps: 1, slo: { ttft_p99_ms: 1500 } }\n",
-    )
-    .expect("matrix");
-    let out = benchfleet(data.path(), &["run", "--local", matrix.to_str().expect("utf-8 path")]);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "run --local failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    );
     assert!(stdout.contains("## SLO search: chat"), "{stdout}");
-    let run_id = stdout.lines().find_map(|l| l.strip_prefix("run id: ")).expect("the run id is printed").to_owned();
-
-    let json = benchfleet(data.path(), &["report", &run_id, "--json"]);
-    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("a JSON report");
     let result = &doc["searches"][0]["results"][0];
     assert_eq!(result["done"], true, "{result:#}");
     let probes = result["probes"].as_array().expect("probes");
@@ -333,22 +336,12 @@ fn a_search_profile_finds_the_highest_rate_within_its_slos_on_real_engines() {
 /// cost is its GPU-hour over its tokens.
 #[test]
 fn a_job_s_prefix_cache_hit_rate_and_cost_are_its_own() {
-    let data = tempfile::tempdir().expect("tempdir");
-    let matrix = data.path().join("prefix.yaml");
-    std::fs::write(
-        &matrix,
+    let (stdout, doc) = run_local_json(
         "name: prefix\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
          vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192] }\nprofiles:\n  shared:\n    \
          dataset: { shared_prefix: { groups: 2, prefix_tokens: 1024, suffix_tokens: 64, output_tokens: 16, seed: 1 } }\n    \
          rate: 20\n    requests: 60\ncost: { gpu_hour: 4 }\n",
-    )
-    .expect("matrix");
-    let out = benchfleet(data.path(), &["run", "--local", matrix.to_str().expect("utf-8 path")]);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "run --local failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
-    let run_id = stdout.lines().find_map(|l| l.strip_prefix("run id: ")).expect("the run id is printed").to_owned();
-    let json = benchfleet(data.path(), &["report", &run_id, "--json"]);
-    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("a JSON report");
+    );
     let block = &doc["configurations"][0]["blocks"][0];
     // 58 of 60 requests find their 1,024-token prefix: 58 x 1,024 of 60 x 1,088.
     let expected = 58.0 * 1024.0 / (60.0 * 1088.0);

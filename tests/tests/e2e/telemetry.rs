@@ -83,6 +83,11 @@ async fn a_job_keeps_its_metrics_gpu_readings_engine_version_and_loadgen_command
         assert!(running.count == t.engine_scrapes && running.max > 0.0, "{kind}: {running:?}");
         // The simulated GPU was busy while its engine was.
         assert!(t.stats("gpu_utilization_pct", uuid).is_some_and(|s| s.max > 0.0), "{kind}: {t:?}");
+        // The counters are read once before the first request and once
+        // after the last: their increase is the job's own, every token of it.
+        let generated = t.stats("vllm:generation_tokens_total", "").expect("generated tokens");
+        assert_eq!(generated.last - generated.first, tokens as f64, "{kind}: {generated:?}");
+        assert!(t.prefix_cache().is_some_and(|(_, queries)| queries > 0.0), "{kind}: {t:?}");
         let kept = series.iter().find(|s| s.name == "vllm:generation_tokens_total").expect("generated tokens");
         assert_eq!(kept.points.len() as u64, t.engine_scrapes);
         assert!(kept.points.windows(2).all(|w| w[0].1 <= w[1].1), "a counter never goes back: {kept:?}");
