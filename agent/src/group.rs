@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use benchfleet_core::load::{LoadDataset, LoadTarget};
+use benchfleet_core::load::LoadTarget;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -379,15 +379,12 @@ async fn empty_prefix_cache(
     }
 }
 
-/// The files the job names (its ShareGPT dataset, its tokenizer), fetched by
+/// The files the job names (its ShareGPT file or trace, its tokenizer), fetched by
 /// their hashes: their paths, or what could not be fetched. A stop ends the
 /// fetching early (the caller looks at `stop`).
 async fn fetch_files(ctx: &GroupContext, job: &LoadJob, stop: &Stop) -> Result<[Option<PathBuf>; 2], String> {
-    let dataset = match &job.load.dataset {
-        LoadDataset::ShareGpt { sha256, file, .. } => Some((file, sha256, "dataset")),
-        LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
-    };
-    let processor = job.load.processor.as_ref().map(|f| (&f.file, &f.sha256, "tokenizer"));
+    let dataset = job.load.dataset.file().map(|(file, sha256)| (file, sha256, "dataset"));
+    let processor = job.load.processor.as_ref().map(|f| (f.file.as_str(), f.sha256.as_str(), "tokenizer"));
     let mut paths = [None, None];
     for (slot, (name, sha256, what)) in paths.iter_mut().zip([dataset, processor]).filter_map(|(s, f)| Some((s, f?))) {
         let fetched = tokio::select! {
@@ -691,7 +688,7 @@ mod tests {
             profile: "p".into(),
             repeat: 0,
             load: benchfleet_core::load::LoadSpec::new(
-                LoadDataset::Random { input_tokens: 4, output_tokens: 4, seed: 0 },
+                benchfleet_core::load::LoadDataset::Random { input_tokens: 4, output_tokens: 4, seed: 0 },
                 3,
             ),
             ingest_token: None,

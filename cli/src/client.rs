@@ -11,7 +11,7 @@ use benchfleet_core::sharegpt::{self, ShareGpt};
 use benchfleet_core::tls::{self, ClientTls};
 use benchfleet_proto as pb;
 use benchfleet_study::matrix;
-use benchfleet_study::model::Dataset;
+use benchfleet_study::model::{Dataset, TraceFormat};
 use sha2::Digest as _;
 use tokio_stream::StreamExt;
 
@@ -184,7 +184,22 @@ pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result
     // submitted: a broken one is the matrix's error, naming the file.
     let mut dataset_notes = Vec::new();
     let mut read: Vec<(String, ShareGpt)> = Vec::new();
+    let mut traces: Vec<(String, (benchfleet_core::trace::Trace, TraceFormat))> = Vec::new();
     for profile in &parsed.profiles {
+        if let Dataset::Trace { file, format, .. } = &profile.dataset {
+            let field = format!("profiles.{}.dataset.trace.path", profile.name);
+            if !traces.iter().any(|(path, t)| path == file && t.1 == *format) {
+                let trace = benchfleet_core::trace::read(&base.join(file), file, *format)
+                    .map_err(|e| matrix::field_error(&name, &yaml, &field, format!("{:#}", anyhow::Error::new(e))))?;
+                traces.push((file.clone(), (trace, *format)));
+            }
+            let trace = &traces.iter().find(|(path, t)| path == file && t.1 == *format).expect("read above").1.0;
+            let fault = trace.holds(profile.requests).err();
+            if let Some(message) = fault {
+                return Err(matrix::field_error(&name, &yaml, &field, message).into());
+            }
+            continue;
+        }
         let Dataset::ShareGpt { file, .. } = &profile.dataset else { continue };
         let field = format!("profiles.{}.dataset.sharegpt", profile.name);
         if !read.iter().any(|(path, _)| path == file) {

@@ -233,33 +233,49 @@ pub fn pin(mut prepared: Prepared, targets: Targets) -> Result<Prepared, SubmitE
     Ok(prepared)
 }
 
-/// Reads each ShareGPT file the matrix names, as stored, with the parser
-/// loadgen uses: a broken one is the matrix's error, at the profile that
-/// names it, before anything is stored (a client other than the CLI, which
-/// checks them too, would otherwise meet it on an agent, with an engine
-/// started).
+/// Reads each ShareGPT file and trace the matrix names, as stored, with the
+/// parser loadgen uses (and checks a trace holds the requests its profile
+/// asks for): a broken one is the matrix's error, at the profile that names
+/// it, before anything is stored (a client other than the CLI, which checks
+/// them too, would otherwise meet it on an agent, with an engine started).
 fn check_datasets(store: &dyn Store, sub: &Submission, matrix: &Matrix) -> Result<(), SubmitError> {
-    let mut checked: Vec<&str> = Vec::new();
+    let mut checked: Vec<(&Dataset, u64)> = Vec::new();
     for p in &matrix.profiles {
-        let Dataset::ShareGpt { file, sha256, .. } = &p.dataset else { continue };
-        if checked.contains(&sha256.as_str()) {
+        let Some((file, sha256)) = p.dataset.file() else { continue };
+        if checked.contains(&(&p.dataset, p.requests)) {
             continue;
         }
-        checked.push(sha256);
+        checked.push((&p.dataset, p.requests));
         let Some((stored, _)) = store.open_file(sha256)? else {
             return Err(SubmitError::Invalid(format!("file {file} (SHA-256 {sha256}) was not uploaded")));
         };
-        if let Err(e) = benchfleet_core::sharegpt::parse(std::io::BufReader::with_capacity(1 << 20, stored), file) {
-            let mut message = e.to_string();
-            if let Some(source) = std::error::Error::source(&e) {
-                message = format!("{message}: {source}");
+        let reader = std::io::BufReader::with_capacity(1 << 20, stored);
+        let (field, fault) = match &p.dataset {
+            Dataset::Trace { format, .. } => {
+                let read = benchfleet_core::trace::parse(reader, file, *format);
+                let fault = match read {
+                    Ok(trace) => trace.holds(p.requests).err(),
+                    Err(e) => Some(error_chain(&e)),
+                };
+                ("dataset.trace.path", fault)
             }
-            let field = format!("profiles.{}.dataset.sharegpt", p.name);
+            _ => ("dataset.sharegpt", benchfleet_core::sharegpt::parse(reader, file).err().map(|e| error_chain(&e))),
+        };
+        if let Some(message) = fault {
+            let field = format!("profiles.{}.{field}", p.name);
             let e = matrix::field_error(&sub.matrix_name, &sub.matrix_yaml, &field, message);
             return Err(SubmitError::Invalid(e.to_string()));
         }
     }
     Ok(())
+}
+
+/// An error and its source, as one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    match e.source() {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
 }
 
 /// What follows a run whose jobs all ended.
@@ -520,6 +536,40 @@ mod tests {
                 "{why}"
             ),
             other => panic!("accepted: {:?}", other.map(|p| p.run.id)),
+        }
+        assert!(store.runs().expect("runs").is_empty(), "nothing stored");
+    }
+
+    #[test]
+    fn a_broken_or_short_trace_is_the_matrix_s_error_before_anything_is_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(&dir.path().join("store")).expect("store");
+        let submission = |sha: String, requests: u32| Submission {
+            matrix_name: "t.yaml".into(),
+            matrix_yaml: format!(
+                "name: t\nmodel: m\nhardware: {{ gpu: H200 }}\nengines:\n  vllm: {{}}\nprofiles:\n  \
+                 replay: {{ dataset: {{ trace: {{ path: t.jsonl }} }}, requests: {requests} }}\n"
+            ),
+            runtime_override: String::new(),
+            fleet_per: String::new(),
+            fleet_hosts: String::new(),
+            files: [("t.jsonl".to_owned(), sha)].into_iter().collect(),
+        };
+        let line = r#"{"timestamp": 0, "input_length": 8, "output_length": 2, "hash_ids": [1]}"#;
+        let good = stored(&store, format!("{line}\n{line}\n").as_bytes());
+        assert!(prepare(&store, &submission(good.clone(), 2), || Ok(RunId(1))).is_ok());
+        let broken = stored(&store, format!("{line}\n{{\"timestamp\": 3}}\n").as_bytes());
+        for (sub, said) in [
+            (
+                submission(good, 3),
+                "t.yaml:7: profiles.replay.dataset.trace.path: 3 requests asked of the trace t.jsonl, which has 2",
+            ),
+            (submission(broken, 1), "t.yaml:7: profiles.replay.dataset.trace.path: t.jsonl line 2: no output_length"),
+        ] {
+            match prepare(&store, &sub, || Ok(RunId(2))) {
+                Err(SubmitError::Invalid(why)) => assert!(why.starts_with(said), "{why}"),
+                other => panic!("accepted: {:?}", other.map(|p| p.run.id)),
+            }
         }
         assert!(store.runs().expect("runs").is_empty(), "nothing stored");
     }

@@ -3,7 +3,7 @@
 
 use benchfleet_proto as pb;
 
-use crate::load::{Arrival, Endpoint, LoadDataset, LoadSpec, StoredFile, Window};
+use crate::load::{Arrival, Endpoint, LoadDataset, LoadSpec, StoredFile, TraceFormat, Window};
 use crate::metrics::{Distribution, Failures, Percentile, Slo, Summary};
 use crate::record::{Chunk, Outcome, Phase, RequestRecord};
 use crate::telemetry::{GpuTelemetry, Series, SeriesStats, Telemetry, TelemetrySummary};
@@ -413,6 +413,10 @@ pub enum InvalidLoad {
     Endpoint(i32),
     #[error("a load profile's goodput: {0}")]
     Goodput(String),
+    #[error("a load profile with an unknown trace format {0} (from an older controller?)")]
+    TraceFormat(i32),
+    #[error("a load profile's trace speed must be above 0, got {0}")]
+    TraceSpeed(f64),
 }
 
 /// A job's load as an assignment carries it; a file travels by its hash.
@@ -442,6 +446,15 @@ impl From<&LoadSpec> for pb::LoadProfile {
                     seed: *seed,
                 })
             }
+            LoadDataset::Trace { file, sha256, format, speed } => pb::load_profile::Dataset::Trace(pb::TraceDataset {
+                name: file.clone(),
+                sha256: sha256.clone(),
+                format: match format {
+                    TraceFormat::Mooncake => pb::TraceFormat::Mooncake,
+                    TraceFormat::Jsonl => pb::TraceFormat::Jsonl,
+                } as i32,
+                speed: *speed,
+            }),
         };
         let requests = |w: Option<Window>| match w {
             Some(Window::Requests(n)) => Some(n),
@@ -500,6 +513,16 @@ impl TryFrom<pb::LoadProfile> for LoadSpec {
                 suffix_tokens: p.suffix_tokens,
                 output_tokens: p.output_tokens,
                 seed: p.seed,
+            },
+            pb::load_profile::Dataset::Trace(t) => LoadDataset::Trace {
+                file: t.name,
+                sha256: t.sha256,
+                format: match pb::TraceFormat::try_from(t.format) {
+                    Ok(pb::TraceFormat::Mooncake) => TraceFormat::Mooncake,
+                    Ok(pb::TraceFormat::Jsonl) => TraceFormat::Jsonl,
+                    Ok(pb::TraceFormat::Unspecified) | Err(_) => return Err(InvalidLoad::TraceFormat(t.format)),
+                },
+                speed: Some(t.speed).filter(|s| s.is_finite() && *s > 0.0).ok_or(InvalidLoad::TraceSpeed(t.speed))?,
             },
         };
         let arrival = match pb::Arrival::try_from(l.arrival) {
@@ -570,6 +593,13 @@ mod tests {
         for dataset in [
             LoadDataset::Random { input_tokens: 100, output_tokens: 20, seed: 5 },
             LoadDataset::SharedPrefix { groups: 4, prefix_tokens: 512, suffix_tokens: 64, output_tokens: 8, seed: 6 },
+            LoadDataset::Trace {
+                file: "t.jsonl".into(),
+                sha256: "ef".into(),
+                format: TraceFormat::Mooncake,
+                speed: 1.0,
+            },
+            LoadDataset::Trace { file: "t.jsonl".into(), sha256: "ef".into(), format: TraceFormat::Jsonl, speed: 2.5 },
         ] {
             let spec = LoadSpec {
                 dataset,
@@ -584,6 +614,17 @@ mod tests {
         assert_eq!(LoadSpec::try_from(old), Err(InvalidLoad::Arrival(0)));
         let old = pb::LoadProfile { endpoint: 0, ..pb::LoadProfile::from(&spec) };
         assert_eq!(LoadSpec::try_from(old), Err(InvalidLoad::Endpoint(0)));
+        let trace = |format, speed| pb::LoadProfile {
+            dataset: Some(pb::load_profile::Dataset::Trace(pb::TraceDataset {
+                name: "t".into(),
+                sha256: "ef".into(),
+                format,
+                speed,
+            })),
+            ..pb::LoadProfile::from(&spec)
+        };
+        assert_eq!(LoadSpec::try_from(trace(0, 1.0)), Err(InvalidLoad::TraceFormat(0)));
+        assert_eq!(LoadSpec::try_from(trace(1, 0.0)), Err(InvalidLoad::TraceSpeed(0.0)));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! self-check), producing a `Summary`; `block` renders a summary as the
 //! "Serving Benchmark Result" block; `digest` keeps a run's distributions as
 //! histograms that merge, and pools repeats into one block; `gpu` matches GPU models to product
-//! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `telemetry`
+//! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `trace`
+//! reads request traces (Mooncake's, or JSON Lines) to replay; `telemetry`
 //! summarizes what an agent samples during a job (engine `/metrics`, GPU
 //! readings, the GPUs' energy) and words a throttled GPU; `convert` is the one place records, summaries and load specs cross to and
 //! from their gRPC form; `tls` is the rule every client keeps to reach the
@@ -33,6 +34,7 @@ pub mod stats;
 pub mod telemetry;
 #[cfg(feature = "wire")]
 pub mod tls;
+pub mod trace;
 
 pub use block::{Sections, render_block, render_block_with};
 pub use digest::{Digest, DigestBuilder, Histogram, pool};

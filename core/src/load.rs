@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::Slo;
+pub use crate::trace::TraceFormat;
 
 /// The OpenAI endpoint a job sends to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -117,6 +118,15 @@ pub enum LoadDataset {
         output_tokens: u32,
         seed: u64,
     },
+    /// A request trace (`crate::trace`), stored like a ShareGPT file,
+    /// replayed on its own schedule `speed` times as fast as recorded; the
+    /// spec's `requests` are its first ones.
+    Trace {
+        file: String,
+        sha256: String,
+        format: TraceFormat,
+        speed: f64,
+    },
 }
 
 impl LoadDataset {
@@ -125,7 +135,18 @@ impl LoadDataset {
         match self {
             LoadDataset::Random { input_tokens, .. } => Some(*input_tokens),
             LoadDataset::SharedPrefix { prefix_tokens, suffix_tokens, .. } => Some(prefix_tokens + suffix_tokens),
-            LoadDataset::ShareGpt { .. } => None,
+            LoadDataset::ShareGpt { .. } | LoadDataset::Trace { .. } => None,
+        }
+    }
+
+    /// The file it reads (a ShareGPT file or a trace): its name as the
+    /// matrix gives it, and its SHA-256.
+    pub fn file(&self) -> Option<(&str, &str)> {
+        match self {
+            LoadDataset::ShareGpt { file, sha256, .. } | LoadDataset::Trace { file, sha256, .. } => {
+                Some((file, sha256))
+            }
+            LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
         }
     }
 
@@ -136,6 +157,7 @@ impl LoadDataset {
                 Some(*output_tokens)
             }
             LoadDataset::ShareGpt { output_tokens, .. } => *output_tokens,
+            LoadDataset::Trace { .. } => None,
         }
     }
 }
@@ -325,6 +347,16 @@ impl LoadSpec {
                 }
                 if let Some(n) = output_tokens {
                     args.value("--sharegpt-output-len", n);
+                }
+            }
+            LoadDataset::Trace { format, speed, .. } => {
+                args.value("--dataset-name", "trace");
+                // Unused by a trace; said so that the flags read back as the spec.
+                args.value("--seed", self.seed);
+                args.value("--trace-format", format.name());
+                args.value("--trace-speed", speed);
+                if let Some(path) = &target.dataset_path {
+                    args.value("--dataset-path", path.display());
                 }
             }
         }

@@ -7,13 +7,16 @@
 //! gives the binary.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use benchfleet_core::load::{self, LoadDataset, LoadSpec, LoadTarget, ReportTo, StoredFile};
+use benchfleet_core::load::{self, LoadDataset, LoadSpec, LoadTarget, ReportTo, StoredFile, TraceFormat};
 use clap::{Parser, ValueEnum};
 
-use crate::{Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCounter, Window, read_sharegpt};
+use crate::{
+    Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCounter, Window, read_sharegpt, read_trace,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -80,6 +83,14 @@ pub struct Args {
     /// Output tokens of each ShareGPT request, instead of the recorded reply's.
     #[arg(long)]
     pub sharegpt_output_len: Option<u32>,
+    /// The form of the --dataset-path trace, for --dataset-name trace:
+    /// Mooncake's (timestamp, input_length, output_length, hash_ids) or
+    /// JSON Lines of the same fields, hash_ids optional, or a prompt.
+    #[arg(long, value_enum, default_value_t = TraceFormatName::Mooncake)]
+    pub trace_format: TraceFormatName,
+    /// Replay the trace this many times as fast as it was recorded.
+    #[arg(long, default_value_t = 1.0)]
+    pub trace_speed: f64,
     /// Seed of the prompts (random and prefix datasets; the order of a
     /// ShareGPT file's conversations) and, without --arrival-seed, of the
     /// Poisson arrivals.
@@ -358,6 +369,18 @@ impl Args {
                     output_tokens: self.sharegpt_output_len,
                 }
             }
+            DatasetName::Trace => {
+                let path = self.dataset_path.as_deref().context("--dataset-name trace needs --dataset-path")?;
+                LoadDataset::Trace {
+                    file: path.display().to_string(),
+                    sha256: String::new(),
+                    format: match self.trace_format {
+                        TraceFormatName::Mooncake => TraceFormat::Mooncake,
+                        TraceFormatName::Jsonl => TraceFormat::Jsonl,
+                    },
+                    speed: self.trace_speed,
+                }
+            }
         };
         let rate = self.request_rate.is_finite().then_some(self.request_rate);
         let (rate, max_concurrency) = match self.profile {
@@ -433,6 +456,13 @@ pub enum DatasetName {
     Random,
     Prefix,
     Sharegpt,
+    Trace,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TraceFormatName {
+    Mooncake,
+    Jsonl,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -494,6 +524,20 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
             // a seed of their own.
             let shuffle = (!args.disable_shuffle).then_some(args.seed);
             Dataset::ShareGpt { data, output_tokens, shuffle }
+        }
+        LoadDataset::Trace { format, speed, .. } => {
+            let path = args.dataset_path.as_deref().context("--dataset-name trace needs --dataset-path")?;
+            if args.profile.is_some() || spec.rate.is_some() {
+                bail!(
+                    "a trace sends on its own schedule: give no --profile or --request-rate (--trace-speed scales it)"
+                );
+            }
+            if !(speed.is_finite() && speed > 0.0) {
+                bail!("--trace-speed must be above 0, got {speed}");
+            }
+            let trace = read_trace(path, format)?;
+            trace.holds(requests as u64).map_err(|e| anyhow::anyhow!("--num-prompts: {e}"))?;
+            Dataset::Trace { trace: Arc::new(trace), speed }
         }
     };
     let seconds = |name: &str, s: f64| {

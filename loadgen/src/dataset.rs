@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use benchfleet_core::sharegpt::{ShareGpt, ShareGptError};
+use benchfleet_core::trace::{BLOCK_TOKENS, Trace, TraceError, TraceFormat, TraceRequest};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -31,6 +32,33 @@ pub enum Dataset {
     /// `groups` prefixes of `prefix_tokens` each; request i uses prefix
     /// i mod groups, followed by its own `suffix_tokens`: for prefix caching.
     SharedPrefix { groups: u32, prefix_tokens: u32, suffix_tokens: u32, output_tokens: u32, seed: u64 },
+    /// A request trace (`benchfleet_core::trace`), sent on its own schedule
+    /// `speed` times as fast as recorded: request i is the trace's i-th in
+    /// time order. Its prompts are its own where it has them; otherwise
+    /// each hash id is a block of 512 tokens made from the id alone (the
+    /// same block wherever the id appears, in any run), and tokens past
+    /// the blocks are the request's own. Every reply runs to the trace's
+    /// output length.
+    Trace { trace: Arc<Trace>, speed: f64 },
+}
+
+impl Dataset {
+    /// The send times of its first `n` requests, when the dataset has a
+    /// schedule of its own (a trace).
+    pub fn send_times(&self, n: usize) -> Option<Vec<std::time::Duration>> {
+        match self {
+            Dataset::Trace { trace, speed } => Some(trace.send_times(n, *speed)),
+            _ => None,
+        }
+    }
+
+    /// The requests it holds, when it cannot make more (a trace).
+    pub fn limit(&self) -> Option<usize> {
+        match self {
+            Dataset::Trace { trace, .. } => Some(trace.requests.len()),
+            _ => None,
+        }
+    }
 }
 
 /// Lengths drawn from a normal distribution, rounded, clamped to
@@ -230,6 +258,8 @@ fn word_pieces(t: &tokenizers::Tokenizer) -> Option<Vec<String>> {
 pub enum DatasetError {
     #[error(transparent)]
     ShareGpt(#[from] ShareGptError),
+    #[error(transparent)]
+    Trace(#[from] TraceError),
     #[error("cannot load the tokenizer {path}: {reason}")]
     Tokenizer { path: String, reason: String },
 }
@@ -244,6 +274,57 @@ pub fn read_sharegpt(path: &Path) -> Result<ShareGpt, DatasetError> {
         tracing::info!(dataset = %name, "{}", data.describe());
     }
     Ok(data)
+}
+
+/// Reads a request trace, saying what it holds.
+pub fn read_trace(path: &Path, format: TraceFormat) -> Result<Trace, DatasetError> {
+    let name = path.display().to_string();
+    let trace = benchfleet_core::trace::read(path, &name, format)?;
+    tracing::info!(
+        trace = %name,
+        requests = trace.requests.len(),
+        span_s = trace.span_ms() / 1e3,
+        block_reuse = trace.block_reuse(trace.requests.len()),
+        "trace read"
+    );
+    Ok(trace)
+}
+
+/// The prompt of a trace request without one: its hash ids' blocks, each
+/// made from the id alone (ChaCha stream 0), then tokens of its own from
+/// its line (stream 1), and its token count.
+fn trace_prompt(r: &TraceRequest, counter: &TokenCounter) -> (String, u32) {
+    let mut text = String::new();
+    let (mut left, mut exact, mut known) = (r.input_tokens, true, 0u32);
+    let mut add = |n: u32, rng: &mut ChaCha8Rng, text: &mut String| {
+        let (part, count) = counter.random_text(n, rng);
+        // As `join` joins them.
+        if !text.is_empty() && !counter.has_word_pieces() {
+            text.push(' ');
+        }
+        text.push_str(&part);
+        match count {
+            Some(c) => known += c,
+            None => exact = false,
+        }
+    };
+    for id in &r.hash_ids {
+        let n = left.min(BLOCK_TOKENS);
+        if n == 0 {
+            break;
+        }
+        add(n, &mut ChaCha8Rng::seed_from_u64(*id), &mut text);
+        left -= n;
+    }
+    if left > 0 {
+        let mut own = ChaCha8Rng::seed_from_u64(r.line as u64);
+        own.set_stream(1);
+        add(left, &mut own, &mut text);
+    }
+    // Words joined by spaces, or word pieces, keep their counts.
+    let tokens =
+        if exact && (counter.has_word_pieces() || !counter.needs_text()) { known } else { counter.count(&text) };
+    (text, tokens)
 }
 
 pub(crate) fn word_count(text: &str) -> u32 {
@@ -339,6 +420,17 @@ pub(crate) fn prompt_iter(
                     (counter.count(&e.prompt), reply)
                 });
                 Prompt { text: e.prompt.clone(), tokens, max_tokens, ignore_eos: output_tokens.is_some() }
+            }))
+        }
+        Dataset::Trace { trace, .. } => {
+            let n = n.min(trace.requests.len());
+            Box::new((0..n).map(move |i| {
+                let r = &trace.requests[i];
+                let (text, tokens) = match &r.prompt {
+                    Some(p) => (p.clone(), counter.count(p)),
+                    None => trace_prompt(r, &counter),
+                };
+                Prompt { text, tokens, max_tokens: r.output_tokens, ignore_eos: true }
             }))
         }
     }
@@ -492,6 +584,76 @@ mod tests {
         assert_eq!(prefix(0), prefix(3));
         assert_ne!(prefix(0), prefix(1));
         assert_ne!(p[0].text, p[3].text, "suffixes differ");
+    }
+
+    fn trace(text: &str, format: TraceFormat) -> Dataset {
+        let trace = benchfleet_core::trace::parse(text.as_bytes(), "t.jsonl", format).expect("parses");
+        Dataset::Trace { trace: Arc::new(trace), speed: 2.0 }
+    }
+
+    const MOONCAKE: &str = concat!(
+        r#"{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]}"#,
+        "\n",
+        r#"{"timestamp": 40, "input_length": 600, "output_length": 3, "hash_ids": [7, 10]}"#,
+        "\n",
+        r#"{"timestamp": 90, "input_length": 700, "output_length": 2, "hash_ids": [7]}"#,
+        "\n",
+    );
+
+    #[test]
+    fn a_trace_builds_shared_blocks_from_its_hash_ids_on_its_own_schedule() {
+        for counter in [TokenCounter::Words, bpe_tokenizer()] {
+            let d = trace(MOONCAKE, TraceFormat::Mooncake);
+            let p = prompts(&d, 3, &counter);
+            let lens: Vec<(u32, u32, bool)> = p.iter().map(|p| (p.tokens, p.max_tokens, p.ignore_eos)).collect();
+            assert_eq!(lens, [(1100, 5, true), (600, 3, true), (700, 2, true)]);
+            for q in &p {
+                assert_eq!(counter.count(&q.text), q.tokens, "exact counts");
+            }
+            // Block 7 opens all three prompts; the second's 88 tokens of
+            // block 10 are its own; the third's 188 past its one block are
+            // its own.
+            let words = |i: usize, from: usize, to: usize| -> String {
+                let all: Vec<&str> = p[i].text.split_whitespace().collect();
+                all[from..to].join(" ")
+            };
+            assert_eq!(words(0, 0, 512), words(1, 0, 512));
+            assert_eq!(words(0, 0, 512), words(2, 0, 512));
+            assert_ne!(words(0, 512, 600), words(1, 512, 600), "blocks 8 and 10 differ");
+            assert_ne!(words(1, 512, 600), words(2, 512, 600), "the third's own tokens");
+            // The same ids give the same text in any run; a partial block is
+            // the start of the whole one.
+            let again = prompts(&trace(MOONCAKE, TraceFormat::Mooncake), 3, &counter);
+            assert_eq!(p[1].text, again[1].text);
+            let short = trace(
+                r#"{"timestamp": 5, "input_length": 100, "output_length": 1, "hash_ids": [8]}"#,
+                TraceFormat::Mooncake,
+            );
+            assert_eq!(
+                prompts(&short, 1, &counter)[0].text.split_whitespace().collect::<Vec<_>>().join(" "),
+                words(0, 512, 612)
+            );
+        }
+        let d = trace(MOONCAKE, TraceFormat::Mooncake);
+        assert_eq!(d.send_times(3), Some([0, 20, 45].map(std::time::Duration::from_millis).to_vec()));
+        assert_eq!(d.limit(), Some(3));
+        assert_eq!(prompts(&d, 2, &TokenCounter::Words).len(), 2, "the first requests");
+        assert_eq!(Dataset::Random { input_tokens: 1, output_tokens: 1, seed: 1 }.send_times(3), None);
+    }
+
+    #[test]
+    fn a_jsonl_trace_sends_its_own_prompts() {
+        let d = trace(
+            concat!(
+                r#"{"timestamp": 10, "prompt": "why is the sky blue", "output_length": 4}"#,
+                "\n",
+                r#"{"timestamp": 12, "input_length": 9, "output_length": 1}"#,
+            ),
+            TraceFormat::Jsonl,
+        );
+        let p = prompts(&d, 2, &TokenCounter::Words);
+        assert_eq!((p[0].text.as_str(), p[0].tokens, p[0].max_tokens), ("why is the sky blue", 5, 4));
+        assert_eq!((word_count(&p[1].text), p[1].tokens), (9, 9));
     }
 
     #[test]

@@ -271,12 +271,15 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
     // The dataset moves to that thread; the config keeps an empty one.
     let dataset =
         std::mem::replace(&mut config.dataset, Dataset::Random { input_tokens: 0, output_tokens: 0, seed: 0 });
+    // A trace's schedule is its own.
+    let schedule = dataset.send_times(config.num_requests);
     let prompts = dataset::prompt_iter(dataset, config.num_requests, config.tokens.clone());
     let count = prompts.size_hint().0;
     let cap = config.max_concurrency.unwrap_or(usize::MAX);
     let workers = config.workers.clamp(1, count.clamp(1, cap));
     let (bodies, ready) = prepare(prompts, &config, workers)?;
-    let deadlines: Arc<[Duration]> = send_times(count, config.request_rate, config.arrival).into();
+    let deadlines: Arc<[Duration]> =
+        schedule.unwrap_or_else(|| send_times(count, config.request_rate, config.arrival)).into();
     let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(count);
     let roots = match &config.ca_cert {
         Some(path) => read_roots(path)?,
@@ -546,6 +549,15 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     if config.request_rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
         return bad("the request rate must be positive");
     }
+    if let Dataset::Trace { trace, speed } = &config.dataset {
+        if config.request_rate.is_some_and(f64::is_finite) {
+            return bad("a trace sends on its own schedule: give no request rate (--trace-speed scales it)");
+        }
+        if !(speed.is_finite() && *speed > 0.0) {
+            return Err(LoadError::Config(format!("the trace speed must be above 0, got {speed}")));
+        }
+        trace.holds(config.num_requests as u64).map_err(LoadError::Config)?;
+    }
     if config.max_concurrency == Some(0) {
         return bad("the concurrency cap must be at least 1");
     }
@@ -565,7 +577,9 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     if config.api_key.as_ref().is_some_and(|key| key.bytes().any(|b| !(b.is_ascii_graphic() || b == b' '))) {
         return bad("the api key holds characters a header cannot carry");
     }
-    let unbounded = config.request_rate.is_none_or(f64::is_infinite) && config.max_duration.is_none();
+    let unbounded = config.request_rate.is_none_or(f64::is_infinite)
+        && config.max_duration.is_none()
+        && config.dataset.send_times(0).is_none();
     if matches!(config.cooldown, Window::Time(_)) && unbounded {
         return bad("a cool-down by time needs a request rate or a maximum duration: the end is not known otherwise");
     }

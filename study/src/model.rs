@@ -207,7 +207,7 @@ impl EngineConfig {
 
 /// A job's load and its parts are core's (`benchfleet_core::load`), under
 /// the names the controller gives them.
-pub use benchfleet_core::load::{Arrival, Endpoint, LoadDataset as Dataset, LoadSpec, StoredFile, Window};
+pub use benchfleet_core::load::{Arrival, Endpoint, LoadDataset as Dataset, LoadSpec, StoredFile, TraceFormat, Window};
 
 /// The successful repeats pooled for their throughputs, means and success
 /// rate (no percentiles: no digest is read). The planners and the report

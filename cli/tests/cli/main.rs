@@ -8,6 +8,7 @@ mod delete;
 mod exit;
 mod export;
 mod inputs;
+mod trace;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -282,9 +283,17 @@ fn reproduce_a_block(doc: &serde_json::Value) {
 /// `run --local` on a matrix of `yaml` (in a data directory of its own):
 /// what it printed, and its JSON report.
 fn run_local_json(yaml: &str) -> (String, serde_json::Value) {
+    run_local_json_with(yaml, &[])
+}
+
+/// `run_local_json` with files beside the matrix, by name and content.
+fn run_local_json_with(yaml: &str, files: &[(&str, &str)]) -> (String, serde_json::Value) {
     let data = tempfile::tempdir().expect("tempdir");
     let matrix = data.path().join("matrix.yaml");
     std::fs::write(&matrix, yaml).expect("matrix");
+    for (name, content) in files {
+        std::fs::write(data.path().join(name), content).expect("a file beside the matrix");
+    }
     let out = benchfleet(data.path(), &["run", "--local", matrix.to_str().expect("utf-8 path")]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "run --local failed\nstdout:\n{stdout}\nstderr:\n{stderr}");

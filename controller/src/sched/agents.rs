@@ -353,7 +353,7 @@ impl Scheduler {
     }
 
     /// Whether a group placed on the agent named `agent` has a job that
-    /// names the file `sha256` (its ShareGPT dataset or its tokenizer): an
+    /// names the file `sha256` (its ShareGPT file or trace, or its tokenizer): an
     /// agent may fetch only those.
     pub fn agent_needs_file(&self, agent: &str, sha256: &str) -> bool {
         let Ok(id) = self.find_agent(agent) else { return false };
@@ -361,7 +361,7 @@ impl Scheduler {
         a.groups.iter().filter_map(|key| self.groups.get(key)).any(|g| {
             g.group.jobs.iter().filter_map(|j| self.jobs.get(&(g.group.run, *j))).any(|j| {
                 let p = &j.job.profile;
-                matches!(&p.dataset, benchfleet_study::model::Dataset::ShareGpt { sha256: s, .. } if s == sha256)
+                p.dataset.file().is_some_and(|(_, s)| s == sha256)
                     || p.processor.as_ref().is_some_and(|f| f.sha256 == sha256)
             })
         })

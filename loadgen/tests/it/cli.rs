@@ -331,3 +331,54 @@ async fn a_vllm_bench_serve_command_line_runs_unchanged_and_writes_vllm_s_result
         assert!(stderr.contains(&format!("--goodput: {said}")), "{slo}: {stderr}");
     }
 }
+
+#[tokio::test]
+async fn a_trace_replays_from_the_command_line_and_its_faults_name_the_line() {
+    let _machine = crate::beside().await;
+    let url = fake_openai::start(QUICK).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("trace.jsonl");
+    let good = r#"{"timestamp": 0, "input_length": 30, "output_length": 2, "hash_ids": [5]}
+{"timestamp": 80, "input_length": 600, "output_length": 3, "hash_ids": [5, 6]}
+{"timestamp": 160, "input_length": 12, "output_length": 1, "hash_ids": [5]}
+"#;
+    let trace = |extra: &[&str]| {
+        let mut args = vec!["--base-url", &url, "--model", "good", "--dataset-name", "trace"];
+        args.extend(["--dataset-path", path.to_str().expect("utf-8")]);
+        args.extend(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    std::fs::write(&path, good).expect("write");
+    let json = dir.path().join("result.json");
+    let output = loadgen()
+        .args(trace(&["--num-prompts", "3", "--trace-speed", "4", "--save-result", "--result-filename"]))
+        .arg(&json)
+        .output()
+        .await
+        .expect("runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("saved")).expect("json");
+    assert_eq!((result["completed"].as_u64(), result["total_input_tokens"].as_u64()), (Some(3), Some(642)), "{result}");
+
+    for (text, extra, said) in [
+        (good, &["--num-prompts", "4"][..], "--num-prompts: 4 requests asked of the trace"),
+        (good, &["--num-prompts", "3", "--request-rate", "5"][..], "a trace sends on its own schedule"),
+        (good, &["--num-prompts", "3", "--trace-speed", "0"][..], "--trace-speed must be above 0, got 0"),
+        (
+            "{\"timestamp\": 0, \"input_length\": 3, \"output_length\": 1, \"hash_ids\": []}\n{\"timestamp\": 1}\n",
+            &["--num-prompts", "1"][..],
+            "line 2: no output_length",
+        ),
+        (good, &["--num-prompts", "1", "--trace-format", "jsonl"][..], ""),
+    ] {
+        std::fs::write(&path, text).expect("write");
+        let output = loadgen().args(trace(extra)).output().await.expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if said.is_empty() {
+            assert!(output.status.success(), "{extra:?}: {stderr}");
+        } else {
+            assert_eq!(output.status.code(), Some(1), "{extra:?}: {stderr}");
+            assert!(stderr.contains(said), "{extra:?}: {stderr}");
+        }
+    }
+}

@@ -87,3 +87,47 @@ async fn a_server_that_is_down_or_lacks_the_model_fails_the_run() {
     let err = run(random_load(&down, "good", 1, 1, 1), None).await.expect_err("server down");
     assert!(err.to_string().starts_with(&format!("cannot reach the server at {down}/v1/models")), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_is_sent_on_its_own_schedule_at_its_speed() {
+    let _machine = crate::beside().await;
+    let url = fake_openai::start(TIMING).await;
+    // Out of time order in the file, sent in time order.
+    let lines = [(0, 40, 3, "[1]"), (600, 30, 2, "[1]"), (200, 520, 4, "[1, 2]"), (900, 10, 1, "[]")]
+        .map(|(t, i, o, ids)| {
+            format!(r#"{{"timestamp": {t}, "input_length": {i}, "output_length": {o}, "hash_ids": {ids}}}"#)
+        })
+        .join("\n");
+    let trace =
+        benchfleet_loadgen::trace::parse(lines.as_bytes(), "t.jsonl", benchfleet_loadgen::trace::TraceFormat::Mooncake)
+            .expect("parses");
+    let trace = std::sync::Arc::new(trace);
+    let dataset = benchfleet_loadgen::Dataset::Trace { trace: trace.clone(), speed: 2.0 };
+    let mut config = benchfleet_loadgen::LoadConfig::new(url.as_str(), "good", dataset, 4);
+    config.workers = 2;
+    let result = run(config, None).await.expect("run");
+    let s = &result.summary;
+    assert_eq!((s.successful, s.failed), (4, 0));
+    assert_eq!(s.total_input_tokens, 40 + 520 + 30 + 10);
+    assert_eq!(s.total_output_tokens, 3 + 4 + 2 + 1);
+    let scheduled: Vec<i64> = result.records.iter().map(|r| r.scheduled_ns).collect();
+    assert_eq!(scheduled, [0, 100_000_000, 300_000_000, 450_000_000], "the trace's times, halved");
+    for r in &result.records {
+        assert!(r.sent_ns - r.scheduled_ns < 50_000_000, "sent at its time: {r:?}");
+    }
+    assert!(s.offered_rate.is_some_and(|r| (r - 3.0 / 0.45).abs() < 1e-6), "{:?}", s.offered_rate);
+
+    // What a trace refuses: a rate of its own, more requests than it has, a
+    // speed of 0.
+    for (rate, n, speed, said) in [
+        (Some(5.0), 4, 1.0, "a trace sends on its own schedule"),
+        (None, 5, 1.0, "5 requests asked of the trace t.jsonl, which has 4"),
+        (None, 4, 0.0, "the trace speed must be above 0, got 0"),
+    ] {
+        let dataset = benchfleet_loadgen::Dataset::Trace { trace: trace.clone(), speed };
+        let mut config = benchfleet_loadgen::LoadConfig::new(url.as_str(), "good", dataset, n);
+        config.request_rate = rate;
+        let e = run(config, None).await.expect_err(said);
+        assert!(matches!(&e, LoadError::Config(m) if m.contains(said)), "{e}");
+    }
+}

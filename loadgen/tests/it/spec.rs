@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 
-use benchfleet_core::load::{Arrival, Endpoint, LoadDataset, LoadSpec, LoadTarget, ReportTo, StoredFile, Window};
+use benchfleet_core::load::{
+    Arrival, Endpoint, LoadDataset, LoadSpec, LoadTarget, ReportTo, StoredFile, TraceFormat, Window,
+};
 use benchfleet_core::metrics::Slo;
 use benchfleet_loadgen::cli::{self, Args};
 use clap::Parser;
@@ -60,6 +62,8 @@ fn dataset() -> impl Strategy<Value = LoadDataset> {
                 seed
             }
         ),
+        (stored(), prop_oneof![Just(TraceFormat::Mooncake), Just(TraceFormat::Jsonl)], finite())
+            .prop_map(|(f, format, speed)| LoadDataset::Trace { file: f.file, sha256: f.sha256, format, speed }),
     ]
 }
 
@@ -116,7 +120,7 @@ fn spec_and_target() -> impl Strategy<Value = (LoadSpec, LoadTarget)> {
             let target = LoadTarget {
                 base_url,
                 model,
-                dataset_path: matches!(spec.dataset, LoadDataset::ShareGpt { .. }).then_some(dataset_path),
+                dataset_path: spec.dataset.file().is_some().then_some(dataset_path),
                 processor_path: spec.processor.is_some().then_some(processor_path),
                 report,
                 quiet,
@@ -131,7 +135,7 @@ fn spec_and_target() -> impl Strategy<Value = (LoadSpec, LoadTarget)> {
 fn on_disk(spec: &LoadSpec, target: &LoadTarget) -> LoadSpec {
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
     let mut spec = spec.clone();
-    if let LoadDataset::ShareGpt { file, sha256, .. } = &mut spec.dataset {
+    if let LoadDataset::ShareGpt { file, sha256, .. } | LoadDataset::Trace { file, sha256, .. } = &mut spec.dataset {
         (*file, *sha256) = (path(&target.dataset_path), String::new());
     }
     if let Some(f) = &mut spec.processor {

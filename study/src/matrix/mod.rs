@@ -207,10 +207,11 @@ pub fn referenced_files(file: &str, yaml: &str) -> Result<Vec<FileRef>, MatrixEr
         .profiles
         .iter()
         .filter_map(|(name, p)| {
-            p.dataset
-                .sharegpt
-                .as_ref()
-                .map(|path| FileRef { path: path.clone(), field: format!("profiles.{name}.dataset.sharegpt") })
+            let sharegpt = p.dataset.sharegpt.as_ref().map(|path| (path, "sharegpt"));
+            let trace = p.dataset.trace.as_ref().map(|t| (&t.path, "trace.path"));
+            sharegpt
+                .or(trace)
+                .map(|(path, f)| FileRef { path: path.clone(), field: format!("profiles.{name}.dataset.{f}") })
         })
         .chain(processor)
         .collect())
@@ -1274,6 +1275,7 @@ fn find_key(text: &str, key: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::TraceFormat;
 
     const GOOD: &str = "\
 name: demo
@@ -1776,6 +1778,68 @@ profiles:
         assert_eq!((m.gpu.as_deref(), m.repeats, m.variants[0].name.as_str()), (Some("A100"), 500, "prefix+caching"));
         // What it means is unchanged: the same configurations.
         assert_eq!(m.configs.len(), parse("m.yaml", GOOD, &hash).expect("valid").configs.len());
+    }
+
+    #[test]
+    fn a_trace_is_read_with_its_format_and_speed_and_its_schedule_kept_its_own() {
+        let trace = |dataset: &str, more: &str| {
+            GOOD.replace(
+                "  chat: { dataset: { sharegpt: sharegpt.json }, rate: inf, requests: 10 }",
+                &format!("  replay: {{ dataset: {{ trace: {dataset} }}, requests: 10{more} }}"),
+            )
+        };
+        let hash = |path: &str| (path == "t.jsonl").then(|| "cd".repeat(32));
+        let m = parse("m.yaml", &trace("{ path: t.jsonl }", ", max_concurrency: 64"), &hash).expect("valid");
+        let p = m.profiles.iter().find(|p| p.name == "replay").expect("profile");
+        assert_eq!(
+            p.dataset,
+            Dataset::Trace {
+                file: "t.jsonl".into(),
+                sha256: "cd".repeat(32),
+                format: TraceFormat::Mooncake,
+                speed: 1.0
+            }
+        );
+        assert_eq!((p.rate, p.max_concurrency), (None, Some(64)));
+        let m = parse("m.yaml", &trace("{ path: t.jsonl, format: jsonl, speed: 2.5 }", ""), &hash).expect("valid");
+        assert!(matches!(
+            m.profiles.iter().find(|p| p.name == "replay").map(|p| &p.dataset),
+            Some(Dataset::Trace { format: TraceFormat::Jsonl, speed: 2.5, .. })
+        ));
+        let files = referenced_files("m.yaml", &trace("{ path: t.jsonl }", "")).expect("parses");
+        assert_eq!(
+            files,
+            [FileRef { path: "t.jsonl".to_owned(), field: "profiles.replay.dataset.trace.path".to_owned() }]
+        );
+        for (dataset, more, said) in [
+            ("{ path: t.jsonl }", ", rate: 5", "profiles.replay.rate: a trace sends on its own schedule"),
+            ("{ path: t.jsonl }", ", mode: throughput", "profiles.replay.mode: a trace sends on its own schedule"),
+            ("{ path: t.jsonl }", ", arrival: poisson", "profiles.replay.arrival: a trace sends"),
+            (
+                "{ path: t.jsonl, format: csv }",
+                "",
+                "profiles.replay.dataset.trace.format: unknown trace format 'csv'; expected mooncake or jsonl",
+            ),
+            (
+                "{ path: t.jsonl, speed: 0 }",
+                "",
+                "profiles.replay.dataset.trace.speed: must be above 0 (2.0 replays twice as fast as recorded), got 0",
+            ),
+            (
+                "{ path: gone.jsonl }",
+                "",
+                "profiles.replay.dataset.trace.path: cannot read the trace 'gone.jsonl' (paths are relative to the matrix file)",
+            ),
+            ("{ path: t.jsonl, sped: 2 }", "", "unknown field `sped`"),
+            (
+                "{ path: t.jsonl }",
+                ", search: { rate: [1, 8], slo: { p99_ttft_ms: 500 } }",
+                "profiles.replay.search.rate: a trace sends on its own schedule",
+            ),
+        ] {
+            let e = parse("m.yaml", &trace(dataset, more), &hash).expect_err(said).to_string();
+            assert!(e.contains(said), "{dataset}{more}: {e}");
+        }
     }
 
     #[test]

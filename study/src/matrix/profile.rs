@@ -4,6 +4,7 @@
 //! profiles an engine or variant limits its configurations to.
 
 use super::*;
+use crate::model::TraceFormat;
 
 /// The profiles an engine or variant limits its configurations to, by the
 /// names the matrix gives (a sweep's name is every point of it); `None`
@@ -253,26 +254,38 @@ pub(super) fn dataset_of(
             .filter(|&n| (1..=cap(MAX_TOKENS)).contains(&i64::from(n)))
             .ok_or_else(|| err(&field(&format!("dataset.{f}")), format!("must be from 1 to {MAX_TOKENS}, got {v}")))
     };
+    if d.trace.is_some() {
+        // A trace's arrivals are its own.
+        for (f, given) in [("rate", p.rate.is_some()), ("arrival", p.arrival.is_some()), ("mode", p.mode.is_some())] {
+            if given {
+                return Err(err(
+                    &field(f),
+                    "a trace sends on its own schedule; dataset.trace.speed scales it (max_concurrency may cap it)"
+                        .to_owned(),
+                ));
+            }
+        }
+    }
     if d.output_tokens.is_some() && d.sharegpt.is_none() {
         return Err(err(
             &field("dataset.output_tokens"),
             "applies to sharegpt; the other datasets set their own output_tokens".to_owned(),
         ));
     }
-    let dataset = match (&d.random, &d.sharegpt, &d.shared_prefix) {
-        (Some(r), None, None) => Dataset::Random {
+    let dataset = match (&d.random, &d.sharegpt, &d.shared_prefix, &d.trace) {
+        (Some(r), None, None, None) => Dataset::Random {
             input_tokens: count("random.input_tokens", r.input_tokens)?,
             output_tokens: count("random.output_tokens", r.output_tokens)?,
             seed: r.seed,
         },
-        (None, None, Some(s)) => Dataset::SharedPrefix {
+        (None, None, Some(s), None) => Dataset::SharedPrefix {
             groups: count("shared_prefix.groups", s.groups)?,
             prefix_tokens: count("shared_prefix.prefix_tokens", s.prefix_tokens)?,
             suffix_tokens: count("shared_prefix.suffix_tokens", s.suffix_tokens)?,
             output_tokens: count("shared_prefix.output_tokens", s.output_tokens)?,
             seed: s.seed,
         },
-        (None, Some(path), None) => {
+        (None, Some(path), None, None) => {
             let output_tokens = d.output_tokens.map(|n| count("output_tokens", n)).transpose()?;
             admit(plain_text(err, &field("dataset.sharegpt"), path))?;
             let sha256 = file_hash(path).ok_or_else(|| {
@@ -283,8 +296,40 @@ pub(super) fn dataset_of(
             })?;
             Dataset::ShareGpt { file: path.clone(), sha256, output_tokens }
         }
+        (None, None, None, Some(t)) => {
+            let format = match t.format.as_deref() {
+                None => TraceFormat::Mooncake,
+                Some(f) => TraceFormat::from_name(f).ok_or_else(|| {
+                    err(
+                        &field("dataset.trace.format"),
+                        format!("unknown trace format '{f}'; expected mooncake or jsonl"),
+                    )
+                })?,
+            };
+            let speed = match t.speed {
+                None => 1.0,
+                Some(s) if s.is_finite() && s > 0.0 => s,
+                Some(s) => {
+                    return Err(err(
+                        &field("dataset.trace.speed"),
+                        format!("must be above 0 (2.0 replays twice as fast as recorded), got {s}"),
+                    ));
+                }
+            };
+            admit(plain_text(err, &field("dataset.trace.path"), &t.path))?;
+            let sha256 = file_hash(&t.path).ok_or_else(|| {
+                err(
+                    &field("dataset.trace.path"),
+                    format!("cannot read the trace '{}' (paths are relative to the matrix file)", t.path),
+                )
+            })?;
+            Dataset::Trace { file: t.path.clone(), sha256, format, speed }
+        }
         _ => {
-            return Err(err(&field("dataset"), "give exactly one of random, sharegpt or shared_prefix".to_owned()));
+            return Err(err(
+                &field("dataset"),
+                "give exactly one of random, sharegpt, shared_prefix or trace".to_owned(),
+            ));
         }
     };
     if let Some(input) = dataset.input_tokens() {
@@ -400,6 +445,12 @@ pub(super) fn search_of(
         return Err(err(&field("mode"), "a search profile sets its own load: leave mode out".to_owned()));
     }
     let (over, lo, hi) = match (&raw.rate, &raw.max_concurrency) {
+        (Some(_), None) if p.dataset.trace.is_some() => {
+            return Err(err(
+                &field("search.rate"),
+                "a trace sends on its own schedule: search its max_concurrency instead".to_owned(),
+            ));
+        }
         (Some(r), None) => {
             let [lo, hi] = r[..] else {
                 return Err(err(&field("search.rate"), format!("must be [lo, hi], two rates; got {} values", r.len())));

@@ -252,9 +252,23 @@ pub(super) struct RawDataset {
     pub(super) sharegpt: Option<String>,
     #[serde(default)]
     pub(super) shared_prefix: Option<RawSharedPrefix>,
+    #[serde(default)]
+    pub(super) trace: Option<RawTrace>,
     /// Overrides the ShareGPT replies' lengths as output lengths.
     #[serde(default)]
     pub(super) output_tokens: Option<i64>,
+}
+
+/// A request trace to replay: its file (relative to the matrix), its form
+/// (`mooncake`, the default, or `jsonl`) and its speed (1.0: as recorded).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTrace {
+    pub(super) path: String,
+    #[serde(default)]
+    pub(super) format: Option<String>,
+    #[serde(default)]
+    pub(super) speed: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -583,10 +583,7 @@ pub fn reproduce(j: &Job) -> Option<String> {
         }
         let value = match a.as_str() {
             "--base-url" => Some("\"$ENGINE_URL\"".to_owned()),
-            "--dataset-path" => match &j.profile.dataset {
-                Dataset::ShareGpt { file, .. } => Some(crate::model::shell_word(file)),
-                _ => None,
-            },
+            "--dataset-path" => j.profile.dataset.file().map(|(file, _)| crate::model::shell_word(file)),
             "--processor" | "--tokenizer" => j.profile.processor.as_ref().map(|p| crate::model::shell_word(&p.file)),
             _ => None,
         };
@@ -612,6 +609,9 @@ fn dataset_words(d: &Dataset) -> String {
             "shared prefix: {groups} prefixes of {prefix_tokens} tokens, {suffix_tokens}-token suffixes, \
              {output_tokens} output tokens, seed {seed}"
         ),
+        Dataset::Trace { file, sha256, format, speed } => {
+            format!("{} trace {file} (sha256 {sha256}) at {}x", format.name(), words::number(*speed))
+        }
     }
 }
 
@@ -639,6 +639,12 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
             set("suffix_tokens", suffix_tokens.to_string());
             set("output_tokens", output_tokens.to_string());
             set("dataset_seed", seed.to_string());
+        }
+        Dataset::Trace { file, format, speed, .. } => {
+            set("dataset_name", "trace".into());
+            set("dataset_file", file.clone());
+            set("trace_format", format.name().into());
+            set("trace_speed", words::number(*speed));
         }
     }
     let searched = |over: crate::slo::Over| p.search.as_ref().is_some_and(|s| s.over == over);
