@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::cost::Cost;
+use crate::metrics::steady::SteadyState;
 use crate::metrics::{Distribution, Summary};
 use crate::telemetry::Energy;
 
@@ -62,6 +63,11 @@ pub fn render_block_with(s: &Summary, sections: &Sections<'_>) -> String {
     if let Some(rate) = prefix_cache_hit_rate {
         out.push_str("-------------------Prefix Cache-------------------\n");
         let _ = writeln!(out, "{:<40} {:.2}", "Prefix cache hit rate (%):", rate * 100.0);
+    }
+    // One run's window (a block pooled from repeats has none: each repeat
+    // has its own).
+    if let Some(w) = s.steady_state_said() {
+        steady_section(&mut out, w);
     }
     // After every field of the reference block, so readers of that block
     // still find each one where they expect it.
@@ -128,6 +134,25 @@ pub fn render_self_check(s: &Summary) -> String {
     }
     out.push_str("==================================================\n");
     out
+}
+
+/// The steady state: its window, its figures, and whether they held still.
+fn steady_section(out: &mut String, w: &SteadyState) {
+    out.push_str("-------------------Steady State-------------------\n");
+    let _ = writeln!(out, "{:<40} {}", "Steady state:", w.words());
+    if w.reached {
+        let lines = [
+            ("Request throughput (req/s):", w.request_throughput),
+            ("Output token throughput (tok/s):", w.output_throughput),
+            ("Total Token throughput (tok/s):", w.total_token_throughput),
+            ("Mean TTFT (ms):", w.mean_ttft_ms),
+            ("P99 TTFT (ms):", w.p99_ttft_ms),
+            ("Mean TPOT (ms):", w.mean_tpot_ms),
+        ];
+        for (label, value) in lines {
+            let _ = writeln!(out, "{label:<40} {value:.2}");
+        }
+    }
 }
 
 /// The GPUs' energy over the load run: joules, mean power, and per output

@@ -396,6 +396,8 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         invalid: (!invalid.is_empty()).then(|| invalid.join("; ")),
         usage_check: pool_usage(repeats),
         usage_below_events: sum(&|s| s.usage_below_events),
+        // Each repeat has its own window.
+        steady_state: if repeats.len() == 1 { first.steady_state.clone() } else { None },
     })
 }
 

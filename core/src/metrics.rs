@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::{Phase, RequestRecord};
 
 mod build;
+pub mod steady;
 
 pub use build::{GAPS_KEPT, SummaryBuilder};
 
@@ -448,6 +449,12 @@ pub struct Summary {
     /// like the CPU time, loadgen's own account.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub usage_below_events: u64,
+    /// The window in which the requests in flight held at 90% of their
+    /// peak, the figures over it and whether they held still
+    /// (`steady::SteadyState`); `None` for fewer than two requests, and for
+    /// a block pooled from repeats (each repeat has its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steady_state: Option<steady::SteadyState>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -682,6 +689,13 @@ pub fn lag_limit_for(offered_rate: Option<f64>, median_ttft_ms: f64) -> (f64, &'
 }
 
 impl Summary {
+    /// The steady state, where a block says it: one reached, or a closed
+    /// loop's that was not (an open loop's requests in flight follow its
+    /// arrivals: it is not expected to hold them level).
+    pub fn steady_state_said(&self) -> Option<&steady::SteadyState> {
+        let closed_loop = self.offered_rate.is_none() && self.max_concurrency.is_some();
+        self.steady_state.as_ref().filter(|w| w.reached || closed_loop)
+    }
     /// Successful / sent, in 0..=1.
     pub fn success_rate(&self) -> f64 {
         let sent = self.successful + self.failed;

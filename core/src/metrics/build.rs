@@ -15,6 +15,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use super::steady::{self, Done};
 use super::{
     Distribution, Failures, Goodput, NS_PER_MS, NS_PER_S, Sum, Summary, SummaryOptions, chunk_gaps, lag_limit_for,
     token_scale, validity,
@@ -57,6 +58,11 @@ pub struct SummaryBuilder {
     first_error: Option<(u64, String)>,
     /// Failed measured requests by reason.
     reasons: super::ReasonCounts,
+    /// The successful requests, and the output tokens by arrival bin, for
+    /// the steady state.
+    done: Vec<Done>,
+    /// Millionths of a token, so that the sums are the same in any order.
+    token_bins: Vec<u64>,
 }
 
 impl SummaryBuilder {
@@ -92,6 +98,8 @@ impl SummaryBuilder {
             peak: PeakTokens::default(),
             first_error: None,
             reasons: super::ReasonCounts::default(),
+            done: Vec::new(),
+            token_bins: Vec::new(),
         }
     }
 
@@ -161,7 +169,21 @@ impl SummaryBuilder {
                 gaps.add(gap_ns, tokens);
             }
         }
-        self.peak.add(r.chunks.clone(), token_scale(r));
+        let scale = token_scale(r);
+        for c in &r.chunks {
+            let bin = usize::try_from(c.at_ns.max(0) / steady::BIN_NS).unwrap_or(0);
+            if self.token_bins.len() <= bin {
+                self.token_bins.resize(bin + 1, 0);
+            }
+            self.token_bins[bin] += (f64::from(c.tokens) * scale * 1e6).round() as u64;
+        }
+        self.done.push(Done {
+            sent_ns: r.sent_ns,
+            ttft_ms: r.ttft_ns().map_or(f32::NAN, |ns| ms(ns) as f32),
+            tpot_ms: r.tpot_ns().map_or(f32::NAN, |ns| (ns / NS_PER_MS) as f32),
+            input_tokens: r.prompt_tokens,
+        });
+        self.peak.add(r.chunks.clone(), scale);
     }
 
     /// Says that no record still to come has a chunk that arrived before
@@ -209,6 +231,9 @@ impl SummaryBuilder {
             if duration_s > 0.0 { x / duration_s } else { 0.0 }
         };
         let dist = |samples: Vec<f64>| Distribution::with_percentiles(samples, &options.percentiles);
+        // In one order whatever order the records came in: the same sums.
+        self.done.sort_unstable_by_key(|d| (d.sent_ns, d.ttft_ms.to_bits(), d.tpot_ms.to_bits(), d.input_tokens));
+        let steady_state = steady::steady_state(&self.sends, &self.completions, &self.done, &self.token_bins);
         let peak_concurrent = peak_concurrency(self.sends, self.completions);
         let mut summary = Summary {
             successful: self.ok,
@@ -244,6 +269,7 @@ impl SummaryBuilder {
             invalid: None,
             usage_check: None,
             usage_below_events: 0,
+            steady_state,
             goodput: options.goodput.map(|slo| Goodput {
                 slo,
                 good: self.good,

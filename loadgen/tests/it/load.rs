@@ -131,3 +131,26 @@ async fn a_trace_is_sent_on_its_own_schedule_at_its_speed() {
         assert!(matches!(&e, LoadError::Config(m) if m.contains(said)), "{e}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_loop_reports_its_steady_state_window() {
+    let _machine = crate::alone().await;
+    let quick = Timing { ttft: Duration::from_millis(20), itl: Duration::from_millis(5), per_chunk: 1 };
+    let url = fake_openai::start(quick).await;
+    let mut config = crate::random_load(&url, "good", 200, 16, 10);
+    config.max_concurrency = Some(8);
+    let result = run(config, None).await.expect("run");
+    let s = &result.summary;
+    let w = s.steady_state.as_ref().expect("a steady state");
+    // Eight users busy from the first send until the last requests run out.
+    assert!(w.reached && w.level == 8 && w.held > 0.9, "{w:?}");
+    assert!(w.start_s < 0.01 && w.end_s > 0.8 * s.duration_s, "{w:?} of {} s", s.duration_s);
+    assert!(w.requests >= 180, "{w:?}");
+    // A request takes 20 ms and 9 gaps of 5 ms: 8 of them every 65 ms.
+    let truth = 8.0 / 0.065;
+    assert!((w.request_throughput - truth).abs() < 0.15 * truth, "{} against {truth}", w.request_throughput);
+    assert!((w.mean_ttft_ms - 20.0).abs() < 5.0, "{w:?}");
+    assert!((w.output_throughput / w.request_throughput - 10.0).abs() < 1.0, "{w:?}");
+    let block = benchfleet_loadgen::render_block(s, None);
+    assert!(block.contains("Steady state:") && block.contains("8 or more in flight"), "{block}");
+}

@@ -443,6 +443,10 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
         if let Some(said) = &p.token_counts {
             facts.push(format!("token counts disagree: {said}"));
         }
+        if let Some(w) = r.summary.as_ref().and_then(|s| s.steady_state_said()) {
+            let said = format!("steady state {}", w.words());
+            facts.push(if w.drifts() { format!("**{said}**") } else { said });
+        }
         if let Some(said) = p.telemetry.as_ref().and_then(words::telemetry) {
             facts.push(format!("during the job: {said}"));
         }
