@@ -235,6 +235,9 @@ pub struct Profile {
     /// A probe of a search: the point this job's load is set to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<crate::slo::Probe>,
+    /// A point of a sweep (`NAME-r8`): the swept profile's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_of: Option<String>,
 }
 
 impl Profile {
@@ -242,7 +245,13 @@ impl Profile {
     /// with every other field at its default: what a matrix profile with
     /// only those fields makes.
     pub fn new(name: &str, dataset: Dataset, requests: u64) -> Profile {
-        Profile { name: name.to_owned(), load: LoadSpec::new(dataset, requests), search: None, probe: None }
+        Profile {
+            name: name.to_owned(),
+            load: LoadSpec::new(dataset, requests),
+            search: None,
+            probe: None,
+            sweep_of: None,
+        }
     }
 }
 

@@ -372,6 +372,43 @@ fn the_latency_study_compares_by_ratio_across_its_rates() {
     snapshot("latency-study.txt", &render_as(&doc, Format::Console));
 }
 
+/// A sweep's points on throughput per GPU against tokens per second per
+/// user: at each rate the fastest configuration beats the others on tokens
+/// per user at the same throughput, so the Pareto set is its four points.
+#[test]
+fn a_sweep_s_pareto_set_is_the_points_no_other_beats_on_both_axes() {
+    let (_dir, store, run) = study_of(LATENCY, latency_summary);
+    let doc = doc_of(&store, run);
+    assert_eq!(doc.pareto.len(), 1, "{:?}", doc.pareto);
+    let sweep = &doc.pareto[0];
+    assert_eq!(sweep.sweep, "sharegpt");
+    assert_eq!(sweep.curves.len(), doc.configurations.len());
+    let set = sweep.optimal();
+    let got: Vec<(&str, &str)> = set.iter().map(|(c, p)| (*c, p.profile.as_str())).collect();
+    let best = "vllm+mtp+language-only";
+    assert_eq!(got, [(best, "sharegpt-r16"), (best, "sharegpt-r8"), (best, "sharegpt-r4"), (best, "sharegpt-r1")]);
+    // One GPU a job: its output throughput; per user: 1000 / mean TPOT.
+    let r1 = set[3].1;
+    let requests = doc.profiles.iter().find(|p| p.name == "sharegpt-r1").expect("r1").requests as f64;
+    assert!((r1.per_gpu - 281.0 * requests / (requests * 1.02)).abs() < 1e-9, "{r1:?}");
+    let tpot = 2.09 * 0.912 * 0.9748 * 0.51;
+    assert!((r1.per_user - 1000.0 / tpot).abs() < 1e-6, "{r1:?}");
+    // Every other point is beaten by one of those.
+    let points = sweep.curves.iter().flat_map(|c| &c.points).count();
+    assert!(points > 8, "the greedy stages measured the sweep on several configurations: {points}");
+    for p in sweep.curves.iter().flat_map(|c| &c.points).filter(|p| !p.optimal) {
+        assert!(set.iter().any(|(_, q)| q.per_gpu >= p.per_gpu && q.per_user > p.per_user), "{p:?}");
+    }
+    let md = render_as(&doc, Format::Markdown);
+    assert!(md.contains("## Pareto\n\n### sharegpt\n"), "{md}");
+    assert!(md.contains(&format!("| `{best}` | sharegpt-r1 | {:.2} | {:.2} |", r1.per_gpu, r1.per_user)), "{md}");
+    let html = render_as(&doc, Format::Html);
+    assert!(html.contains("Pareto: sharegpt") && html.contains("Pareto-optimal"), "the chart is drawn");
+    // A grid without a sweep has none.
+    let (_dir, store, run) = study();
+    assert!(doc_of(&store, run).pareto.is_empty());
+}
+
 /// With a price per GPU-hour, every block says what its tokens cost and
 /// the conclusion compares the recommendation's with its baseline's.
 #[test]

@@ -478,6 +478,7 @@ impl Ctx<'_> {
                 }
                 p.name = point;
                 p.processor = processor.clone();
+                p.sweep_of = swept.then(|| name.clone());
                 profiles.push(p);
             }
         }
@@ -1368,6 +1369,12 @@ profiles:
         assert_eq!(rates, [Some(1.0), Some(4.0), Some(8.0), Some(16.5), None, None]);
         assert!(m.profiles[..5].iter().all(|p| p.requests == 100 && p.dataset == m.profiles[0].dataset));
         assert_eq!(m.primary_profile, "throughput-r8");
+        let of: Vec<Option<&str>> = m.profiles.iter().map(|p| p.sweep_of.as_deref()).collect();
+        assert_eq!(
+            of,
+            [Some("throughput"); 5].into_iter().chain([None]).collect::<Vec<_>>(),
+            "each point names its sweep"
+        );
 
         // Caps, and both at once: every pair.
         let both = GOOD.replace("    rate: 20\n", "    rate: [2, 4]\n    max_concurrency: [16, 64]\n");

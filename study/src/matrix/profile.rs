@@ -231,11 +231,13 @@ pub(super) fn profile(
         },
         search: search_of(name, p, err)?,
         probe: None,
+        sweep_of: None,
     })
 }
 
 /// A profile's dataset: exactly one of random, sharegpt (its file's hash
-/// looked up) or shared_prefix, within the token limits.
+/// looked up), shared_prefix or trace (its file's hash looked up), within
+/// the token limits.
 pub(super) fn dataset_of(
     name: &str,
     p: &RawProfile,

@@ -44,6 +44,10 @@ pub struct ReportDoc {
     /// A fleet check's verdicts (`strategy: fleet`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetInfo>,
+    /// Each sweep (or search) of two points or more: throughput per GPU
+    /// against tokens per second per user, the Pareto set marked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pareto: Vec<super::pareto::ParetoSweep>,
 }
 
 /// A fleet check: every target judged against its cohort, and the hosts
@@ -226,6 +230,9 @@ pub struct ProfileInfo {
     /// For a probe of a search: the search profile's name.
     #[serde(default)]
     pub probe_of: Option<String>,
+    /// For a point of a sweep: the swept profile's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_of: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -93,6 +93,9 @@ pub fn render(doc: &ReportDoc) -> String {
         out.push_str(&objective_chart(doc, &p.name));
     }
     out.push_str(&throughput_latency_chart(doc));
+    for sweep in &doc.pareto {
+        out.push_str(&pareto_chart(sweep));
+    }
     let (primary, blocks) = primary_blocks(doc);
     out.push_str(&distribution_chart(&primary, &blocks, "TTFT", |b| &b.ttft_ms));
     out.push_str(&distribution_chart(&primary, &blocks, "ITL", |b| &b.itl_ms));
@@ -552,6 +555,45 @@ fn throughput_latency_chart(doc: &ReportDoc) -> String {
     let names: Vec<&str> = lines.iter().map(|(n, _)| *n).collect();
     f.legend(&names);
     f.end("One point per profile, joined in the order of the profiles' offered rates.")
+}
+
+/// A sweep's throughput per GPU against tokens per second per user, a line
+/// per configuration; the Pareto set's points filled, the others hollow.
+fn pareto_chart(sweep: &super::pareto::ParetoSweep) -> String {
+    let points = || sweep.curves.iter().flat_map(|c| &c.points);
+    let xmax = points().map(|p| p.per_user).fold(0.0, f64::max) * 1.1;
+    let ymax = points().map(|p| p.per_gpu).fold(0.0, f64::max) * 1.1;
+    let mut f = Frame::new(
+        &format!("Pareto: {}", sweep.sweep),
+        "output tokens per second per user (1000 / mean TPOT)",
+        "output tok/s per GPU",
+        (0.0, xmax),
+        (0.0, ymax),
+    );
+    f.x_ticks();
+    for (i, c) in sweep.curves.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let path: Vec<String> =
+            c.points.iter().map(|p| format!("{:.1},{:.1}", f.px(p.per_user), f.py(p.per_gpu))).collect();
+        let _ = writeln!(f.svg, "<polyline fill=\"none\" stroke=\"{color}\" points=\"{}\"/>", path.join(" "));
+        for p in &c.points {
+            let (fill, label) = if p.optimal { (color, ", Pareto-optimal") } else { ("#fff", "") };
+            let _ = writeln!(
+                f.svg,
+                "<circle class=\"point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{fill}\" stroke=\"{color}\">\
+                 <title>{} on {}: {:.2} tok/s per GPU, {:.2} tok/s per user{label}</title></circle>",
+                f.px(p.per_user),
+                f.py(p.per_gpu),
+                esc(&c.configuration),
+                esc(&p.profile),
+                p.per_gpu,
+                p.per_user
+            );
+        }
+    }
+    let names: Vec<&str> = sweep.curves.iter().map(|c| c.configuration.as_str()).collect();
+    f.legend(&names);
+    f.end("One point per sweep point, joined by tokens per second per user. Filled: the Pareto set across configurations.")
 }
 
 /// A distribution on one profile as its percentile curve (percentile on x,

@@ -39,6 +39,7 @@ pub fn render(doc: &ReportDoc) -> String {
     profiles(&mut out, doc);
     results(&mut out, doc);
     searches(&mut out, doc);
+    pareto(&mut out, doc);
     summary_table(&mut out, doc);
     other_profiles(&mut out, doc);
     failures(&mut out, doc);
@@ -297,6 +298,37 @@ fn results(out: &mut String, doc: &ReportDoc) {
 
 /// Each search: the load found per configuration (every probe is under
 /// Results).
+/// Each sweep's Pareto set: the points no other point of the sweep beats
+/// on both throughput per GPU and tokens per second per user.
+fn pareto(out: &mut String, doc: &ReportDoc) {
+    if doc.pareto.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "## Pareto
+"
+    );
+    for sweep in &doc.pareto {
+        let _ = writeln!(
+            out,
+            "### {}
+
+The points of the sweep that no other point beats on both output tokens per second per GPU \
+             and per user (1000 / mean TPOT), from the most throughput to the most interactive:\n",
+            sweep.sweep
+        );
+        let _ = writeln!(
+            out,
+            "| Configuration | Profile | Output tok/s per GPU | Output tok/s per user |\n|---|---|---:|---:|"
+        );
+        for (config, p) in sweep.optimal() {
+            let _ = writeln!(out, "| `{config}` | {} | {:.2} | {:.2} |", p.profile, p.per_gpu, p.per_user);
+        }
+        out.push('\n');
+    }
+}
+
 fn searches(out: &mut String, doc: &ReportDoc) {
     if doc.searches.is_empty() {
         return;

@@ -21,6 +21,7 @@ pub mod doc;
 pub mod fleet;
 mod html;
 mod markdown;
+pub mod pareto;
 mod searches;
 pub mod words;
 
@@ -158,7 +159,11 @@ pub fn document<M: Measurements + ?Sized>(
         .map(|m| m.primary_profile.clone())
         .or_else(|| profile_list.first().map(|p| p.name.clone()))
         .unwrap_or_default();
-    let profiles: Vec<ProfileInfo> = profile_list.iter().map(|p| profile_info(p, p.name == primary)).collect();
+    let mut profiles: Vec<ProfileInfo> = profile_list.iter().map(|p| profile_info(p, p.name == primary)).collect();
+    // A run stored before its jobs named their sweep: the matrix says.
+    for info in profiles.iter_mut().filter(|p| p.sweep_of.is_none()) {
+        info.sweep_of = matrix.as_ref().and_then(|m| m.profiles.iter().find(|q| q.name == info.name)?.sweep_of.clone());
+    }
 
     let price = matrix.as_ref().and_then(|m| m.cost.as_ref().map(|p| (p, m.gpus_per_job)));
     let mut configurations = Vec::with_capacity(groups.len());
@@ -209,6 +214,8 @@ pub fn document<M: Measurements + ?Sized>(
         _ => recommendation(&configurations, &fixed, &primary, (m.min_success_rate, m.min_effect), ranked, winner),
     });
 
+    let gpus = |config: &str| groups.iter().find(|g| g.config.name == config).map_or(1, |g| g.gpus_per_job);
+    let pareto = pareto::gather(&profiles, &configurations, &gpus, min_success_rate);
     let setup = setup_of(&configurations);
     let fleet = run.fleet.as_ref().map(|f| {
         let thresholds = matrix.as_ref().and_then(|m| m.fleet.as_ref()).map(|f| f.thresholds).unwrap_or_default();
@@ -254,6 +261,7 @@ pub fn document<M: Measurements + ?Sized>(
         recommendation,
         searches,
         fleet,
+        pareto,
     })
 }
 
@@ -727,6 +735,7 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
         parameters,
         search: p.search.as_ref().map(searches::search_words),
         probe_of: p.probe.as_ref().map(|probe| probe.search.clone()),
+        sweep_of: p.sweep_of.clone(),
     }
 }
 
