@@ -14,7 +14,7 @@ pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
 /// The simulator's own flags, beside the engines': each with a sample
 /// value (empty for a switch) and what it does. `--help` prints them; a
 /// test checks the parser takes every one.
-pub const SIM_FLAGS: [(&str, &str, &str); 10] = [
+pub const SIM_FLAGS: [(&str, &str, &str); 11] = [
     ("--sim-gpu", "H100", "the GPU simulated: H100 or H200 (else $BENCHFLEET_SIM_GPU, else H200)"),
     ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
     ("--sim-speedup", "10", "divide every simulated step time, for quick demos and tests (1: real time)"),
@@ -25,6 +25,7 @@ pub const SIM_FLAGS: [(&str, &str, &str); 10] = [
     ("--sim-stall-ms", "60000", "how long a stalled stream holds before going on"),
     ("--sim-disconnect-rate", "0.1", "the share of streams whose connection is cut halfway"),
     ("--sim-refuse-cache-reset", "", "the prefix cache cannot be emptied (its endpoint answers 404)"),
+    ("--sim-slowdown-pct-per-s", "2", "every step takes this much longer per second served (a degrading engine)"),
 ];
 
 /// What `benchfleet-sim --help` prints.
@@ -136,6 +137,9 @@ pub struct Faults {
     /// `--sim-refuse-cache-reset`: the prefix cache cannot be emptied (its endpoint answers 404, as vLLM's
     /// does outside development mode).
     pub refuse_cache_reset: bool,
+    /// `--sim-slowdown-pct-per-s`: every step takes this many percent longer per second since the
+    /// engine's first step (an engine degrading as it runs: its latency drifts).
+    pub slowdown_pct_per_s: f64,
 }
 
 impl SimConfig {
@@ -312,6 +316,13 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (_, "--sim-stall-ms") => config.faults.stall = millis(name, &value()?)?,
             (_, "--sim-disconnect-rate") => config.faults.disconnect_rate = fraction(name, &value()?)?,
             (_, "--sim-refuse-cache-reset") => config.faults.refuse_cache_reset = switch(true)?,
+            (_, "--sim-slowdown-pct-per-s") => {
+                let text = value()?;
+                config.faults.slowdown_pct_per_s = parse(name, &text)?;
+                if !(config.faults.slowdown_pct_per_s.is_finite() && config.faults.slowdown_pct_per_s >= 0.0) {
+                    return Err(invalid(name, &text, "must be 0 or more percent"));
+                }
+            }
             _ => return Err(ArgError::Unrecognized(arg.into())),
         }
     }

@@ -111,17 +111,27 @@ impl EngineHandle {
 }
 
 /// Starts the engine loop on the current runtime. `speedup` divides every step time;
-/// `crash_after` kills the engine once that many requests have completed.
+/// `crash_after` kills the engine once that many requests have completed; `slowdown_pct_per_s`
+/// lengthens every step by that many percent per second since the first.
 pub fn start(
     scheduler: Scheduler,
     speedup: f64,
     crash_after: Option<u64>,
+    slowdown_pct_per_s: f64,
 ) -> (EngineHandle, JoinHandle<Result<(), EngineCrashed>>) {
     let (commands, receiver) = mpsc::unbounded_channel();
     let stats = Arc::new(Mutex::new(Stats::default()));
     let dead = CancellationToken::new();
-    let engine =
-        EngineLoop { scheduler, sinks: HashMap::new(), next_id: 0, stats: stats.clone(), speedup, crash_after };
+    let engine = EngineLoop {
+        scheduler,
+        sinks: HashMap::new(),
+        next_id: 0,
+        stats: stats.clone(),
+        speedup,
+        crash_after,
+        slowdown_pct_per_s,
+        first_step: None,
+    };
     let task = tokio::spawn(engine.run(receiver, dead.clone()));
     (EngineHandle { commands, stats, dead }, task)
 }
@@ -139,6 +149,8 @@ struct EngineLoop {
     stats: Arc<Mutex<Stats>>,
     speedup: f64,
     crash_after: Option<u64>,
+    slowdown_pct_per_s: f64,
+    first_step: Option<Instant>,
 }
 
 impl EngineLoop {
@@ -176,7 +188,9 @@ impl EngineLoop {
             }
             let Some(step) = self.scheduler.step() else { continue };
             self.publish();
-            deadline += Duration::from_secs_f64(step.duration.as_secs_f64() / self.speedup);
+            let since = self.first_step.get_or_insert(deadline).elapsed().as_secs_f64();
+            let slower = 1.0 + self.slowdown_pct_per_s / 100.0 * since;
+            deadline += Duration::from_secs_f64(step.duration.as_secs_f64() * slower / self.speedup);
             sleep_until(deadline).await;
             for emission in step.emissions {
                 let Some(sink) = self.sinks.get_mut(&emission.id) else { continue };

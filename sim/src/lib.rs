@@ -46,7 +46,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let scheduler = Scheduler::from_config(&config)?;
-    let (engine, engine_task) = engine::start(scheduler, config.speedup, config.faults.crash_after);
+    let (engine, engine_task) =
+        engine::start(scheduler, config.speedup, config.faults.crash_after, config.faults.slowdown_pct_per_s);
     let (stopping, dead) = (CancellationToken::new(), engine.dead.clone());
     let stop = stopping.clone();
     let shutdown = async move {

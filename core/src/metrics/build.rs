@@ -61,8 +61,10 @@ pub struct SummaryBuilder {
     /// The successful requests, and the output tokens by arrival bin, for
     /// the steady state.
     done: Vec<Done>,
-    /// Millionths of a token, so that the sums are the same in any order.
-    token_bins: Vec<u64>,
+    /// Output tokens by arrival and prompt tokens by send, in millionths
+    /// of a token, so that the sums are the same in any order.
+    output_bins: Vec<u64>,
+    input_bins: Vec<u64>,
 }
 
 impl SummaryBuilder {
@@ -99,7 +101,8 @@ impl SummaryBuilder {
             first_error: None,
             reasons: super::ReasonCounts::default(),
             done: Vec::new(),
-            token_bins: Vec::new(),
+            output_bins: Vec::new(),
+            input_bins: Vec::new(),
         }
     }
 
@@ -171,17 +174,13 @@ impl SummaryBuilder {
         }
         let scale = token_scale(r);
         for c in &r.chunks {
-            let bin = usize::try_from(c.at_ns.max(0) / steady::BIN_NS).unwrap_or(0);
-            if self.token_bins.len() <= bin {
-                self.token_bins.resize(bin + 1, 0);
-            }
-            self.token_bins[bin] += (f64::from(c.tokens) * scale * 1e6).round() as u64;
+            steady::bin_add(&mut self.output_bins, c.at_ns, (f64::from(c.tokens) * scale * 1e6).round() as u64);
         }
+        steady::bin_add(&mut self.input_bins, r.sent_ns, u64::from(r.prompt_tokens) * 1_000_000);
         self.done.push(Done {
             sent_ns: r.sent_ns,
             ttft_ms: r.ttft_ns().map_or(f32::NAN, |ns| ms(ns) as f32),
             tpot_ms: r.tpot_ns().map_or(f32::NAN, |ns| (ns / NS_PER_MS) as f32),
-            input_tokens: r.prompt_tokens,
         });
         self.peak.add(r.chunks.clone(), scale);
     }
@@ -232,8 +231,12 @@ impl SummaryBuilder {
         };
         let dist = |samples: Vec<f64>| Distribution::with_percentiles(samples, &options.percentiles);
         // In one order whatever order the records came in: the same sums.
-        self.done.sort_unstable_by_key(|d| (d.sent_ns, d.ttft_ms.to_bits(), d.tpot_ms.to_bits(), d.input_tokens));
-        let steady_state = steady::steady_state(&self.sends, &self.completions, &self.done, &self.token_bins);
+        self.done.sort_unstable_by_key(|d| (d.sent_ns, d.ttft_ms.to_bits(), d.tpot_ms.to_bits()));
+        self.sends.sort_unstable();
+        self.completions.sort_unstable();
+        let steady_state =
+            steady::steady_state(&self.sends, &self.completions, &self.done, &self.output_bins, &self.input_bins);
+        self.done = Vec::new();
         let peak_concurrent = peak_concurrency(self.sends, self.completions);
         let mut summary = Summary {
             successful: self.ok,

@@ -96,15 +96,14 @@ impl SteadyState {
     }
 }
 
-/// One successful request, as the steady state needs it (20 bytes: a run
-/// of a million requests holds 24 MB of them).
+/// One successful request, as the steady state needs it (16 bytes: a run
+/// of a million requests holds 16 MB of them).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Done {
     pub sent_ns: i64,
     /// NaN when the request has none.
     pub ttft_ms: f32,
     pub tpot_ms: f32,
-    pub input_tokens: u32,
 }
 
 impl Done {
@@ -117,82 +116,116 @@ impl Done {
     }
 }
 
+/// Tokens by the bin of their time: millionths of a token in
+/// `[i, i + 1) * BIN_NS`.
+pub(super) type Bins = [u64];
+
+/// Adds `millionths` of a token at `at_ns` to `bins`.
+pub(super) fn bin_add(bins: &mut Vec<u64>, at_ns: i64, millionths: u64) {
+    let i = usize::try_from(at_ns.max(0) / BIN_NS).unwrap_or(0);
+    if bins.len() <= i {
+        bins.resize(i + 1, 0);
+    }
+    bins[i] += millionths;
+}
+
+/// Calls `f(t, before, after)` at each send and completion in time order
+/// (a completion before a send at one instant, as the peak counts them),
+/// with the requests in flight just before and after it.
+fn walk(sends: &[i64], completions: &[i64], mut f: impl FnMut(i64, i64, i64)) {
+    let (mut i, mut j, mut now) = (0, 0, 0i64);
+    while i < sends.len() || j < completions.len() {
+        let completion = j < completions.len() && (i == sends.len() || completions[j] <= sends[i]);
+        let (t, d) = if completion {
+            j += 1;
+            (completions[j - 1], -1)
+        } else {
+            i += 1;
+            (sends[i - 1], 1)
+        };
+        f(t, now, now + d);
+        now += d;
+    }
+}
+
 /// The steady state of a run from its measured requests' sends and
-/// completions, its successful requests (in send order), and its output
-/// tokens by arrival bin (`tokens[i]` millionths of a token arrived in
-/// `[i, i + 1) * BIN_NS`); `None` for a run of fewer than two requests.
-pub(super) fn steady_state(sends: &[i64], completions: &[i64], done: &[Done], tokens: &[u64]) -> Option<SteadyState> {
+/// completions (each sorted), its successful requests (sorted by send),
+/// its output tokens by arrival bin and prompt tokens by send bin; `None`
+/// for a run of fewer than two requests.
+pub(super) fn steady_state(
+    sends: &[i64],
+    completions: &[i64],
+    done: &[Done],
+    output_bins: &Bins,
+    input_bins: &Bins,
+) -> Option<SteadyState> {
     if sends.len() < 2 {
         return None;
     }
-    let mut events: Vec<(i64, i32)> =
-        sends.iter().map(|&t| (t, 1)).chain(completions.iter().map(|&t| (t, -1))).collect();
-    // A completion before a send at one instant, as the peak counts them.
-    events.sort_unstable();
-    let mut now = 0i64;
     let mut peak = 0i64;
-    for &(_, d) in &events {
-        now += i64::from(d);
-        peak = peak.max(now);
-    }
+    walk(sends, completions, |_, _, after| peak = peak.max(after));
     let level = ((peak as f64) * 0.9).ceil().max(1.0) as i64;
     // The first instant at the level, the last one it falls below it, and
     // the time at or above it between.
-    let (mut start, mut end, mut held_ns, mut above_since) = (None, None, 0i64, None::<i64>);
-    now = 0;
-    for &(t, d) in &events {
-        let before = now >= level;
-        now += i64::from(d);
-        let after = now >= level;
-        if after && !before {
+    let (mut start, mut end, mut held_ns, mut above_since, mut last) = (None, None, 0i64, None::<i64>, 0i64);
+    walk(sends, completions, |t, before, after| {
+        last = t;
+        if after >= level && before < level {
             start.get_or_insert(t);
             above_since = Some(t);
-        } else if before && !after {
+        } else if before >= level && after < level {
             end = Some(t);
             if let Some(s) = above_since.take() {
                 held_ns += t - s;
             }
         }
-    }
+    });
     let start = start?;
-    let end = end.unwrap_or_else(|| events.last().map_or(start, |e| e.0));
-    let first = sends.iter().min().copied().unwrap_or(0);
+    let end = end.unwrap_or(last);
+    let first = sends.first().copied().unwrap_or(0);
     let span_ns = (end - start).max(1);
     let span_s = span_ns as f64 / 1e9;
-    let inside = |t: i64| t >= start && t < end;
-    let sent: Vec<&Done> = done.iter().filter(|d| inside(d.sent_ns)).collect();
-    let requests = sent.len() as u64;
-    let bin = |t: i64| usize::try_from(t.max(0) / BIN_NS).unwrap_or(0);
-    let tokens_between = |a: i64, b: i64| -> f64 {
-        tokens.get(bin(a)..bin(b).min(tokens.len())).unwrap_or(&[]).iter().sum::<u64>() as f64 / 1e6
+    // The successful requests sent in [a, b): a run of `done`.
+    let sent_in = |a: i64, b: i64| {
+        let lo = done.partition_point(|d| d.sent_ns < a);
+        let hi = done.partition_point(|d| d.sent_ns < b);
+        &done[lo..hi.max(lo)]
     };
-    let output = tokens_between(start, end);
-    let input: f64 = sent.iter().map(|d| f64::from(d.input_tokens)).sum();
-    let mut ttft: Vec<f64> = sent.iter().filter_map(|d| d.ttft()).collect();
-    let tpot: Vec<f64> = sent.iter().filter_map(|d| d.tpot()).collect();
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
-    ttft.sort_by(f64::total_cmp);
+    let bin = |t: i64| usize::try_from(t.max(0) / BIN_NS).unwrap_or(0);
+    let between = |bins: &Bins, a: i64, b: i64| -> f64 {
+        bins.get(bin(a)..bin(b).min(bins.len())).unwrap_or(&[]).iter().sum::<u64>() as f64 / 1e6
+    };
+    let sent = sent_in(start, end);
+    let requests = sent.len() as u64;
+    let output = between(output_bins, start, end);
+    let input = between(input_bins, start, end);
+    let mean = |v: &mut dyn Iterator<Item = f64>| {
+        let (n, sum) = v.fold((0u64, 0.0), |(n, sum), x| (n + 1, sum + x));
+        if n == 0 { 0.0 } else { sum / n as f64 }
+    };
+    let mut ttft: Vec<f32> = sent.iter().filter(|d| !d.ttft_ms.is_nan()).map(|d| d.ttft_ms).collect();
+    ttft.sort_unstable_by(f32::total_cmp);
     let p99 = if ttft.is_empty() {
         0.0
     } else {
         let rank = 0.99 * (ttft.len() - 1) as f64;
-        let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
-        ttft[lo] + (ttft[hi] - ttft[lo]) * (rank - lo as f64)
+        let (lo, hi) = (f64::from(ttft[rank.floor() as usize]), f64::from(ttft[rank.ceil() as usize]));
+        lo + (hi - lo) * rank.fract()
     };
+    drop(ttft);
     // Ten equal spans: each one's mean TTFT (by send) and output tokens
     // per second (by arrival).
     let edges: Vec<i64> = (0..=BATCHES).map(|i| start + span_ns * i as i64 / BATCHES as i64).collect();
     let mut ttft_means = Vec::with_capacity(BATCHES);
     let mut throughputs = Vec::with_capacity(BATCHES);
     for w in edges.windows(2) {
-        let batch: Vec<f64> =
-            done.iter().filter(|d| d.sent_ns >= w[0] && d.sent_ns < w[1]).filter_map(Done::ttft).collect();
-        if !batch.is_empty() {
-            ttft_means.push(mean(&batch));
+        let batch = sent_in(w[0], w[1]);
+        if batch.iter().any(|d| d.ttft().is_some()) {
+            ttft_means.push(mean(&mut batch.iter().filter_map(Done::ttft)));
         }
         let secs = (w[1] - w[0]) as f64 / 1e9;
         if secs > 0.0 {
-            throughputs.push(tokens_between(w[0], w[1]) / secs);
+            throughputs.push(between(output_bins, w[0], w[1]) / secs);
         }
     }
     let held = held_ns as f64 / span_ns as f64;
@@ -206,9 +239,9 @@ pub(super) fn steady_state(sends: &[i64], completions: &[i64], done: &[Done], to
         request_throughput: requests as f64 / span_s,
         output_throughput: output / span_s,
         total_token_throughput: (output + input) / span_s,
-        mean_ttft_ms: mean(&ttft),
+        mean_ttft_ms: mean(&mut sent.iter().filter_map(Done::ttft)),
         p99_ttft_ms: p99,
-        mean_tpot_ms: mean(&tpot),
+        mean_tpot_ms: mean(&mut sent.iter().filter_map(Done::tpot)),
         ttft_drift_pct: drift(&ttft_means),
         throughput_drift_pct: drift(&throughputs),
     })
@@ -267,7 +300,7 @@ mod tests {
     /// `latency(i)` ms one after another; a token a ms while a request runs.
     fn closed_loop(users: usize, per_user: usize, latency: impl Fn(usize) -> i64) -> SteadyState {
         let (mut sends, mut completions, mut done) = (Vec::new(), Vec::new(), Vec::new());
-        let mut tokens: Vec<u64> = Vec::new();
+        let (mut tokens, mut input): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
         for u in 0..users {
             let mut t = 0i64;
             for k in 0..per_user {
@@ -275,18 +308,18 @@ mod tests {
                 let l = latency(i) * MS;
                 sends.push(t);
                 completions.push(t + l);
-                done.push(Done { sent_ns: t, ttft_ms: (l / MS / 10) as f32, tpot_ms: 1.0, input_tokens: 100 });
+                done.push(Done { sent_ns: t, ttft_ms: (l / MS / 10) as f32, tpot_ms: 1.0 });
+                bin_add(&mut input, t, 100_000_000);
                 for ms in 0..l / MS {
-                    let b = ((t + ms * MS) / BIN_NS) as usize;
-                    if tokens.len() <= b {
-                        tokens.resize(b + 1, 0);
-                    }
-                    tokens[b] += 1_000_000;
+                    bin_add(&mut tokens, t + ms * MS, 1_000_000);
                 }
                 t += l;
             }
         }
-        steady_state(&sends, &completions, &done, &tokens).expect("a steady state")
+        sends.sort_unstable();
+        completions.sort_unstable();
+        done.sort_by_key(|d| d.sent_ns);
+        steady_state(&sends, &completions, &done, &tokens, &input).expect("a steady state")
     }
 
     #[test]
@@ -324,9 +357,10 @@ mod tests {
         let mut completions: Vec<i64> = sends.iter().map(|s| s + 50 * MS).collect();
         sends.extend([2000 * MS + 10, 2000 * MS + 20]);
         completions.extend([2000 * MS + 30 * MS, 2000 * MS + 40 * MS]);
-        let done: Vec<Done> =
-            sends.iter().map(|&s| Done { sent_ns: s, ttft_ms: 5.0, tpot_ms: f32::NAN, input_tokens: 1 }).collect();
-        let s = steady_state(&sends, &completions, &done, &[]).expect("computed");
+        sends.sort_unstable();
+        completions.sort_unstable();
+        let done: Vec<Done> = sends.iter().map(|&s| Done { sent_ns: s, ttft_ms: 5.0, tpot_ms: f32::NAN }).collect();
+        let s = steady_state(&sends, &completions, &done, &[], &[]).expect("computed");
         assert_eq!(s.level, 3);
         assert!(!s.reached, "{s:?}");
         assert!(s.words().starts_with("never reached: 3 or more in flight for"), "{}", s.words());

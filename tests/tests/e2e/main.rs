@@ -17,5 +17,6 @@ mod local_pipeline;
 mod observe;
 mod placement;
 mod security;
+mod steady;
 mod systemd;
 mod telemetry;
