@@ -47,6 +47,9 @@ pub struct AgentConfig {
     /// When leaving, how long running groups may go on before they are
     /// given up.
     pub leave_grace: Duration,
+    /// What an hour of one of its GPUs costs (`--gpu-hour-price`), said in
+    /// its hello for the reports' cost; `None`: the matrix's price.
+    pub price: Option<benchfleet_core::cost::Price>,
 }
 
 impl AgentConfig {
@@ -104,6 +107,7 @@ pub async fn run_with(config: AgentConfig, shutdown: Shutdown, shared: Shared) -
         instance: instance(),
         runtimes: config.runtimes.keys().cloned().collect(),
         gpu_check_interval: config.gpu_check_interval,
+        price: config.price.clone(),
         group: GroupContext {
             agent_name: config.name.clone(),
             gpus: config.gpus.clone(),

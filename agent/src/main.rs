@@ -119,6 +119,13 @@ struct RunArgs {
     /// default.
     #[arg(long, env = "BENCHFLEET_AGENT_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// What an hour of one of this host's GPUs costs, for the reports' cost (before the matrix's `cost:` price):
+    /// for fleets of mixed prices.
+    #[arg(long, value_name = "AMOUNT")]
+    gpu_hour_price: Option<f64>,
+    /// The currency of --gpu-hour-price (a code such as USD, EUR; shown, never converted).
+    #[arg(long, value_name = "CODE", default_value = "USD")]
+    gpu_hour_currency: String,
     /// Print the configuration these flags, variables and file make (each value's source as a comment), and exit.
     #[arg(long)]
     print_config: bool,
@@ -338,7 +345,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     offered.sort_unstable();
     tracing::info!(runtimes = ?offered, "offering engine runtimes");
 
+    let price = args
+        .gpu_hour_price
+        .map(|p| benchfleet_core::cost::Price::checked(p, &args.gpu_hour_currency, false))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--gpu-hour-price/--gpu-hour-currency: {e}"))?;
     let config = AgentConfig {
+        price,
         controller_url: args.controller,
         tls,
         gpus,

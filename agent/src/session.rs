@@ -298,6 +298,7 @@ pub struct SessionConfig {
     pub runtimes: Vec<String>,
     pub gpu_check_interval: Duration,
     pub group: GroupContext,
+    pub price: Option<benchfleet_core::cost::Price>,
 }
 
 /// How a session ended.
@@ -347,6 +348,8 @@ pub async fn session(cfg: Arc<SessionConfig>, shared: Shared) -> Result<(), Sess
         instance: cfg.instance.clone(),
         running: shared.claims(),
         leaving,
+        gpu_hour_price: cfg.price.as_ref().map(|p| p.gpu_hour),
+        gpu_hour_currency: cfg.price.as_ref().map(|p| p.currency.clone()).unwrap_or_default(),
     };
     let _ = tx.send(msg(pb::agent_message::Msg::Hello(hello)));
     let call = client.session(UnboundedReceiverStream::new(rx));

@@ -114,5 +114,6 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
         startup_timeout: Duration::from_secs(120),
         gpu_check_interval: Duration::from_secs(60),
         leave_grace: Duration::from_secs(10),
+        price: None,
     })
 }

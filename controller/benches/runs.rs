@@ -120,6 +120,7 @@ fn build(store: &SledStore, runs: u64, jobs: u64) {
                     .map(String::from)
                     .collect();
                 job.attempts = vec![AttemptInfo {
+                    price: None,
                     number: 1,
                     epoch: 7,
                     agent: AgentId(j % 64),

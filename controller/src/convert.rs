@@ -82,7 +82,17 @@ pub fn hello(h: pb::Hello, peer: String, certified: Option<AgentId>) -> Result<H
             })
         })
         .collect::<Result<Vec<_>, Status>>()?;
+    let price = match h.gpu_hour_price {
+        None => None,
+        Some(p) => {
+            let currency = if h.gpu_hour_currency.is_empty() { "USD" } else { h.gpu_hour_currency.as_str() };
+            let price = benchfleet_core::cost::Price::checked(p, currency, false)
+                .map_err(|e| Status::invalid_argument(format!("the agent's GPU-hour price: {e}")))?;
+            Some(price)
+        }
+    };
     Ok(Hello {
+        price,
         name: h.name,
         hostname: h.hostname,
         version: h.version,
@@ -329,5 +339,32 @@ pub fn job_info(job: &Job, group: Option<&Group>, stats: &BTreeMap<AttemptKey, A
                 }
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hello_s_gpu_hour_price_is_checked_and_its_currency_defaults_to_usd() {
+        let said = |price: Option<f64>, currency: &str| {
+            let h = pb::Hello {
+                name: "gpu-01".into(),
+                gpu_hour_price: price,
+                gpu_hour_currency: currency.into(),
+                ..pb::Hello::default()
+            };
+            hello(h, "127.0.0.1:1".into(), None)
+        };
+        assert_eq!(said(None, "").expect("no price").price, None);
+        let usd = said(Some(2.5), "").expect("a price").price.expect("kept");
+        assert_eq!((usd.gpu_hour, usd.currency.as_str()), (2.5, "USD"));
+        assert_eq!(said(Some(0.0), "EUR").expect("free").price.map(|p| p.currency), Some("EUR".into()));
+        for (price, currency) in [(-1.0, "USD"), (f64::NAN, "USD"), (1.0, "US$")] {
+            let e = said(Some(price), currency).expect_err("refused");
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().starts_with("the agent's GPU-hour price: "), "{}", e.message());
+        }
     }
 }

@@ -438,6 +438,11 @@ pub struct AttemptInfo {
     /// The engine's last log lines, when it failed.
     #[serde(default)]
     pub log_tail: Option<String>,
+    /// What an hour of one of its agent's GPUs costs, as the agent said
+    /// (`--gpu-hour-price`): the report's cost of this attempt, before the
+    /// matrix's price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<benchfleet_core::cost::Price>,
 }
 
 /// What the controller stored of one attempt's records.

@@ -187,6 +187,7 @@ fn records(job: u64, n: u64, output_tokens: u32, fail_every: u64) -> Vec<Request
 
 fn attempt_info(number: u32, outcome: AttemptOutcome, reason: Option<&str>) -> AttemptInfo {
     AttemptInfo {
+        price: None,
         number,
         epoch: u64::from(number),
         agent: AgentId(u64::from(number)),

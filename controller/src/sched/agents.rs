@@ -80,7 +80,7 @@ impl Scheduler {
         entry.rec.runtimes = hello.runtimes;
         entry.rec.connected_unix_ms = now.unix_ms;
         entry.rec.epoch = epoch;
-        entry.session = Some(Session { epoch, instance: hello.instance, peer: hello.peer });
+        entry.session = Some(Session { epoch, instance: hello.instance, peer: hello.peer, price: hello.price });
         entry.last_heard = Some(now.at);
         entry.lost = false;
         entry.leaving = hello.leaving;

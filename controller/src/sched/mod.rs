@@ -123,6 +123,8 @@ pub struct Hello {
     /// Under TLS, the agent its certificate names (its id was written into
     /// the certificate at join): the agent is found by it, not by name.
     pub certified: Option<AgentId>,
+    /// What an hour of one of its GPUs costs, when it says.
+    pub price: Option<benchfleet_core::cost::Price>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -318,6 +320,9 @@ struct Session {
     epoch: u64,
     instance: String,
     peer: String,
+    /// What an hour of one of its GPUs costs, as its hello said: each
+    /// attempt placed on it keeps it.
+    price: Option<benchfleet_core::cost::Price>,
 }
 
 #[derive(Clone, Debug)]

@@ -222,6 +222,7 @@ impl Scheduler {
     fn place(&mut self, key: GroupKey, agent: AgentId, gpus: Vec<String>, now: Now) {
         let Some(a) = self.agents.get_mut(&agent) else { return };
         let Some(session) = a.session.as_ref().map(|s| s.epoch) else { return };
+        let price = a.session.as_ref().and_then(|s| s.price.clone());
         let agent_name = a.rec.name.clone();
         a.groups.insert(key);
         let Some(g) = self.groups.get_mut(&key) else { return };
@@ -263,6 +264,7 @@ impl Scheduler {
                 reason: None,
                 charged: false,
                 log_tail: None,
+                price: price.clone(),
             });
             e.has_summary = false;
             e.active_since = None;

@@ -141,6 +141,18 @@ impl World {
         gpus: Vec<GpuState>,
         claims: Vec<Claim>,
     ) -> Result<Welcome, Refused> {
+        self.hello_priced(name, instance, gpus, claims, None)
+    }
+
+    /// `hello` from an agent that says what its GPU-hour costs.
+    pub fn hello_priced(
+        &mut self,
+        name: &str,
+        instance: &str,
+        gpus: Vec<GpuState>,
+        claims: Vec<Claim>,
+        price: Option<benchfleet_core::cost::Price>,
+    ) -> Result<Welcome, Refused> {
         let now = self.now();
         let hello = Hello {
             name: name.into(),
@@ -150,6 +162,7 @@ impl World {
             runtimes: vec!["process".into()],
             claims,
             peer: "127.0.0.1:5000".into(),
+            price,
             ..Hello::default()
         };
         let w = self.s.hello(now, hello);
@@ -331,6 +344,23 @@ fn groups_run_side_by_side_on_their_own_gpus_of_the_right_model() {
     assert_eq!(all.len(), 3);
     assert_eq!((all[2].group, all[2].gpus.as_slice()), (2, &["GPU-0".to_owned()][..]));
     assert_eq!(w.job(run, 0).state, JobState::Succeeded);
+}
+
+#[test]
+fn each_attempt_keeps_the_gpu_hour_price_its_agent_said() {
+    let mut w = World::new();
+    let price = benchfleet_core::cost::Price { gpu_hour: 2.75, currency: "EUR".into() };
+    let a = w.hello_priced("host-1", "i1", h200s(1), Vec::new(), Some(price.clone())).expect("welcome");
+    let b = w.hello("host-2", "i2", h200s(1), Vec::new()).expect("welcome");
+    let run = w.submit(1, 2, 1, "H200", 1);
+    let (on_a, on_b) = (w.assigned(&a), w.assigned(&b));
+    assert_eq!((on_a.len(), on_b.len()), (1, 1));
+    let price_of = |w: &World, group: u64| {
+        let job = (0..2).map(|j| w.job(run, j)).find(|j| j.group == group).expect("the group's job");
+        job.attempts.last().and_then(|a| a.price.clone())
+    };
+    assert_eq!(price_of(&w, on_a[0].group), Some(price));
+    assert_eq!(price_of(&w, on_b[0].group), None, "an agent that says none leaves the matrix's");
 }
 
 #[test]

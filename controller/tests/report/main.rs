@@ -159,6 +159,7 @@ fn study_of(matrix: &str, summary: Numbers) -> (tempfile::TempDir, SledStore, Ru
             j.engine_startup_s = Some(92.4);
             j.prefix_cache = Some("cold: a freshly started engine".into());
             j.attempts = vec![AttemptInfo {
+                price: None,
                 number: 1,
                 epoch: 1,
                 agent: AgentId(1),

@@ -405,6 +405,7 @@ mod tests {
             Summary { successful: 10, output_throughput: 1000.0, total_output_tokens: 48_000, ..Summary::default() };
         j.summary = Some(summary);
         let attempt = |number, outcome, reason: &str| crate::model::AttemptInfo {
+            price: None,
             number,
             epoch: 1,
             agent: crate::model::AgentId(1),

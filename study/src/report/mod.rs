@@ -165,7 +165,7 @@ pub fn document<M: Measurements + ?Sized>(
         info.sweep_of = matrix.as_ref().and_then(|m| m.profiles.iter().find(|q| q.name == info.name)?.sweep_of.clone());
     }
 
-    let price = matrix.as_ref().and_then(|m| m.cost.as_ref().map(|p| (p, m.gpus_per_job)));
+    let price = (matrix.as_ref().and_then(|m| m.cost.as_ref()), matrix.as_ref().map_or(1, |m| m.gpus_per_job));
     let mut configurations = Vec::with_capacity(groups.len());
     for group in &groups {
         let mut blocks = Vec::new();
@@ -408,13 +408,13 @@ const CHART_PERCENTILES: [f64; 22] = [
 /// One configuration on one profile: every repeat with its provenance,
 /// and the successful ones pooled from their digests (each repeat's read
 /// as `Measurements` gives it: from the store, or built from its records).
-/// `price`: a GPU-hour's and the GPUs a job has where its fingerprint does
-/// not list them.
+/// `price`: the matrix's GPU-hour price, if any, and the GPUs a job has
+/// where its fingerprint does not list them.
 fn block<M: Measurements + ?Sized>(
     measured: &M,
     profile: &str,
     jobs: &[&Job],
-    price: Option<(&Price, u32)>,
+    price: (Option<&Price>, u32),
 ) -> Result<Block, M::Error> {
     let done: Vec<(&Job, &Summary)> = jobs
         .iter()
@@ -479,7 +479,7 @@ fn block<M: Measurements + ?Sized>(
         itl_ms,
         telemetry,
         energy: energy(&done),
-        cost: price.and_then(|price| cost(&done, price)),
+        cost: cost(&done, price),
         prefix_cache_hit_rate: prefix_cache_hit_rate(&done),
         repeats,
     })
@@ -497,17 +497,20 @@ fn prefix_cache_hit_rate(done: &[(&Job, &Summary)]) -> Option<f64> {
 }
 
 /// What the successful repeats' GPU time cost: each repeat's GPUs (as
-/// fingerprinted, else the matrix's per job) over its load run.
-fn cost(done: &[(&Job, &Summary)], (price, gpus_per_job): (&Price, u32)) -> Option<Cost> {
-    let gpu_seconds: f64 = done
+/// fingerprinted, else the matrix's per job) over its load run, at the
+/// price its agent said (`--gpu-hour-price`), else the matrix's; `None`
+/// when a repeat has neither, or the prices' currencies differ.
+fn cost(done: &[(&Job, &Summary)], (matrix_price, gpus_per_job): (Option<&Price>, u32)) -> Option<Cost> {
+    let parts = done
         .iter()
         .map(|(j, s)| {
             let gpus = if j.gpu_fingerprint.is_empty() { gpus_per_job as usize } else { j.gpu_fingerprint.len() };
-            gpus as f64 * s.duration_s
+            let price = j.attempts.last().and_then(|a| a.price.as_ref()).or(matrix_price)?;
+            Some((price, gpus as f64 * s.duration_s))
         })
-        .sum();
+        .collect::<Option<Vec<(&Price, f64)>>>()?;
     let tokens = |f: fn(&Summary) -> u64| done.iter().map(|(_, s)| f(s)).sum();
-    Cost::of(price, gpu_seconds, tokens(|s| s.total_input_tokens), tokens(|s| s.total_output_tokens))
+    Cost::of_parts(&parts, tokens(|s| s.total_input_tokens), tokens(|s| s.total_output_tokens))
 }
 
 /// The successful repeats' GPU energy as one: their joules, durations and
@@ -1006,8 +1009,35 @@ mod tests {
         two.gpu_fingerprint = vec!["NVIDIA H200".into(), "NVIDIA H200".into()];
         let unlisted = job((0.0, 0.0), (0.0, 0.0));
         // Two GPUs for half an hour, and the matrix's 4 for another.
-        let c = cost(&[(&two, &s), (&unlisted, &s)], (&price, 4)).expect("a cost");
+        let c = cost(&[(&two, &s), (&unlisted, &s)], (Some(&price), 4)).expect("a cost");
         assert!((c.gpu_hours - 3.0).abs() < 1e-12, "{c:?}");
         assert!((c.per_million_output.expect("output") - 6.0 / 8_000.0 * 1e6).abs() < 1e-6, "{c:?}");
+
+        // An agent's own price comes before the matrix's: 4 GPUs for half an
+        // hour at 5.00 and 2 at the matrix's 2.00.
+        let mut priced = job((0.0, 0.0), (0.0, 0.0));
+        let mut attempt = crate::model::AttemptInfo {
+            price: Some(Price { gpu_hour: 5.0, currency: "USD".into() }),
+            number: 1,
+            epoch: 1,
+            agent: crate::model::AgentId(1),
+            agent_name: "h200-01".into(),
+            started_unix_ms: 0,
+            ended_unix_ms: Some(1),
+            outcome: crate::model::AttemptOutcome::Succeeded,
+            reason: None,
+            charged: false,
+            log_tail: None,
+        };
+        priced.attempts = vec![attempt.clone()];
+        let c = cost(&[(&priced, &s), (&two, &s)], (Some(&price), 4)).expect("a cost");
+        assert!((c.gpu_hours - 3.0).abs() < 1e-12 && (c.gpu_hour - 12.0 / 3.0).abs() < 1e-12, "{c:?}");
+        // Without the matrix's, a repeat with no price of its own leaves the
+        // block without a cost; with only priced repeats it has one.
+        assert_eq!(cost(&[(&priced, &s), (&two, &s)], (None, 4)), None);
+        assert!(cost(&[(&priced, &s)], (None, 4)).is_some());
+        attempt.price = Some(Price { gpu_hour: 5.0, currency: "EUR".into() });
+        priced.attempts = vec![attempt];
+        assert_eq!(cost(&[(&priced, &s), (&two, &s)], (Some(&price), 4)), None, "two currencies");
     }
 }

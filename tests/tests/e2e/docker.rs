@@ -108,6 +108,7 @@ fn agent_with(
         startup_timeout: Duration::from_secs(30),
         gpu_check_interval: Duration::from_secs(60),
         leave_grace: Duration::from_secs(10),
+        price: None,
     }
 }
 

@@ -131,6 +131,7 @@ pub async fn start_with_gpus(dir: &Path, gpus: u32) -> anyhow::Result<(LocalFlee
             startup_timeout: Duration::from_secs(30),
             gpu_check_interval: Duration::from_secs(60),
             leave_grace: Duration::from_secs(10),
+            price: None,
         })
     })
     .await?;
