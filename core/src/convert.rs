@@ -197,6 +197,10 @@ impl From<&Summary> for pb::Summary {
                 ttft_drift_pct: w.ttft_drift_pct,
                 throughput_drift_pct: w.throughput_drift_pct,
             }),
+            noise: s.noise.as_ref().map(|n| pb::Noise {
+                batches: n.batches,
+                metrics: n.metrics.iter().map(|m| pb::MetricNoise { metric: m.metric.clone(), se: m.se }).collect(),
+            }),
             usage_check: s.usage_check.map(|u| pb::UsageCheck {
                 prompts_compared: u.prompts_compared,
                 prompts_off: u.prompts_off,
@@ -283,6 +287,14 @@ impl From<pb::Summary> for Summary {
                 mean_tpot_ms: w.mean_tpot_ms,
                 ttft_drift_pct: w.ttft_drift_pct,
                 throughput_drift_pct: w.throughput_drift_pct,
+            }),
+            noise: s.noise.map(|n| crate::metrics::noise::Noise {
+                batches: n.batches,
+                metrics: n
+                    .metrics
+                    .into_iter()
+                    .map(|m| crate::metrics::noise::MetricNoise { metric: m.metric, se: m.se })
+                    .collect(),
             }),
             usage_check: s.usage_check.map(|u| crate::metrics::UsageCheck {
                 prompts_compared: u.prompts_compared,
@@ -787,6 +799,10 @@ mod tests {
                 mean_tpot_ms: 59.5,
                 ttft_drift_pct: Some(-60.5),
                 throughput_drift_pct: None,
+            }),
+            noise: Some(crate::metrics::noise::Noise {
+                batches: 61,
+                metrics: vec![crate::metrics::noise::MetricNoise { metric: "mean_ttft_ms".into(), se: 62.5 }],
             }),
             usage_check: Some(crate::metrics::UsageCheck {
                 prompts_compared: 40,

@@ -398,6 +398,7 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         usage_below_events: sum(&|s| s.usage_below_events),
         // Each repeat has its own window.
         steady_state: if repeats.len() == 1 { first.steady_state.clone() } else { None },
+        noise: if repeats.len() == 1 { first.noise.clone() } else { None },
     })
 }
 

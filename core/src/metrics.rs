@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::{Phase, RequestRecord};
 
 mod build;
+pub mod noise;
 pub mod steady;
 
 pub use build::{GAPS_KEPT, SummaryBuilder};
@@ -455,6 +456,12 @@ pub struct Summary {
     /// a block pooled from repeats (each repeat has its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steady_state: Option<steady::SteadyState>,
+    /// Each headline figure's standard error from the run's own requests
+    /// (batch means, `noise::Noise`): what one run says of its own noise;
+    /// `None` for too few requests, and for a block pooled from repeats
+    /// (their spread says it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise: Option<noise::Noise>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -55,6 +55,21 @@ impl Difference {
         Difference { diff, half_width: Some(t * se2.sqrt()), df: Some(df) }
     }
 
+    /// The interval of `diff`, the difference of two estimates with
+    /// standard errors `se_a` and `se_b` on `df_a` and `df_b` degrees of
+    /// freedom (Welch–Satterthwaite): two runs' figures with the errors
+    /// their own requests give (`metrics::noise`).
+    pub fn of_errors(diff: f64, (se_a, df_a): (f64, f64), (se_b, df_b): (f64, f64)) -> Difference {
+        let (va, vb) = (se_a * se_a, se_b * se_b);
+        let se2 = va + vb;
+        if se2 == 0.0 {
+            return Difference { diff, half_width: Some(0.0), df: Some(f64::INFINITY) };
+        }
+        let df = se2 * se2 / (va * va / df_a + vb * vb / df_b);
+        let t = t_quantile(1.0 - (1.0 - CONFIDENCE) / 2.0, df);
+        Difference { diff, half_width: Some(t * se2.sqrt()), df: Some(df) }
+    }
+
     /// Whether the interval holds zero (no interval: unknown, `None`).
     pub fn contains_zero(&self) -> Option<bool> {
         self.half_width.map(|h| (self.diff - h) <= 0.0 && 0.0 <= (self.diff + h))

@@ -529,6 +529,17 @@ impl Objective {
         }
     }
 
+    /// The figure's name in a run's `noise`, and the factor from its unit
+    /// there to the objective's (latency: ms there, s here).
+    fn noise_key(self) -> Option<(&'static str, f64)> {
+        match self {
+            Objective::TotalTokenThroughput => Some(("total_token_throughput", 1.0)),
+            Objective::OutputThroughput => Some(("output_throughput", 1.0)),
+            Objective::MeanLatency => Some(("mean_latency_ms", 1e-3)),
+            Objective::Capacity => None,
+        }
+    }
+
     /// Higher is better, so latency is negated.
     pub fn score<S: Scored + ?Sized>(self, s: &S) -> f64 {
         match self {
@@ -584,7 +595,9 @@ impl Objective {
 
     /// Compares a candidate's repeats with a reference's: the difference of
     /// the means of the objective's per-repeat values, with Welch's 95%
-    /// interval when both sides have two repeats or more. Better or worse
+    /// interval when both sides have two repeats or more, or, with one run
+    /// on each side, the interval their own requests give (each run's
+    /// standard error by batch means, `metrics::noise`). Better or worse
     /// only when the interval excludes zero and the relative difference is
     /// at least `min_effect` (a fraction); otherwise within noise.
     ///
@@ -604,7 +617,18 @@ impl Objective {
         let (r, c) = (values(reference), values(candidate));
         let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
         let (rm, cm) = (mean(&r), mean(&c));
-        let difference = Difference::welch(&c, &r);
+        // One run each: the interval its own requests give.
+        let noise = |ss: &[&S]| match ss {
+            [one] => {
+                let (key, scale) = self.noise_key()?;
+                one.summary().noise.as_ref()?.se(key).map(|(se, df)| (se * scale, df))
+            }
+            _ => None,
+        };
+        let difference = match (noise(reference), noise(candidate)) {
+            (Some(er), Some(ec)) => Difference::of_errors(cm - rm, ec, er),
+            _ => Difference::welch(&c, &r),
+        };
         let relative = if rm == 0.0 { 0.0 } else { difference.diff / rm.abs() };
         // Positive when the candidate is better.
         let gain = if self == Objective::MeanLatency { -relative } else { relative };

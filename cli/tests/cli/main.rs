@@ -109,17 +109,26 @@ fn report_formats_and_compare(data: &Path, run_id: &str) {
         assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
         assert!(text(&out.stdout).contains("No significant regression."), "{}", text(&out.stdout));
     }
-    // B 20% slower on one block: a regression, exit 1.
-    let mut slower = doc.clone();
-    let repeat = &mut slower["configurations"][0]["blocks"][0]["repeats"][0]["summary"];
-    let tps = repeat["total_token_throughput"].as_f64().expect("a number");
-    repeat["total_token_throughput"] = serde_json::json!(tps * 0.8);
-    std::fs::write(dir.path().join("slower.json"), slower.to_string()).expect("write");
-    let out = benchfleet(data, &["compare", run_id, &at("slower.json"), "--threshold", "5%"]);
+    // B slower on one block. One repeat each: the interval is the run's own
+    // requests' (a few dozen requests: tens of percent), so 20% slower is
+    // within its noise, and 70% slower a regression, exit 1.
+    let slower_by = |factor: f64, name: &str| {
+        let mut slower = doc.clone();
+        let repeat = &mut slower["configurations"][0]["blocks"][0]["repeats"][0]["summary"];
+        let tps = repeat["total_token_throughput"].as_f64().expect("a number");
+        repeat["total_token_throughput"] = serde_json::json!(tps * factor);
+        std::fs::write(dir.path().join(name), slower.to_string()).expect("write");
+        at(name)
+    };
+    let out = benchfleet(data, &["compare", run_id, &slower_by(0.8, "slower.json"), "--threshold", "5%"]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("-20.00% ±") && said.contains("(one run each)  within noise"), "{said}");
+    let out = benchfleet(data, &["compare", run_id, &slower_by(0.3, "much-slower.json"), "--threshold", "5%"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("REGRESSION"), "{}", text(&out.stdout));
     // Above the threshold it is not.
-    let out = benchfleet(data, &["compare", run_id, &at("slower.json"), "--threshold", "25%"]);
+    let out = benchfleet(data, &["compare", run_id, &at("much-slower.json"), "--threshold", "75%"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 
     reproduce_a_block(&doc);

@@ -15,6 +15,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use super::noise;
 use super::steady::{self, Done};
 use super::{
     Distribution, Failures, Goodput, NS_PER_MS, NS_PER_S, Sum, Summary, SummaryOptions, chunk_gaps, lag_limit_for,
@@ -181,6 +182,8 @@ impl SummaryBuilder {
             sent_ns: r.sent_ns,
             ttft_ms: r.ttft_ns().map_or(f32::NAN, |ns| ms(ns) as f32),
             tpot_ms: r.tpot_ns().map_or(f32::NAN, |ns| (ns / NS_PER_MS) as f32),
+            latency_ms: ms(r.latency_ns()) as f32,
+            output_tokens: r.output_tokens,
         });
         self.peak.add(r.chunks.clone(), scale);
     }
@@ -231,11 +234,15 @@ impl SummaryBuilder {
         };
         let dist = |samples: Vec<f64>| Distribution::with_percentiles(samples, &options.percentiles);
         // In one order whatever order the records came in: the same sums.
-        self.done.sort_unstable_by_key(|d| (d.sent_ns, d.ttft_ms.to_bits(), d.tpot_ms.to_bits()));
+        self.done.sort_unstable_by_key(|d| {
+            (d.sent_ns, d.ttft_ms.to_bits(), d.tpot_ms.to_bits(), d.latency_ms.to_bits(), d.output_tokens)
+        });
         self.sends.sort_unstable();
         self.completions.sort_unstable();
         let steady_state =
             steady::steady_state(&self.sends, &self.completions, &self.done, &self.output_bins, &self.input_bins);
+        let last_completion = self.completions.last().copied().unwrap_or(0);
+        let noise = noise::noise(&self.done, last_completion, &self.input_bins);
         self.done = Vec::new();
         let peak_concurrent = peak_concurrency(self.sends, self.completions);
         let mut summary = Summary {
@@ -273,6 +280,7 @@ impl SummaryBuilder {
             usage_check: None,
             usage_below_events: 0,
             steady_state,
+            noise,
             goodput: options.goodput.map(|slo| Goodput {
                 slo,
                 good: self.good,

@@ -96,14 +96,16 @@ impl SteadyState {
     }
 }
 
-/// One successful request, as the steady state needs it (16 bytes: a run
-/// of a million requests holds 16 MB of them).
+/// One successful request, as the steady state and the noise need it (24
+/// bytes: a run of a million requests holds 24 MB of them).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Done {
     pub sent_ns: i64,
     /// NaN when the request has none.
     pub ttft_ms: f32,
     pub tpot_ms: f32,
+    pub latency_ms: f32,
+    pub output_tokens: u32,
 }
 
 impl Done {
@@ -308,7 +310,13 @@ mod tests {
                 let l = latency(i) * MS;
                 sends.push(t);
                 completions.push(t + l);
-                done.push(Done { sent_ns: t, ttft_ms: (l / MS / 10) as f32, tpot_ms: 1.0 });
+                done.push(Done {
+                    sent_ns: t,
+                    ttft_ms: (l / MS / 10) as f32,
+                    tpot_ms: 1.0,
+                    latency_ms: (l / MS) as f32,
+                    output_tokens: 1,
+                });
                 bin_add(&mut input, t, 100_000_000);
                 for ms in 0..l / MS {
                     bin_add(&mut tokens, t + ms * MS, 1_000_000);
@@ -359,7 +367,10 @@ mod tests {
         completions.extend([2000 * MS + 30 * MS, 2000 * MS + 40 * MS]);
         sends.sort_unstable();
         completions.sort_unstable();
-        let done: Vec<Done> = sends.iter().map(|&s| Done { sent_ns: s, ttft_ms: 5.0, tpot_ms: f32::NAN }).collect();
+        let done: Vec<Done> = sends
+            .iter()
+            .map(|&s| Done { sent_ns: s, ttft_ms: 5.0, tpot_ms: f32::NAN, latency_ms: 6.0, output_tokens: 1 })
+            .collect();
         let s = steady_state(&sends, &completions, &done, &[], &[]).expect("computed");
         assert_eq!(s.level, 3);
         assert!(!s.reached, "{s:?}");

@@ -3,9 +3,12 @@
 //! 95% interval over the repeats, and whether B regressed, as a CI gate.
 //!
 //! A gated metric regresses when B is worse than A by more than the
-//! threshold and, when both have two repeats or more, the interval of the
-//! difference excludes zero (with fewer there is no interval: the threshold
-//! alone decides, and the table says so). A block that succeeded in A and
+//! threshold and the interval of the difference excludes zero: Welch's over
+//! the repeats when both have two or more; when both have one, the interval
+//! their own requests give (each run's standard error by batch means,
+//! `benchfleet_core::metrics::noise`, marked `(one run each)`); otherwise,
+//! or for a figure without one (ITL, a run too short), there is no interval:
+//! the threshold alone decides, and the table says so. A block that succeeded in A and
 //! has no successful repeat in B fails the gate, as does an INVALID block
 //! in B: neither can show that nothing regressed.
 //!
@@ -68,8 +71,11 @@ pub struct Row {
     pub b: f64,
     /// (b - a) / a.
     pub relative: f64,
-    /// Welch's 95% half-width, relative to a; `None` without repeats enough.
+    /// The 95% half-width, relative to a: Welch's over the repeats, or from
+    /// each run's own requests (`one_run`); `None` without either.
     pub half_width: Option<f64>,
+    /// The interval is from one run on each side, by its requests.
+    pub one_run: bool,
     pub change: Change,
 }
 
@@ -133,21 +139,8 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
                 continue;
             }
             for h in &HEADLINE {
-                let (metric, higher_is_better, value) = (h.key, h.higher_is_better, h.value);
-                let (va, vb): (Vec<f64>, Vec<f64>) =
-                    (ra.iter().map(|s| value(s)).collect(), rb.iter().map(|s| value(s)).collect());
-                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-                let (ma, mb) = (mean(&va), mean(&vb));
-                let d = Difference::welch(&vb, &va);
-                let relative = if ma == 0.0 { 0.0 } else { (mb - ma) / ma.abs() };
-                let gain = if higher_is_better { relative } else { -relative };
-                let change = if gain.abs() <= threshold || d.contains_zero() == Some(true) {
-                    Change::WithinNoise
-                } else if gain < 0.0 {
-                    Change::Regression
-                } else {
-                    Change::Improvement
-                };
+                let Judged { a: ma, b: mb, relative, half_width, one_run, change } = judge(h, &ra, &rb, threshold);
+                let metric = h.key;
                 out.rows.push(Row {
                     config: ca.name.clone(),
                     profile: ba.profile.clone(),
@@ -156,7 +149,8 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
                     a: ma,
                     b: mb,
                     relative,
-                    half_width: d.half_width.filter(|_| ma != 0.0).map(|h| h / ma.abs()),
+                    half_width,
+                    one_run,
                     change,
                 });
             }
@@ -169,6 +163,51 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
         }
     }
     out
+}
+
+/// One headline figure of B's repeats against A's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Judged {
+    /// The repeats' means.
+    pub a: f64,
+    pub b: f64,
+    /// (b - a) / a.
+    pub relative: f64,
+    /// The 95% half-width relative to a, when there is an interval.
+    pub half_width: Option<f64>,
+    /// The interval is from one run on each side, by its requests.
+    pub one_run: bool,
+    pub change: Change,
+}
+
+/// Judges figure `h` of B's successful repeats (`rb`) against A's (`ra`,
+/// neither empty): worse or better beyond `threshold` and beyond the
+/// interval (Welch's over the repeats, or one run's own on each side),
+/// else within noise.
+pub fn judge(h: &super::Headline, ra: &[&Summary], rb: &[&Summary], threshold: f64) -> Judged {
+    let (va, vb): (Vec<f64>, Vec<f64>) =
+        (ra.iter().map(|s| (h.value)(s)).collect(), rb.iter().map(|s| (h.value)(s)).collect());
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (ma, mb) = (mean(&va), mean(&vb));
+    let noise = |s: &[&Summary]| match s {
+        [one] => one.noise.as_ref().and_then(|n| n.se(h.key)),
+        _ => None,
+    };
+    let (d, one_run) = match (noise(ra), noise(rb)) {
+        (Some(ea), Some(eb)) => (Difference::of_errors(mb - ma, eb, ea), true),
+        _ => (Difference::welch(&vb, &va), false),
+    };
+    let relative = if ma == 0.0 { 0.0 } else { (mb - ma) / ma.abs() };
+    let gain = if h.higher_is_better { relative } else { -relative };
+    let change = if gain.abs() <= threshold || d.contains_zero() == Some(true) {
+        Change::WithinNoise
+    } else if gain < 0.0 {
+        Change::Regression
+    } else {
+        Change::Improvement
+    };
+    let half_width = d.half_width.filter(|_| ma != 0.0).map(|h| h / ma.abs());
+    Judged { a: ma, b: mb, relative, half_width, one_run, change }
 }
 
 /// Each search's capacity per configuration, B against A.
@@ -212,6 +251,7 @@ fn capacities(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String], out
                 b: fb,
                 relative,
                 half_width: None,
+                one_run: false,
                 change,
             });
         }
@@ -228,7 +268,8 @@ pub fn render(c: &Comparison, a: &ReportDoc, b: &ReportDoc, threshold: f64) -> S
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Run {} ({}) against run {} ({}); threshold {:.2}%, 95% intervals (Welch) over the repeats\n",
+        "Run {} ({}) against run {} ({}); threshold {:.2}%, 95% intervals (Welch) over the repeats, or from \
+         each run's own requests with one repeat each\n",
         b.run.id,
         b.run.name,
         a.run.id,
@@ -247,6 +288,7 @@ pub fn render(c: &Comparison, a: &ReportDoc, b: &ReportDoc, threshold: f64) -> S
     );
     for r in &c.rows {
         let change = match r.half_width {
+            Some(h) if r.one_run => format!("{:+.2}% ± {:.2}% (one run each)", r.relative * 100.0, h * 100.0),
             Some(h) => format!("{:+.2}% ± {:.2}%", r.relative * 100.0, h * 100.0),
             None => format!("{:+.2}% (no interval)", r.relative * 100.0),
         };

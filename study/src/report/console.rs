@@ -212,6 +212,14 @@ fn intervals(out: &mut String, b: &Block) {
         return;
     }
     let n = b.succeeded();
+    if n == 1 {
+        let _ = writeln!(out, "One repeat: 95% confidence intervals from its own requests (batch means):");
+        for i in &b.intervals {
+            let half = i.half_width.map_or("no interval".to_owned(), |h| format!("± {h:.2}"));
+            let _ = writeln!(out, "  {:<34} {:.2} {half}", format!("{}:", i.metric), i.mean);
+        }
+        return;
+    }
     let _ = writeln!(
         out,
         "95% confidence intervals of the {n} repeats' own values (Student's t, {} degrees of freedom):",

@@ -274,8 +274,9 @@ pub struct Block {
     /// Why the successful repeats could not be pooled (each is then shown
     /// alone).
     pub not_pooled: Option<String>,
-    /// Each headline number's 95% interval over the repeats; empty with
-    /// fewer than two successful repeats.
+    /// Each headline number's 95% interval over the repeats; with one
+    /// successful repeat, the interval its own requests give (none for a
+    /// figure they give none for); empty with none, or one too short.
     pub intervals: Vec<Interval>,
     /// Percentiles 1 to 99.9 of the pooled TTFT and ITL, ms (for charts);
     /// empty when the samples are not stored.

@@ -409,6 +409,17 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
             let _ = writeln!(out, "```\n{}```\n", render_block_with(s, &b.sections()));
             if b.intervals.is_empty() {
                 let _ = writeln!(out, "One repeat: no confidence intervals.\n");
+            } else if n == 1 {
+                let _ = writeln!(
+                    out,
+                    "One repeat: 95% confidence intervals from its own requests (batch means, docs/metrics.md):\n"
+                );
+                let _ = writeln!(out, "| Metric | Value | ± |\n|---|---:|---:|");
+                for i in &b.intervals {
+                    let half = i.half_width.map_or("no interval".to_owned(), |h| format!("{h:.2}"));
+                    let _ = writeln!(out, "| {} | {:.2} | {half} |", i.metric, i.mean);
+                }
+                out.push('\n');
             } else {
                 let _ = writeln!(out, "95% confidence intervals over the {n} repeats (Student's t, {} df):\n", n - 1);
                 let _ = writeln!(out, "| Metric | Mean | ± |\n|---|---:|---:|");

@@ -804,6 +804,19 @@ pub const HEADLINE: [Headline; 15] = [
 /// mean of the repeats' own values, Student's t with n - 1 degrees of
 /// freedom. One repeat has none.
 fn intervals(repeats: &[&Summary]) -> Vec<Interval> {
+    if let [one] = repeats {
+        // One run: the interval its own requests give, where they give one.
+        let Some(noise) = &one.noise else { return Vec::new() };
+        return HEADLINE
+            .iter()
+            .map(|h| {
+                let half_width = noise.se(h.key).map(|(se, df)| {
+                    benchfleet_core::stats::t_quantile(1.0 - (1.0 - benchfleet_core::stats::CONFIDENCE) / 2.0, df) * se
+                });
+                Interval { metric: h.name.to_owned(), mean: (h.value)(one), half_width }
+            })
+            .collect();
+    }
     if repeats.len() < 2 {
         return Vec::new();
     }
@@ -994,6 +1007,27 @@ mod tests {
         let mut blind = job((0.0, 0.0), (0.0, 0.0));
         blind.telemetry = None;
         assert_eq!(prefix_cache_hit_rate(&[(&a, &s), (&blind, &s)]), None, "every repeat has it, or none is said");
+    }
+
+    #[test]
+    fn one_repeat_s_intervals_are_its_own_requests_and_none_where_they_give_none() {
+        let mut s = Summary { total_token_throughput: 1000.0, ..Summary::default() };
+        s.ttft_ms.mean = 80.0;
+        assert!(intervals(&[&s]).is_empty(), "a run too short for its noise");
+        s.noise = Some(benchfleet_core::metrics::noise::Noise {
+            batches: 10,
+            metrics: vec![
+                benchfleet_core::metrics::noise::MetricNoise { metric: "total_token_throughput".into(), se: 10.0 },
+                benchfleet_core::metrics::noise::MetricNoise { metric: "mean_ttft_ms".into(), se: 2.0 },
+            ],
+        });
+        let got = intervals(&[&s]);
+        let of = |name: &str| got.iter().find(|i| i.metric == name).expect("the metric");
+        // t(0.975, 9) = 2.262.
+        let tps = of("Total token throughput (tok/s)");
+        assert!((tps.mean - 1000.0).abs() < 1e-9 && (tps.half_width.expect("an interval") - 22.62).abs() < 0.01);
+        assert!((of("Mean TTFT (ms)").half_width.expect("an interval") - 4.524).abs() < 0.01);
+        assert_eq!(of("Mean ITL (ms)").half_width, None);
     }
 
     #[test]

@@ -1,0 +1,216 @@
+//! How far one run's figures would move if it were run again, from its own
+//! requests: the standard error of each headline figure by batch means.
+//!
+//! The successful requests, in the order they were sent, are cut into
+//! [`BATCHES`] batches of equal count. Requests next to each other in time
+//! share the engine's state (its batch, its queue), so they are not
+//! independent and a bootstrap over single requests would understate the
+//! spread; batches of many consecutive requests are near independent of
+//! each other, and the spread of a figure across them says how much the
+//! whole run's figure varies (the method of batch means, and for
+//! percentiles Seila's batch quantiles):
+//!
+//! - a mean or a percentile: computed in each batch; its standard error is
+//!   the batches' standard deviation over sqrt(B);
+//! - a throughput (requests, output or all tokens per second): each batch's
+//!   tokens `t_b` over its share of the run's time `d_b` (from its first send
+//!   to the next batch's first send; the last to the run's last completion),
+//!   so that the batches' sums are the run's; its standard error is the
+//!   ratio estimator's, sqrt(sum (t_b - R d_b)^2 / (B (B - 1))) / mean(d_b).
+//!
+//! Each has B - 1 degrees of freedom. A batch of fewer than
+//! [`MIN_PER_BATCH`] requests gives nothing (too short a run says nothing of
+//! its noise); a P99 needs [`MIN_PER_BATCH_P99`] a batch (fewer, and a
+//! batch's P99 is its maximum). ITL, a figure of chunk gaps rather than
+//! requests, has none.
+
+use serde::{Deserialize, Serialize};
+
+use super::steady::{BIN_NS, Bins, Done};
+
+/// Batches a run's successful requests are cut into.
+pub const BATCHES: usize = 10;
+/// Fewest requests a batch for any figure, and for a P99.
+pub const MIN_PER_BATCH: usize = 5;
+pub const MIN_PER_BATCH_P99: usize = 100;
+
+/// One run's standard errors, by headline figure.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Noise {
+    /// Batches the requests were cut into (each figure has one fewer
+    /// degrees of freedom).
+    pub batches: u32,
+    /// By the figure's name as `compare --metric` takes it, in its unit
+    /// there (ms for latencies, per second for throughputs).
+    pub metrics: Vec<MetricNoise>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MetricNoise {
+    pub metric: String,
+    pub se: f64,
+}
+
+impl Noise {
+    /// The standard error of `metric` and its degrees of freedom.
+    pub fn se(&self, metric: &str) -> Option<(f64, f64)> {
+        let m = self.metrics.iter().find(|m| m.metric == metric)?;
+        Some((m.se, f64::from(self.batches.saturating_sub(1))))
+    }
+}
+
+/// The noise of a run from its successful requests sorted by send, its
+/// last completion and its prompt tokens by send bin; `None` for too few.
+pub(super) fn noise(done: &[Done], last_completion: i64, input_bins: &Bins) -> Option<Noise> {
+    let n = done.len();
+    if n < BATCHES * MIN_PER_BATCH {
+        return None;
+    }
+    let batch = |b: usize| &done[b * n / BATCHES..(b + 1) * n / BATCHES];
+    let mut metrics = Vec::new();
+    let mut add = |metric: &str, values: Option<Vec<f64>>| {
+        if let Some(se) = values.and_then(|v| spread(&v)) {
+            metrics.push(MetricNoise { metric: metric.to_owned(), se });
+        }
+    };
+    type Pick = fn(&Done) -> f32;
+    let figures: [(&str, Pick); 3] =
+        [("latency_ms", |d| d.latency_ms), ("ttft_ms", |d| d.ttft_ms), ("tpot_ms", |d| d.tpot_ms)];
+    for (name, pick) in figures {
+        let per_batch = |f: &dyn Fn(&mut Vec<f64>) -> Option<f64>| -> Option<Vec<f64>> {
+            (0..BATCHES)
+                .map(|b| {
+                    let mut v: Vec<f64> = batch(b).iter().map(pick).filter(|x| !x.is_nan()).map(f64::from).collect();
+                    f(&mut v)
+                })
+                .collect()
+        };
+        let mean = |v: &mut Vec<f64>| (v.len() >= MIN_PER_BATCH).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let quantile = |q: f64, least: usize| {
+            move |v: &mut Vec<f64>| {
+                (v.len() >= least).then(|| {
+                    v.sort_by(f64::total_cmp);
+                    let rank = q * (v.len() - 1) as f64;
+                    let (lo, hi) = (v[rank.floor() as usize], v[rank.ceil() as usize]);
+                    lo + (hi - lo) * rank.fract()
+                })
+            }
+        };
+        add(&format!("mean_{name}"), per_batch(&mean));
+        add(&format!("median_{name}"), per_batch(&quantile(0.5, MIN_PER_BATCH)));
+        add(&format!("p99_{name}"), per_batch(&quantile(0.99, MIN_PER_BATCH_P99)));
+    }
+    // Throughputs: each batch's share of the run's time.
+    let starts: Vec<i64> = (0..BATCHES).map(|b| batch(b)[0].sent_ns).collect();
+    let spans: Vec<f64> = (0..BATCHES)
+        .map(|b| {
+            let end = starts.get(b + 1).copied().unwrap_or(last_completion);
+            (end - starts[b]).max(0) as f64 / 1e9
+        })
+        .collect();
+    let bin = |t: i64| usize::try_from(t.max(0) / BIN_NS).unwrap_or(0);
+    let input = |b: usize| -> f64 {
+        let (from, to) = (bin(starts[b]), starts.get(b + 1).map_or(input_bins.len(), |&t| bin(t)));
+        input_bins.get(from..to.min(input_bins.len())).unwrap_or(&[]).iter().sum::<u64>() as f64 / 1e6
+    };
+    let output = |b: usize| batch(b).iter().map(|d| f64::from(d.output_tokens)).sum::<f64>();
+    let throughputs: [(&str, &dyn Fn(usize) -> f64); 3] = [
+        ("request_throughput", &|b| batch(b).len() as f64),
+        ("output_throughput", &output),
+        ("total_token_throughput", &|b| output(b) + input(b)),
+    ];
+    for (name, tokens) in throughputs {
+        let t: Vec<f64> = (0..BATCHES).map(tokens).collect();
+        if let Some(se) = ratio_se(&t, &spans) {
+            metrics.push(MetricNoise { metric: name.to_owned(), se });
+        }
+    }
+    Some(Noise { batches: BATCHES as u32, metrics })
+}
+
+/// The standard error of the mean of `values`: their standard deviation
+/// over sqrt(n).
+fn spread(values: &[f64]) -> Option<f64> {
+    let n = values.len();
+    if n < 2 {
+        return None;
+    }
+    let mean = values.iter().sum::<f64>() / n as f64;
+    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / (n - 1) as f64;
+    Some((var / n as f64).sqrt())
+}
+
+/// The standard error of the ratio sum(t) / sum(d) over batches.
+fn ratio_se(t: &[f64], d: &[f64]) -> Option<f64> {
+    let b = t.len();
+    let (st, sd): (f64, f64) = (t.iter().sum(), d.iter().sum());
+    if b < 2 || sd <= 0.0 {
+        return None;
+    }
+    let r = st / sd;
+    let mean_d = sd / b as f64;
+    let ss: f64 = t.iter().zip(d).map(|(t, d)| (t - r * d) * (t - r * d)).sum();
+    Some((ss / (b * (b - 1)) as f64).sqrt() / mean_d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: i64 = 1_000_000;
+
+    /// `n` requests one every 10 ms, each of `ttft(i)` ms to its first
+    /// token and 10 output tokens.
+    fn run(n: usize, ttft: impl Fn(usize) -> f32) -> Option<Noise> {
+        let done: Vec<Done> = (0..n)
+            .map(|i| Done {
+                sent_ns: i as i64 * 10 * MS,
+                ttft_ms: ttft(i),
+                tpot_ms: 2.0,
+                latency_ms: ttft(i) + 18.0,
+                output_tokens: 10,
+            })
+            .collect();
+        let mut input = Vec::new();
+        for d in &done {
+            super::super::steady::bin_add(&mut input, d.sent_ns, 50_000_000);
+        }
+        noise(&done, (n as i64 - 1) * 10 * MS + 40 * MS, &input)
+    }
+
+    #[test]
+    fn a_figure_that_never_moves_has_no_noise_and_one_that_does_has_its_spread() {
+        let steady = run(1000, |_| 20.0).expect("enough requests");
+        assert_eq!(steady.batches, 10);
+        assert_eq!(steady.se("mean_ttft_ms"), Some((0.0, 9.0)));
+        assert_eq!(steady.se("p99_latency_ms").map(|s| s.0), Some(0.0));
+        // One request every 10 ms: every batch's throughput is the same but
+        // the last, which holds the final request's 40 ms.
+        let (se, _) = steady.se("request_throughput").expect("a throughput");
+        assert!(se > 0.0 && se < 0.5, "{se}");
+        // Batches whose mean TTFT alternates 10 and 30 ms: a standard
+        // deviation of 10.54 over sqrt(10).
+        let moving = run(1000, |i| if (i / 100) % 2 == 0 { 10.0 } else { 30.0 }).expect("enough");
+        let (se, df) = moving.se("mean_ttft_ms").expect("a mean");
+        assert!((se - (100.0f64 * 10.0 / 9.0).sqrt() / 10f64.sqrt()).abs() < 1e-9, "{se}");
+        assert_eq!(df, 9.0);
+        assert_eq!(moving.se("mean_itl_ms"), None, "ITL has none");
+    }
+
+    #[test]
+    fn too_few_requests_say_nothing_of_their_noise() {
+        assert_eq!(run(49, |_| 20.0), None);
+        let some = run(50, |_| 20.0).expect("five a batch");
+        assert!(some.se("mean_ttft_ms").is_some());
+        assert_eq!(some.se("p99_ttft_ms"), None, "a P99 needs a hundred a batch");
+        assert!(run(1000, |_| 20.0).expect("a thousand").se("p99_ttft_ms").is_some());
+    }
+
+    #[test]
+    fn the_ratio_estimator_is_the_spread_of_a_rate_over_unequal_spans() {
+        // Two batches: 10 tokens in 1 s and 30 in 1 s: R = 20, residuals
+        // -10 and 10, se = sqrt(200 / 2) / 1 = 10.
+        assert!((ratio_se(&[10.0, 30.0], &[1.0, 1.0]).expect("se") - 10.0).abs() < 1e-12);
+        assert_eq!(ratio_se(&[10.0, 20.0], &[1.0, 2.0]), Some(0.0), "one rate throughout");
+    }
+}
