@@ -45,8 +45,9 @@ pub struct SummaryBuilder {
     ttft_from_scheduled_ms: Vec<f64>,
     connect_ms: Vec<f64>,
     dispatch_lag_ms: Vec<f64>,
-    /// Sends and completions of the measured requests, ns.
-    sends: Vec<i64>,
+    /// Sends of the measured requests that failed (the successful ones'
+    /// are in `done`), and completions of all the measured ones, ns.
+    failed_sends: Vec<i64>,
     completions: Vec<i64>,
     scheduled: Span,
     sent: Span,
@@ -91,7 +92,7 @@ impl SummaryBuilder {
             ttft_from_scheduled_ms: Vec::new(),
             connect_ms: Vec::new(),
             dispatch_lag_ms: Vec::new(),
-            sends: Vec::new(),
+            failed_sends: Vec::new(),
             completions: Vec::new(),
             scheduled: Span::default(),
             sent: Span::default(),
@@ -120,7 +121,6 @@ impl SummaryBuilder {
         }
         let ms = |ns: i64| ns as f64 / NS_PER_MS;
         self.measured += 1;
-        self.sends.push(r.sent_ns);
         self.completions.push(r.completed_ns);
         self.scheduled.add(r.scheduled_ns);
         self.sent.add(r.sent_ns);
@@ -149,6 +149,7 @@ impl SummaryBuilder {
         }
         if !r.outcome.is_ok() {
             self.reasons.add(super::failure_reason(r), 1);
+            self.failed_sends.push(r.sent_ns);
             return;
         }
         self.ok += 1;
@@ -223,7 +224,7 @@ impl SummaryBuilder {
     pub(super) fn finish_with(mut self, (itl_ms, itl_per_token_ms): (Distribution, Distribution)) -> Summary {
         self.peak.settle(i64::MAX);
         let options = self.options;
-        let first_send = self.sends.iter().min().copied();
+        let first_send = self.done.iter().map(|d| d.sent_ns).chain(self.failed_sends.iter().copied()).min();
         let last_completion = self.completions.iter().max().copied();
         let duration_s = match (first_send, last_completion) {
             (Some(start), Some(end)) if end > start => (end - start) as f64 / NS_PER_S,
@@ -237,14 +238,14 @@ impl SummaryBuilder {
         self.done.sort_unstable_by_key(|d| {
             (d.sent_ns, d.ttft_ms.to_bits(), d.tpot_ms.to_bits(), d.latency_ms.to_bits(), d.output_tokens)
         });
-        self.sends.sort_unstable();
+        self.failed_sends.sort_unstable();
         self.completions.sort_unstable();
-        let steady_state =
-            steady::steady_state(&self.sends, &self.completions, &self.done, &self.output_bins, &self.input_bins);
+        let sends = steady::Sends { done: &self.done, failed: &self.failed_sends };
+        let steady_state = steady::steady_state(sends, &self.completions, &self.output_bins, &self.input_bins);
+        let peak_concurrent = peak_concurrency(sends.iter(), &self.completions);
         let last_completion = self.completions.last().copied().unwrap_or(0);
         let noise = noise::noise(&self.done, last_completion, &self.input_bins);
         self.done = Vec::new();
-        let peak_concurrent = peak_concurrency(self.sends, self.completions);
         let mut summary = Summary {
             successful: self.ok,
             failed: self.measured - self.ok,
@@ -477,9 +478,7 @@ impl PeakTokens {
 
 /// The most requests in flight at once, from send to completion; a
 /// completion at the same instant as a send frees its slot first.
-fn peak_concurrency(mut sends: Vec<i64>, mut completions: Vec<i64>) -> u64 {
-    sends.sort_unstable();
-    completions.sort_unstable();
+fn peak_concurrency(sends: impl Iterator<Item = i64>, completions: &[i64]) -> u64 {
     let (mut now, mut peak, mut done) = (0i64, 0i64, 0usize);
     for sent in sends {
         while completions.get(done).is_some_and(|&c| c <= sent) {

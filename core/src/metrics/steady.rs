@@ -131,36 +131,62 @@ pub(super) fn bin_add(bins: &mut Vec<u64>, at_ns: i64, millionths: u64) {
     bins[i] += millionths;
 }
 
-/// Calls `f(t, before, after)` at each send and completion in time order
-/// (a completion before a send at one instant, as the peak counts them),
-/// with the requests in flight just before and after it.
-fn walk(sends: &[i64], completions: &[i64], mut f: impl FnMut(i64, i64, i64)) {
-    let (mut i, mut j, mut now) = (0, 0, 0i64);
-    while i < sends.len() || j < completions.len() {
-        let completion = j < completions.len() && (i == sends.len() || completions[j] <= sends[i]);
-        let (t, d) = if completion {
-            j += 1;
-            (completions[j - 1], -1)
-        } else {
-            i += 1;
-            (sends[i - 1], 1)
-        };
-        f(t, now, now + d);
-        now += d;
+/// A run's measured requests' sends in time order: the successful ones'
+/// (`done`, sorted by send) and the failed ones' (sorted), merged; the
+/// successful ones' are not kept twice.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sends<'a> {
+    pub done: &'a [Done],
+    pub failed: &'a [i64],
+}
+
+impl<'a> Sends<'a> {
+    pub fn len(&self) -> usize {
+        self.done.len() + self.failed.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = i64> + 'a {
+        let mut a = self.done.iter().map(|d| d.sent_ns).peekable();
+        let mut b = self.failed.iter().copied().peekable();
+        std::iter::from_fn(move || match (a.peek(), b.peek()) {
+            (Some(&x), Some(&y)) if y < x => b.next(),
+            (Some(_), _) => a.next(),
+            (None, _) => b.next(),
+        })
     }
 }
 
-/// The steady state of a run from its measured requests' sends and
-/// completions (each sorted), its successful requests (sorted by send),
-/// its output tokens by arrival bin and prompt tokens by send bin; `None`
-/// for a run of fewer than two requests.
+/// Calls `f(t, before, after)` at each send and completion in time order
+/// (a completion before a send at one instant, as the peak counts them),
+/// with the requests in flight just before and after it.
+fn walk(sends: Sends<'_>, completions: &[i64], mut f: impl FnMut(i64, i64, i64)) {
+    let (mut j, mut now) = (0usize, 0i64);
+    for t in sends.iter() {
+        while j < completions.len() && completions[j] <= t {
+            f(completions[j], now, now - 1);
+            now -= 1;
+            j += 1;
+        }
+        f(t, now, now + 1);
+        now += 1;
+    }
+    for &c in &completions[j..] {
+        f(c, now, now - 1);
+        now -= 1;
+    }
+}
+
+/// The steady state of a run from its measured requests' sends (its
+/// successful requests sorted by send, and the failed ones' sends) and
+/// completions (sorted), its output tokens by arrival bin and prompt tokens
+/// by send bin; `None` for a run of fewer than two requests.
 pub(super) fn steady_state(
-    sends: &[i64],
+    sends: Sends<'_>,
     completions: &[i64],
-    done: &[Done],
     output_bins: &Bins,
     input_bins: &Bins,
 ) -> Option<SteadyState> {
+    let done = sends.done;
     if sends.len() < 2 {
         return None;
     }
@@ -184,7 +210,7 @@ pub(super) fn steady_state(
     });
     let start = start?;
     let end = end.unwrap_or(last);
-    let first = sends.first().copied().unwrap_or(0);
+    let first = sends.iter().next().unwrap_or(0);
     let span_ns = (end - start).max(1);
     let span_s = span_ns as f64 / 1e9;
     // The successful requests sent in [a, b): a run of `done`.
@@ -324,10 +350,10 @@ mod tests {
                 t += l;
             }
         }
-        sends.sort_unstable();
+        drop(sends);
         completions.sort_unstable();
         done.sort_by_key(|d| d.sent_ns);
-        steady_state(&sends, &completions, &done, &tokens, &input).expect("a steady state")
+        steady_state(Sends { done: &done, failed: &[] }, &completions, &tokens, &input).expect("a steady state")
     }
 
     #[test]
@@ -371,7 +397,7 @@ mod tests {
             .iter()
             .map(|&s| Done { sent_ns: s, ttft_ms: 5.0, tpot_ms: f32::NAN, latency_ms: 6.0, output_tokens: 1 })
             .collect();
-        let s = steady_state(&sends, &completions, &done, &[], &[]).expect("computed");
+        let s = steady_state(Sends { done: &done, failed: &[] }, &completions, &[], &[]).expect("computed");
         assert_eq!(s.level, 3);
         assert!(!s.reached, "{s:?}");
         assert!(s.words().starts_with("never reached: 3 or more in flight for"), "{}", s.words());
