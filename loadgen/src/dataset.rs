@@ -51,14 +51,6 @@ impl Dataset {
             _ => None,
         }
     }
-
-    /// The requests it holds, when it cannot make more (a trace).
-    pub fn limit(&self) -> Option<usize> {
-        match self {
-            Dataset::Trace { trace, .. } => Some(trace.requests.len()),
-            _ => None,
-        }
-    }
 }
 
 /// Lengths drawn from a normal distribution, rounded, clamped to
@@ -636,7 +628,6 @@ mod tests {
         }
         let d = trace(MOONCAKE, TraceFormat::Mooncake);
         assert_eq!(d.send_times(3), Some([0, 20, 45].map(std::time::Duration::from_millis).to_vec()));
-        assert_eq!(d.limit(), Some(3));
         assert_eq!(prompts(&d, 2, &TokenCounter::Words).len(), 2, "the first requests");
         assert_eq!(Dataset::Random { input_tokens: 1, output_tokens: 1, seed: 1 }.send_times(3), None);
     }

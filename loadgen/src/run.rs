@@ -579,7 +579,7 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     }
     let unbounded = config.request_rate.is_none_or(f64::is_infinite)
         && config.max_duration.is_none()
-        && config.dataset.send_times(0).is_none();
+        && !matches!(config.dataset, Dataset::Trace { .. });
     if matches!(config.cooldown, Window::Time(_)) && unbounded {
         return bad("a cool-down by time needs a request rate or a maximum duration: the end is not known otherwise");
     }

@@ -77,14 +77,14 @@ fn a_generated_trace_replays_on_its_schedule_at_either_speed_with_its_prefix_reu
     // (what the engine then takes to drain its queue is its own).
     for s in [slow, fast] {
         let kept = number(s, "achieved_rate") / number(s, "offered_rate");
-        assert!((0.99..1.01).contains(&kept), "achieved against offered {kept}: {s:#}");
+        assert!((0.97..1.01).contains(&kept), "achieved against offered {kept}: {s:#}");
         assert!(s["invalid"].is_null(), "{s:#}");
     }
     let offered = number(fast, "offered_rate") / number(slow, "offered_rate");
     assert!((offered - 2.0).abs() < 1e-9, "offered rates {offered}");
     let sending = |s: &serde_json::Value| 1999.0 / number(s, "achieved_rate");
-    assert!((sending(fast) / sending(slow) - 0.5).abs() < 0.01, "sent in {} and {} s", sending(slow), sending(fast));
-    assert!((19.0..21.0).contains(&sending(slow)), "{slow:#}");
+    assert!((sending(fast) / sending(slow) - 0.5).abs() < 0.03, "sent in {} and {} s", sending(slow), sending(fast));
+    assert!((19.0..21.5).contains(&sending(slow)), "{slow:#}");
     // The engine's prefix cache finds the system prompts the trace shares.
     let expected = expected_hit_rate(&trace);
     for name in ["as-recorded", "twice-as-fast"] {

@@ -112,8 +112,9 @@ async fn a_trace_is_sent_on_its_own_schedule_at_its_speed() {
     assert_eq!(s.total_output_tokens, 3 + 4 + 2 + 1);
     let scheduled: Vec<i64> = result.records.iter().map(|r| r.scheduled_ns).collect();
     assert_eq!(scheduled, [0, 100_000_000, 300_000_000, 450_000_000], "the trace's times, halved");
+    // Sent at its time (within what a busy machine may add).
     for r in &result.records {
-        assert!(r.sent_ns - r.scheduled_ns < 50_000_000, "sent at its time: {r:?}");
+        assert!(r.sent_ns >= r.scheduled_ns && r.sent_ns - r.scheduled_ns < 250_000_000, "{r:?}");
     }
     assert!(s.offered_rate.is_some_and(|r| (r - 3.0 / 0.45).abs() < 1e-6), "{:?}", s.offered_rate);
 
@@ -146,10 +147,14 @@ async fn a_closed_loop_reports_its_steady_state_window() {
     assert!(w.reached && w.level == 8 && w.held > 0.9, "{w:?}");
     assert!(w.start_s < 0.01 && w.end_s > 0.8 * s.duration_s, "{w:?} of {} s", s.duration_s);
     assert!(w.requests >= 180, "{w:?}");
-    // A request takes 20 ms and 9 gaps of 5 ms: 8 of them every 65 ms.
+    // A request takes 20 ms and 9 gaps of 5 ms: 8 of them every 65 ms at
+    // best (a busy machine only slows them), and the window's figures are
+    // its own requests'.
     let truth = 8.0 / 0.065;
-    assert!((w.request_throughput - truth).abs() < 0.15 * truth, "{} against {truth}", w.request_throughput);
-    assert!((w.mean_ttft_ms - 20.0).abs() < 5.0, "{w:?}");
+    assert!(w.request_throughput > 0.5 * truth && w.request_throughput < 1.05 * truth, "{w:?} against {truth}");
+    let span = w.end_s - w.start_s;
+    assert!((w.request_throughput * span - w.requests as f64).abs() < 1e-6, "{w:?}");
+    assert!(w.mean_ttft_ms >= 19.0 && w.mean_ttft_ms < 60.0, "{w:?}");
     assert!((w.output_throughput / w.request_throughput - 10.0).abs() < 1.0, "{w:?}");
     let block = benchfleet_loadgen::render_block(s, None);
     assert!(block.contains("Steady state:") && block.contains("8 or more in flight"), "{block}");

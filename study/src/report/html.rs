@@ -444,8 +444,9 @@ fn objective_of(doc: &ReportDoc) -> (&'static str, fn(&Summary) -> f64) {
     }
 }
 
-/// Bars of the objective per configuration on one profile, with the 95%
-/// interval over the repeats as a whisker where there is one.
+/// Bars of the objective per configuration on one profile, with the block's
+/// 95% interval (over the repeats, or one repeat's own) as a whisker where
+/// there is one.
 fn objective_chart(doc: &ReportDoc, profile: &str) -> String {
     let (metric, value) = objective_of(doc);
     let axis = metric;
@@ -497,7 +498,7 @@ fn objective_chart(doc: &ReportDoc, profile: &str) -> String {
             if *invalid { " (INVALID)" } else { "" }
         );
     }
-    f.end("Whiskers: 95% interval over the repeats (none with one repeat). Grey: INVALID runs.")
+    f.end("Whiskers: 95% interval over the repeats, or one repeat's from its own requests. Grey: INVALID runs.")
 }
 
 /// Total token throughput against mean latency, one point per profile and
