@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::cost::Cost;
+use crate::metrics::sessions::Sessions;
 use crate::metrics::steady::SteadyState;
 use crate::metrics::{Distribution, Summary};
 use crate::telemetry::Energy;
@@ -63,6 +64,9 @@ pub fn render_block_with(s: &Summary, sections: &Sections<'_>) -> String {
     if let Some(rate) = prefix_cache_hit_rate {
         out.push_str("-------------------Prefix Cache-------------------\n");
         let _ = writeln!(out, "{:<40} {:.2}", "Prefix cache hit rate (%):", rate * 100.0);
+    }
+    if let Some(sessions) = &s.sessions {
+        sessions_section(&mut out, sessions);
     }
     // One run's window (a block pooled from repeats has none: each repeat
     // has its own).
@@ -134,6 +138,27 @@ pub fn render_self_check(s: &Summary) -> String {
     }
     out.push_str("==================================================\n");
     out
+}
+
+/// A multi-turn run's sessions: how many, their turns, and the first
+/// turn's TTFT against the later turns' (whose conversation so far the
+/// engine may have cached).
+fn sessions_section(out: &mut String, s: &Sessions) {
+    out.push_str(
+        "---------------------Sessions---------------------
+",
+    );
+    let mut line = |label: &str, value: String| {
+        let _ = writeln!(out, "{label:<40} {value}");
+    };
+    line("Sessions:", s.sessions.to_string());
+    line("Turns per session:", format!("{:.2}", s.turns_per_session()));
+    let ms = |v: Option<f64>| v.map_or_else(|| "none".to_owned(), |v| format!("{v:.2}"));
+    line("Mean TTFT, first turns (ms):", ms(s.mean_ttft_ms(|t| t == 1)));
+    line("Mean TTFT, later turns (ms):", ms(s.mean_ttft_ms(|t| t > 1)));
+    if let Some(last) = s.by_turn.last().filter(|t| t.turn > 1) {
+        line(&format!("Mean prompt tokens, turn {}:", last.turn), format!("{:.2}", last.mean_prompt_tokens));
+    }
 }
 
 /// The steady state: its window, its figures, and whether they held still.

@@ -5,7 +5,7 @@ use benchfleet_proto as pb;
 
 use crate::load::{Arrival, Endpoint, LoadDataset, LoadSpec, StoredFile, TraceFormat, Window};
 use crate::metrics::{Distribution, Failures, Percentile, Slo, Summary};
-use crate::record::{Chunk, Outcome, Phase, RequestRecord};
+use crate::record::{Chunk, Outcome, Phase, RequestRecord, Turn};
 use crate::telemetry::{GpuTelemetry, Series, SeriesStats, Telemetry, TelemetrySummary};
 
 impl From<Phase> for pb::RequestPhase {
@@ -34,7 +34,7 @@ impl From<Outcome> for pb::Outcome {
 }
 
 /// A record received over the wire is not valid.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidRecord {
     #[error("record {seq}: unknown outcome {value}")]
     Outcome { seq: u64, value: i32 },
@@ -42,6 +42,8 @@ pub enum InvalidRecord {
     Phase { seq: u64, value: i32 },
     #[error("record {seq}: {times} chunk times but {tokens} chunk token counts")]
     Chunks { seq: u64, times: usize, tokens: usize },
+    #[error("record {seq}: a session needs a turn from 1, and a turn a session")]
+    Turn { seq: u64 },
 }
 
 impl From<&RequestRecord> for pb::RequestRecord {
@@ -62,6 +64,8 @@ impl From<&RequestRecord> for pb::RequestRecord {
             slot_ns: r.slot_ns,
             connect_ns: r.connect_ns,
             phase: pb::RequestPhase::from(r.phase) as i32,
+            session: r.turn.map(|t| t.session),
+            turn: r.turn.map(|t| t.turn),
         }
     }
 }
@@ -89,6 +93,11 @@ impl TryFrom<pb::RequestRecord> for RequestRecord {
             Ok(pb::RequestPhase::Cooldown) => Phase::Cooldown,
             Err(_) => return Err(InvalidRecord::Phase { seq: r.seq, value: r.phase }),
         };
+        let turn = match (r.session, r.turn) {
+            (Some(session), Some(turn)) if turn > 0 => Some(Turn { session, turn }),
+            (None, None) => None,
+            _ => return Err(InvalidRecord::Turn { seq: r.seq }),
+        };
         if r.chunk_ns.len() != r.chunk_tokens.len() {
             return Err(InvalidRecord::Chunks { seq: r.seq, times: r.chunk_ns.len(), tokens: r.chunk_tokens.len() });
         }
@@ -107,6 +116,7 @@ impl TryFrom<pb::RequestRecord> for RequestRecord {
             slot_ns: r.slot_ns,
             connect_ns: r.connect_ns,
             phase,
+            turn,
         })
     }
 }
@@ -201,6 +211,21 @@ impl From<&Summary> for pb::Summary {
                 batches: n.batches,
                 metrics: n.metrics.iter().map(|m| pb::MetricNoise { metric: m.metric.clone(), se: m.se }).collect(),
             }),
+            sessions: s.sessions.as_ref().map(|s| pb::Sessions {
+                sessions: s.sessions,
+                turns: s.turns,
+                by_turn: s
+                    .by_turn
+                    .iter()
+                    .map(|t| pb::TurnFigures {
+                        turn: t.turn,
+                        successful: t.successful,
+                        failed: t.failed,
+                        mean_ttft_ms: t.mean_ttft_ms,
+                        mean_prompt_tokens: t.mean_prompt_tokens,
+                    })
+                    .collect(),
+            }),
             usage_check: s.usage_check.map(|u| pb::UsageCheck {
                 prompts_compared: u.prompts_compared,
                 prompts_off: u.prompts_off,
@@ -294,6 +319,21 @@ impl From<pb::Summary> for Summary {
                     .metrics
                     .into_iter()
                     .map(|m| crate::metrics::noise::MetricNoise { metric: m.metric, se: m.se })
+                    .collect(),
+            }),
+            sessions: s.sessions.map(|s| crate::metrics::sessions::Sessions {
+                sessions: s.sessions,
+                turns: s.turns,
+                by_turn: s
+                    .by_turn
+                    .into_iter()
+                    .map(|t| crate::metrics::sessions::TurnFigures {
+                        turn: t.turn,
+                        successful: t.successful,
+                        failed: t.failed,
+                        mean_ttft_ms: t.mean_ttft_ms,
+                        mean_prompt_tokens: t.mean_prompt_tokens,
+                    })
                     .collect(),
             }),
             usage_check: s.usage_check.map(|u| crate::metrics::UsageCheck {
@@ -461,6 +501,8 @@ pub enum InvalidLoad {
     TraceFormat(i32),
     #[error("a load profile's trace speed must be above 0, got {0}")]
     TraceSpeed(f64),
+    #[error("a load profile's sessions must have a turn at least")]
+    Turns,
 }
 
 /// A job's load as an assignment carries it; a file travels by its hash.
@@ -499,6 +541,15 @@ impl From<&LoadSpec> for pb::LoadProfile {
                 } as i32,
                 speed: *speed,
             }),
+            LoadDataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed } => {
+                pb::load_profile::Dataset::MultiTurn(pb::MultiTurnDataset {
+                    turns: *turns,
+                    user_tokens: *user_tokens,
+                    output_tokens: *output_tokens,
+                    think_time_ms: *think_time_ms,
+                    seed: *seed,
+                })
+            }
         };
         let requests = |w: Option<Window>| match w {
             Some(Window::Requests(n)) => Some(n),
@@ -567,6 +618,13 @@ impl TryFrom<pb::LoadProfile> for LoadSpec {
                     Ok(pb::TraceFormat::Unspecified) | Err(_) => return Err(InvalidLoad::TraceFormat(t.format)),
                 },
                 speed: Some(t.speed).filter(|s| s.is_finite() && *s > 0.0).ok_or(InvalidLoad::TraceSpeed(t.speed))?,
+            },
+            pb::load_profile::Dataset::MultiTurn(m) => LoadDataset::MultiTurn {
+                turns: Some(m.turns).filter(|&t| t > 0).ok_or(InvalidLoad::Turns)?,
+                user_tokens: m.user_tokens,
+                output_tokens: m.output_tokens,
+                think_time_ms: m.think_time_ms,
+                seed: m.seed,
             },
         };
         let arrival = match pb::Arrival::try_from(l.arrival) {
@@ -644,6 +702,7 @@ mod tests {
                 speed: 1.0,
             },
             LoadDataset::Trace { file: "t.jsonl".into(), sha256: "ef".into(), format: TraceFormat::Jsonl, speed: 2.5 },
+            LoadDataset::MultiTurn { turns: 4, user_tokens: 50, output_tokens: 20, think_time_ms: 250, seed: 9 },
         ] {
             let spec = LoadSpec {
                 dataset,
@@ -669,6 +728,17 @@ mod tests {
         };
         assert_eq!(LoadSpec::try_from(trace(0, 1.0)), Err(InvalidLoad::TraceFormat(0)));
         assert_eq!(LoadSpec::try_from(trace(1, 0.0)), Err(InvalidLoad::TraceSpeed(0.0)));
+        let no_turns = pb::LoadProfile {
+            dataset: Some(pb::load_profile::Dataset::MultiTurn(pb::MultiTurnDataset {
+                turns: 0,
+                user_tokens: 5,
+                output_tokens: 5,
+                think_time_ms: 0,
+                seed: 0,
+            })),
+            ..pb::LoadProfile::from(&spec)
+        };
+        assert_eq!(LoadSpec::try_from(no_turns), Err(InvalidLoad::Turns));
     }
 
     #[test]
@@ -804,6 +874,17 @@ mod tests {
                 batches: 61,
                 metrics: vec![crate::metrics::noise::MetricNoise { metric: "mean_ttft_ms".into(), se: 62.5 }],
             }),
+            sessions: Some(crate::metrics::sessions::Sessions {
+                sessions: 63,
+                turns: 64,
+                by_turn: vec![crate::metrics::sessions::TurnFigures {
+                    turn: 2,
+                    successful: 65,
+                    failed: 66,
+                    mean_ttft_ms: 67.5,
+                    mean_prompt_tokens: 68.5,
+                }],
+            }),
             usage_check: Some(crate::metrics::UsageCheck {
                 prompts_compared: 40,
                 prompts_off: 41,
@@ -836,7 +917,15 @@ mod tests {
             http_status: Some(200),
             error: Some("malformed stream".into()),
             phase: Phase::Warmup,
+            turn: None,
         };
         assert_eq!(RequestRecord::try_from(pb::RequestRecord::from(&r)).expect("valid"), r);
+        let r = RequestRecord { turn: Some(Turn { session: 7, turn: 3 }), ..r };
+        assert_eq!(RequestRecord::try_from(pb::RequestRecord::from(&r)).expect("valid"), r);
+        // A session without its turn, or turn 0, is no place in a session.
+        for (session, turn) in [(Some(7), None), (None, Some(3)), (Some(7), Some(0))] {
+            let bad = pb::RequestRecord { session, turn, ..pb::RequestRecord::from(&r) };
+            assert_eq!(RequestRecord::try_from(bad), Err(InvalidRecord::Turn { seq: 1 }));
+        }
     }
 }

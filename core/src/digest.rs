@@ -399,6 +399,10 @@ pub fn pool(repeats: &[&Summary], digests: Option<&[&Digest]>) -> Option<Summary
         // Each repeat has its own window.
         steady_state: if repeats.len() == 1 { first.steady_state.clone() } else { None },
         noise: if repeats.len() == 1 { first.noise.clone() } else { None },
+        sessions: repeats
+            .iter()
+            .any(|s| s.sessions.is_some())
+            .then(|| crate::metrics::sessions::Sessions::pool(repeats.iter().filter_map(|s| s.sessions.as_ref()))),
     })
 }
 
@@ -464,6 +468,7 @@ mod tests {
                     http_status: Some(200),
                     error: None,
                     phase: if rng.random_bool(0.05) { Phase::Warmup } else { Phase::Measured },
+                    turn: None,
                 }
             })
             .collect()
@@ -554,6 +559,7 @@ mod tests {
             http_status: Some(200),
             error: None,
             phase: Phase::Measured,
+            turn: None,
         }
     }
 

@@ -42,7 +42,7 @@ pub use metrics::{
     DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryBuilder, SummaryOptions, summarize,
     summarize_with,
 };
-pub use record::{Chunk, ChunkIter, Chunks, Outcome, Phase, RequestRecord};
+pub use record::{Chunk, ChunkIter, Chunks, Outcome, Phase, RequestRecord, Turn};
 
 /// A time as `2026-12-01 19:40:56 UTC`.
 pub fn utc(unix_ms: i64) -> String {

@@ -127,6 +127,18 @@ pub enum LoadDataset {
         format: TraceFormat,
         speed: f64,
     },
+    /// Multi-turn sessions: each of `turns` user turns of `user_tokens`
+    /// random words carries the conversation so far (the earlier turns and
+    /// the replies they got) and is sent `think_time_ms` after the previous
+    /// reply; each reply is asked for `output_tokens`. The spec's `requests`
+    /// are turns; its rate, arrivals and concurrency cap are of sessions.
+    MultiTurn {
+        turns: u32,
+        user_tokens: u32,
+        output_tokens: u32,
+        think_time_ms: u64,
+        seed: u64,
+    },
 }
 
 impl LoadDataset {
@@ -135,7 +147,7 @@ impl LoadDataset {
         match self {
             LoadDataset::Random { input_tokens, .. } => Some(*input_tokens),
             LoadDataset::SharedPrefix { prefix_tokens, suffix_tokens, .. } => Some(prefix_tokens + suffix_tokens),
-            LoadDataset::ShareGpt { .. } | LoadDataset::Trace { .. } => None,
+            LoadDataset::ShareGpt { .. } | LoadDataset::Trace { .. } | LoadDataset::MultiTurn { .. } => None,
         }
     }
 
@@ -146,16 +158,16 @@ impl LoadDataset {
             LoadDataset::ShareGpt { file, sha256, .. } | LoadDataset::Trace { file, sha256, .. } => {
                 Some((file, sha256))
             }
-            LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } => None,
+            LoadDataset::Random { .. } | LoadDataset::SharedPrefix { .. } | LoadDataset::MultiTurn { .. } => None,
         }
     }
 
     /// Tokens of each reply, when the dataset fixes them.
     pub fn output_tokens(&self) -> Option<u32> {
         match self {
-            LoadDataset::Random { output_tokens, .. } | LoadDataset::SharedPrefix { output_tokens, .. } => {
-                Some(*output_tokens)
-            }
+            LoadDataset::Random { output_tokens, .. }
+            | LoadDataset::SharedPrefix { output_tokens, .. }
+            | LoadDataset::MultiTurn { output_tokens, .. } => Some(*output_tokens),
             LoadDataset::ShareGpt { output_tokens, .. } => *output_tokens,
             LoadDataset::Trace { .. } => None,
         }
@@ -348,6 +360,15 @@ impl LoadSpec {
                 if let Some(n) = output_tokens {
                     args.value("--sharegpt-output-len", n);
                 }
+            }
+            LoadDataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed } => {
+                args.value("--dataset-name", "multi-turn");
+                args.value("--multi-turn-turns", turns);
+                args.value("--random-input-len", user_tokens);
+                args.value("--random-output-len", output_tokens);
+                args.value("--multi-turn-think-ms", think_time_ms);
+                args.value("--seed", seed);
+                args.value("--arrival-seed", self.seed);
             }
             LoadDataset::Trace { format, speed, .. } => {
                 args.value("--dataset-name", "trace");

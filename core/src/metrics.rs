@@ -8,6 +8,7 @@ use crate::record::{Phase, RequestRecord};
 
 mod build;
 pub mod noise;
+pub mod sessions;
 pub mod steady;
 
 pub use build::{GAPS_KEPT, SummaryBuilder};
@@ -462,6 +463,10 @@ pub struct Summary {
     /// (their spread says it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise: Option<noise::Noise>,
+    /// A multi-turn run's sessions: how many, their turns, and TTFT by
+    /// turn number (`sessions::Sessions`); `None` for any other run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<sessions::Sessions>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -553,6 +558,7 @@ mod goodput_tests {
             http_status: Some(200),
             error: None,
             phase: Default::default(),
+            turn: None,
         }
     }
 
@@ -868,6 +874,7 @@ mod tests {
             slot_ns: None,
             connect_ns: None,
             phase: Phase::Measured,
+            turn: None,
         }
     }
 

@@ -241,6 +241,14 @@ pub enum Phase {
     Cooldown,
 }
 
+/// A request's place in a multi-turn session: the session (numbered from 0
+/// in the order they began) and its turn in it (from 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Turn {
+    pub session: u64,
+    pub turn: u32,
+}
+
 /// Everything loadgen knows about one request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestRecord {
@@ -278,6 +286,9 @@ pub struct RequestRecord {
     /// Warm-up and cool-down requests are kept but not measured.
     #[serde(default)]
     pub phase: Phase,
+    /// Its session and turn, for a multi-turn dataset's request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<Turn>,
 }
 
 impl RequestRecord {

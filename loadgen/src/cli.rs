@@ -39,7 +39,9 @@ pub struct Args {
     #[arg(long)]
     pub model: String,
     /// Where prompts come from: random text, prompts sharing prefixes
-    /// (prefix), or a ShareGPT file.
+    /// (prefix), a ShareGPT file, a request trace, or multi-turn sessions
+    /// of random user turns (multi-turn: --random-input-len words a user
+    /// turn, --random-output-len tokens a reply).
     #[arg(long, value_enum, default_value_t = DatasetName::Random)]
     pub dataset_name: DatasetName,
     /// The model's tokenizer.json (or a directory holding it): exact token
@@ -91,6 +93,14 @@ pub struct Args {
     /// Replay the trace this many times as fast as it was recorded.
     #[arg(long, default_value_t = 1.0)]
     pub trace_speed: f64,
+    /// User turns of each session, for --dataset-name multi-turn: each
+    /// carries the conversation so far; --num-prompts counts turns, and
+    /// the rate, arrivals and --max-concurrency are of sessions.
+    #[arg(long, default_value_t = 5)]
+    pub multi_turn_turns: u32,
+    /// Milliseconds between a reply's end and the session's next turn.
+    #[arg(long, default_value_t = 0)]
+    pub multi_turn_think_ms: u64,
     /// Seed of the prompts (random and prefix datasets; the order of a
     /// ShareGPT file's conversations) and, without --arrival-seed, of the
     /// Poisson arrivals.
@@ -369,6 +379,13 @@ impl Args {
                     output_tokens: self.sharegpt_output_len,
                 }
             }
+            DatasetName::MultiTurn => LoadDataset::MultiTurn {
+                turns: self.multi_turn_turns,
+                user_tokens: self.random_input_len,
+                output_tokens: self.random_output_len,
+                think_time_ms: self.multi_turn_think_ms,
+                seed: self.seed,
+            },
             DatasetName::Trace => {
                 let path = self.dataset_path.as_deref().context("--dataset-name trace needs --dataset-path")?;
                 LoadDataset::Trace {
@@ -457,6 +474,7 @@ pub enum DatasetName {
     Prefix,
     Sharegpt,
     Trace,
+    MultiTurn,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -538,6 +556,18 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
             let trace = read_trace(path, format)?;
             trace.holds(requests as u64).map_err(|e| anyhow::anyhow!("--num-prompts: {e}"))?;
             Dataset::Trace { trace: Arc::new(trace), speed }
+        }
+        LoadDataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed } => {
+            if turns == 0 {
+                bail!("--multi-turn-turns must be at least 1");
+            }
+            Dataset::MultiTurn {
+                turns,
+                user_tokens,
+                output_tokens,
+                think_time: Duration::from_millis(think_time_ms),
+                seed,
+            }
         }
     };
     let seconds = |name: &str, s: f64| {

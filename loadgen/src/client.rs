@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::dataset::{Prompt, TokenCounter};
-use crate::record::{Chunk, Chunks, Outcome, Phase, RequestRecord};
+use crate::record::{Chunk, Chunks, Outcome, Phase, RequestRecord, Turn};
 pub use error::{ErrorKind, RequestError};
 pub(crate) use http1::RequestHead;
 use http1::{Decoder, Head, Step};
@@ -71,19 +71,42 @@ pub(crate) struct BodyOptions<'a> {
 
 /// The JSON body of one request.
 pub(crate) fn request_body(options: &BodyOptions<'_>, prompt: &Prompt) -> String {
+    conversation_body(options, std::slice::from_ref(&prompt.text), prompt.max_tokens, prompt.ignore_eos)
+}
+
+/// The JSON body of a request carrying a conversation: `messages` from the
+/// user and the assistant in turn, the user's first and last. A chat
+/// request sends them as messages; a completion, as one prompt of them on
+/// lines of their own.
+pub(crate) fn conversation_body(
+    options: &BodyOptions<'_>,
+    messages: &[String],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> String {
     let mut body = json!({
         "model": options.model,
-        "max_tokens": prompt.max_tokens,
+        "max_tokens": max_tokens,
         "stream": options.stream,
     });
     if options.stream {
         body["stream_options"] = json!({ "include_usage": true });
     }
     match options.endpoint {
-        Endpoint::Completions => body["prompt"] = json!(prompt.text),
-        Endpoint::Chat => body["messages"] = json!([{ "role": "user", "content": prompt.text }]),
+        Endpoint::Completions => match messages {
+            [one] => body["prompt"] = json!(one),
+            _ => body["prompt"] = json!(messages.join("\n")),
+        },
+        Endpoint::Chat => {
+            let roles = ["user", "assistant"].into_iter().cycle();
+            body["messages"] = messages
+                .iter()
+                .zip(roles)
+                .map(|(content, role)| json!({ "role": role, "content": content }))
+                .collect::<serde_json::Value>();
+        }
     }
-    if prompt.ignore_eos {
+    if ignore_eos {
         body["ignore_eos"] = json!(true);
     }
     if let Some(fields) = body.as_object_mut() {
@@ -266,10 +289,15 @@ pub(crate) struct Request {
     pub prompt_tokens: u32,
     /// The reply length asked for: the chunk list is sized for it up front.
     pub max_tokens: u32,
+    /// Its session and turn, for a multi-turn dataset.
+    pub turn: Option<Turn>,
+    /// Give the reply's text back (the session's next turn carries it).
+    pub keep_reply: bool,
 }
 
 /// Sends one request and records it; failures are records too, never errors.
-/// Returns the connection when it can carry the next request.
+/// Returns the connection when it can carry the next request, and the
+/// reply's text when the request asked for it.
 ///
 /// Ten thousand of these may be in flight at once, so what each holds while
 /// it waits is kept small: the record in the making, the response's state,
@@ -278,7 +306,7 @@ pub(crate) fn send(
     target: Arc<Target>,
     request: Request,
     mut conn: Option<Conn>,
-) -> impl Future<Output = (RequestRecord, Option<Conn>)> + Send + 'static {
+) -> impl Future<Output = (RequestRecord, Option<Conn>, Option<String>)> + Send + 'static {
     // Built here and moved into the future, which uses them where they lie:
     // an `async fn` would keep a second copy of its arguments.
     let (mut rec, body) = Recorder::new(target, request);
@@ -301,7 +329,8 @@ pub(crate) fn send(
             other => other,
         };
         let completed_ns = rec.completed_ns.unwrap_or_else(|| target.clock.now_ns());
-        (rec.finish(outcome, completed_ns), conn)
+        let (record, reply) = rec.finish(outcome, completed_ns);
+        (record, conn, reply)
     }
 }
 
@@ -760,8 +789,10 @@ struct Recorder {
     /// of a CRLF, not a blank line.
     after_cr: bool,
     usage: Option<Usage>,
-    /// The reply's text, kept only when a tokenizer must count it.
+    /// The reply's text, kept only when a tokenizer must count it or the
+    /// caller wants it back (`keep_reply`).
     text: Option<String>,
+    keep_reply: bool,
     /// In the usage check's sample: tokenized whatever its events say.
     sampled: bool,
 }
@@ -793,6 +824,7 @@ impl Recorder {
                 http_status: None,
                 error: None,
                 phase: request.phase,
+                turn: request.turn,
             },
             deadline: now + target.timeouts.total,
             last_read_ns: 0,
@@ -802,7 +834,8 @@ impl Recorder {
             data: Vec::new(),
             after_cr: false,
             usage: None,
-            text: (keep && target.counter.needs_text()).then(String::new),
+            text: ((keep && target.counter.needs_text()) || request.keep_reply).then(String::new),
+            keep_reply: request.keep_reply,
             sampled,
             target,
         };
@@ -993,7 +1026,7 @@ impl Recorder {
         Ok(())
     }
 
-    fn finish(mut self, outcome: Result<(), RequestError>, completed_ns: i64) -> RequestRecord {
+    fn finish(mut self, outcome: Result<(), RequestError>, completed_ns: i64) -> (RequestRecord, Option<String>) {
         let r = &mut self.record;
         if r.sent_ns == 0 {
             r.sent_ns = completed_ns;
@@ -1021,7 +1054,9 @@ impl Recorder {
         let counted: u32 = r.chunks.iter().map(|c| c.tokens).sum();
         r.output_tokens = match (self.usage.and_then(|u| u.completion_tokens), &self.text) {
             (Some(n), _) => n,
-            (None, Some(text)) if !text.is_empty() => self.target.counter.count(text),
+            (None, Some(text)) if !text.is_empty() && self.target.counter.needs_text() => {
+                self.target.counter.count(text)
+            }
             (None, _) => counted,
         };
         let measured = r.outcome.is_ok() && r.phase == benchfleet_core::record::Phase::Measured;
@@ -1044,7 +1079,8 @@ impl Recorder {
         if let Some(prompt) = self.usage.and_then(|u| u.prompt_tokens) {
             r.prompt_tokens = prompt;
         }
-        self.record
+        let reply = if self.keep_reply { self.text } else { None };
+        (self.record, reply)
     }
 }
 

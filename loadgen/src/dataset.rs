@@ -15,6 +15,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::session::{Session, UserTurn};
+
 /// The prompts of a load run.
 #[derive(Clone, Debug)]
 pub enum Dataset {
@@ -40,9 +42,24 @@ pub enum Dataset {
     /// the blocks are the request's own. Every reply runs to the trace's
     /// output length.
     Trace { trace: Arc<Trace>, speed: f64 },
+    /// Multi-turn sessions (`crate::session`) of `turns` user turns of
+    /// `user_tokens` words each drawn from a seed, each reply asked for
+    /// exactly `output_tokens`, the next turn sent `think_time` after the
+    /// reply; `n` requests make `ceil(n / turns)` sessions, the last one
+    /// shorter where `turns` does not divide `n`.
+    MultiTurn { turns: u32, user_tokens: u32, output_tokens: u32, think_time: std::time::Duration, seed: u64 },
 }
 
 impl Dataset {
+    /// The sessions `n` requests make, for a multi-turn dataset: the run's
+    /// schedule is of their first turns.
+    pub fn sessions(&self, n: usize) -> Option<usize> {
+        match self {
+            Dataset::MultiTurn { turns, .. } => Some(crate::session::sessions_for(n, *turns)),
+            _ => None,
+        }
+    }
+
     /// The send times of its first `n` requests, when the dataset has a
     /// schedule of its own (a trace).
     pub fn send_times(&self, n: usize) -> Option<Vec<std::time::Duration>> {
@@ -324,7 +341,7 @@ pub(crate) fn word_count(text: &str) -> u32 {
 }
 
 /// One request's prompt and the reply length it asks for.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Prompt {
     pub text: String,
     /// Tokens in the prompt: its count when the server gives no usage.
@@ -332,6 +349,8 @@ pub(crate) struct Prompt {
     pub max_tokens: u32,
     /// Ask the server to generate exactly `max_tokens`.
     pub ignore_eos: bool,
+    /// The session whose first turn it is, for a multi-turn dataset.
+    pub session: Option<Box<Session>>,
 }
 
 /// Short common words, so that prompts look like text to a tokenizer.
@@ -357,7 +376,8 @@ pub(crate) fn prompts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Ve
 
 /// The prompts of `n` requests, made one at a time as they are taken (a
 /// run of a million requests does not hold them all), their tokens counted
-/// by `counter`. Its size hint is exact.
+/// by `counter`. Its size hint is exact. For a multi-turn dataset, the
+/// first turns of the sessions the `n` requests make.
 pub(crate) fn prompt_iter(
     dataset: Dataset,
     n: usize,
@@ -373,7 +393,7 @@ pub(crate) fn prompt_iter(
             let (input, output) = (input.draw(&mut rng), output.draw(&mut rng));
             let (text, known) = counter.random_text(input, &mut rng);
             let tokens = known.unwrap_or_else(|| counter.count(&text));
-            Prompt { tokens, text, max_tokens: output.max(1), ignore_eos: true }
+            Prompt { tokens, text, max_tokens: output.max(1), ignore_eos: true, session: None }
         }))
     };
     match dataset {
@@ -393,7 +413,7 @@ pub(crate) fn prompt_iter(
                     (Some(p), Some(s)) if counter.has_word_pieces() => p + s,
                     _ => counter.count(&text),
                 };
-                Prompt { tokens, text, max_tokens: output_tokens.max(1), ignore_eos: true }
+                Prompt { tokens, text, max_tokens: output_tokens.max(1), ignore_eos: true, session: None }
             }))
         }
         Dataset::ShareGpt { data, output_tokens, shuffle } => {
@@ -411,7 +431,13 @@ pub(crate) fn prompt_iter(
                     let reply = output_tokens.unwrap_or_else(|| counter.count(&e.reply).max(1));
                     (counter.count(&e.prompt), reply)
                 });
-                Prompt { text: e.prompt.clone(), tokens, max_tokens, ignore_eos: output_tokens.is_some() }
+                Prompt {
+                    text: e.prompt.clone(),
+                    tokens,
+                    max_tokens,
+                    ignore_eos: output_tokens.is_some(),
+                    session: None,
+                }
             }))
         }
         Dataset::Trace { trace, .. } => {
@@ -422,7 +448,30 @@ pub(crate) fn prompt_iter(
                     Some(p) => (p.clone(), counter.count(p)),
                     None => trace_prompt(r, &counter),
                 };
-                Prompt { text, tokens, max_tokens: r.output_tokens, ignore_eos: true }
+                Prompt { text, tokens, max_tokens: r.output_tokens, ignore_eos: true, session: None }
+            }))
+        }
+        Dataset::MultiTurn { turns, user_tokens, output_tokens, think_time, seed } => {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let turns = turns.max(1) as usize;
+            let sessions = crate::session::sessions_for(n, turns as u32);
+            Box::new((0..sessions).map(move |i| {
+                let these = turns.min(n - i * turns);
+                let user: Vec<UserTurn> = (0..these)
+                    .map(|_| {
+                        let (text, known) = counter.random_text(user_tokens, &mut rng);
+                        let tokens = known.unwrap_or_else(|| counter.count(&text));
+                        UserTurn { text, tokens, max_tokens: output_tokens.max(1), ignore_eos: true }
+                    })
+                    .collect();
+                let (session, first) = Session::new(i as u64, user, think_time);
+                Prompt {
+                    text: first.text,
+                    tokens: first.tokens,
+                    max_tokens: first.max_tokens,
+                    ignore_eos: first.ignore_eos,
+                    session: Some(Box::new(session)),
+                }
             }))
         }
     }

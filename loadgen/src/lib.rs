@@ -18,6 +18,7 @@ pub mod output;
 mod run;
 pub mod rx;
 pub mod schedule;
+mod session;
 pub mod sink;
 pub mod vllm;
 

@@ -10,7 +10,8 @@
 //! semaphore and connection reuse no shared pool; the one lock is the
 //! summary's, taken once as a request goes and once as its record comes.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,7 @@ use crate::dataset::{self, Dataset, TokenCounter};
 use crate::metrics::{DEFAULT_PERCENTILES, DEFAULT_RATE_TOLERANCE, Summary, SummaryBuilder, SummaryOptions};
 use crate::record::{Phase, RequestRecord};
 use crate::schedule::{Arrival, send_times};
+use crate::session::{NextTurn, Session};
 use crate::sink::{RecordSender, Sink, SinkConfig, SinkError};
 
 /// Everything that defines a load run.
@@ -271,13 +273,16 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
     // The dataset moves to that thread; the config keeps an empty one.
     let dataset =
         std::mem::replace(&mut config.dataset, Dataset::Random { input_tokens: 0, output_tokens: 0, seed: 0 });
-    // A trace's schedule is its own.
+    // A trace's schedule is its own; a multi-turn dataset's is of its
+    // sessions' first turns (the cap, of the sessions under way).
     let schedule = dataset.send_times(config.num_requests);
+    let sessions = dataset.sessions(config.num_requests).is_some();
     let prompts = dataset::prompt_iter(dataset, config.num_requests, config.tokens.clone());
     let count = prompts.size_hint().0;
     let cap = config.max_concurrency.unwrap_or(usize::MAX);
     let workers = config.workers.clamp(1, count.clamp(1, cap));
-    let (bodies, ready) = prepare(prompts, &config, workers)?;
+    let shape = Arc::new(BodyShape::of(&config));
+    let (bodies, ready) = prepare(prompts, Arc::clone(&shape), workers)?;
     let deadlines: Arc<[Duration]> =
         schedule.unwrap_or_else(|| send_times(count, config.request_rate, config.arrival)).into();
     let first_wave = config.max_concurrency.unwrap_or(WARM_CONNECTIONS).min(count);
@@ -297,9 +302,9 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
     let collected = Arc::new(Mutex::new(Collected::new(
         workers,
         SummaryBuilder::new(options),
-        config.keep_records.then(|| Vec::with_capacity(count)),
+        config.keep_records.then(|| Vec::with_capacity(config.num_requests)),
     )));
-    let phases = Arc::new(Phases::new(&config, &deadlines));
+    let phases = Arc::new(Phases::new(&config, &deadlines, sessions));
 
     // Each worker opens its share of the first wave's connections on its
     // own event loop, then waits for the run's clock to start.
@@ -315,6 +320,7 @@ pub async fn run(mut config: LoadConfig, sink: Option<SinkConfig>) -> Result<Loa
             cap: share(cap, index, workers),
             end: config.max_duration,
             progress: config.progress.clone(),
+            shape: Arc::clone(&shape),
         };
         let work = worker(
             lane,
@@ -414,6 +420,8 @@ struct Lane {
     /// Sending stops this long after the start.
     end: Option<Duration>,
     progress: Option<Arc<Progress>>,
+    /// Its sessions' later turns are made here.
+    shape: Arc<BodyShape>,
 }
 
 /// One worker: opens its connections, says so, waits for the clock, and
@@ -500,19 +508,15 @@ impl Running {
 /// a short run) are ready.
 fn prepare(
     mut prompts: Box<dyn Iterator<Item = dataset::Prompt> + Send>,
-    config: &LoadConfig,
+    shape: Arc<BodyShape>,
     lanes: usize,
 ) -> Result<(Vec<mpsc::Receiver<Prepared>>, oneshot::Receiver<()>), LoadError> {
-    let (endpoint, model, stream, extra) =
-        (config.endpoint, config.model.clone(), config.stream, config.extra_body.clone());
     let (ready_tx, ready) = oneshot::channel();
-    let make = move |p: dataset::Prompt| {
-        let options = BodyOptions { endpoint, model: &model, stream, extra: &extra };
-        Prepared {
-            body: Bytes::from(client::request_body(&options, &p)),
-            prompt_tokens: p.tokens,
-            max_tokens: p.max_tokens,
-        }
+    let make = move |p: dataset::Prompt| Prepared {
+        body: Bytes::from(client::request_body(&shape.options(), &p)),
+        prompt_tokens: p.tokens,
+        max_tokens: p.max_tokens,
+        session: p.session,
     };
     let Some(first) = prompts.next().map(&make) else {
         let _ = ready_tx.send(());
@@ -577,11 +581,14 @@ fn check(config: &LoadConfig) -> Result<(), LoadError> {
     if config.api_key.as_ref().is_some_and(|key| key.bytes().any(|b| !(b.is_ascii_graphic() || b == b' '))) {
         return bad("the api key holds characters a header cannot carry");
     }
-    let unbounded = config.request_rate.is_none_or(f64::is_infinite)
+    let unbounded = (config.request_rate.is_none_or(f64::is_infinite) || config.dataset.sessions(1).is_some())
         && config.max_duration.is_none()
         && !matches!(config.dataset, Dataset::Trace { .. });
     if matches!(config.cooldown, Window::Time(_)) && unbounded {
-        return bad("a cool-down by time needs a request rate or a maximum duration: the end is not known otherwise");
+        return bad(
+            "a cool-down by time needs a request rate (and no sessions) or a maximum duration: the end is not known \
+             otherwise",
+        );
     }
     Ok(())
 }
@@ -596,13 +603,17 @@ struct Phases {
 }
 
 impl Phases {
-    fn new(config: &LoadConfig, deadlines: &[Duration]) -> Phases {
-        let last = deadlines.last().map(|d| ns(*d)).filter(|&d| d > 0);
+    /// The phases of a run of `deadlines`; with `sessions`, they are of its
+    /// sessions' first turns, and its requests are `config.num_requests`
+    /// (its sending ends with its last session, which no deadline says).
+    fn new(config: &LoadConfig, deadlines: &[Duration], sessions: bool) -> Phases {
+        let last = deadlines.last().map(|d| ns(*d)).filter(|&d| d > 0 && !sessions);
         let end_ns = match (config.max_duration.map(ns), last) {
             (Some(max), Some(last)) => Some(max.min(last)),
             (max, last) => max.or(last),
         };
-        Phases { n: deadlines.len(), warmup: config.warmup, cooldown: config.cooldown, end_ns }
+        let n = if sessions { config.num_requests } else { deadlines.len() };
+        Phases { n, warmup: config.warmup, cooldown: config.cooldown, end_ns }
     }
 
     /// The phase of request `seq`, ready to go at `ready_ns`.
@@ -636,12 +647,42 @@ struct Prepared {
     body: Bytes,
     prompt_tokens: u32,
     max_tokens: u32,
+    /// The session whose first turn it is.
+    session: Option<Box<Session>>,
 }
 
 /// A request task's report to the dispatcher.
 struct Done {
     record: RequestRecord,
     conn: Option<Conn>,
+    /// The reply's text, for a session that goes on.
+    reply: Option<String>,
+    session: Option<Box<Session>>,
+}
+
+/// What shapes every request body of a run, owned: the first turns' are
+/// made on the bodies' thread, a session's later ones by its worker.
+#[derive(Debug)]
+struct BodyShape {
+    endpoint: Endpoint,
+    model: String,
+    stream: bool,
+    extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl BodyShape {
+    fn of(config: &LoadConfig) -> BodyShape {
+        BodyShape {
+            endpoint: config.endpoint,
+            model: config.model.clone(),
+            stream: config.stream,
+            extra: config.extra_body.clone(),
+        }
+    }
+
+    fn options(&self) -> BodyOptions<'_> {
+        BodyOptions { endpoint: self.endpoint, model: &self.model, stream: self.stream, extra: &self.extra }
+    }
 }
 
 /// What the workers make of the records as they come back: the summary,
@@ -705,9 +746,97 @@ impl Collected {
     }
 }
 
-/// Sends each of the lane's requests at its deadline (or when a slot of
-/// its cap frees) until the schedule, the maximum duration or a stop ends
-/// it; its records go to `collected`.
+/// What a worker's dispatcher holds between its sends.
+struct LaneState {
+    /// Requests sent whose record is not back.
+    in_flight: usize,
+    /// Slots of the cap held: a request holds one from its send to its
+    /// record's return, a session from its first turn's send to its last
+    /// turn's record (its think times included).
+    held: usize,
+    cap: usize,
+    /// When a slot last came free while every one was held: a request due
+    /// before then waited for it.
+    freed_ns: Option<i64>,
+    idle: Vec<Conn>,
+    /// Sessions' next turns, the earliest due first.
+    waiting: BinaryHeap<Reverse<Waiting>>,
+    /// The run is ending: sessions go no further.
+    stopping: bool,
+}
+
+/// A session's next turn, made and waiting for its think time to pass.
+struct Waiting {
+    due_ns: i64,
+    turn: NextTurn,
+    session: Box<Session>,
+}
+
+impl Waiting {
+    fn key(&self) -> (i64, u64) {
+        (self.due_ns, self.session.id)
+    }
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Waiting {}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+impl LaneState {
+    /// A record came back: its connection is reused, its session's next
+    /// turn made, or its slot freed. Returns whether what is due next may
+    /// have changed (a turn queued, or a slot freed while all were held).
+    fn accept(&mut self, done: Done, shape: &BodyShape, collected: &Mutex<Collected>, clock: &Clock) -> bool {
+        self.in_flight -= 1;
+        if let Some(conn) = done.conn {
+            self.idle.push(conn);
+        }
+        let next = match done.session {
+            Some(mut session) if !self.stopping => session
+                .next(&shape.options(), &done.record, done.reply)
+                .map(|(turn, due_ns)| Waiting { due_ns, turn, session }),
+            _ => None,
+        };
+        let changed = match next {
+            Some(waiting) => {
+                self.waiting.push(Reverse(waiting));
+                true
+            }
+            None => {
+                let full = self.held >= self.cap;
+                if full {
+                    self.freed_ns = Some(done.record.completed_ns);
+                }
+                self.held -= 1;
+                full
+            }
+        };
+        collected.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(done.record, clock);
+        changed
+    }
+}
+
+/// Sends each of the lane's requests when it is due (a start at its
+/// deadline once a slot of its cap is free; a session's next turn when its
+/// think time has passed) until the schedule and its sessions are done, the
+/// maximum duration passes or the run is stopped; its records go to
+/// `collected`.
 #[allow(clippy::too_many_arguments)]
 async fn dispatch(
     target: Arc<Target>,
@@ -715,14 +844,21 @@ async fn dispatch(
     mut bodies: mpsc::Receiver<Prepared>,
     deadlines: &[Duration],
     phases: &Phases,
-    mut idle: Vec<Conn>,
+    idle: Vec<Conn>,
     sink_tx: Option<RecordSender>,
     collected: &Mutex<Collected>,
 ) {
     let clock = target.clock;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-    let mut in_flight = 0usize;
-    let cap = lane.cap;
+    let mut state = LaneState {
+        in_flight: 0,
+        held: 0,
+        cap: lane.cap,
+        freed_ns: None,
+        idle,
+        waiting: BinaryHeap::new(),
+        stopping: false,
+    };
     let end = lane.end.map(|d| clock.at(d));
     let end_or_never = async move {
         match end {
@@ -732,67 +868,118 @@ async fn dispatch(
     };
     tokio::pin!(end_or_never);
     let stop = target.cancel.clone();
-    let lock = || collected.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let accept = |done: Done, idle: &mut Vec<Conn>, in_flight: &mut usize| {
-        *in_flight -= 1;
-        if let Some(conn) = done.conn {
-            idle.push(conn);
-        }
-        lock().take(done.record, &clock);
-    };
+    let shape = &*lane.shape;
+    let mut starts = (lane.index..deadlines.len()).step_by(lane.of);
+    let mut next_start: Option<(usize, Prepared)> = None;
+    let mut starts_left = true;
+    let mut sent = 0u64;
 
-    'sending: for seq in (lane.index..deadlines.len()).step_by(lane.of) {
-        let deadline = &deadlines[seq];
-        // Made ahead: waiting here means the thread making them fell behind.
-        let Prepared { body, prompt_tokens, max_tokens } = match bodies.try_recv() {
-            Ok(prepared) => prepared,
-            Err(_) => tokio::select! {
-                biased;
-                () = stop.cancelled() => break 'sending,
-                () = &mut end_or_never => break 'sending,
-                prepared = bodies.recv() => match prepared {
-                    Some(prepared) => prepared,
-                    None => break 'sending,
+    'sending: loop {
+        if next_start.is_none() && starts_left {
+            // Made ahead: waiting here means the thread making them fell behind.
+            let prepared = match starts.next() {
+                None => None,
+                Some(_) if stop.is_cancelled() => break 'sending,
+                Some(i) => match bodies.try_recv() {
+                    Ok(prepared) => Some((i, prepared)),
+                    Err(_) => tokio::select! {
+                        biased;
+                        () = stop.cancelled() => break 'sending,
+                        () = &mut end_or_never => {
+                            stop.cancel();
+                            break 'sending;
+                        }
+                        prepared = bodies.recv() => prepared.map(|p| (i, p)),
+                    },
                 },
-            },
+            };
+            starts_left = prepared.is_some();
+            next_start = prepared;
+        }
+        let start_due = next_start.as_ref().filter(|_| state.held < state.cap).map(|(i, _)| ns(deadlines[*i]));
+        let turn_due = state.waiting.peek().map(|w| w.0.due_ns);
+        let due_ns = match (start_due, turn_due) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(due), None) | (None, Some(due)) => due,
+            (None, None) if state.in_flight == 0 => break 'sending,
+            (None, None) => {
+                // Nothing can go until a record comes back.
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => break 'sending,
+                    () = &mut end_or_never => {
+                        stop.cancel();
+                        break 'sending;
+                    }
+                    Some(done) = done_rx.recv() => {
+                        state.accept(done, shape, collected, &clock);
+                    }
+                }
+                continue 'sending;
+            }
         };
-        // Until the deadline, take completions in (their connections are
-        // reused, and the records would otherwise pile up in the channel).
-        let due = tokio::time::sleep_until(clock.at(*deadline));
+        // Until it is due, take records in: their connections are reused,
+        // the records would otherwise pile up in the channel, and a
+        // session's next turn may be due sooner.
+        let due = tokio::time::sleep_until(clock.at(Duration::from_nanos(u64::try_from(due_ns).unwrap_or(0))));
         tokio::pin!(due);
         loop {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break 'sending,
-                () = &mut end_or_never => break 'sending,
+                () = &mut end_or_never => {
+                    stop.cancel();
+                    break 'sending;
+                }
                 () = &mut due => break,
-                Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
-            }
-        }
-        // Under the cap, a request that is due waits for a slot: its send is
-        // late, its deadline stays as scheduled, and the slot's time is kept
-        // so the lag of the client itself can be told apart.
-        let mut slot_ns = None;
-        while in_flight >= cap {
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => break 'sending,
-                () = &mut end_or_never => break 'sending,
                 Some(done) = done_rx.recv() => {
-                    slot_ns = Some(done.record.completed_ns);
-                    accept(done, &mut idle, &mut in_flight);
+                    if state.accept(done, shape, collected, &clock) {
+                        continue 'sending;
+                    }
                 }
             }
         }
         while let Ok(done) = done_rx.try_recv() {
-            accept(done, &mut idle, &mut in_flight);
+            state.accept(done, shape, collected, &clock);
         }
-        let scheduled_ns = ns(*deadline);
+        // A session's turn keeps its slot; a start takes one, and a start
+        // that was due while every slot was held waited for one: its send is
+        // late, its deadline stays as scheduled, and the slot's time is kept
+        // so that the lag of the client itself can be told apart.
+        let (scheduled_ns, slot_ns, body, prompt_tokens, max_tokens, session) =
+            match state.waiting.peek().is_some_and(|w| w.0.due_ns <= due_ns) {
+                true => {
+                    let Some(Reverse(Waiting { due_ns, turn, session })) = state.waiting.pop() else {
+                        unreachable!("a turn was due")
+                    };
+                    (due_ns, None, turn.body, turn.prompt_tokens, turn.max_tokens, Some(session))
+                }
+                false => {
+                    let Some((i, prepared)) = next_start.take() else { unreachable!("a start was due") };
+                    state.held += 1;
+                    let scheduled_ns = ns(deadlines[i]);
+                    let slot_ns = state.freed_ns.filter(|&freed| freed > scheduled_ns);
+                    let Prepared { body, prompt_tokens, max_tokens, session } = prepared;
+                    (scheduled_ns, slot_ns, body, prompt_tokens, max_tokens, session)
+                }
+            };
+        let seq = lane.index as u64 + sent * lane.of as u64;
+        sent += 1;
         let ready_ns = slot_ns.map_or(scheduled_ns, |s| s.max(scheduled_ns));
-        let phase = phases.of(seq, ready_ns);
-        let request = Request { seq: seq as u64, scheduled_ns, slot_ns, phase, body, prompt_tokens, max_tokens };
-        lock().sent(seq as u64, &clock);
-        let sending = client::send(Arc::clone(&target), request, idle.pop());
+        let phase = phases.of(seq as usize, ready_ns);
+        let request = Request {
+            seq,
+            scheduled_ns,
+            slot_ns,
+            phase,
+            body,
+            prompt_tokens,
+            max_tokens,
+            turn: session.as_ref().map(|s| s.place()),
+            keep_reply: session.as_ref().is_some_and(|s| s.continues()),
+        };
+        collected.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sent(seq, &clock);
+        let sending = client::send(Arc::clone(&target), request, state.idle.pop());
         let (progress, sink_tx, done_tx) = (lane.progress.clone(), sink_tx.clone(), done_tx.clone());
         if let Some(progress) = &progress {
             progress.sent.fetch_add(1, Ordering::Relaxed);
@@ -800,11 +987,11 @@ async fn dispatch(
         if let Some(sink) = &sink_tx {
             sink.count_sent();
         }
-        in_flight += 1;
+        state.in_flight += 1;
         // Boxed: the task then holds a pointer, not the whole request state
         // padded to the task's alignment (ten thousand of them at once); and
         // `map`, not an async block, which would hold the future twice.
-        tokio::spawn(Box::pin(sending.map(move |(record, conn)| {
+        tokio::spawn(Box::pin(sending.map(move |(record, conn, reply)| {
             if let Some(progress) = progress {
                 progress.done.fetch_add(1, Ordering::Relaxed);
                 if !record.outcome.is_ok() {
@@ -814,25 +1001,20 @@ async fn dispatch(
             if let Some(tx) = sink_tx {
                 tx.record(record.clone());
             }
-            let _ = done_tx.send(Done { record, conn });
+            let _ = done_tx.send(Done { record, conn, reply, session });
         })));
     }
     drop(done_tx);
 
-    // The rest finish, unless the run's time is up or it is stopped: then
-    // they are cancelled, and each still reports its record.
-    while in_flight > 0 {
-        tokio::select! {
-            biased;
-            Some(done) = done_rx.recv() => accept(done, &mut idle, &mut in_flight),
-            () = &mut end_or_never, if !stop.is_cancelled() => stop.cancel(),
-            () = stop.cancelled() => {
-                // Already cancelled: wait for the records to come in.
-                match done_rx.recv().await {
-                    Some(done) => accept(done, &mut idle, &mut in_flight),
-                    None => break,
-                }
+    // Stopped, or past the maximum duration: the requests still out are
+    // cancelled, and each still reports its record.
+    state.stopping = true;
+    while state.in_flight > 0 {
+        match done_rx.recv().await {
+            Some(done) => {
+                state.accept(done, shape, collected, &clock);
             }
+            None => break,
         }
     }
 }
@@ -1017,6 +1199,7 @@ mod tests {
             http_status: Some(200),
             error: None,
             phase: Phase::Measured,
+            turn: None,
         }
     }
 

@@ -158,6 +158,7 @@ fn records(job: u64, n: u64, output_tokens: u32, fail_every: u64) -> Vec<Request
                     http_status: Some(503),
                     error: Some(format!("busy (job {job})")),
                     phase: Default::default(),
+                    turn: None,
                 };
             }
             let ttft = 5_000_000 + ((seq * 7919 + job * 31) % 97) as i64 * 250_000;
@@ -180,6 +181,7 @@ fn records(job: u64, n: u64, output_tokens: u32, fail_every: u64) -> Vec<Request
                 http_status: Some(200),
                 error: None,
                 phase: Default::default(),
+                turn: None,
             }
         })
         .collect()

@@ -11,7 +11,7 @@
 //! each histogram: its count, its sum (an f64), its entries, each as the
 //! step from the previous value (µs) and its count.
 
-use benchfleet_core::{Chunk, Chunks, Digest, Histogram, Outcome, Phase, RequestRecord};
+use benchfleet_core::{Chunk, Chunks, Digest, Histogram, Outcome, Phase, RequestRecord, Turn};
 
 /// The encoding's version; a decoder refuses any other.
 const VERSION: u8 = 1;
@@ -43,6 +43,7 @@ const HAS_CONNECT: u8 = 2;
 const HAS_FIRST_TOKEN: u8 = 4;
 const HAS_STATUS: u8 = 8;
 const HAS_ERROR: u8 = 16;
+const HAS_TURN: u8 = 32;
 
 fn outcome_code(o: Outcome) -> u8 {
     match o {
@@ -79,6 +80,7 @@ fn encode_one(out: &mut Vec<u8>, r: &RequestRecord) {
         (r.first_token_ns.is_some(), HAS_FIRST_TOKEN),
         (r.http_status.is_some(), HAS_STATUS),
         (r.error.is_some(), HAS_ERROR),
+        (r.turn.is_some(), HAS_TURN),
     ] {
         if set {
             flags |= bit;
@@ -112,6 +114,10 @@ fn encode_one(out: &mut Vec<u8>, r: &RequestRecord) {
     if let Some(e) = &r.error {
         put_u64(out, e.len() as u64);
         out.extend_from_slice(e.as_bytes());
+    }
+    if let Some(t) = r.turn {
+        put_u64(out, t.session);
+        put_u64(out, t.turn.into());
     }
     put_u64(out, r.chunks.len() as u64);
     let mut last = r.sent_ns;
@@ -261,7 +267,11 @@ impl<'a> BatchReader<'a> {
     }
 
     fn record(&mut self) -> Result<RequestRecord, DecodeError> {
+        let at = self.at;
         let flags = self.byte()?;
+        if flags & !(HAS_SLOT | HAS_CONNECT | HAS_FIRST_TOKEN | HAS_STATUS | HAS_ERROR | HAS_TURN) != 0 {
+            return Err(DecodeError::Bad { at, what: "unknown flags" });
+        }
         let at = self.at;
         let outcome = outcome_of(self.byte()?).ok_or(DecodeError::Bad { at, what: "unknown outcome" })?;
         let at = self.at;
@@ -296,6 +306,17 @@ impl<'a> BatchReader<'a> {
         } else {
             None
         };
+        let turn = if flags & HAS_TURN != 0 {
+            let session = self.u64()?;
+            let at = self.at;
+            let turn = self.u32()?;
+            if turn == 0 {
+                return Err(DecodeError::Bad { at, what: "turn 0 (turns count from 1)" });
+            }
+            Some(Turn { session, turn })
+        } else {
+            None
+        };
         let n = self.u64()?;
         // Each chunk takes at least two bytes: a length beyond what is left
         // is corruption, not a reason to allocate.
@@ -324,6 +345,7 @@ impl<'a> BatchReader<'a> {
             http_status,
             error,
             phase,
+            turn,
         })
     }
 }
@@ -375,6 +397,7 @@ mod tests {
             status in proptest::option::of(any::<u16>()),
             error in proptest::option::of(".{0,40}"),
             phase in 0u8..3,
+            turn in proptest::option::of((any::<u64>(), 1..=u32::MAX)),
         ) -> RequestRecord {
             RequestRecord {
                 seq,
@@ -391,6 +414,7 @@ mod tests {
                 http_status: status,
                 error,
                 phase: [Phase::Measured, Phase::Warmup, Phase::Cooldown][phase as usize],
+                turn: turn.map(|(session, turn)| Turn { session, turn }),
             }
         }
     }
@@ -412,6 +436,41 @@ mod tests {
             bytes.truncate(i);
             let _ = decode_batch(&bytes);
         }
+    }
+
+    /// A flag this build does not know is refused, not skipped: what it
+    /// marks would be read as the next field.
+    #[test]
+    fn unknown_flags_and_turn_zero_are_refused() {
+        let r = RequestRecord {
+            seq: 1,
+            scheduled_ns: 0,
+            sent_ns: 0,
+            slot_ns: None,
+            connect_ns: None,
+            first_token_ns: None,
+            completed_ns: 0,
+            chunks: Chunks::default(),
+            prompt_tokens: 0,
+            output_tokens: 0,
+            outcome: Outcome::Ok,
+            http_status: None,
+            error: None,
+            phase: Phase::Measured,
+            turn: Some(Turn { session: 3, turn: 1 }),
+        };
+        let mut bytes = encode_batch(std::slice::from_ref(&r));
+        assert_eq!(decode_batch(&bytes), Ok(vec![r]));
+        // Version, count, then the record's flags.
+        bytes[2] |= 64;
+        assert_eq!(decode_batch(&bytes), Err(DecodeError::Bad { at: 2, what: "unknown flags" }));
+        bytes[2] &= !64;
+        // The turn: after flags, outcome, phase, seq, schedule, send and
+        // completion (one byte each), prompt and output, and the session.
+        let at = bytes.len() - 2;
+        assert_eq!(bytes[at], 1, "turn 1 where expected");
+        bytes[at] = 0;
+        assert!(matches!(decode_batch(&bytes), Err(DecodeError::Bad { what: "turn 0 (turns count from 1)", .. })));
     }
 
     prop_compose! {
@@ -471,6 +530,7 @@ mod tests {
             http_status: Some(200),
             error: None,
             phase: Phase::Measured,
+            turn: None,
         };
         let bytes = encode_batch(std::slice::from_ref(&record));
         // 12 ms gaps take 4 bytes as varints, a token count 1.

@@ -43,6 +43,7 @@ fn record(seq: u64) -> RequestRecord {
         http_status: Some(200),
         error: None,
         phase: Default::default(),
+        turn: None,
     }
 }
 

@@ -656,6 +656,7 @@ fn hand_records(repeat: usize) -> Vec<benchfleet_core::RequestRecord> {
                 http_status: Some(200),
                 error: None,
                 phase: Default::default(),
+                turn: None,
             }
         })
         .collect()

@@ -816,6 +816,7 @@ fn repeat_records(repeat: u64) -> Vec<benchfleet_core::RequestRecord> {
                 http_status: Some(200),
                 error: None,
                 phase: benchfleet_core::Phase::Measured,
+                turn: None,
             }
         })
         .collect()

@@ -15,12 +15,12 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use super::noise;
 use super::steady::{self, Done};
 use super::{
     Distribution, Failures, Goodput, NS_PER_MS, NS_PER_S, Sum, Summary, SummaryOptions, chunk_gaps, lag_limit_for,
     token_scale, validity,
 };
+use super::{noise, sessions};
 use crate::digest::Tally;
 use crate::record::{ChunkCursor, Chunks, Outcome, Phase, RequestRecord};
 
@@ -67,6 +67,8 @@ pub struct SummaryBuilder {
     /// of a token, so that the sums are the same in any order.
     output_bins: Vec<u64>,
     input_bins: Vec<u64>,
+    /// A multi-turn run's sessions.
+    sessions: sessions::Tally,
 }
 
 impl SummaryBuilder {
@@ -105,6 +107,7 @@ impl SummaryBuilder {
             done: Vec::new(),
             output_bins: Vec::new(),
             input_bins: Vec::new(),
+            sessions: sessions::Tally::default(),
         }
     }
 
@@ -116,6 +119,7 @@ impl SummaryBuilder {
         {
             self.first_error = Some((r.seq, error.clone()));
         }
+        self.sessions.add(r);
         if r.phase != Phase::Measured {
             return;
         }
@@ -282,6 +286,7 @@ impl SummaryBuilder {
             usage_below_events: 0,
             steady_state,
             noise,
+            sessions: self.sessions.finish(),
             goodput: options.goodput.map(|slo| Goodput {
                 slo,
                 good: self.good,

@@ -39,8 +39,12 @@ pub struct Timing {
 pub struct Served {
     pub chunks: Vec<Duration>,
     pub done: Duration,
-    /// The prompt it was sent.
+    /// The prompt it was sent: a chat's messages' contents, one line each.
     pub prompt: String,
+    /// A chat's messages, (role, content) each.
+    pub messages: Vec<(String, String)>,
+    /// What it streamed as the reply's text.
+    pub reply: String,
 }
 
 /// Every completed stream the server served, in completion order.
@@ -100,8 +104,16 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
         return (StatusCode::INTERNAL_SERVER_ERROR, "engine exploded ".repeat(40)).into_response();
     }
     let chat = request.get("messages").is_some();
-    let prompt = if chat { &request["messages"][0]["content"] } else { &request["prompt"] };
-    let prompt = prompt.as_str().unwrap_or_default().to_owned();
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let messages: Vec<(String, String)> = request["messages"]
+        .as_array()
+        .map(|m| m.iter().map(|m| (text(&m["role"]), text(&m["content"]))).collect())
+        .unwrap_or_default();
+    let prompt = if chat {
+        messages.iter().map(|(_, content)| content.as_str()).collect::<Vec<_>>().join("\n")
+    } else {
+        text(&request["prompt"])
+    };
     let prompt_tokens = prompt.split_whitespace().count();
     let tokens = request["max_tokens"].as_u64().expect("max_tokens");
     let stop_after = match model.as_str() {
@@ -115,7 +127,7 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let truth = server.truth.clone();
     tokio::spawn(async move {
-        let mut served = Served { prompt, ..Served::default() };
+        let mut served = Served { prompt, messages, ..Served::default() };
         let send = |data: String| tx.send(Ok(Bytes::from(format!("data: {data}\n\n"))));
         // Neither a role-only nor an empty chunk is a token.
         let empty = if chat {
@@ -148,6 +160,7 @@ async fn generate(State(server): State<Server>, Json(request): Json<Value>) -> R
                 (false, _) => json!({"choices": [{"index": 0, "text": text}]}),
             };
             served.chunks.push(arrived.elapsed());
+            served.reply.push_str(&text);
             send(chunk.to_string()).await.ok();
         }
         let counted = if model == "undercount" { tokens / 2 } else { tokens };

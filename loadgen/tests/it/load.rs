@@ -159,3 +159,80 @@ async fn a_closed_loop_reports_its_steady_state_window() {
     let block = benchfleet_loadgen::render_block(s, None);
     assert!(block.contains("Steady state:") && block.contains("8 or more in flight"), "{block}");
 }
+
+/// Multi-turn sessions: each turn goes its think time after the previous
+/// reply, carrying the conversation so far with the reply the server
+/// actually gave; the cap holds sessions, not requests; the records say
+/// each request's session and turn, and the summary its turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_send_each_turn_after_its_reply_with_the_conversation_so_far() {
+    let _machine = crate::beside().await;
+    let quick = Timing { ttft: Duration::from_millis(20), itl: Duration::from_millis(2), per_chunk: 1 };
+    let (url, truth) = fake_openai::start_recorded(quick).await;
+    let think = Duration::from_millis(30);
+    for workers in [1, 2] {
+        truth.lock().expect("truth").clear();
+        let dataset = benchfleet_loadgen::Dataset::MultiTurn {
+            turns: 3,
+            user_tokens: 4,
+            output_tokens: 5,
+            think_time: think,
+            seed: 1,
+        };
+        // Ten requests: sessions of 3, 3, 3 and 1 turns, two at a time.
+        let mut config = benchfleet_loadgen::LoadConfig::new(url.as_str(), "good", dataset, 10);
+        config.endpoint = Endpoint::Chat;
+        config.max_concurrency = Some(2);
+        config.workers = workers;
+        let result = run(config, None).await.expect("run");
+        let s = &result.summary;
+        assert_eq!((s.successful, s.failed), (10, 0), "workers {workers}");
+        let mut sessions: Vec<Vec<&benchfleet_loadgen::RequestRecord>> = vec![Vec::new(); 4];
+        for r in &result.records {
+            let turn = r.turn.expect("a session's request");
+            sessions[turn.session as usize].push(r);
+        }
+        for (id, turns) in sessions.iter_mut().enumerate() {
+            turns.sort_by_key(|r| r.turn.map(|t| t.turn));
+            let numbers: Vec<u32> = turns.iter().filter_map(|r| r.turn.map(|t| t.turn)).collect();
+            assert_eq!(numbers, if id == 3 { vec![1] } else { vec![1, 2, 3] }, "session {id}");
+            for pair in turns.windows(2) {
+                let due = pair[0].completed_ns + think.as_nanos() as i64;
+                assert_eq!(pair[1].scheduled_ns, due, "due its think time after the reply");
+                assert!(pair[1].sent_ns >= due, "{:?}", pair[1]);
+            }
+            // The server's count of the whole conversation: 4 user words a
+            // turn and 5 of each reply.
+            let prompts: Vec<u32> = turns.iter().map(|r| r.prompt_tokens).collect();
+            assert_eq!(prompts, [4, 13, 22][..turns.len()], "session {id}");
+        }
+        // At most two sessions under way at once, from a first send to a
+        // last reply (think times included).
+        let mut edges: Vec<(i64, i32)> =
+            sessions.iter().flat_map(|t| [(t[0].sent_ns, 1), (t.last().expect("a turn").completed_ns, -1)]).collect();
+        edges.sort_unstable_by_key(|&(at, step)| (at, step));
+        let most = edges.iter().scan(0, |open, &(_, step)| {
+            *open += step;
+            Some(*open)
+        });
+        assert_eq!(most.max(), Some(2), "workers {workers}");
+        // Each turn carried the conversation so far, the replies as streamed.
+        let served = truth.lock().expect("truth").clone();
+        assert_eq!(served.len(), 10);
+        for request in &served {
+            let roles: Vec<&str> = request.messages.iter().map(|(role, _)| role.as_str()).collect();
+            assert_eq!(roles.len() % 2, 1, "{roles:?}");
+            assert!(roles.iter().enumerate().all(|(i, r)| *r == ["user", "assistant"][i % 2]), "{roles:?}");
+            if roles.len() > 1 {
+                let before = &request.messages[..roles.len() - 2];
+                let earlier = served.iter().find(|other| other.messages == before).expect("the turn before");
+                assert_eq!(request.messages[roles.len() - 2].1, earlier.reply, "the reply it got");
+            }
+        }
+        let figures = s.sessions.as_ref().expect("sessions");
+        assert_eq!((figures.sessions, figures.turns), (4, 10));
+        let rows: Vec<(u32, u64, f64)> =
+            figures.by_turn.iter().map(|t| (t.turn, t.successful, t.mean_prompt_tokens)).collect();
+        assert_eq!(rows, [(1, 4, 4.0), (2, 3, 13.0), (3, 3, 22.0)]);
+    }
+}

@@ -64,6 +64,15 @@ fn dataset() -> impl Strategy<Value = LoadDataset> {
         ),
         (stored(), prop_oneof![Just(TraceFormat::Mooncake), Just(TraceFormat::Jsonl)], finite())
             .prop_map(|(f, format, speed)| LoadDataset::Trace { file: f.file, sha256: f.sha256, format, speed }),
+        (1..=u32::MAX, any::<u32>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+            |(turns, user_tokens, output_tokens, think_time_ms, seed)| LoadDataset::MultiTurn {
+                turns,
+                user_tokens,
+                output_tokens,
+                think_time_ms,
+                seed
+            }
+        ),
     ]
 }
 

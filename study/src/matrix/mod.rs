@@ -890,6 +890,22 @@ impl Ctx<'_> {
         for c in &checked {
             let Some((flag, limit)) = context_limit(c) else { continue };
             for p in list.iter().filter(|p| c.runs(&p.name)) {
+                if let Dataset::MultiTurn { turns, user_tokens, output_tokens, .. } = p.dataset {
+                    // The last turn carries every earlier one and its reply.
+                    let (t, u, o) = (u64::from(turns), u64::from(user_tokens), u64::from(output_tokens));
+                    let last = t * u + (t - 1) * o;
+                    if last + o > limit {
+                        return Err(self.err(
+                            &format!("profiles.{}.dataset.multi_turn", p.name),
+                            format!(
+                                "a session's turn {turns} carries {last} input tokens (the conversation so far) and \
+                                 asks {o} more: that does not fit the context of {} ({flag}={limit})",
+                                c.name
+                            ),
+                        ));
+                    }
+                    continue;
+                }
                 let Some(input_tokens) = p.dataset.input_tokens() else { continue };
                 let output_tokens = p.dataset.output_tokens().unwrap_or(0);
                 let (field, input_field) = match p.dataset {

@@ -200,6 +200,16 @@ pub(super) fn profile(
             })?)
         }
     };
+    if matches!(dataset, Dataset::MultiTurn { .. })
+        && matches!(cooldown, Some(Window::Seconds(_)))
+        && max_duration_s.is_none()
+    {
+        return Err(err(
+            &field("cooldown"),
+            "in seconds needs a max_duration with multi_turn sessions: when the last one ends is not known ahead"
+                .to_owned(),
+        ));
+    }
     let extra_body = extra_body_of(name, p, err)?;
     let lag_limit_ms = match p.lag_limit_ms {
         Some(ms) if !ms.is_finite() || ms <= 0.0 => {
@@ -274,6 +284,16 @@ pub(super) fn dataset_of(
             "applies to sharegpt; the other datasets set their own output_tokens".to_owned(),
         ));
     }
+    if let Some(m) = &d.multi_turn {
+        let others = [d.random.is_some(), d.sharegpt.is_some(), d.shared_prefix.is_some(), d.trace.is_some()];
+        if others.contains(&true) {
+            return Err(err(
+                &field("dataset"),
+                "give exactly one of random, sharegpt, shared_prefix, trace or multi_turn".to_owned(),
+            ));
+        }
+        return multi_turn_of(m, requests, &field, &count, err, strict);
+    }
     let dataset = match (&d.random, &d.sharegpt, &d.shared_prefix, &d.trace) {
         (Some(r), None, None, None) => Dataset::Random {
             input_tokens: count("random.input_tokens", r.input_tokens)?,
@@ -330,7 +350,7 @@ pub(super) fn dataset_of(
         _ => {
             return Err(err(
                 &field("dataset"),
-                "give exactly one of random, sharegpt, shared_prefix or trace".to_owned(),
+                "give exactly one of random, sharegpt, shared_prefix, trace or multi_turn".to_owned(),
             ));
         }
     };
@@ -348,6 +368,48 @@ pub(super) fn dataset_of(
     }
     Ok(dataset)
 }
+
+/// A multi-turn dataset: its turns at least 1, its token counts like any
+/// dataset's, its think time whole milliseconds from 0 up to an hour, and
+/// the conversations' prompt tokens (each turn carries every earlier one
+/// and its reply) within a job's.
+fn multi_turn_of(
+    m: &RawMultiTurn,
+    requests: u64,
+    field: &dyn Fn(&str) -> String,
+    count: &dyn Fn(&str, i64) -> Result<u32, MatrixError>,
+    err: &dyn Fn(&str, String) -> MatrixError,
+    strict: bool,
+) -> Result<Dataset, MatrixError> {
+    let turns = u32::try_from(m.turns).ok().filter(|t| (1..=MAX_TURNS).contains(t)).ok_or_else(|| {
+        err(&field("dataset.multi_turn.turns"), format!("must be from 1 to {MAX_TURNS}, got {}", m.turns))
+    })?;
+    let user_tokens = count("multi_turn.user_tokens", m.user_tokens)?;
+    let output_tokens = count("multi_turn.output_tokens", m.output_tokens)?;
+    let think_time_ms = match m.think_time_ms {
+        None => 0,
+        Some(ms) => u64::try_from(ms).ok().filter(|&ms| ms <= 3_600_000).ok_or_else(|| {
+            err(&field("dataset.multi_turn.think_time_ms"), format!("must be from 0 to 3600000 ms, got {ms}"))
+        })?,
+    };
+    // Turn k sends k user turns and k - 1 replies.
+    let (t, u, o) = (u64::from(turns), u64::from(user_tokens), u64::from(output_tokens));
+    let session = u * t * (t + 1) / 2 + o * t * (t - 1) / 2;
+    let prompt_tokens = session.saturating_mul(requests.div_ceil(t));
+    if strict && prompt_tokens > MAX_PROMPT_TOKENS {
+        return Err(err(
+            &field("dataset"),
+            format!(
+                "{requests} requests in sessions of {turns} turns are about {prompt_tokens} prompt tokens (each \
+                 turn carries the conversation so far); a job may hold at most {MAX_PROMPT_TOKENS}"
+            ),
+        ));
+    }
+    Ok(Dataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed: m.seed })
+}
+
+/// The most turns a session may have.
+const MAX_TURNS: u32 = 1024;
 
 /// A profile's warm-up and cool-down: requests (fewer than it sends, and
 /// leaving some to measure) or seconds.

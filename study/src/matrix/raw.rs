@@ -254,6 +254,8 @@ pub(super) struct RawDataset {
     pub(super) shared_prefix: Option<RawSharedPrefix>,
     #[serde(default)]
     pub(super) trace: Option<RawTrace>,
+    #[serde(default)]
+    pub(super) multi_turn: Option<RawMultiTurn>,
     /// Overrides the ShareGPT replies' lengths as output lengths.
     #[serde(default)]
     pub(super) output_tokens: Option<i64>,
@@ -269,6 +271,20 @@ pub(super) struct RawTrace {
     pub(super) format: Option<String>,
     #[serde(default)]
     pub(super) speed: Option<f64>,
+}
+
+/// Multi-turn sessions: user turns per session, each turn's user and
+/// output tokens, the think time between a reply and the next turn.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMultiTurn {
+    pub(super) turns: i64,
+    pub(super) user_tokens: i64,
+    pub(super) output_tokens: i64,
+    #[serde(default)]
+    pub(super) think_time_ms: Option<i64>,
+    #[serde(default)]
+    pub(super) seed: u64,
 }
 
 #[derive(Debug, Deserialize)]

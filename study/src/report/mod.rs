@@ -623,6 +623,10 @@ fn dataset_words(d: &Dataset) -> String {
         Dataset::Trace { file, sha256, format, speed } => {
             format!("{} trace {file} (sha256 {sha256}) at {}x", format.name(), words::number(*speed))
         }
+        Dataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed } => format!(
+            "multi-turn: sessions of {turns} turns, {user_tokens} user / {output_tokens} output tokens a turn, \
+             {think_time_ms} ms think time, seed {seed}"
+        ),
     }
 }
 
@@ -656,6 +660,14 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
             set("dataset_file", file.clone());
             set("trace_format", format.name().into());
             set("trace_speed", words::number(*speed));
+        }
+        Dataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed } => {
+            set("dataset_name", "multi_turn".into());
+            set("turns", turns.to_string());
+            set("user_tokens", user_tokens.to_string());
+            set("output_tokens", output_tokens.to_string());
+            set("think_time_ms", think_time_ms.to_string());
+            set("dataset_seed", seed.to_string());
         }
     }
     let searched = |over: crate::slo::Over| p.search.as_ref().is_some_and(|s| s.over == over);
