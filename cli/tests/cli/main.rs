@@ -8,6 +8,7 @@ mod delete;
 mod exit;
 mod export;
 mod inputs;
+mod sessions;
 mod trace;
 
 use std::path::{Path, PathBuf};
