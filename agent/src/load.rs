@@ -355,7 +355,12 @@ pub(crate) mod tests {
         )
         .expect("write");
         let sharegpt = LoadSpec {
-            dataset: LoadDataset::ShareGpt { file: "d.json".into(), sha256: String::new(), output_tokens: Some(4) },
+            dataset: LoadDataset::ShareGpt {
+                file: "d.json".into(),
+                sha256: String::new(),
+                output_tokens: Some(4),
+                sessions: None,
+            },
             ..random(5)
         };
         let c = config(sharegpt, Some(file));

@@ -183,7 +183,7 @@ pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result
     // Each dataset file is read as loadgen will read it, before anything is
     // submitted: a broken one is the matrix's error, naming the file.
     let mut dataset_notes = Vec::new();
-    let mut read: Vec<(String, ShareGpt)> = Vec::new();
+    let mut read: Vec<(String, bool, ShareGpt)> = Vec::new();
     let mut traces: Vec<(String, (benchfleet_core::trace::Trace, TraceFormat))> = Vec::new();
     for profile in &parsed.profiles {
         if let Dataset::Trace { file, format, .. } = &profile.dataset {
@@ -200,19 +200,25 @@ pub fn submission(path: &Path, runtime_override: Option<&str>) -> anyhow::Result
             }
             continue;
         }
-        let Dataset::ShareGpt { file, .. } = &profile.dataset else { continue };
+        let Dataset::ShareGpt { file, sessions, .. } = &profile.dataset else { continue };
         let field = format!("profiles.{}.dataset.sharegpt", profile.name);
-        if !read.iter().any(|(path, _)| path == file) {
+        // Sessions need each conversation's later exchanges; a file is
+        // read with them only for a profile that sends them.
+        let turns = sessions.is_some();
+        if !read.iter().any(|(path, kept, _)| path == file && *kept == turns) {
             let on_disk = base.join(file);
-            let data = sharegpt::read(&on_disk, file)
+            let data = sharegpt::read_with(&on_disk, file, turns)
                 .map_err(|e| matrix::field_error(&name, &yaml, &field, format!("{:#}", anyhow::Error::new(e))))?;
-            if data.skipped.total() > 0 {
-                dataset_notes.push(format!("{file}: {}", data.describe()));
+            let note = format!("{file}: {}", data.describe());
+            if data.skipped.total() > 0 && !dataset_notes.contains(&note) {
+                dataset_notes.push(note);
             }
-            read.push((file.clone(), data));
+            read.push((file.clone(), turns, data));
         }
-        let data = &read.iter().find(|(path, _)| path == file).expect("read above").1;
-        if let Some(reuse) = data.reuse(profile.requests as usize) {
+        let data = &read.iter().find(|(path, kept, _)| path == file && *kept == turns).expect("read above").2;
+        let reuse =
+            if turns { data.reuse_turns(profile.requests as usize) } else { data.reuse(profile.requests as usize) };
+        if let Some(reuse) = reuse {
             dataset_notes.push(format!("{field}: {reuse}"));
         }
     }

@@ -3,7 +3,7 @@
 
 use benchfleet_proto as pb;
 
-use crate::load::{Arrival, Endpoint, LoadDataset, LoadSpec, StoredFile, TraceFormat, Window};
+use crate::load::{Arrival, Endpoint, LoadDataset, LoadSpec, Sessions, StoredFile, TraceFormat, Window};
 use crate::metrics::{Distribution, Failures, Percentile, Slo, Summary};
 use crate::record::{Chunk, Outcome, Phase, RequestRecord, Turn};
 use crate::telemetry::{GpuTelemetry, Series, SeriesStats, Telemetry, TelemetrySummary};
@@ -516,11 +516,12 @@ impl From<&LoadSpec> for pb::LoadProfile {
                     seed: *seed,
                 })
             }
-            LoadDataset::ShareGpt { file, sha256, output_tokens } => {
+            LoadDataset::ShareGpt { file, sha256, output_tokens, sessions } => {
                 pb::load_profile::Dataset::Sharegpt(pb::ShareGptDataset {
                     name: file.clone(),
                     sha256: sha256.clone(),
                     output_tokens: output_tokens.unwrap_or(0),
+                    session_think_time_ms: sessions.map(|s| s.think_time_ms),
                 })
             }
             LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
@@ -601,6 +602,7 @@ impl TryFrom<pb::LoadProfile> for LoadSpec {
                 file: s.name,
                 sha256: s.sha256,
                 output_tokens: (s.output_tokens != 0).then_some(s.output_tokens),
+                sessions: s.session_think_time_ms.map(|think_time_ms| Sessions { think_time_ms }),
             },
             pb::load_profile::Dataset::SharedPrefix(p) => LoadDataset::SharedPrefix {
                 groups: p.groups,
@@ -687,7 +689,12 @@ mod tests {
             goodput: Some(Slo { ttft_ms: Some(200.0), tpot_ms: None, e2el_ms: Some(5000.0) }),
             processor: Some(StoredFile { file: "tokenizer.json".into(), sha256: "ab".repeat(32) }),
             ..LoadSpec::new(
-                LoadDataset::ShareGpt { file: "d.json".into(), sha256: "cd".into(), output_tokens: Some(4) },
+                LoadDataset::ShareGpt {
+                    file: "d.json".into(),
+                    sha256: "cd".into(),
+                    output_tokens: Some(4),
+                    sessions: None,
+                },
                 321,
             )
         };

@@ -84,6 +84,14 @@ pub enum Window {
     Seconds(f64),
 }
 
+/// How a dataset's conversations go as sessions: the spec's `requests`
+/// count turns, and its rate, arrivals and concurrency cap are of sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sessions {
+    /// Between a reply's end and the session's next turn.
+    pub think_time_ms: u64,
+}
+
 /// A file a matrix names, as the controller stores it: by its SHA-256.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredFile {
@@ -108,6 +116,11 @@ pub enum LoadDataset {
         file: String,
         sha256: String,
         output_tokens: Option<u32>,
+        /// Each conversation sent as a multi-turn session (its user turns
+        /// in order, each carrying the conversation so far), rather than
+        /// its first exchange as one request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sessions: Option<Sessions>,
     },
     /// `groups` random prefixes; request i sends prefix i mod groups and a
     /// suffix of its own (prefix caching's workload).
@@ -351,7 +364,7 @@ impl LoadSpec {
                 args.value("--seed", seed);
                 args.value("--arrival-seed", self.seed);
             }
-            LoadDataset::ShareGpt { output_tokens, .. } => {
+            LoadDataset::ShareGpt { output_tokens, sessions, .. } => {
                 args.value("--dataset-name", "sharegpt");
                 args.value("--seed", self.seed);
                 if let Some(path) = &target.dataset_path {
@@ -359,6 +372,10 @@ impl LoadSpec {
                 }
                 if let Some(n) = output_tokens {
                     args.value("--sharegpt-output-len", n);
+                }
+                if let Some(s) = sessions {
+                    args.flag("--sharegpt-sessions");
+                    args.value("--multi-turn-think-ms", s.think_time_ms);
                 }
             }
             LoadDataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed } => {
@@ -516,7 +533,12 @@ mod tests {
              --random-output-len 20 --seed 5 --arrival-seed 77"
         );
         let sharegpt = LoadSpec {
-            dataset: LoadDataset::ShareGpt { file: "d.json".into(), sha256: "ab".into(), output_tokens: Some(4) },
+            dataset: LoadDataset::ShareGpt {
+                file: "d.json".into(),
+                sha256: "ab".into(),
+                output_tokens: Some(4),
+                sessions: None,
+            },
             ..spec
         };
         let target = LoadTarget { dataset_path: Some("/cache/ab".into()), quiet: true, ..target };
@@ -553,7 +575,12 @@ mod tests {
     #[test]
     fn the_serde_form_is_the_one_profiles_were_stored_in() {
         let spec = LoadSpec {
-            dataset: LoadDataset::ShareGpt { file: "d.json".into(), sha256: "ab".into(), output_tokens: None },
+            dataset: LoadDataset::ShareGpt {
+                file: "d.json".into(),
+                sha256: "ab".into(),
+                output_tokens: None,
+                sessions: None,
+            },
             warmup: Some(Window::Seconds(2.5)),
             processor: Some(StoredFile { file: "t.json".into(), sha256: "cd".into() }),
             ..random()

@@ -38,6 +38,18 @@ pub struct ShareGpt {
 pub struct Exchange {
     pub prompt: String,
     pub reply: String,
+    /// The exchanges that followed it in its conversation, when they are
+    /// kept (`parse_with`'s `turns`): each a further user turn and the reply
+    /// to it, up to the first turn that breaks the rule (not a user turn
+    /// followed by an assistant's, or an empty one).
+    pub more: Vec<Exchange>,
+}
+
+impl Exchange {
+    /// Its conversation's user turns: 1 and those that followed.
+    pub fn turns(&self) -> usize {
+        1 + self.more.len()
+    }
 }
 
 /// Why entries were skipped, counted by the first rule each broke.
@@ -90,6 +102,22 @@ impl ShareGpt {
 }
 
 impl ShareGpt {
+    /// What to say when `requests` turns of sessions are asked of fewer
+    /// than the conversations hold (read with their later exchanges): the
+    /// conversations are sent again, in the same order.
+    pub fn reuse_turns(&self, requests: usize) -> Option<String> {
+        let have: usize = self.entries.iter().map(Exchange::turns).sum();
+        (requests > have && have > 0).then(|| {
+            format!(
+                "{requests} turns asked of {}, whose {} usable conversation{} hold {have}: they are sent again, in \
+                 the same order",
+                self.name,
+                self.entries.len(),
+                if self.entries.len() == 1 { "" } else { "s" }
+            )
+        })
+    }
+
     /// What to say when `requests` prompts are asked of fewer
     /// conversations: they are sent again, in the same order.
     pub fn reuse(&self, requests: usize) -> Option<String> {
@@ -135,20 +163,33 @@ fn describe_none(total: usize, skipped: &Skipped) -> String {
 
 /// Reads a ShareGPT file as a stream; `name` is how messages name it.
 pub fn read(path: &Path, name: &str) -> Result<ShareGpt, ShareGptError> {
+    read_with(path, name, false)
+}
+
+/// Reads a ShareGPT file, keeping each conversation's later exchanges
+/// (`Exchange::more`) with `turns`.
+pub fn read_with(path: &Path, name: &str, turns: bool) -> Result<ShareGpt, ShareGptError> {
     let file = std::fs::File::open(path).map_err(|source| ShareGptError::Read { name: name.to_owned(), source })?;
-    parse(BufReader::with_capacity(1 << 20, file), name)
+    parse_with(BufReader::with_capacity(1 << 20, file), name, turns)
 }
 
 /// Parses a ShareGPT file from `reader` (a UTF-8 byte-order mark is
 /// skipped).
-pub fn parse(mut reader: impl BufRead, name: &str) -> Result<ShareGpt, ShareGptError> {
+pub fn parse(reader: impl BufRead, name: &str) -> Result<ShareGpt, ShareGptError> {
+    parse_with(reader, name, false)
+}
+
+/// Parses a ShareGPT file, keeping each conversation's later exchanges
+/// with `turns` (a multi-turn run's sessions; without it only the first
+/// exchange is held, so a large file costs about what a run sends).
+pub fn parse_with(mut reader: impl BufRead, name: &str, turns: bool) -> Result<ShareGpt, ShareGptError> {
     let read_err = |source| ShareGptError::Read { name: name.to_owned(), source };
     if reader.fill_buf().map_err(read_err)?.starts_with(b"\xEF\xBB\xBF") {
         reader.consume(3);
     }
     let mut de = serde_json::Deserializer::from_reader(reader);
     let mut found = Found::default();
-    let result = (&mut de).deserialize_any(Entries { name, out: &mut found });
+    let result = (&mut de).deserialize_any(Entries { name, turns, out: &mut found });
     let result = result.and_then(|()| de.end());
     if let Err(e) = result {
         return Err(match found.kind {
@@ -185,6 +226,7 @@ struct Found {
 
 struct Entries<'a> {
     name: &'a str,
+    turns: bool,
     out: &'a mut Found,
 }
 
@@ -199,7 +241,7 @@ impl<'de> Visitor<'de> for Entries<'_> {
         self.out.kind = Some("an array");
         while let Some(entry) = seq.next_element::<Value>()? {
             self.out.data.total += 1;
-            match exchange(entry) {
+            match exchange(entry, self.turns) {
                 Ok(e) => self.out.data.entries.push(e),
                 Err(why) => why(&mut self.out.data.skipped),
             }
@@ -237,8 +279,9 @@ impl<'de> Visitor<'de> for Entries<'_> {
 
 type Reason = fn(&mut Skipped);
 
-/// The exchange of one entry, or the reason it is skipped.
-fn exchange(entry: Value) -> Result<Exchange, Reason> {
+/// The exchange of one entry (and with `keep`, those that followed), or
+/// the reason it is skipped.
+fn exchange(entry: Value, keep: bool) -> Result<Exchange, Reason> {
     let Value::Object(mut entry) = entry else { return Err(|s| s.not_an_object += 1) };
     let Some(Value::Array(turns)) = entry.remove("conversations") else { return Err(|s| s.no_conversations += 1) };
     let mut turns: Vec<(String, Value)> = turns
@@ -254,6 +297,7 @@ fn exchange(entry: Value) -> Result<Exchange, Reason> {
         .map_err(|()| (|s: &mut Skipped| s.bad_turn += 1) as Reason)?;
     let human = turns.iter().position(|(from, _)| matches!(from.as_str(), "human" | "user"));
     let Some(human) = human else { return Err(|s| s.no_human_turn += 1) };
+    let later = if keep && human + 2 < turns.len() { turns.split_off(human + 2) } else { Vec::new() };
     let reply = (human + 1 < turns.len()).then(|| turns.swap_remove(human + 1));
     let (_, prompt) = turns.swap_remove(human);
     let Value::String(prompt) = prompt else { return Err(|s| s.non_string_value += 1) };
@@ -268,7 +312,28 @@ fn exchange(entry: Value) -> Result<Exchange, Reason> {
     if reply.trim().is_empty() {
         return Err(|s| s.empty_reply += 1);
     }
-    Ok(Exchange { prompt, reply })
+    Ok(Exchange { prompt, reply, more: later_exchanges(later) })
+}
+
+/// The exchanges of a conversation's later turns, in pairs of a user turn
+/// and an assistant's reply, both text with more than whitespace, up to
+/// the first pair that is not.
+fn later_exchanges(turns: Vec<(String, Value)>) -> Vec<Exchange> {
+    let mut more = Vec::new();
+    let mut turns = turns.into_iter();
+    while let (Some((asker, Value::String(prompt))), Some((answerer, Value::String(reply)))) =
+        (turns.next(), turns.next())
+    {
+        let usable = matches!(asker.as_str(), "human" | "user")
+            && matches!(answerer.as_str(), "gpt" | "assistant" | "chatgpt")
+            && !prompt.trim().is_empty()
+            && !reply.trim().is_empty();
+        if !usable {
+            break;
+        }
+        more.push(Exchange { prompt, reply, more: Vec::new() });
+    }
+    more
 }
 
 /// Parses a whole file held in memory.
@@ -318,6 +383,29 @@ mod tests {
         let said = data.describe();
         assert!(said.starts_with("used 2 of 12 conversations; skipped: no conversations array 2, "), "{said}");
         assert!(said.contains("empty reply 1"), "{said}");
+    }
+
+    #[test]
+    fn later_exchanges_are_kept_when_asked_up_to_the_first_that_breaks_the_rule() {
+        let file = r#"[
+            {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},
+                {"from": "user", "value": "c"}, {"from": "assistant", "value": "d"}, {"from": "human", "value": "e"},
+                {"from": "gpt", "value": " "}, {"from": "human", "value": "f"}, {"from": "gpt", "value": "g"}]},
+            {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}, {"from": "human", "value": "z"}]},
+            {"conversations": [{"from": "human", "value": "p"}, {"from": "gpt", "value": "q"}, {"from": "gpt", "value": "r"}, {"from": "gpt", "value": "t"}]}
+        ]"#;
+        let pairs = |e: &Exchange| -> Vec<(String, String)> {
+            std::iter::once(e).chain(&e.more).map(|x| (x.prompt.clone(), x.reply.clone())).collect()
+        };
+        let kept = parse_with(file.as_bytes(), "s.json", true).expect("parses");
+        let got: Vec<Vec<(String, String)>> = kept.entries.iter().map(pairs).collect();
+        let own = |v: &[(&str, &str)]| v.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<Vec<_>>();
+        assert_eq!(got, [own(&[("a", "b"), ("c", "d")]), own(&[("x", "y")]), own(&[("p", "q")])]);
+        assert_eq!(kept.entries.iter().map(Exchange::turns).collect::<Vec<_>>(), [2, 1, 1]);
+        // Without it, each entry is its first exchange alone, as before.
+        let first = parse(file.as_bytes(), "s.json").expect("parses");
+        assert!(first.entries.iter().all(|e| e.more.is_empty()));
+        assert_eq!(first.entries[0].prompt, "a");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use benchfleet_core::load::{self, LoadDataset, LoadSpec, LoadTarget, ReportTo, S
 use clap::{Parser, ValueEnum};
 
 use crate::{
-    Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCounter, Window, read_sharegpt, read_trace,
+    Arrival, Dataset, Endpoint, Lengths, LoadConfig, SinkConfig, TokenCounter, Window, read_sharegpt_with, read_trace,
 };
 
 #[derive(Parser, Debug)]
@@ -85,6 +85,13 @@ pub struct Args {
     /// Output tokens of each ShareGPT request, instead of the recorded reply's.
     #[arg(long)]
     pub sharegpt_output_len: Option<u32>,
+    /// Send each ShareGPT conversation as a multi-turn session: its user
+    /// turns in order, each carrying the conversation so far with the
+    /// replies the server gave, --multi-turn-think-ms after the previous
+    /// reply; --num-prompts counts turns, the rate and --max-concurrency
+    /// are of sessions.
+    #[arg(long)]
+    pub sharegpt_sessions: bool,
     /// The form of the --dataset-path trace, for --dataset-name trace:
     /// Mooncake's (timestamp, input_length, output_length, hash_ids) or
     /// JSON Lines of the same fields, hash_ids optional, or a prompt.
@@ -377,6 +384,9 @@ impl Args {
                     file: path.display().to_string(),
                     sha256: String::new(),
                     output_tokens: self.sharegpt_output_len,
+                    sessions: self
+                        .sharegpt_sessions
+                        .then_some(load::Sessions { think_time_ms: self.multi_turn_think_ms }),
                 }
             }
             DatasetName::MultiTurn => LoadDataset::MultiTurn {
@@ -532,16 +542,17 @@ pub fn load_config(args: &Args) -> anyhow::Result<LoadConfig> {
         LoadDataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
             Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed }
         }
-        LoadDataset::ShareGpt { output_tokens, .. } => {
+        LoadDataset::ShareGpt { output_tokens, sessions, .. } => {
             let path = args.dataset_path.as_deref().context("--dataset-name sharegpt needs --dataset-path")?;
-            let data = read_sharegpt(path)?;
-            if let Some(warning) = data.reuse(requests) {
+            let data = read_sharegpt_with(path, sessions.is_some())?;
+            if let Some(warning) = data.reuse(requests).filter(|_| sessions.is_none()) {
                 tracing::warn!("{warning}");
             }
             // --seed orders the file, as vLLM's does; the arrivals may have
             // a seed of their own.
             let shuffle = (!args.disable_shuffle).then_some(args.seed);
-            Dataset::ShareGpt { data, output_tokens, shuffle }
+            let sessions = sessions.map(|s| Duration::from_millis(s.think_time_ms));
+            Dataset::ShareGpt { data, output_tokens, shuffle, sessions }
         }
         LoadDataset::Trace { format, speed, .. } => {
             let path = args.dataset_path.as_deref().context("--dataset-name trace needs --dataset-path")?;

@@ -27,8 +27,11 @@ pub enum Dataset {
     /// says which), shuffled by `shuffle`'s seed as vLLM's bench does, or in
     /// file order without one; cycled in that order when there are fewer
     /// than requests. `output_tokens` overrides the length of the recorded
-    /// reply.
-    ShareGpt { data: ShareGpt, output_tokens: Option<u32>, shuffle: Option<u64> },
+    /// reply. With `sessions` (a think time), each conversation is a
+    /// multi-turn session of its exchanges (`crate::session`; read with
+    /// its later exchanges kept), taken in that order until their turns
+    /// make the requests, the last one cut short.
+    ShareGpt { data: ShareGpt, output_tokens: Option<u32>, shuffle: Option<u64>, sessions: Option<std::time::Duration> },
     /// Random prompts whose lengths spread around a mean.
     RandomSpread { input: Lengths, output: Lengths, seed: u64 },
     /// `groups` prefixes of `prefix_tokens` each; request i uses prefix
@@ -56,6 +59,9 @@ impl Dataset {
     pub fn sessions(&self, n: usize) -> Option<usize> {
         match self {
             Dataset::MultiTurn { turns, .. } => Some(crate::session::sessions_for(n, *turns)),
+            Dataset::ShareGpt { data, shuffle, sessions: Some(_), .. } => {
+                Some(sharegpt_sessions(data, &sharegpt_order(data, *shuffle), n))
+            }
             _ => None,
         }
     }
@@ -275,8 +281,14 @@ pub enum DatasetError {
 
 /// Reads a ShareGPT file, saying what it used and skipped.
 pub fn read_sharegpt(path: &Path) -> Result<ShareGpt, DatasetError> {
+    read_sharegpt_with(path, false)
+}
+
+/// Reads a ShareGPT file, keeping each conversation's later exchanges with
+/// `turns` (its sessions), saying what it used and skipped.
+pub fn read_sharegpt_with(path: &Path, turns: bool) -> Result<ShareGpt, DatasetError> {
     let name = path.display().to_string();
-    let data = benchfleet_core::sharegpt::read(path, &name)?;
+    let data = benchfleet_core::sharegpt::read_with(path, &name, turns)?;
     if data.skipped.total() > 0 {
         tracing::warn!(dataset = %name, "{}", data.describe());
     } else {
@@ -362,6 +374,31 @@ const WORDS: &[&str] = &[
     "number", "story", "music", "field",
 ];
 
+/// The order a ShareGPT file's conversations are sent in: shuffled by the
+/// seed, as vLLM's bench does, or the file's.
+fn sharegpt_order(data: &ShareGpt, shuffle: Option<u64>) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..data.entries.len()).collect();
+    if let Some(seed) = shuffle {
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    }
+    order
+}
+
+/// How many of a ShareGPT file's conversations, taken in `order` (and
+/// again from its start), make `n` turns: the last may be cut short.
+fn sharegpt_sessions(data: &ShareGpt, order: &[usize], n: usize) -> usize {
+    let mut turns = 0;
+    order
+        .iter()
+        .cycle()
+        .take_while(|&&i| {
+            let more = turns < n;
+            turns += data.entries[i].turns();
+            more
+        })
+        .count()
+}
+
 /// The text of the prompts a run of `n` requests of `dataset` sends, in
 /// order: what a seed decides.
 pub fn prompt_texts(dataset: &Dataset, n: usize, counter: &TokenCounter) -> Vec<String> {
@@ -416,11 +453,37 @@ pub(crate) fn prompt_iter(
                 Prompt { tokens, text, max_tokens: output_tokens.max(1), ignore_eos: true, session: None }
             }))
         }
-        Dataset::ShareGpt { data, output_tokens, shuffle } => {
-            let mut order: Vec<usize> = (0..data.entries.len()).collect();
-            if let Some(seed) = shuffle {
-                order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-            }
+        Dataset::ShareGpt { data, output_tokens, shuffle, sessions: Some(think) } => {
+            let order = sharegpt_order(&data, shuffle);
+            let count = sharegpt_sessions(&data, &order, n);
+            let mut left = n;
+            let mut next = order.into_iter().cycle();
+            Box::new((0..count as u64).map(move |id| {
+                let i = next.next().expect("a conversation: there are some, cycled");
+                let e = &data.entries[i];
+                let user: Vec<UserTurn> = std::iter::once(e)
+                    .chain(&e.more)
+                    .take(left)
+                    .map(|x| UserTurn {
+                        text: x.prompt.clone(),
+                        tokens: counter.count(&x.prompt),
+                        max_tokens: output_tokens.unwrap_or_else(|| counter.count(&x.reply).max(1)),
+                        ignore_eos: output_tokens.is_some(),
+                    })
+                    .collect();
+                left -= user.len();
+                let (session, first) = Session::new(id, user, think);
+                Prompt {
+                    text: first.text,
+                    tokens: first.tokens,
+                    max_tokens: first.max_tokens,
+                    ignore_eos: first.ignore_eos,
+                    session: Some(Box::new(session)),
+                }
+            }))
+        }
+        Dataset::ShareGpt { data, output_tokens, shuffle, sessions: None } => {
+            let order = sharegpt_order(&data, shuffle);
             // Each entry is counted once, however often it is reused.
             let mut counted: Vec<Option<(u32, u32)>> = vec![None; data.entries.len()];
             let n = if order.is_empty() { 0 } else { n };
@@ -506,19 +569,83 @@ mod tests {
     #[test]
     fn sharegpt_prompts_cycle_and_take_the_override() {
         let data = sharegpt();
-        let d = Dataset::ShareGpt { data: data.clone(), output_tokens: None, shuffle: None };
+        let d = Dataset::ShareGpt { data: data.clone(), output_tokens: None, shuffle: None, sessions: None };
         let cycled = prompts(&d, 4, &TokenCounter::Words);
         let got: Vec<(&str, u32, u32)> = cycled.iter().map(|p| (p.text.as_str(), p.tokens, p.max_tokens)).collect();
         assert_eq!(got, [("hello there you", 3, 2), ("why", 1, 1), ("one more", 2, 3), ("hello there you", 3, 2)]);
-        let fixed =
-            prompts(&Dataset::ShareGpt { data, output_tokens: Some(9), shuffle: None }, 2, &TokenCounter::Words);
+        let fixed = prompts(
+            &Dataset::ShareGpt { data, output_tokens: Some(9), shuffle: None, sessions: None },
+            2,
+            &TokenCounter::Words,
+        );
         assert!(fixed.iter().all(|p| p.max_tokens == 9 && p.ignore_eos));
+    }
+
+    /// Each conversation is a session of its exchanges, in the file's order
+    /// (cycled), until their turns make the requests: the last one cut.
+    #[test]
+    fn sharegpt_sessions_take_whole_conversations_until_the_requests_are_made() {
+        let file = r#"[
+            {"conversations": [{"from": "human", "value": "a b"}, {"from": "gpt", "value": "c"},
+                {"from": "human", "value": "d"}, {"from": "gpt", "value": "e f g"}]},
+            {"conversations": [{"from": "human", "value": "h"}, {"from": "gpt", "value": "i j"}]}
+        ]"#;
+        let data = benchfleet_core::sharegpt::parse_with(file.as_bytes(), "s.json", true).expect("parses");
+        let think = std::time::Duration::from_millis(7);
+        let d = Dataset::ShareGpt { data, output_tokens: None, shuffle: None, sessions: Some(think) };
+        // 2 + 1 + 2 turns, and 1 of the next conversation's 2.
+        assert_eq!(d.sessions(6), Some(4));
+        assert_eq!(d.sessions(5), Some(3));
+        let firsts = prompts(&d, 6, &TokenCounter::Words);
+        let got: Vec<(&str, u32, u32, u64, bool)> = firsts
+            .iter()
+            .map(|p| {
+                let s = p.session.as_ref().expect("a session");
+                (p.text.as_str(), p.tokens, p.max_tokens, s.id, s.continues())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [("a b", 2, 1, 0, true), ("h", 1, 2, 1, false), ("a b", 2, 1, 2, true), ("h", 1, 2, 3, false)],
+            "the first conversation again is cut to the one turn left"
+        );
+        let extra = serde_json::Map::new();
+        let options = crate::client::BodyOptions {
+            endpoint: crate::client::Endpoint::Chat,
+            model: "m",
+            stream: true,
+            extra: &extra,
+        };
+        let mut first = firsts.into_iter().next().and_then(|p| p.session).expect("session 0");
+        let record = crate::record::RequestRecord {
+            seq: 0,
+            scheduled_ns: 0,
+            sent_ns: 0,
+            slot_ns: None,
+            connect_ns: None,
+            first_token_ns: Some(1),
+            completed_ns: 10,
+            chunks: crate::record::Chunks::default(),
+            prompt_tokens: 2,
+            output_tokens: 1,
+            outcome: crate::record::Outcome::Ok,
+            http_status: Some(200),
+            error: None,
+            phase: crate::record::Phase::Measured,
+            turn: None,
+        };
+        let (next, due) = first.next(&options, &record, Some("served".into())).expect("turn 2");
+        // The recorded reply's length is the turn's max_tokens, as for one exchange.
+        assert_eq!((next.max_tokens, due), (3, 10 + 7_000_000));
+        let body: serde_json::Value = serde_json::from_slice(&next.body).expect("json");
+        assert_eq!(body["messages"][1]["content"], "served", "the reply the server gave, not the file's");
+        assert_eq!(body["messages"][2]["content"], "d");
     }
 
     #[test]
     fn sharegpt_prompts_are_shuffled_by_the_seed() {
         let texts = |shuffle| {
-            let d = Dataset::ShareGpt { data: sharegpt(), output_tokens: None, shuffle };
+            let d = Dataset::ShareGpt { data: sharegpt(), output_tokens: None, shuffle, sessions: None };
             prompt_texts(&d, 6, &TokenCounter::Words)
         };
         let seeds: Vec<Vec<String>> = (0..8).map(|s| texts(Some(s))).collect();

@@ -27,7 +27,7 @@ pub use benchfleet_core::{block, convert, metrics, record, sharegpt, trace};
 pub use block::render_block;
 pub use client::{Endpoint, ErrorKind, RequestError, Timeouts};
 pub use clock::cpu_time;
-pub use dataset::{Dataset, DatasetError, Lengths, TokenCounter, read_sharegpt, read_trace};
+pub use dataset::{Dataset, DatasetError, Lengths, TokenCounter, read_sharegpt, read_sharegpt_with, read_trace};
 pub use metrics::{
     DEFAULT_PERCENTILES, Distribution, Failures, Percentile, Summary, SummaryOptions, summarize, summarize_with,
 };

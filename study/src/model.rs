@@ -207,7 +207,9 @@ impl EngineConfig {
 
 /// A job's load and its parts are core's (`benchfleet_core::load`), under
 /// the names the controller gives them.
-pub use benchfleet_core::load::{Arrival, Endpoint, LoadDataset as Dataset, LoadSpec, StoredFile, TraceFormat, Window};
+pub use benchfleet_core::load::{
+    Arrival, Endpoint, LoadDataset as Dataset, LoadSpec, Sessions, StoredFile, TraceFormat, Window,
+};
 
 /// The successful repeats pooled for their throughputs, means and success
 /// rate (no percentiles: no digest is read). The planners and the report
@@ -636,7 +638,12 @@ mod job_tests {
                 }),
                 processor: Some(StoredFile { file: "tok.json".into(), sha256: "cd".into() }),
                 ..LoadSpec::new(
-                    Dataset::ShareGpt { file: "data/chat.json".into(), sha256: "ab".into(), output_tokens: Some(64) },
+                    Dataset::ShareGpt {
+                        file: "data/chat.json".into(),
+                        sha256: "ab".into(),
+                        output_tokens: Some(64),
+                        sessions: None
+                    },
                     200
                 )
             }

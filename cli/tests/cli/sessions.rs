@@ -1,7 +1,28 @@
 //! Multi-turn sessions end to end: `run --local` on the simulator, with and
 //! without prefix caching, stores each request's session and turn and
 //! reports the sessions' figures; the conversation each turn carries is
-//! what a prefix cache finds again.
+//! what a prefix cache finds again. A ShareGPT file's conversations go as
+//! sessions too.
+
+/// Ten conversations of three exchanges: conversation c's exchange e asks
+/// 7 + c + e words.
+fn chats() -> String {
+    let conversations: Vec<serde_json::Value> = (0..10)
+        .map(|c| {
+            let turns: Vec<serde_json::Value> = (0..3)
+                .flat_map(|e| {
+                    let ask = format!("topic{c} question{e} {}", "word ".repeat(5 + c + e));
+                    [
+                        serde_json::json!({ "from": "human", "value": ask }),
+                        serde_json::json!({ "from": "gpt", "value": "a recorded reply" }),
+                    ]
+                })
+                .collect();
+            serde_json::json!({ "id": c, "conversations": turns })
+        })
+        .collect();
+    serde_json::Value::from(conversations).to_string()
+}
 
 #[test]
 fn sessions_carry_their_conversation_and_a_prefix_cache_finds_it() {
@@ -11,14 +32,30 @@ fn sessions_carry_their_conversation_and_a_prefix_cache_finds_it() {
          variants:\n  prefix-caching: { args: [--enable-prefix-caching] }\nprofiles:\n  \
          sessions:\n    \
          dataset: { multi_turn: { turns: 4, user_tokens: 400, output_tokens: 32, think_time_ms: 50, seed: 3 } }\n    \
-         endpoint: chat\n    requests: 120\n    max_concurrency: 6\n",
-        &[],
+         endpoint: chat\n    requests: 120\n    max_concurrency: 6\n  \
+         chats:\n    \
+         dataset: { sharegpt: chats.json, output_tokens: 8, sessions: { think_time_ms: 20 } }\n    \
+         endpoint: chat\n    requests: 30\n    max_concurrency: 4\n",
+        &[("chats.json", &chats())],
     );
     let configurations = doc["configurations"].as_array().expect("configurations");
     assert_eq!(configurations.len(), 2, "{doc:#}");
     let mut later_ttft = Vec::new();
     for configuration in configurations {
-        let block = &configuration["blocks"][0];
+        let blocks = configuration["blocks"].as_array().expect("blocks");
+        let block = blocks.iter().find(|b| b["profile"] == "sessions").expect("the sessions block");
+        let chats = &blocks.iter().find(|b| b["profile"] == "chats").expect("the chats block")["pooled"];
+        assert_eq!((chats["successful"].as_u64(), chats["failed"].as_u64()), (Some(30), Some(0)), "{chats:#}");
+        let sessions = &chats["sessions"];
+        assert_eq!((sessions["sessions"].as_u64(), sessions["turns"].as_u64()), (Some(10), Some(30)), "{sessions:#}");
+        let prompts: Vec<f64> = sessions["by_turn"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|r| r["mean_prompt_tokens"].as_f64().expect("prompt tokens"))
+            .collect();
+        // Conversation c's exchange e asks 7 + c + e words; each reply is 8.
+        assert_eq!(prompts, [11.5, 11.5 + 12.5 + 8.0, 11.5 + 12.5 + 13.5 + 16.0], "{sessions:#}");
         let s = &block["pooled"];
         assert_eq!((s["successful"].as_u64(), s["failed"].as_u64()), (Some(120), Some(0)), "{s:#}");
         let sessions = &s["sessions"];

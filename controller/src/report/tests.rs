@@ -160,8 +160,12 @@ fn a_variant_within_noise_of_its_baseline_is_not_recommended() {
 #[test]
 fn the_reproduce_command_drops_the_fleet_and_names_the_matrix_files() {
     let mut j = job(0, 100.0, 1000);
-    j.profile.dataset =
-        Dataset::ShareGpt { file: "data/my chats.json".into(), sha256: "ab".repeat(32), output_tokens: None };
+    j.profile.dataset = Dataset::ShareGpt {
+        file: "data/my chats.json".into(),
+        sha256: "ab".repeat(32),
+        output_tokens: None,
+        sessions: None,
+    };
     j.profile.processor =
         Some(benchfleet_study::model::StoredFile { file: "tok.json".into(), sha256: "cd".repeat(32) });
     let args = "--base-url http://127.0.0.1:29542 --model m --num-prompts 10 --quiet --processor /cache/cd \

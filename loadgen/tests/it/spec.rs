@@ -48,11 +48,14 @@ fn dataset() -> impl Strategy<Value = LoadDataset> {
         (any::<u32>(), any::<u32>(), any::<u64>()).prop_map(|(input_tokens, output_tokens, seed)| {
             LoadDataset::Random { input_tokens, output_tokens, seed }
         }),
-        (stored(), proptest::option::of(any::<u32>())).prop_map(|(f, output_tokens)| LoadDataset::ShareGpt {
-            file: f.file,
-            sha256: f.sha256,
-            output_tokens
-        }),
+        (stored(), proptest::option::of(any::<u32>()), proptest::option::of(any::<u64>())).prop_map(
+            |(f, output_tokens, think)| LoadDataset::ShareGpt {
+                file: f.file,
+                sha256: f.sha256,
+                output_tokens,
+                sessions: think.map(|think_time_ms| benchfleet_core::load::Sessions { think_time_ms }),
+            }
+        ),
         (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u64>()).prop_map(
             |(groups, prefix_tokens, suffix_tokens, output_tokens, seed)| LoadDataset::SharedPrefix {
                 groups,

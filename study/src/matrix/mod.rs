@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::fleet::{FleetSpec, Per};
 use crate::model::{
-    Arrival, Dataset, Endpoint, EngineConfig, EngineKind, LoadSpec, Profile, RuntimeKind, StoredFile, Window,
+    Arrival, Dataset, Endpoint, EngineConfig, EngineKind, LoadSpec, Profile, RuntimeKind, Sessions, StoredFile, Window,
 };
 use crate::slo::{Over, Search};
 

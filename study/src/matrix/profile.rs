@@ -200,14 +200,13 @@ pub(super) fn profile(
             })?)
         }
     };
-    if matches!(dataset, Dataset::MultiTurn { .. })
+    if (matches!(dataset, Dataset::MultiTurn { .. }) || matches!(dataset, Dataset::ShareGpt { sessions: Some(_), .. }))
         && matches!(cooldown, Some(Window::Seconds(_)))
         && max_duration_s.is_none()
     {
         return Err(err(
             &field("cooldown"),
-            "in seconds needs a max_duration with multi_turn sessions: when the last one ends is not known ahead"
-                .to_owned(),
+            "in seconds needs a max_duration with sessions: when the last one ends is not known ahead".to_owned(),
         ));
     }
     let extra_body = extra_body_of(name, p, err)?;
@@ -278,6 +277,12 @@ pub(super) fn dataset_of(
             }
         }
     }
+    if d.sessions.is_some() && d.sharegpt.is_none() {
+        return Err(err(
+            &field("dataset.sessions"),
+            "applies to sharegpt (multi_turn sets its own sessions)".to_owned(),
+        ));
+    }
     if d.output_tokens.is_some() && d.sharegpt.is_none() {
         return Err(err(
             &field("dataset.output_tokens"),
@@ -316,7 +321,13 @@ pub(super) fn dataset_of(
                     format!("cannot read the ShareGPT file '{path}' (paths are relative to the matrix file)"),
                 )
             })?;
-            Dataset::ShareGpt { file: path.clone(), sha256, output_tokens }
+            let sessions = match &d.sessions {
+                None => None,
+                Some(s) => Some(Sessions {
+                    think_time_ms: think_time(s.think_time_ms, &field("dataset.sessions.think_time_ms"), err)?,
+                }),
+            };
+            Dataset::ShareGpt { file: path.clone(), sha256, output_tokens, sessions }
         }
         (None, None, None, Some(t)) => {
             let format = match t.format.as_deref() {
@@ -386,12 +397,7 @@ fn multi_turn_of(
     })?;
     let user_tokens = count("multi_turn.user_tokens", m.user_tokens)?;
     let output_tokens = count("multi_turn.output_tokens", m.output_tokens)?;
-    let think_time_ms = match m.think_time_ms {
-        None => 0,
-        Some(ms) => u64::try_from(ms).ok().filter(|&ms| ms <= 3_600_000).ok_or_else(|| {
-            err(&field("dataset.multi_turn.think_time_ms"), format!("must be from 0 to 3600000 ms, got {ms}"))
-        })?,
-    };
+    let think_time_ms = think_time(m.think_time_ms, &field("dataset.multi_turn.think_time_ms"), err)?;
     // Turn k sends k user turns and k - 1 replies.
     let (t, u, o) = (u64::from(turns), u64::from(user_tokens), u64::from(output_tokens));
     let session = u * t * (t + 1) / 2 + o * t * (t - 1) / 2;
@@ -406,6 +412,18 @@ fn multi_turn_of(
         ));
     }
     Ok(Dataset::MultiTurn { turns, user_tokens, output_tokens, think_time_ms, seed: m.seed })
+}
+
+/// A session's think time: whole milliseconds from 0 (the default) to an
+/// hour.
+fn think_time(ms: Option<i64>, field: &str, err: &dyn Fn(&str, String) -> MatrixError) -> Result<u64, MatrixError> {
+    match ms {
+        None => Ok(0),
+        Some(ms) => u64::try_from(ms)
+            .ok()
+            .filter(|&ms| ms <= 3_600_000)
+            .ok_or_else(|| err(field, format!("must be from 0 to 3600000 ms, got {ms}"))),
+    }
 }
 
 /// The most turns a session may have.

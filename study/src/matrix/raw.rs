@@ -256,6 +256,9 @@ pub(super) struct RawDataset {
     pub(super) trace: Option<RawTrace>,
     #[serde(default)]
     pub(super) multi_turn: Option<RawMultiTurn>,
+    /// A ShareGPT file's conversations sent as multi-turn sessions.
+    #[serde(default)]
+    pub(super) sessions: Option<RawSessions>,
     /// Overrides the ShareGPT replies' lengths as output lengths.
     #[serde(default)]
     pub(super) output_tokens: Option<i64>,
@@ -271,6 +274,14 @@ pub(super) struct RawTrace {
     pub(super) format: Option<String>,
     #[serde(default)]
     pub(super) speed: Option<f64>,
+}
+
+/// The think time of a ShareGPT file's sessions.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSessions {
+    #[serde(default)]
+    pub(super) think_time_ms: Option<i64>,
 }
 
 /// Multi-turn sessions: user turns per session, each turn's user and

@@ -612,9 +612,12 @@ fn dataset_words(d: &Dataset) -> String {
         Dataset::Random { input_tokens, output_tokens, seed } => {
             format!("random: {input_tokens} input / {output_tokens} output tokens, seed {seed}")
         }
-        Dataset::ShareGpt { file, sha256, output_tokens } => {
+        Dataset::ShareGpt { file, sha256, output_tokens, sessions } => {
             let out = output_tokens.map_or(String::new(), |o| format!(", {o} output tokens"));
-            format!("ShareGPT {file} (sha256 {sha256}){out}")
+            let sessions = sessions.map_or(String::new(), |s| {
+                format!(", each conversation a session ({} ms think time)", s.think_time_ms)
+            });
+            format!("ShareGPT {file} (sha256 {sha256}){out}{sessions}")
         }
         Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => format!(
             "shared prefix: {groups} prefixes of {prefix_tokens} tokens, {suffix_tokens}-token suffixes, \
@@ -640,11 +643,15 @@ fn profile_info(p: &Profile, primary: bool) -> ProfileInfo {
             set("output_tokens", output_tokens.to_string());
             set("dataset_seed", seed.to_string());
         }
-        Dataset::ShareGpt { file, output_tokens, .. } => {
+        Dataset::ShareGpt { file, output_tokens, sessions, .. } => {
             set("dataset_name", "ShareGPT".into());
             set("dataset_file", file.clone());
             if let Some(o) = output_tokens {
                 set("output_tokens", o.to_string());
+            }
+            if let Some(s) = sessions {
+                set("sessions", "each conversation".into());
+                set("think_time_ms", s.think_time_ms.to_string());
             }
         }
         Dataset::SharedPrefix { groups, prefix_tokens, suffix_tokens, output_tokens, seed } => {
