@@ -144,10 +144,7 @@ pub fn render_self_check(s: &Summary) -> String {
 /// turn's TTFT against the later turns' (whose conversation so far the
 /// engine may have cached).
 fn sessions_section(out: &mut String, s: &Sessions) {
-    out.push_str(
-        "---------------------Sessions---------------------
-",
-    );
+    out.push_str("---------------------Sessions---------------------\n");
     let mut line = |label: &str, value: String| {
         let _ = writeln!(out, "{label:<40} {value}");
     };
@@ -380,6 +377,67 @@ RUN INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms
         assert!(block.lines().all(|l| !l.starts_with('-') || l.len() == 50), "{block}");
         // Unknown energy leaves the block as the reference prints it.
         assert!(!render_block(&s, None).contains("Energy"));
+    }
+
+    /// A closed loop's steady state and a multi-turn run's sessions, line
+    /// for line, after every other section and before the verdict.
+    #[test]
+    fn the_sessions_and_steady_state_sections_read_line_for_line() {
+        use crate::metrics::sessions::TurnFigures;
+        let turn = |turn: u32, ttft: f64, prompt: f64| TurnFigures {
+            turn,
+            successful: 10,
+            failed: 0,
+            mean_ttft_ms: ttft,
+            mean_prompt_tokens: prompt,
+        };
+        let s = Summary {
+            max_concurrency: Some(8),
+            steady_state: Some(SteadyState {
+                reached: true,
+                start_s: 0.25,
+                end_s: 41.5,
+                level: 8,
+                held: 0.97,
+                requests: 1_204,
+                request_throughput: 29.18,
+                output_throughput: 3_735.04,
+                total_token_throughput: 33_615.4,
+                mean_ttft_ms: 61.237,
+                p99_ttft_ms: 140.5,
+                mean_tpot_ms: 7.891,
+                ttft_drift_pct: Some(-12.04),
+                throughput_drift_pct: Some(1.2),
+            }),
+            sessions: Some(Sessions {
+                sessions: 20,
+                turns: 50,
+                by_turn: vec![turn(1, 120.0, 400.0), turn(2, 60.0, 832.0), turn(3, 30.0, 1264.0)],
+            }),
+            invalid: Some("p99 dispatch lag 9.00 ms exceeds 5.00 ms".into()),
+            ..Summary::default()
+        };
+        let block = render_block(&s, None);
+        let sections = "\
+---------------------Sessions---------------------
+Sessions:                                20
+Turns per session:                       2.50
+Mean TTFT, first turns (ms):             120.00
+Mean TTFT, later turns (ms):             45.00
+Mean prompt tokens, turn 3:              1264.00
+-------------------Steady State-------------------
+Steady state:                            0.2-41.5 s, 8 or more in flight, drifting: mean TTFT -12.0% over the window
+Request throughput (req/s):              29.18
+Output token throughput (tok/s):         3735.04
+Total Token throughput (tok/s):          33615.40
+Mean TTFT (ms):                          61.24
+P99 TTFT (ms):                           140.50
+Mean TPOT (ms):                          7.89
+RUN INVALID: p99 dispatch lag 9.00 ms exceeds 5.00 ms
+==================================================
+";
+        assert!(block.ends_with(sections), "{block}");
+        assert!(block.lines().all(|l| !l.starts_with('-') || l.len() == 50), "{block}");
     }
 
     #[test]
