@@ -67,6 +67,9 @@ pub struct SummaryBuilder {
     /// of a token, so that the sums are the same in any order.
     output_bins: Vec<u64>,
     input_bins: Vec<u64>,
+    /// The successful requests' chunk gaps by their send's bin, for the
+    /// mean ITL's noise.
+    gap_bins: noise::GapBins,
     /// A multi-turn run's sessions.
     sessions: sessions::Tally,
 }
@@ -107,6 +110,7 @@ impl SummaryBuilder {
             done: Vec::new(),
             output_bins: Vec::new(),
             input_bins: Vec::new(),
+            gap_bins: noise::GapBins::default(),
             sessions: sessions::Tally::default(),
         }
     }
@@ -190,6 +194,11 @@ impl SummaryBuilder {
             latency_ms: ms(r.latency_ns()) as f32,
             output_tokens: r.output_tokens,
         });
+        if let (Some(first), Some(last)) = (r.chunks.first(), r.chunks.last()) {
+            let gaps = r.chunks.len() as u64 - 1;
+            steady::bin_add(&mut self.gap_bins.ns, r.sent_ns, u64::try_from(last.at_ns - first.at_ns).unwrap_or(0));
+            steady::bin_add(&mut self.gap_bins.count, r.sent_ns, gaps);
+        }
         self.peak.add(r.chunks.clone(), scale);
     }
 
@@ -248,7 +257,7 @@ impl SummaryBuilder {
         let steady_state = steady::steady_state(sends, &self.completions, &self.output_bins, &self.input_bins);
         let peak_concurrent = peak_concurrency(sends.iter(), &self.completions);
         let last_completion = self.completions.last().copied().unwrap_or(0);
-        let noise = noise::noise(&self.done, last_completion, &self.input_bins);
+        let noise = noise::noise(&self.done, last_completion, &self.input_bins, &self.gap_bins);
         self.done = Vec::new();
         let mut summary = Summary {
             successful: self.ok,

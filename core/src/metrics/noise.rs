@@ -18,11 +18,16 @@
 //!   so that the batches' sums are the run's; its standard error is the
 //!   ratio estimator's, sqrt(sum (t_b - R d_b)^2 / (B (B - 1))) / mean(d_b).
 //!
+//! - the mean ITL, a mean over chunk gaps rather than requests: each
+//!   batch's gaps summed over their count, as a ratio likewise (a request's
+//!   gaps, summed and counted by its send's 10 ms bin as the prompts are,
+//!   stay in its batch: they share its stream).
+//!
 //! Each has B - 1 degrees of freedom. A batch of fewer than
 //! [`MIN_PER_BATCH`] requests gives nothing (too short a run says nothing of
 //! its noise); a P99 needs [`MIN_PER_BATCH_P99`] a batch (fewer, and a
-//! batch's P99 is its maximum). ITL, a figure of chunk gaps rather than
-//! requests, has none.
+//! batch's P99 is its maximum). The ITL's median and P99, quantiles of
+//! gaps that are not kept by request, have none.
 
 use serde::{Deserialize, Serialize};
 
@@ -59,9 +64,18 @@ impl Noise {
     }
 }
 
+/// The successful requests' chunk gaps by the bin of their request's send:
+/// their sum (ns) and their count.
+#[derive(Debug, Default)]
+pub(super) struct GapBins {
+    pub ns: Vec<u64>,
+    pub count: Vec<u64>,
+}
+
 /// The noise of a run from its successful requests sorted by send, its
-/// last completion and its prompt tokens by send bin; `None` for too few.
-pub(super) fn noise(done: &[Done], last_completion: i64, input_bins: &Bins) -> Option<Noise> {
+/// last completion, its prompt tokens and its chunk gaps by send bin;
+/// `None` for too few.
+pub(super) fn noise(done: &[Done], last_completion: i64, input_bins: &Bins, gaps: &GapBins) -> Option<Noise> {
     let n = done.len();
     if n < BATCHES * MIN_PER_BATCH {
         return None;
@@ -109,10 +123,12 @@ pub(super) fn noise(done: &[Done], last_completion: i64, input_bins: &Bins) -> O
         })
         .collect();
     let bin = |t: i64| usize::try_from(t.max(0) / BIN_NS).unwrap_or(0);
-    let input = |b: usize| -> f64 {
-        let (from, to) = (bin(starts[b]), starts.get(b + 1).map_or(input_bins.len(), |&t| bin(t)));
-        input_bins.get(from..to.min(input_bins.len())).unwrap_or(&[]).iter().sum::<u64>() as f64 / 1e6
+    // A batch's bins: from its first send's to the next batch's.
+    let in_batch = |b: usize, bins: &Bins| -> f64 {
+        let (from, to) = (bin(starts[b]), starts.get(b + 1).map_or(bins.len(), |&t| bin(t)));
+        bins.get(from..to.min(bins.len())).unwrap_or(&[]).iter().sum::<u64>() as f64
     };
+    let input = |b: usize| in_batch(b, input_bins) / 1e6;
     let output = |b: usize| batch(b).iter().map(|d| f64::from(d.output_tokens)).sum::<f64>();
     let throughputs: [(&str, &dyn Fn(usize) -> f64); 3] = [
         ("request_throughput", &|b| batch(b).len() as f64),
@@ -124,6 +140,13 @@ pub(super) fn noise(done: &[Done], last_completion: i64, input_bins: &Bins) -> O
         if let Some(se) = ratio_se(&t, &spans) {
             metrics.push(MetricNoise { metric: name.to_owned(), se });
         }
+    }
+    let (sums, counts): (Vec<f64>, Vec<f64>) =
+        (0..BATCHES).map(|b| (in_batch(b, &gaps.ns) / 1e6, in_batch(b, &gaps.count))).unzip();
+    if counts.iter().all(|&c| c > 0.0)
+        && let Some(se) = ratio_se(&sums, &counts)
+    {
+        metrics.push(MetricNoise { metric: "mean_itl_ms".to_owned(), se });
     }
     Some(Noise { batches: BATCHES as u32, metrics })
 }
@@ -160,8 +183,13 @@ mod tests {
     const MS: i64 = 1_000_000;
 
     /// `n` requests one every 10 ms, each of `ttft(i)` ms to its first
-    /// token and 10 output tokens.
+    /// token and 10 output tokens, 2 ms apart.
     fn run(n: usize, ttft: impl Fn(usize) -> f32) -> Option<Noise> {
+        run_with(n, ttft, |_| 18)
+    }
+
+    /// The same, request i's nine gaps summing to `gaps_ms(i)`.
+    fn run_with(n: usize, ttft: impl Fn(usize) -> f32, gaps_ms: impl Fn(usize) -> i64) -> Option<Noise> {
         let done: Vec<Done> = (0..n)
             .map(|i| Done {
                 sent_ns: i as i64 * 10 * MS,
@@ -171,11 +199,13 @@ mod tests {
                 output_tokens: 10,
             })
             .collect();
-        let mut input = Vec::new();
-        for d in &done {
+        let (mut input, mut gaps) = (Vec::new(), GapBins::default());
+        for (i, d) in done.iter().enumerate() {
             super::super::steady::bin_add(&mut input, d.sent_ns, 50_000_000);
+            super::super::steady::bin_add(&mut gaps.ns, d.sent_ns, (gaps_ms(i) * MS) as u64);
+            super::super::steady::bin_add(&mut gaps.count, d.sent_ns, 9);
         }
-        noise(&done, (n as i64 - 1) * 10 * MS + 40 * MS, &input)
+        noise(&done, (n as i64 - 1) * 10 * MS + 40 * MS, &input, &gaps)
     }
 
     #[test]
@@ -194,7 +224,13 @@ mod tests {
         let (se, df) = moving.se("mean_ttft_ms").expect("a mean");
         assert!((se - (100.0f64 * 10.0 / 9.0).sqrt() / 10f64.sqrt()).abs() < 1e-9, "{se}");
         assert_eq!(df, 9.0);
-        assert_eq!(moving.se("mean_itl_ms"), None, "ITL has none");
+        assert_eq!(moving.se("mean_itl_ms"), Some((0.0, 9.0)), "every gap 2 ms");
+        assert_eq!(moving.se("p99_itl_ms"), None, "the ITL's quantiles have none");
+        // Batches whose gaps alternate 2 and 4 ms: the mean ITL's standard
+        // error is that of the batches' ITLs (each the same count of gaps).
+        let itl = run_with(1000, |_| 20.0, |i| if (i / 100) % 2 == 0 { 18 } else { 36 }).expect("enough");
+        let (se, _) = itl.se("mean_itl_ms").expect("an ITL");
+        assert!((se - (10.0f64 / 9.0).sqrt() / 10f64.sqrt()).abs() < 1e-9, "{se}");
     }
 
     #[test]
