@@ -120,10 +120,11 @@ async fn short_run(url: &str) -> benchfleet_loadgen::Summary {
 /// (its gaps are not kept by request), moved 6-90% in 17 of 20 pairs.)
 ///
 /// Run alone (`cargo test -p benchfleet-tests --test e2e -- --ignored
-/// identical_runs`, which `scripts/test` does after the suite): beside the
-/// other end-to-end tests on two cores, their load moved one run's TPOT by
-/// 29% (18 of 20 once), which is the machine's noise between the two runs,
-/// not either run's own.
+/// identical_runs`): beside the other end-to-end tests on two cores, their
+/// load moved one run's TPOT by 29% (18 of 20 once), which is the machine's
+/// noise between the two runs, not either run's own. Right after the suite
+/// (its daemons and containers winding down) one pair's TPOT moved 191%
+/// and it passed 17 of 20: not a gate CI can hold yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run it alone"]
 async fn identical_runs_are_within_their_own_noise_and_a_10_percent_slowdown_is_caught() {
