@@ -5,7 +5,8 @@
 //! self-check), producing a `Summary`; `block` renders a summary as the
 //! "Serving Benchmark Result" block; `digest` keeps a run's distributions as
 //! histograms that merge, and pools repeats into one block; `gpu` matches GPU models to product
-//! names; `sharegpt` reads ShareGPT files, counting what it skips and why; `trace`
+//! names; `sharegpt` reads ShareGPT files, counting what it skips and why
+//! (and, for sessions, keeping each conversation's later exchanges); `trace`
 //! reads request traces (Mooncake's, or JSON Lines) to replay; `telemetry`
 //! summarizes what an agent samples during a job (engine `/metrics`, GPU
 //! readings, the GPUs' energy) and words a throttled GPU; `convert` is the one place records, summaries and load specs cross to and
