@@ -236,3 +236,54 @@ async fn sessions_send_each_turn_after_its_reply_with_the_conversation_so_far() 
         assert_eq!(rows, [(1, 4, 4.0), (2, 3, 13.0), (3, 3, 22.0)]);
     }
 }
+
+/// A turn that fails ends its session: nothing more of it is sent, its
+/// slot goes to the next session, and the summary counts the turns that
+/// were sent. The run's maximum duration ends the sessions still going.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_turn_ends_its_session_and_the_maximum_duration_ends_them_all() {
+    let _machine = crate::beside().await;
+    let quick = Timing { ttft: Duration::from_millis(5), itl: Duration::from_millis(1), per_chunk: 1 };
+    let url = fake_openai::start(quick).await;
+    let sessions = |think_ms| benchfleet_loadgen::Dataset::MultiTurn {
+        turns: 3,
+        user_tokens: 3,
+        output_tokens: 2,
+        think_time: Duration::from_millis(think_ms),
+        seed: 4,
+    };
+    // Every fourth request the server gets fails.
+    let mut config = benchfleet_loadgen::LoadConfig::new(url.as_str(), "every-4th-fails", sessions(0), 30);
+    config.endpoint = Endpoint::Chat;
+    config.max_concurrency = Some(1);
+    let result = run(config, None).await.expect("run");
+    let s = &result.summary;
+    assert_eq!(s.failed, s.failures.http_error);
+    assert!(s.failed > 0 && s.successful + s.failed < 30, "failures cut sessions short: {s:?}");
+    let figures = s.sessions.as_ref().expect("sessions");
+    assert_eq!(figures.sessions, 10, "every session began");
+    assert_eq!(figures.turns, s.successful + s.failed);
+    // One session at a time: in send order, a failed turn is its session's
+    // last, and the next request is the next session's first turn.
+    let mut records = result.records.clone();
+    records.sort_by_key(|r| r.sent_ns);
+    for pair in records.windows(2) {
+        let (a, b) = (pair[0].turn.expect("a turn"), pair[1].turn.expect("a turn"));
+        if !pair[0].outcome.is_ok() || a.turn == 3 {
+            assert_eq!((b.session, b.turn), (a.session + 1, 1), "{a:?} then {b:?}");
+        } else {
+            assert_eq!((b.session, b.turn), (a.session, a.turn + 1), "{a:?} then {b:?}");
+        }
+    }
+
+    // Sessions that think for a second each turn, cut at 300 ms: every
+    // session sent its first turn and no other.
+    let mut config = benchfleet_loadgen::LoadConfig::new(url.as_str(), "good", sessions(1000), 12);
+    config.endpoint = Endpoint::Chat;
+    config.max_concurrency = Some(4);
+    config.max_duration = Some(Duration::from_millis(300));
+    let result = run(config, None).await.expect("run");
+    let turns: Vec<u32> = result.records.iter().filter_map(|r| r.turn.map(|t| t.turn)).collect();
+    assert_eq!(turns, [1, 1, 1, 1], "four sessions under way, each at its first turn");
+    assert_eq!(result.summary.sessions.as_ref().map(|s| (s.sessions, s.turns)), Some((4, 4)));
+}
