@@ -384,6 +384,19 @@ fn sharegpt_order(data: &ShareGpt, shuffle: Option<u64>) -> Vec<usize> {
     order
 }
 
+/// The first turn of session `id` of the user turns `user`, the session
+/// travelling with it.
+fn session_prompt(id: u64, user: Vec<UserTurn>, think: std::time::Duration) -> Prompt {
+    let (session, first) = Session::new(id, user, think);
+    Prompt {
+        text: first.text,
+        tokens: first.tokens,
+        max_tokens: first.max_tokens,
+        ignore_eos: first.ignore_eos,
+        session: Some(Box::new(session)),
+    }
+}
+
 /// How many of a ShareGPT file's conversations, taken in `order` (and
 /// again from its start), make `n` turns: the last may be cut short.
 fn sharegpt_sessions(data: &ShareGpt, order: &[usize], n: usize) -> usize {
@@ -472,14 +485,7 @@ pub(crate) fn prompt_iter(
                     })
                     .collect();
                 left -= user.len();
-                let (session, first) = Session::new(id, user, think);
-                Prompt {
-                    text: first.text,
-                    tokens: first.tokens,
-                    max_tokens: first.max_tokens,
-                    ignore_eos: first.ignore_eos,
-                    session: Some(Box::new(session)),
-                }
+                session_prompt(id, user, think)
             }))
         }
         Dataset::ShareGpt { data, output_tokens, shuffle, sessions: None } => {
@@ -527,14 +533,7 @@ pub(crate) fn prompt_iter(
                         UserTurn { text, tokens, max_tokens: output_tokens.max(1), ignore_eos: true }
                     })
                     .collect();
-                let (session, first) = Session::new(i as u64, user, think_time);
-                Prompt {
-                    text: first.text,
-                    tokens: first.tokens,
-                    max_tokens: first.max_tokens,
-                    ignore_eos: first.ignore_eos,
-                    session: Some(Box::new(session)),
-                }
+                session_prompt(i as u64, user, think_time)
             }))
         }
     }
@@ -617,23 +616,7 @@ mod tests {
             extra: &extra,
         };
         let mut first = firsts.into_iter().next().and_then(|p| p.session).expect("session 0");
-        let record = crate::record::RequestRecord {
-            seq: 0,
-            scheduled_ns: 0,
-            sent_ns: 0,
-            slot_ns: None,
-            connect_ns: None,
-            first_token_ns: Some(1),
-            completed_ns: 10,
-            chunks: crate::record::Chunks::default(),
-            prompt_tokens: 2,
-            output_tokens: 1,
-            outcome: crate::record::Outcome::Ok,
-            http_status: Some(200),
-            error: None,
-            phase: crate::record::Phase::Measured,
-            turn: None,
-        };
+        let record = crate::session::tests::record(true, 2, 1, 10);
         let (next, due) = first.next(&options, &record, Some("served".into())).expect("turn 2");
         // The recorded reply's length is the turn's max_tokens, as for one exchange.
         assert_eq!((next.max_tokens, due), (3, 10 + 7_000_000));

@@ -899,29 +899,22 @@ async fn dispatch(
         let start_due = next_start.as_ref().filter(|_| state.held < state.cap).map(|(i, _)| ns(deadlines[*i]));
         let turn_due = state.waiting.peek().map(|w| w.0.due_ns);
         let due_ns = match (start_due, turn_due) {
-            (Some(a), Some(b)) => a.min(b),
-            (Some(due), None) | (None, Some(due)) => due,
+            (Some(a), Some(b)) => Some(a.min(b)),
             (None, None) if state.in_flight == 0 => break 'sending,
-            (None, None) => {
-                // Nothing can go until a record comes back.
-                tokio::select! {
-                    biased;
-                    () = stop.cancelled() => break 'sending,
-                    () = &mut end_or_never => {
-                        stop.cancel();
-                        break 'sending;
-                    }
-                    Some(done) = done_rx.recv() => {
-                        state.accept(done, shape, collected, &clock);
-                    }
-                }
-                continue 'sending;
-            }
+            (a, b) => a.or(b),
         };
         // Until it is due, take records in: their connections are reused,
         // the records would otherwise pile up in the channel, and a
-        // session's next turn may be due sooner.
-        let due = tokio::time::sleep_until(clock.at(Duration::from_nanos(u64::try_from(due_ns).unwrap_or(0))));
+        // session's next turn may be due sooner. With nothing due, nothing
+        // can go until a record comes back.
+        let due = async {
+            match due_ns {
+                Some(ns) => {
+                    tokio::time::sleep_until(clock.at(Duration::from_nanos(u64::try_from(ns).unwrap_or(0)))).await
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::pin!(due);
         loop {
             tokio::select! {
@@ -933,12 +926,13 @@ async fn dispatch(
                 }
                 () = &mut due => break,
                 Some(done) = done_rx.recv() => {
-                    if state.accept(done, shape, collected, &clock) {
+                    if state.accept(done, shape, collected, &clock) || due_ns.is_none() {
                         continue 'sending;
                     }
                 }
             }
         }
+        let Some(due_ns) = due_ns else { unreachable!("nothing due never ends the wait") };
         while let Ok(done) = done_rx.try_recv() {
             state.accept(done, shape, collected, &clock);
         }

@@ -99,12 +99,14 @@ pub(crate) fn sessions_for(requests: usize, turns: u32) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::client::Endpoint;
     use crate::record::{Chunks, Outcome, Phase};
 
-    fn record(ok: bool, prompt: u32, output: u32, completed_ns: i64) -> RequestRecord {
+    /// A turn's record: succeeded or not, its prompt and output tokens, and
+    /// when it completed.
+    pub(crate) fn record(ok: bool, prompt: u32, output: u32, completed_ns: i64) -> RequestRecord {
         RequestRecord {
             seq: 0,
             scheduled_ns: 0,

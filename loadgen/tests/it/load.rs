@@ -144,11 +144,12 @@ async fn a_closed_loop_reports_its_steady_state_window() {
     let s = &result.summary;
     let w = s.steady_state.as_ref().expect("a steady state");
     // Eight users busy from the first send until the last requests run out
-    // (on a busy machine a slot stays empty a moment now and then: this
-    // held 0.81 to 0.91 of the window in 3 of 6 runs, before multi-turn
-    // sessions and after).
+    // (on a busy machine a slot stays empty a moment now and then, and the
+    // first wave takes a while to go: this held 0.81 to 0.91 of the window
+    // in 3 of 6 runs, before multi-turn sessions and after, and its window
+    // began 12 ms in once; a run lasts about 1.7 s).
     assert!(w.reached && w.level == 8 && w.held > 0.75, "{w:?}");
-    assert!(w.start_s < 0.01 && w.end_s > 0.8 * s.duration_s, "{w:?} of {} s", s.duration_s);
+    assert!(w.start_s < 0.1 && w.end_s > 0.8 * s.duration_s, "{w:?} of {} s", s.duration_s);
     assert!(w.requests >= 180, "{w:?}");
     // A request takes 20 ms and 9 gaps of 5 ms: 8 of them every 65 ms at
     // best (a busy machine only slows them), and the window's figures are
