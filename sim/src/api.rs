@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     SimConfig,
-    engine::{Chunk, EngineHandle, Request},
+    engine::{EngineHandle, Output, Request},
     kv::BLOCK_TOKENS,
     simulate::block_hashes,
 };
@@ -468,7 +468,7 @@ impl Reply {
     }
 
     /// Server-sent events as vLLM writes them: `data: {json}\n\n` per chunk, then `data: [DONE]`.
-    fn stream(self, tokens: mpsc::UnboundedReceiver<Chunk>, include_usage: bool, faults: StreamFaults) -> Response {
+    fn stream(self, tokens: mpsc::UnboundedReceiver<Output>, include_usage: bool, faults: StreamFaults) -> Response {
         let state = StreamState { reply: self, tokens, sent: 0, include_usage, faults, done: false };
         let events = futures_util::stream::unfold(state, |mut st| async move {
             if st.done {
@@ -487,11 +487,20 @@ impl Reply {
                     }
                 }
             }
-            let Some(words) = st.tokens.recv().await else {
-                // The channel closed before the last token: the engine died. Cut the stream, as a dead engine does.
-                st.done = true;
-                return (st.sent < max)
-                    .then_some((Err(CutStream("the engine stopped before the request finished")), st));
+            let words = match st.tokens.recv().await {
+                Some(Ok(words)) => words,
+                Some(Err(message)) => {
+                    // The engine failed the request: vLLM ends the stream with an error event.
+                    st.done = true;
+                    let error = json!({"error": {"message": message, "type": "InternalServerError", "param": null, "code": 500}});
+                    return Some((Ok(format!("data: {error}\n\ndata: [DONE]\n\n")), st));
+                }
+                None => {
+                    // The channel closed before the last token: the engine died. Cut the stream, as a dead engine does.
+                    st.done = true;
+                    return (st.sent < max)
+                        .then_some((Err(CutStream("the engine stopped before the request finished")), st));
+                }
             };
             let out = st.reply.render(&words, st.sent, st.include_usage);
             st.sent += words.len();
@@ -542,10 +551,13 @@ impl Reply {
         out
     }
 
-    async fn collect(self, mut tokens: mpsc::UnboundedReceiver<Chunk>) -> Result<Response, ApiError> {
+    async fn collect(self, mut tokens: mpsc::UnboundedReceiver<Output>) -> Result<Response, ApiError> {
         let mut words = Vec::with_capacity(self.max_tokens);
         while let Some(chunk) = tokens.recv().await {
-            words.extend(chunk);
+            match chunk {
+                Ok(chunk) => words.extend(chunk),
+                Err(message) => return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, message.into())),
+            }
         }
         if words.len() < self.max_tokens {
             let message = "the engine stopped before the request finished".into();
@@ -571,7 +583,7 @@ impl Reply {
 /// A streaming response's progress.
 struct StreamState {
     reply: Reply,
-    tokens: mpsc::UnboundedReceiver<Chunk>,
+    tokens: mpsc::UnboundedReceiver<Output>,
     sent: usize,
     include_usage: bool,
     faults: StreamFaults,

@@ -6,7 +6,7 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use crate::profile::{self, COEFFICIENTS, EngineCosts, Gpu, ModelShape};
+use crate::profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape};
 
 /// The environment variable an agent sets to tell the simulator which GPU it stands in for.
 pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
@@ -14,7 +14,7 @@ pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
 /// The simulator's own flags, beside the engines': each with a sample
 /// value (empty for a switch) and what it does. `--help` prints them; a
 /// test checks the parser takes every one.
-pub const SIM_FLAGS: [(&str, &str, &str); 11] = [
+pub const SIM_FLAGS: [(&str, &str, &str); 12] = [
     ("--sim-gpu", "H100", "the GPU simulated: H100 or H200 (else $BENCHFLEET_SIM_GPU, else H200)"),
     ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
     ("--sim-speedup", "10", "divide every simulated step time, for quick demos and tests (1: real time)"),
@@ -25,6 +25,11 @@ pub const SIM_FLAGS: [(&str, &str, &str); 11] = [
     ("--sim-stall-ms", "60000", "how long a stalled stream holds before going on"),
     ("--sim-disconnect-rate", "0.1", "the share of streams whose connection is cut halfway"),
     ("--sim-refuse-cache-reset", "", "the prefix cache cannot be emptied (its endpoint answers 404)"),
+    (
+        "--sim-spec-failure-batch",
+        "500",
+        "with speculative decoding, once more sequences than this run, every later request fails",
+    ),
     ("--sim-slowdown-pct-per-s", "2", "every step takes this much longer per second served (a degrading engine)"),
 ];
 
@@ -118,6 +123,8 @@ pub struct SimConfig {
     pub speedup: f64,
     /// `--sim-spec-acceptance`: overrides the method's draft acceptance probability.
     pub spec_acceptance: Option<f64>,
+    /// The step-time model's numbers: [`COEFFICIENTS`] unless a calibration fit sets others.
+    pub coefficients: Coefficients,
     pub faults: Faults,
 }
 
@@ -140,6 +147,10 @@ pub struct Faults {
     /// `--sim-slowdown-pct-per-s`: every step takes this many percent longer per second since the
     /// engine's first step (an engine degrading as it runs: its latency drifts).
     pub slowdown_pct_per_s: f64,
+    /// `--sim-spec-failure-batch N`: with speculative decoding, once a step runs more than N
+    /// sequences the engine's draft state is corrupt, and every request not yet running then, or sent
+    /// later, fails with the engine's error (the reports' MTP runs at high load: about half failed).
+    pub spec_failure_batch: Option<usize>,
 }
 
 impl SimConfig {
@@ -148,7 +159,7 @@ impl SimConfig {
     }
 
     pub fn engine_costs(&self) -> EngineCosts {
-        EngineCosts::of(self.engine, self.performance_mode.as_deref())
+        EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref())
     }
 }
 
@@ -232,6 +243,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         startup_delay: Duration::ZERO,
         speedup: 1.0,
         spec_acceptance: None,
+        coefficients: COEFFICIENTS,
         faults: Faults { stall: Duration::from_secs(60), ..Faults::default() },
     };
     let (mut max_seqs, mut batched_tokens, mut gpu_flag, mut startup_from_model) = (None, None, None, false);
@@ -315,6 +327,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (_, "--sim-stall-rate") => config.faults.stall_rate = fraction(name, &value()?)?,
             (_, "--sim-stall-ms") => config.faults.stall = millis(name, &value()?)?,
             (_, "--sim-disconnect-rate") => config.faults.disconnect_rate = fraction(name, &value()?)?,
+            (_, "--sim-spec-failure-batch") => config.faults.spec_failure_batch = Some(parse(name, &value()?)?),
             (_, "--sim-refuse-cache-reset") => config.faults.refuse_cache_reset = switch(true)?,
             (_, "--sim-slowdown-pct-per-s") => {
                 let text = value()?;
@@ -344,7 +357,8 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
     config.max_num_seqs = max_seqs.unwrap_or(costs.default_max_num_seqs).max(1);
     config.max_num_batched_tokens = batched_tokens.unwrap_or(costs.default_max_num_batched_tokens).max(1);
     if startup_from_model {
-        let seconds = config.model_shape().weight_bytes() / COEFFICIENTS.load_bandwidth + COEFFICIENTS.load_warmup;
+        let seconds =
+            config.model_shape().weight_bytes() / config.coefficients.load_bandwidth + config.coefficients.load_warmup;
         config.startup_delay = Duration::from_secs_f64(seconds);
     }
     Ok(config)

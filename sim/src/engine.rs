@@ -46,6 +46,9 @@ pub struct Request {
 /// The words one step gave a request.
 pub type Chunk = Vec<&'static str>;
 
+/// What a request's channel carries: the words of a step, or the engine's error, after which nothing.
+pub type Output = Result<Chunk, &'static str>;
+
 /// The engine's state as `/metrics` shows it, refreshed every step.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stats {
@@ -68,7 +71,7 @@ pub struct EngineCrashed {
 pub struct EngineStopped;
 
 enum Command {
-    Submit(Request, mpsc::UnboundedSender<Chunk>),
+    Submit(Request, mpsc::UnboundedSender<Output>),
     ResetPrefixCache,
 }
 
@@ -93,7 +96,7 @@ impl std::fmt::Debug for Command {
 impl EngineHandle {
     /// Queues a request; its words arrive on the returned channel, which closes after the last, or early
     /// if the engine dies. Dropping the receiver cancels the request.
-    pub fn submit(&self, request: Request) -> Result<mpsc::UnboundedReceiver<Chunk>, EngineStopped> {
+    pub fn submit(&self, request: Request) -> Result<mpsc::UnboundedReceiver<Output>, EngineStopped> {
         let (tokens, receiver) = mpsc::unbounded_channel();
         self.commands.send(Command::Submit(request, tokens)).map_err(|_| EngineStopped)?;
         Ok(receiver)
@@ -138,7 +141,7 @@ pub fn start(
 
 /// Where a request's words go.
 struct Sink {
-    tokens: mpsc::UnboundedSender<Chunk>,
+    tokens: mpsc::UnboundedSender<Output>,
     rng: ChaCha8Rng,
 }
 
@@ -194,10 +197,15 @@ impl EngineLoop {
             sleep_until(deadline).await;
             for emission in step.emissions {
                 let Some(sink) = self.sinks.get_mut(&emission.id) else { continue };
+                if emission.failed {
+                    let _ = sink.tokens.send(Err(Scheduler::FAILURE));
+                    self.sinks.remove(&emission.id);
+                    continue;
+                }
                 let words: Chunk = (0..emission.tokens).map(|_| VOCAB[sink.rng.random_range(0..VOCAB.len())]).collect();
                 if !words.is_empty() {
                     // A failed send means the client went away; the next iteration aborts it.
-                    let _ = sink.tokens.send(words);
+                    let _ = sink.tokens.send(Ok(words));
                 }
                 if emission.finished {
                     self.sinks.remove(&emission.id);

@@ -13,11 +13,14 @@
 //!   scheduler that plans one step at a time and knows no clock;
 //! - `engine` drives it in real time for the server, `simulate` in virtual
 //!   time for whole benchmarks in milliseconds;
+//! - `calibration` is the published reference studies as rows the model is
+//!   fitted to (`examples/calibrate.rs`) and checked against (its test);
 //! - `api` is the HTTP layer, which only translates between OpenAI's wire
 //!   format and the engine, and serves each engine's `/metrics` (its names,
 //!   from the scheduler's state) and version endpoint.
 
 mod api;
+pub mod calibration;
 mod config;
 mod engine;
 mod kv;

@@ -57,7 +57,9 @@ pub fn gpu(name: &str) -> Option<Gpu> {
 }
 
 /// The numbers that shape the simulation, in one place; see the module doc for the formula.
-#[derive(Debug, Clone, Copy)]
+/// [`COEFFICIENTS`] is the fitted set every engine runs with; the calibration fits others
+/// (`benchfleet_sim::calibration`), which is why a [`CostModel`] carries its own copy.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Coefficients {
     /// Fraction of peak HBM bandwidth a decode step reaches.
     pub bandwidth_efficiency: f64,
@@ -67,6 +69,10 @@ pub struct Coefficients {
     pub mfu_max_moe: f64,
     /// Tokens in a step at which the linear layers reach half of `mfu_max`.
     pub mfu_half_tokens: f64,
+    /// The share of the data sheet's FP8 advantage over BF16 that FP8 linear layers realise (0: none,
+    /// 1: all of it). Block-scaled FP8 kernels quantise activations and rescale partial sums, and a
+    /// mixture of experts' small expert GEMMs are bound by memory more than by the tensor cores.
+    pub fp8_linear_gain: f64,
     /// Fraction of BF16 peak the attention kernels reach on long prefills.
     pub attention_efficiency: f64,
     /// KV-cache bytes per token (BF16) per square root of the billions of parameters. Sized like
@@ -74,6 +80,8 @@ pub struct Coefficients {
     pub kv_bytes_per_token_per_sqrt_b: f64,
     /// Attention FLOPs per (query token, context token) pair, per BF16 KV byte of a token.
     pub attention_flops_per_kv_byte: f64,
+    /// Dequantising an FP8 KV cache in the attention kernels: seconds per context token a decode reads.
+    pub kv_fp8_dequant_cost: f64,
     /// GPU memory that is neither weights nor KV cache (activations, CUDA graphs, allocator), bytes.
     pub runtime_reserve: f64,
     /// Fraction of the weights the vision encoder holds; `--language-model-only` frees its memory.
@@ -93,17 +101,28 @@ pub struct Coefficients {
     pub acceptance_other: f64,
     /// A model name without a size (`m`, `my-model`) is simulated as a dense model of this many billions.
     pub default_params_b: f64,
+    /// The engines' own costs and defaults, and what `--performance-mode` changes in vLLM's.
+    pub vllm: EngineCosts,
+    pub sglang: EngineCosts,
+    /// `throughput`: the fixed step cost (asynchronous scheduling overlaps it with the GPU) and the
+    /// per-token cost (larger CUDA graphs) are multiplied by these; the token budget doubles.
+    pub throughput_step_factor: f64,
+    pub throughput_token_factor: f64,
+    /// `interactivity`: the fixed step cost of small steps is multiplied by this.
+    pub interactivity_step_factor: f64,
 }
 
-/// The coefficients; the engine-specific ones are in [`EngineCosts::of`].
+/// The coefficients every simulated engine runs with.
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.9,
     mfu_max_dense: 0.7,
     mfu_max_moe: 0.35,
     mfu_half_tokens: 64.0,
+    fp8_linear_gain: 1.0,
     attention_efficiency: 0.5,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
+    kv_fp8_dequant_cost: 0.0,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
@@ -115,6 +134,25 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
     default_params_b: 8.0,
+    // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens, 90% of memory), and SGLang 0.5.9,
+    // whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running.
+    vllm: EngineCosts {
+        step_overhead: 1.5e-3,
+        decode_token_overhead: 0.08e-3,
+        default_max_num_seqs: 1024,
+        default_max_num_batched_tokens: 8192,
+        default_memory_fraction: 0.9,
+    },
+    sglang: EngineCosts {
+        step_overhead: 2.0e-3,
+        decode_token_overhead: 0.33e-3,
+        default_max_num_seqs: 128,
+        default_max_num_batched_tokens: 8192,
+        default_memory_fraction: 0.88,
+    },
+    throughput_step_factor: 1.0,
+    throughput_token_factor: 0.85,
+    interactivity_step_factor: 0.8,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -133,34 +171,19 @@ pub struct EngineCosts {
 }
 
 impl EngineCosts {
-    /// vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens, 90% of memory), and SGLang 0.5.9,
-    /// whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running and
-    /// whose per-sequence cost on this model is about three times vLLM's, as the reports show.
-    /// `--performance-mode`: `throughput` doubles the token budget and lowers the per-token cost
-    /// (larger CUDA graphs); `interactivity` lowers the fixed cost of small steps.
-    pub fn of(engine: EngineKind, performance_mode: Option<&str>) -> EngineCosts {
+    /// The costs of `engine` in `--performance-mode` (vLLM's; SGLang has none) under `c`.
+    pub fn of(c: &Coefficients, engine: EngineKind, performance_mode: Option<&str>) -> EngineCosts {
         let mut costs = match engine {
-            EngineKind::Vllm => EngineCosts {
-                step_overhead: 1.5e-3,
-                decode_token_overhead: 0.08e-3,
-                default_max_num_seqs: 1024,
-                default_max_num_batched_tokens: 8192,
-                default_memory_fraction: 0.9,
-            },
-            EngineKind::Sglang => EngineCosts {
-                step_overhead: 2.0e-3,
-                decode_token_overhead: 0.33e-3,
-                default_max_num_seqs: 128,
-                default_max_num_batched_tokens: 8192,
-                default_memory_fraction: 0.88,
-            },
+            EngineKind::Vllm => c.vllm,
+            EngineKind::Sglang => c.sglang,
         };
         match performance_mode {
             Some("throughput") => {
                 costs.default_max_num_batched_tokens *= 2;
-                costs.decode_token_overhead *= 0.85;
+                costs.step_overhead *= c.throughput_step_factor;
+                costs.decode_token_overhead *= c.throughput_token_factor;
             }
-            Some("interactivity") => costs.step_overhead *= 0.8,
+            Some("interactivity") => costs.step_overhead *= c.interactivity_step_factor,
             _ => {}
         }
         costs
@@ -227,21 +250,28 @@ pub struct StepWork {
 /// The step-time model of one engine configuration on one GPU group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
+    pub coefficients: Coefficients,
     pub gpu: Gpu,
     pub model: ModelShape,
     pub engine: EngineCosts,
     pub tensor_parallel: f64,
     /// Bytes per token of the KV cache as configured (`--kv-cache-dtype fp8` halves it).
     pub kv_bytes_per_token: f64,
+    /// `--kv-cache-dtype fp8`: the attention kernels dequantise what they read.
+    pub kv_fp8: bool,
 }
 
 impl CostModel {
     /// Duration of a step doing `work`.
     pub fn step_time(&self, work: &StepWork) -> Duration {
-        let c = &COEFFICIENTS;
+        let c = &self.coefficients;
         let scale = self.tensor_parallel * if self.tensor_parallel > 1.0 { c.tensor_parallel_efficiency } else { 1.0 };
         let tokens = (work.prefill_tokens + work.decode_tokens) as f64;
-        let linear_peak = if self.model.bytes_per_param <= 1.0 { self.gpu.fp8_flops } else { self.gpu.bf16_flops };
+        let linear_peak = if self.model.bytes_per_param <= 1.0 {
+            self.gpu.bf16_flops + (self.gpu.fp8_flops - self.gpu.bf16_flops) * c.fp8_linear_gain
+        } else {
+            self.gpu.bf16_flops
+        };
         let mfu_max = if self.model.is_moe() { c.mfu_max_moe } else { c.mfu_max_dense };
         let mfu = mfu_max * tokens / (tokens + c.mfu_half_tokens);
         let linear =
@@ -253,9 +283,11 @@ impl CostModel {
         let memory = (self.weights_touched(tokens) + self.kv_bytes_per_token * work.decode_context_tokens as f64)
             / (self.gpu.bandwidth * scale * c.bandwidth_efficiency);
         let draft = if work.decode_tokens > 0 { c.draft_cost * work.draft_tokens as f64 } else { 0.0 };
+        let dequant = if self.kv_fp8 { c.kv_fp8_dequant_cost * work.decode_context_tokens as f64 } else { 0.0 };
         let seconds = self.engine.step_overhead
             + self.engine.decode_token_overhead * work.decode_tokens as f64
             + draft
+            + dequant
             + (linear + attention).max(memory);
         Duration::from_secs_f64(seconds)
     }
@@ -274,8 +306,7 @@ impl CostModel {
 }
 
 /// The acceptance probability of one draft token for a `--speculative-config` method.
-pub fn acceptance(method: &str) -> f64 {
-    let c = &COEFFICIENTS;
+pub fn acceptance(c: &Coefficients, method: &str) -> f64 {
     match method {
         "mtp" | "qwen3_next_mtp" | "deepseek_mtp" => c.acceptance_mtp,
         m if m.starts_with("eagle") => c.acceptance_eagle,
@@ -318,11 +349,13 @@ mod tests {
     fn model(name: &str, gpu_name: &str) -> CostModel {
         let model = ModelShape::from_name(name);
         CostModel {
+            coefficients: COEFFICIENTS,
             gpu: gpu(gpu_name).expect("known gpu"),
             model,
-            engine: EngineCosts::of(EngineKind::Vllm, None),
+            engine: EngineCosts::of(&COEFFICIENTS, EngineKind::Vllm, None),
             tensor_parallel: 1.0,
             kv_bytes_per_token: model.kv_bytes_per_token_bf16(),
+            kv_fp8: false,
         }
     }
 

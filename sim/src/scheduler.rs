@@ -32,7 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::{
     config::{EngineKind, SimConfig},
     kv::{BLOCK_TOKENS, KvCache, blocks_for},
-    profile::{self, COEFFICIENTS, CostModel, StepWork},
+    profile::{self, CostModel, StepWork},
 };
 
 /// What the scheduler needs to know about a request.
@@ -68,6 +68,8 @@ pub struct Emission {
     pub id: u64,
     pub tokens: usize,
     pub finished: bool,
+    /// The request failed with the engine's error ([`Scheduler::FAILURE`]); it emits nothing more.
+    pub failed: bool,
 }
 
 /// One planned and applied step.
@@ -123,9 +125,15 @@ pub struct Scheduler {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     counters: Counters,
+    /// `--sim-spec-failure-batch`, and whether a step has passed it.
+    spec_failure_batch: Option<usize>,
+    spec_state_corrupt: bool,
 }
 
 impl Scheduler {
+    /// What a request fails with once speculative decoding's state is corrupt (`--sim-spec-failure-batch`).
+    pub const FAILURE: &str = "EngineCore encountered an issue: the speculative decoding state is corrupt after the batch passed its size (--sim-spec-failure-batch)";
+
     pub fn new(cost: CostModel, limits: Limits, speculation: Option<Speculation>, kv: KvCache) -> Scheduler {
         Scheduler {
             cost,
@@ -135,7 +143,16 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters: Counters::default(),
+            spec_failure_batch: None,
+            spec_state_corrupt: false,
         }
+    }
+
+    /// Models the reports' speculative-decoding failure at high load: once a step with speculative
+    /// decoding runs more than `batch` sequences, every request not yet running fails.
+    pub fn with_spec_failure(mut self, batch: Option<usize>) -> Scheduler {
+        self.spec_failure_batch = batch;
+        self
     }
 
     pub fn add(&mut self, request: SeqRequest) {
@@ -208,6 +225,15 @@ impl Scheduler {
         if self.is_idle() {
             return None;
         }
+        if self.spec_state_corrupt && !self.waiting.is_empty() {
+            let failed = self.waiting.drain(..).map(|seq| Emission {
+                id: seq.request.id,
+                tokens: 0,
+                finished: true,
+                failed: true,
+            });
+            return Some(Step { duration: Duration::ZERO, emissions: failed.collect(), work: StepWork::default() });
+        }
         let draft = self.draft_tokens();
         let mut budget = self.limits.max_num_batched_tokens;
         let mut work = StepWork::default();
@@ -262,7 +288,7 @@ impl Scheduler {
                     let seq = self.waiting.pop_front()?;
                     return Some(Step {
                         duration: Duration::ZERO,
-                        emissions: vec![Emission { id: seq.request.id, tokens: 0, finished: true }],
+                        emissions: vec![Emission { id: seq.request.id, tokens: 0, finished: true, failed: false }],
                         work,
                     });
                 }
@@ -285,6 +311,9 @@ impl Scheduler {
             self.running.push(seq);
         }
 
+        if draft > 0 && self.spec_failure_batch.is_some_and(|batch| self.running.len() > batch) {
+            self.spec_state_corrupt = true;
+        }
         if plan.is_empty() {
             // Everything is preempted or waiting for room that a step cannot make; let time pass.
             return Some(Step { duration: self.cost.step_time(&work), emissions: Vec::new(), work });
@@ -318,7 +347,8 @@ impl Scheduler {
             let tokens = tokens.min(seq.request.max_tokens - seq.generated);
             seq.generated += tokens;
             self.counters.generation_tokens += tokens as u64;
-            emissions.push(Emission { id: seq.request.id, tokens, finished: seq.generated >= seq.request.max_tokens });
+            let finished = seq.generated >= seq.request.max_tokens;
+            emissions.push(Emission { id: seq.request.id, tokens, finished, failed: false });
         }
         let mut index = 0;
         while index < self.running.len() {
@@ -390,7 +420,7 @@ impl Scheduler {
     /// The engine a configuration describes: its step-time model, and a KV cache sized from GPU
     /// memory, weights and `--kv-cache-dtype`. Fails as the engine would when the model does not fit.
     pub fn from_config(config: &SimConfig) -> Result<Scheduler, StartupError> {
-        let c = &COEFFICIENTS;
+        let c = &config.coefficients;
         let model = config.model_shape();
         let engine = config.engine_costs();
         let tp = f64::from(config.tensor_parallel_size.max(1));
@@ -421,10 +451,19 @@ impl Scheduler {
                 estimated_len: capacity * BLOCK_TOKENS,
             });
         }
-        let cost = CostModel { gpu: config.gpu, model, engine, tensor_parallel: tp, kv_bytes_per_token };
+        let cost = CostModel {
+            coefficients: config.coefficients,
+            gpu: config.gpu,
+            model,
+            engine,
+            tensor_parallel: tp,
+            kv_bytes_per_token,
+            kv_fp8,
+        };
         let limits =
             Limits { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens };
-        Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching)))
+        Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching))
+            .with_spec_failure(config.faults.spec_failure_batch))
     }
 
     pub fn kv_capacity_tokens(&self) -> usize {
@@ -437,6 +476,8 @@ fn speculation(config: &SimConfig) -> Option<Speculation> {
     let spec = config.speculative_config.as_ref()?;
     let tokens = usize::try_from(spec.get("num_speculative_tokens")?.as_u64()?).ok()?;
     let method = spec.get("method").and_then(serde_json::Value::as_str).unwrap_or("draft_model");
-    (tokens > 0)
-        .then(|| Speculation { tokens, acceptance: config.spec_acceptance.unwrap_or(profile::acceptance(method)) })
+    (tokens > 0).then(|| Speculation {
+        tokens,
+        acceptance: config.spec_acceptance.unwrap_or(profile::acceptance(&config.coefficients, method)),
+    })
 }

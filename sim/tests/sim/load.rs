@@ -114,3 +114,27 @@ fn configurations_that_cannot_fit_fail_at_startup_like_the_engine() {
     assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B --tensor-parallel-size 8")).is_ok());
     assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size 4")).is_ok());
 }
+
+#[test]
+fn speculative_decoding_past_its_failure_batch_fails_every_request_not_yet_running() {
+    let mtp = "--speculative-config {\"method\":\"mtp\",\"num_speculative_tokens\":4}";
+    let run = |flags: &str| {
+        let items = simulate::random(300, 256, 64, 11);
+        let workload = Workload { items, arrival: Arrival::Rate { rate: 1000.0, max_concurrency: Some(100) } };
+        simulate::simulate(&config(&format!("{ENGINE} {flags}")), &workload).expect("fits")
+    };
+    // The first wave of 100 passes 90 running: it finishes; everything sent after fails.
+    let timings = run(&format!("{mtp} --sim-spec-failure-batch 90"));
+    let summary = Summary::of(&timings);
+    assert_eq!(timings.len(), 300, "every request ends, failed or not");
+    assert!((90..=110).contains(&summary.requests), "about the first wave succeeds: {}", summary.requests);
+    assert_eq!(summary.requests + summary.failed, 300);
+    assert!(timings.iter().filter(|t| t.failed).all(|t| t.output_tokens == 0), "a failed request emits nothing");
+    let first_failure = timings.iter().filter(|t| t.failed).map(|t| t.sent).fold(f64::INFINITY, f64::min);
+    let last_success_sent = timings.iter().filter(|t| !t.failed).map(|t| t.sent).fold(0.0, f64::max);
+    assert!(last_success_sent <= first_failure + 1e-9, "the failures are the later requests");
+    // Below the size, or without speculative decoding, nothing fails.
+    assert_eq!(Summary::of(&run(&format!("{mtp} --sim-spec-failure-batch 100"))).failed, 0);
+    assert_eq!(Summary::of(&run("--sim-spec-failure-batch 1")).failed, 0);
+    assert_eq!(Summary::of(&run(mtp)).failed, 0);
+}

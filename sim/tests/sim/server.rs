@@ -216,6 +216,27 @@ async fn the_engine_crashes_after_n_requests_and_the_server_stops_with_an_error(
 }
 
 #[tokio::test]
+async fn past_its_failure_batch_speculative_decoding_fails_requests_with_the_engines_error() {
+    let sim = start(
+        "vllm serve m --sim-speedup 20 --speculative-config {\"method\":\"mtp\",\"num_speculative_tokens\":2} --sim-spec-failure-batch 0",
+    )
+    .await;
+    // The first request runs alone and passes the size of 0: it finishes, the state is then corrupt.
+    let (status, body) = sim.post("/v1/completions", json!({"model": "m", "prompt": "one two", "max_tokens": 4})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = sim.post("/v1/completions", json!({"model": "m", "prompt": "three", "max_tokens": 4})).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains("--sim-spec-failure-batch"), "{body}");
+    let request = json!({"model": "m", "prompt": "four", "max_tokens": 4, "stream": true});
+    let (status, body) = sim.post("/v1/completions", request).await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = sse_chunks(&body);
+    assert_eq!(chunks.len(), 1, "an error event and nothing else: {body}");
+    assert_eq!(chunks[0]["error"]["code"], 500);
+    assert!(chunks[0]["error"]["message"].as_str().expect("message").contains("speculative decoding"), "{body}");
+}
+
+#[tokio::test]
 async fn a_model_that_does_not_fit_fails_at_startup() {
     let sim = start("vllm serve Qwen/Qwen3-235B-A22B --sim-gpu H100").await;
     let err = sim.task.await.expect("no panic").expect_err("out of memory");

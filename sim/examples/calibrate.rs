@@ -1,0 +1,43 @@
+//! Fits the simulator's coefficients to the published reference studies.
+//!
+//! ```text
+//! cargo run --release -p benchfleet-sim --example calibrate               # fit on all three studies
+//! cargo run --release -p benchfleet-sim --example calibrate -- 35b        # fit without the 35B study
+//! ```
+//!
+//! It starts from `profile::COEFFICIENTS`, prints each improvement of the loss, then the fitted
+//! coefficients (to copy into `sim/src/profile.rs`, or into `calibration::HOLD_OUT` for a fit
+//! without a study) and every row's figures under them.
+
+use benchfleet_sim::{
+    calibration::{self, Study},
+    profile::COEFFICIENTS,
+};
+
+fn main() {
+    let held_out: Option<Study> = std::env::args().nth(1).map(|key| {
+        Study::ALL.into_iter().find(|s| s.key() == key).unwrap_or_else(|| {
+            eprintln!("unknown study {key:?}: one of 35b, 9b, latency");
+            std::process::exit(2);
+        })
+    });
+    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(40);
+    let studies: Vec<Study> = Study::ALL.into_iter().filter(|s| Some(*s) != held_out).collect();
+    let fitted = calibration::fit(COEFFICIENTS, &studies, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
+    let knobs = calibration::knobs();
+    println!("{fitted:?}");
+    for knob in &knobs {
+        println!("{:<28} {:>12.6e} (was {:.6e})", knob.name, (knob.get)(&fitted), (knob.get)(&COEFFICIENTS));
+    }
+    let rows = calibration::rows();
+    for (i, (row, outcome)) in rows.iter().zip(calibration::evaluate(&rows, &fitted)).enumerate() {
+        let mark = if studies.contains(&row.study) { " " } else { "*" };
+        println!(
+            "{mark}{i:>2} {:<9} published {:>+7.1} simulated {:>+7.1} {}",
+            row.study.key(),
+            outcome.published_figure,
+            outcome.simulated_figure,
+            outcome.failure.unwrap_or_default()
+        );
+    }
+}

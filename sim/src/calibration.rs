@@ -1,0 +1,426 @@
+//! The published reference studies as a table the simulator is fitted to and checked against.
+//!
+//! Every [`Row`] replays one published benchmark (model, GPU, engine flags,
+//! profile) in virtual time. A row is a baseline (its absolute figure must
+//! land within [`ABSOLUTE_BAND`]), an effect against an earlier row (within
+//! [`EFFECT_BAND`] percentage points of the published effect), optionally a
+//! stage the study rejected (it must stay below the stage it was tried
+//! against), or a run whose published success rate was below 100% (the
+//! simulated rate must land within the effect band). [`fit`] searches the
+//! coefficients that minimise the misses; `docs/sim-calibration.md` is built
+//! from [`evaluate`] by the calibration test, with the hold-out error of
+//! coefficients fitted without each study ([`HOLD_OUT`]).
+
+use crate::{
+    config::{EngineKind, parse_command_line_with_gpu},
+    profile::Coefficients,
+    simulate::{self, Arrival, Summary, Workload},
+};
+
+/// An effect must land within this many percentage points of the published one.
+pub const EFFECT_BAND: f64 = 3.0;
+/// A baseline's absolute figure must land within this fraction of the published one.
+pub const ABSOLUTE_BAND: f64 = 0.10;
+
+/// The reference studies. The Chinese and the Russian reports are one study (the 35B-A3B on the
+/// H200) in two languages, so there are three to fit on and hold out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Study {
+    Throughput35b,
+    Throughput9b,
+    Latency9b,
+}
+
+impl Study {
+    pub const ALL: [Study; 3] = [Study::Throughput35b, Study::Throughput9b, Study::Latency9b];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Study::Throughput35b => "Qwen3.5-35B-A3B on H200, throughput",
+            Study::Throughput9b => "Qwen3.5-9B on H100, throughput",
+            Study::Latency9b => "Qwen3.5-9B on H100, latency",
+        }
+    }
+
+    /// A short name for command lines: `35b`, `9b`, `latency`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Study::Throughput35b => "35b",
+            Study::Throughput9b => "9b",
+            Study::Latency9b => "latency",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Profile {
+    /// ShareGPT at 1000 req/s, 1000 requests, the client holding at most 512 in flight.
+    ShareGpt,
+    /// Random prompts (the reports' token totals per request), 1000 req/s, at most 512 in flight.
+    Random { requests: usize, input: usize, output: usize },
+    /// ShareGPT at a constant rate, 1000 requests (the latency study).
+    ShareGptRate(f64),
+}
+
+impl Profile {
+    pub fn name(self) -> String {
+        match self {
+            Profile::ShareGpt => "ShareGPT".into(),
+            Profile::Random { input, output, .. } => format!("random {input}/{output}"),
+            Profile::ShareGptRate(rate) => format!("ShareGPT {rate} req/s"),
+        }
+    }
+
+    pub fn workload(self) -> Workload {
+        let capped = Arrival::Rate { rate: 1000.0, max_concurrency: Some(512) };
+        match self {
+            Profile::ShareGpt => Workload { items: simulate::sharegpt_like(1000, 42), arrival: capped },
+            Profile::Random { requests, input, output } => {
+                Workload { items: simulate::random(requests, input, output, 42), arrival: capped }
+            }
+            Profile::ShareGptRate(rate) => Workload {
+                items: simulate::sharegpt_like(1000, 42),
+                arrival: Arrival::Rate { rate, max_concurrency: None },
+            },
+        }
+    }
+}
+
+/// What a study optimises: total token throughput (higher is better) or mean latency (lower is better).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Objective {
+    Throughput,
+    Latency,
+}
+
+/// What a row must satisfy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Check {
+    /// A baseline: its absolute figure within [`ABSOLUTE_BAND`] of the published one.
+    Baseline,
+    /// The change against row `base` within [`EFFECT_BAND`] points of the published change; with
+    /// `below`, a stage the study rejected: it must also stay below row `below`.
+    Effect { base: usize, below: Option<usize> },
+    /// Published with this success rate (percent): the simulated rate within [`EFFECT_BAND`] points.
+    Success(f64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Row {
+    pub study: Study,
+    pub gpu: &'static str,
+    pub model: &'static str,
+    pub engine: EngineKind,
+    pub args: &'static str,
+    pub profile: Profile,
+    pub objective: Objective,
+    pub published: f64,
+    pub check: Check,
+}
+
+impl Row {
+    /// The engine's command line, as an operator would type it.
+    pub fn command(&self) -> String {
+        match self.engine {
+            EngineKind::Vllm => format!("vllm serve {} {}", self.model, self.args),
+            EngineKind::Sglang => format!("python3 -m sglang.launch_server --model-path {} {}", self.model, self.args),
+        }
+    }
+}
+
+const MOE: &str = "Qwen/Qwen3.5-35B-A3B";
+const MOE_FP8: &str = "Qwen/Qwen3.5-35B-A3B-FP8";
+const DENSE: &str = "Qwen/Qwen3.5-9B";
+const BASE_VLLM: &str = "--reasoning-parser=qwen3 --max-model-len=32768";
+const BASE_SGLANG: &str = "--reasoning-parser=qwen3 --context-length=32768";
+const RANDOM_1K: Profile = Profile::Random { requests: 1000, input: 1034, output: 128 };
+const LONG: Profile = Profile::Random { requests: 100, input: 32010, output: 100 };
+const GEN_HEAVY: Profile = Profile::Random { requests: 200, input: 1010, output: 2000 };
+/// MTP with 4 draft tokens at high load. The reports' runs failed once the batch passed a size;
+/// the calibration sets the simulator's flag for it (`--sim-spec-failure-batch`).
+const MTP4: &str = "--reasoning-parser=qwen3 --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":4} --max-model-len=32768 --sim-spec-failure-batch=500";
+
+/// The published figures, row by row, with what each must satisfy.
+#[rustfmt::skip]
+pub fn rows() -> Vec<Row> {
+    use Check::*;
+    use EngineKind::{Sglang, Vllm};
+    use Objective::{Latency, Throughput};
+    use Study::*;
+    let row = |study, gpu, model, engine, args, profile, objective, published, check| Row {
+        study, gpu, model, engine, args, profile, objective, published, check,
+    };
+    let effect = |base| Effect { base, below: None };
+    let opt35 = "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --enable-prefix-caching";
+    let opt9 = "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-seqs=512";
+    let lat_opt = "--reasoning-parser=qwen3 --max-model-len=32768 --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1} --language-model-only --performance-mode=interactivity";
+    let s = Profile::ShareGpt;
+    let (t35, t9, l9) = (Throughput35b, Throughput9b, Latency9b);
+    vec![
+        // 0..
+        row(t35, "H200", MOE, Vllm, BASE_VLLM, s, Throughput, 9632.01, Baseline),
+        row(t35, "H200", MOE, Sglang, BASE_SGLANG, s, Throughput, 4995.66, effect(0)),
+        row(t35, "H200", MOE_FP8, Vllm, BASE_VLLM, s, Throughput, 9942.93, effect(0)),
+        row(t35, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 10338.96, effect(0)),
+        row(t35, "H200", MOE_FP8, Vllm, opt35, s, Throughput, 10570.88, effect(0)),
+        // Rejected: below the stage before it.
+        row(t35, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --enable-prefix-caching --kv-cache-dtype=fp8", s, Throughput, 10363.77, Effect { base: 0, below: Some(4) }),
+        row(t35, "H200", MOE_FP8, Vllm, MTP4, s, Throughput, 15514.15, Success(51.6)),
+        // 7..
+        row(t35, "H200", MOE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 37934.72, Baseline),
+        row(t35, "H200", MOE_FP8, Vllm, opt35, RANDOM_1K, Throughput, 50464.84, effect(7)),
+        row(t35, "H200", MOE, Vllm, BASE_VLLM, LONG, Throughput, 44993.20, Baseline),
+        row(t35, "H200", MOE_FP8, Vllm, opt35, LONG, Throughput, 56424.42, effect(9)),
+        row(t35, "H200", MOE, Vllm, BASE_VLLM, GEN_HEAVY, Throughput, 10455.38, Baseline),
+        row(t35, "H200", MOE_FP8, Vllm, opt35, GEN_HEAVY, Throughput, 12258.79, effect(11)),
+        // 13..
+        row(t9, "H100", DENSE, Vllm, BASE_VLLM, s, Throughput, 11527.14, Baseline),
+        row(t9, "H100", DENSE, Sglang, BASE_SGLANG, s, Throughput, 6499.41, effect(13)),
+        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 11224.70, Effect { base: 13, below: Some(13) }),
+        row(t9, "H100", DENSE, Vllm, MTP4, s, Throughput, 15059.89, Success(51.5)),
+        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768", s, Throughput, 11496.39, effect(13)),
+        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --max-model-len=32768 --max-num-seqs=1024", s, Throughput, 11532.64, effect(13)),
+        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-batched-tokens=32768", s, Throughput, 11672.72, effect(13)),
+        // 20: the report's own pair, 512 against 256 sequences (+6.80%).
+        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-seqs=256", s, Throughput, 11019.18, effect(13)),
+        row(t9, "H100", DENSE, Vllm, opt9, s, Throughput, 11768.22, effect(20)),
+        row(t9, "H100", DENSE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 29822.16, Baseline),
+        row(t9, "H100", DENSE, Vllm, opt9, RANDOM_1K, Throughput, 34470.14, effect(22)),
+        // 24..
+        row(l9, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(8.0), Latency, 2.62, Baseline),
+        row(l9, "H100", DENSE, Sglang, "--context-length=32768", Profile::ShareGptRate(8.0), Latency, 8.13, effect(24)),
+        row(l9, "H100", DENSE, Vllm, "--max-model-len=32768 --enable-prefix-caching", Profile::ShareGptRate(8.0), Latency, 2.69, effect(24)),
+        row(l9, "H100", DENSE, Vllm, "--max-model-len=32768 --max-num-batched-tokens=16384", Profile::ShareGptRate(8.0), Latency, 2.64, effect(24)),
+        row(l9, "H100", DENSE, Vllm, "--max-model-len=32768 --max-num-seqs=128", Profile::ShareGptRate(8.0), Latency, 2.66, effect(24)),
+        row(l9, "H100", DENSE, Vllm, "--speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1} --max-model-len=32768", Profile::ShareGptRate(8.0), Latency, 2.39, effect(24)),
+        row(l9, "H100", DENSE, Vllm, "--performance-mode=interactivity --max-model-len=32768 --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1}", Profile::ShareGptRate(8.0), Latency, 2.38, effect(24)),
+        row(l9, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(8.0), Latency, 2.32, effect(24)),
+        // 32..
+        row(l9, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(1.0), Latency, 2.09, Baseline),
+        row(l9, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(1.0), Latency, 1.65, effect(32)),
+        row(l9, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(4.0), Latency, 2.33, Baseline),
+        row(l9, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(4.0), Latency, 1.90, effect(34)),
+        row(l9, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(16.0), Latency, 4.37, Baseline),
+        row(l9, "H100", DENSE, Vllm, lat_opt, Profile::ShareGptRate(16.0), Latency, 3.72, effect(36)),
+    ]
+}
+
+/// What the simulator gave for one row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Simulated {
+    /// The objective over the successful requests.
+    pub value: f64,
+    /// Successful requests, percent.
+    pub success: f64,
+}
+
+/// Replays `row` on the simulator with `coefficients`.
+pub fn simulate_row(row: &Row, coefficients: &Coefficients) -> Simulated {
+    let args: Vec<String> = row.command().split_whitespace().map(String::from).collect();
+    let mut config = parse_command_line_with_gpu(&args, Some(row.gpu)).expect("a reference command line parses");
+    config.coefficients = *coefficients;
+    let timings = simulate::simulate(&config, &row.profile.workload()).expect("the reference configuration fits");
+    let summary = Summary::of(&timings);
+    let value = match row.objective {
+        Objective::Throughput => summary.total_token_throughput,
+        Objective::Latency => summary.mean_latency,
+    };
+    Simulated { value, success: 100.0 * summary.requests as f64 / timings.len().max(1) as f64 }
+}
+
+/// Relative change from `base` to `value`, signed so that positive is better for the objective.
+pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
+    match objective {
+        Objective::Throughput => value / base - 1.0,
+        Objective::Latency => base / value - 1.0,
+    }
+}
+
+/// One row checked: what was published and simulated, and by how much it missed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub simulated: Simulated,
+    /// The published and simulated figures the check compares: percent effects against the base
+    /// row, a baseline's error in percent (published 0), or success rates in percent.
+    pub published_figure: f64,
+    pub simulated_figure: f64,
+    /// How far outside its band the row is, in band widths (0 inside); what [`fit`] minimises.
+    pub miss: f64,
+    /// Empty when the row holds; else what failed.
+    pub failure: Option<String>,
+}
+
+/// Simulates every row of `rows` with `coefficients` and checks it.
+pub fn evaluate(rows: &[Row], coefficients: &Coefficients) -> Vec<Outcome> {
+    evaluate_studies(rows, coefficients, &Study::ALL).into_iter().map(|o| o.expect("every study evaluated")).collect()
+}
+
+/// [`evaluate`] for the rows of `studies` only (a row's base is always in its own study); the
+/// others are `None`.
+pub fn evaluate_studies(rows: &[Row], coefficients: &Coefficients, studies: &[Study]) -> Vec<Option<Outcome>> {
+    let chosen: Vec<usize> = (0..rows.len()).filter(|&i| studies.contains(&rows[i].study)).collect();
+    // Rows are independent and the model is pure: one thread per core, rows dealt round-robin.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(chosen.len().max(1));
+    let mut simulated: Vec<Option<Simulated>> = vec![None; rows.len()];
+    std::thread::scope(|scope| {
+        let chosen = &chosen;
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    chosen
+                        .iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|&i| (i, simulate_row(&rows[i], coefficients)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for worker in workers {
+            for (i, sim) in worker.join().expect("a calibration row panicked") {
+                simulated[i] = Some(sim);
+            }
+        }
+    });
+    rows.iter().zip(&simulated).map(|(row, sim)| sim.map(|sim| check(rows, &simulated, row, sim))).collect()
+}
+
+fn check(rows: &[Row], simulated: &[Option<Simulated>], row: &Row, sim: Simulated) -> Outcome {
+    let of = |i: usize| simulated[i].expect("a row's base is in its study").value;
+    let (published_figure, simulated_figure, band, mut failure) = match row.check {
+        Check::Baseline => {
+            let error = 100.0 * (sim.value / row.published - 1.0);
+            let failure = (error.abs() > ABSOLUTE_BAND * 100.0).then(|| format!("error {error:+.1}%"));
+            (0.0, error, ABSOLUTE_BAND * 100.0, failure)
+        }
+        Check::Effect { base, below } => {
+            let published = 100.0 * gain(row.objective, rows[base].published, row.published);
+            let effect = 100.0 * gain(row.objective, of(base), sim.value);
+            let mut failure = ((effect - published).abs() > EFFECT_BAND)
+                .then(|| format!("effect {effect:+.1}% against the published {published:+.1}%"));
+            // A rejected stage may tie (a flag that is on by default changes nothing) but not win.
+            if let Some(stage) = below
+                && gain(row.objective, of(stage), sim.value) > 0.0
+            {
+                failure = Some(format!("better than #{stage}, which the study kept"));
+            }
+            (published, effect, EFFECT_BAND, failure)
+        }
+        Check::Success(published) => {
+            let failure = ((sim.success - published).abs() > EFFECT_BAND)
+                .then(|| format!("success rate {:.1}% against the published {published:.1}%", sim.success));
+            (published, sim.success, EFFECT_BAND, failure)
+        }
+    };
+    let miss = ((simulated_figure - published_figure).abs() / band - 1.0).max(0.0)
+        + if failure.as_deref().is_some_and(|f| f.starts_with("better than")) { 1.0 } else { 0.0 };
+    if sim.success < 100.0 && !matches!(row.check, Check::Success(_)) && failure.is_none() {
+        failure = Some(format!("only {:.1}% of the requests succeeded", sim.success));
+    }
+    Outcome { simulated: sim, published_figure, simulated_figure, miss, failure }
+}
+
+/// The loss [`fit`] minimises over `outcomes`: squared distances from the published figures in
+/// band widths, plus a heavy price for each band left, so that every row inside its band beats
+/// a closer fit of most.
+pub fn loss(outcomes: &[Outcome]) -> f64 {
+    outcomes
+        .iter()
+        .map(|o| {
+            let band = if o.published_figure == 0.0 && o.simulated_figure.abs() > 0.0 {
+                ABSOLUTE_BAND * 100.0
+            } else {
+                EFFECT_BAND
+            };
+            let distance = (o.simulated_figure - o.published_figure) / band;
+            distance * distance + 10.0 * o.miss
+        })
+        .sum()
+}
+
+/// One fitted coefficient: its name, how to read and write it, and the range it may take.
+pub struct Knob {
+    pub name: &'static str,
+    pub get: fn(&Coefficients) -> f64,
+    pub set: fn(&mut Coefficients, f64),
+    pub range: (f64, f64),
+}
+
+/// The coefficients the fit moves; the rest are data-sheet numbers or structural.
+pub fn knobs() -> Vec<Knob> {
+    macro_rules! knob {
+        ($name:literal, $($field:ident).+, $lo:expr, $hi:expr) => {
+            Knob { name: $name, get: |c| c.$($field).+, set: |c, v| c.$($field).+ = v, range: ($lo, $hi) }
+        };
+    }
+    vec![
+        knob!("bandwidth efficiency", bandwidth_efficiency, 0.5, 0.95),
+        knob!("MFU max, dense", mfu_max_dense, 0.2, 0.8),
+        knob!("MFU max, MoE", mfu_max_moe, 0.05, 0.6),
+        knob!("MFU half-saturation", mfu_half_tokens, 8.0, 2048.0),
+        knob!("FP8 linear gain", fp8_linear_gain, 0.0, 1.0),
+        knob!("FP8 KV dequantisation", kv_fp8_dequant_cost, 0.0, 1e-6),
+        knob!("draft cost", draft_cost, 0.0, 5e-3),
+        knob!("MTP acceptance", acceptance_mtp, 0.1, 0.95),
+        knob!("vLLM step overhead", vllm.step_overhead, 0.1e-3, 20e-3),
+        knob!("vLLM per-token overhead", vllm.decode_token_overhead, 0.0, 0.5e-3),
+        knob!("SGLang step overhead", sglang.step_overhead, 0.1e-3, 40e-3),
+        knob!("SGLang per-token overhead", sglang.decode_token_overhead, 0.0, 2e-3),
+        knob!("throughput step factor", throughput_step_factor, 0.05, 1.0),
+        knob!("throughput token factor", throughput_token_factor, 0.3, 1.2),
+        knob!("interactivity step factor", interactivity_step_factor, 0.3, 1.0),
+    ]
+}
+
+/// Fits [`knobs`] to the rows of `studies` by coordinate descent from `start`: each coefficient in
+/// turn is moved up and down by a step, kept where the loss falls, and the steps halve when no
+/// move helps. Deterministic; `progress` sees each improvement.
+pub fn fit(
+    start: Coefficients,
+    studies: &[Study],
+    rounds: usize,
+    mut progress: impl FnMut(f64, &Coefficients),
+) -> Coefficients {
+    let rows: Vec<Row> = rows();
+    let score = |c: &Coefficients| {
+        let kept: Vec<Outcome> = evaluate_studies(&rows, c, studies).into_iter().flatten().collect();
+        loss(&kept)
+    };
+    let knobs = knobs();
+    let mut best = start;
+    let mut best_loss = score(&best);
+    progress(best_loss, &best);
+    let mut steps: Vec<f64> = vec![0.25; knobs.len()];
+    for _ in 0..rounds {
+        let mut moved = false;
+        for (knob, step) in knobs.iter().zip(steps.iter_mut()) {
+            let (lo, hi) = knob.range;
+            let value = (knob.get)(&best);
+            for candidate in [value * (1.0 + *step), value / (1.0 + *step), value + (hi - lo) * *step * 0.1] {
+                let candidate = candidate.clamp(lo, hi);
+                if candidate == value {
+                    continue;
+                }
+                let mut trial = best;
+                (knob.set)(&mut trial, candidate);
+                let trial_loss = score(&trial);
+                if trial_loss < best_loss {
+                    (best, best_loss, moved) = (trial, trial_loss, true);
+                    progress(best_loss, &best);
+                    break;
+                }
+            }
+        }
+        if !moved {
+            steps.iter_mut().for_each(|s| *s /= 2.0);
+            if steps[0] < 0.005 {
+                break;
+            }
+        }
+    }
+    best
+}
+
+/// The coefficients fitted without each study, to check the model on what it was not fitted to.
+/// Regenerated by `cargo run --release -p benchfleet-sim --example calibrate`.
+pub const HOLD_OUT: [(Study, Coefficients); 0] = [];
