@@ -15,6 +15,23 @@ use benchfleet_sim::{
 };
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("breakdown") {
+        // Where each row's engine time goes under the committed coefficients, seconds.
+        for (i, row) in calibration::rows().iter().enumerate() {
+            let p = calibration::breakdown(row, &COEFFICIENTS);
+            println!(
+                "{i:>2} {:<8} overhead {:>6.1} tokens {:>6.1} extras {:>6.1} compute {:>6.1} memory {:>6.1}  {}",
+                row.study.key(),
+                p.overhead,
+                p.tokens,
+                p.extras,
+                p.compute,
+                p.memory,
+                row.args
+            );
+        }
+        return;
+    }
     let held_out: Option<Study> = std::env::args().nth(1).map(|key| {
         Study::ALL.into_iter().find(|s| s.key() == key).unwrap_or_else(|| {
             eprintln!("unknown study {key:?}: one of 35b, 9b, latency");

@@ -12,8 +12,9 @@
 //! coefficients fitted without each study ([`HOLD_OUT`]).
 
 use crate::{
+    Scheduler,
     config::{EngineKind, parse_command_line_with_gpu},
-    profile::Coefficients,
+    profile::{Coefficients, StepParts},
     simulate::{self, Arrival, Summary, Workload},
 };
 
@@ -228,6 +229,32 @@ pub fn simulate_row(row: &Row, coefficients: &Coefficients) -> Simulated {
     Simulated { value, success: 100.0 * summary.requests as f64 / timings.len().max(1) as f64 }
 }
 
+/// Where a row's engine time goes: each part summed over its steps, the roofline's side counted
+/// only where it bound the step (so the five add up to the run's busy time).
+pub fn breakdown(row: &Row, coefficients: &Coefficients) -> StepParts {
+    let args: Vec<String> = row.command().split_whitespace().map(String::from).collect();
+    let mut config = parse_command_line_with_gpu(&args, Some(row.gpu)).expect("a reference command line parses");
+    config.coefficients = *coefficients;
+    let mut scheduler = Scheduler::from_config(&config).expect("the reference configuration fits");
+    let cost = *scheduler.cost();
+    let mut sum = StepParts::default();
+    simulate::simulate_observed(&mut scheduler, &row.profile.workload(), |step| {
+        let parts = cost.step_parts(&step.work);
+        if step.duration.is_zero() {
+            return;
+        }
+        sum.overhead += parts.overhead;
+        sum.tokens += parts.tokens;
+        sum.extras += parts.extras;
+        if parts.compute >= parts.memory {
+            sum.compute += parts.compute;
+        } else {
+            sum.memory += parts.memory;
+        }
+    });
+    sum
+}
+
 /// Relative change from `base` to `value`, signed so that positive is better for the objective.
 pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
     match objective {
@@ -360,6 +387,8 @@ pub fn knobs() -> Vec<Knob> {
         knob!("MFU half-saturation", mfu_half_tokens, 8.0, 2048.0),
         knob!("FP8 linear gain", fp8_linear_gain, 0.0, 1.0),
         knob!("FP8 KV dequantisation", kv_fp8_dequant_cost, 0.0, 1e-6),
+        knob!("recurrent state bytes", state_bytes_per_sqrt_b, 0.0, 64e6),
+        knob!("hybrid prefix-cache cost", hybrid_prefix_cache_cost, 0.0, 2e-6),
         knob!("draft cost", draft_cost, 0.0, 5e-3),
         knob!("MTP acceptance", acceptance_mtp, 0.1, 0.95),
         knob!("vLLM step overhead", vllm.step_overhead, 0.1e-3, 20e-3),
@@ -368,6 +397,7 @@ pub fn knobs() -> Vec<Knob> {
         knob!("SGLang per-token overhead", sglang.decode_token_overhead, 0.0, 2e-3),
         knob!("throughput step factor", throughput_step_factor, 0.05, 1.0),
         knob!("throughput token factor", throughput_token_factor, 0.3, 1.2),
+        knob!("throughput overlap", throughput_overlap, 0.0, 1.0),
         knob!("interactivity step factor", interactivity_step_factor, 0.3, 1.0),
     ]
 }
@@ -395,18 +425,27 @@ pub fn fit(
         let mut moved = false;
         for (knob, step) in knobs.iter().zip(steps.iter_mut()) {
             let (lo, hi) = knob.range;
-            let value = (knob.get)(&best);
-            for candidate in [value * (1.0 + *step), value / (1.0 + *step), value + (hi - lo) * *step * 0.1] {
-                let candidate = candidate.clamp(lo, hi);
-                if candidate == value {
-                    continue;
-                }
-                let mut trial = best;
-                (knob.set)(&mut trial, candidate);
-                let trial_loss = score(&trial);
-                if trial_loss < best_loss {
-                    (best, best_loss, moved) = (trial, trial_loss, true);
+            let moves: [&dyn Fn(f64, f64) -> f64; 3] =
+                [&|v, s| v * (1.0 + s), &|v, s| v / (1.0 + s), &|v, s| v + (hi - lo) * s * 0.1];
+            for step_to in moves {
+                // A move that helps is repeated while it keeps helping.
+                let mut helped = false;
+                loop {
+                    let value = (knob.get)(&best);
+                    let candidate = step_to(value, *step).clamp(lo, hi);
+                    if candidate == value {
+                        break;
+                    }
+                    let mut trial = best;
+                    (knob.set)(&mut trial, candidate);
+                    let trial_loss = score(&trial);
+                    if trial_loss >= best_loss {
+                        break;
+                    }
+                    (best, best_loss, moved, helped) = (trial, trial_loss, true, true);
                     progress(best_loss, &best);
+                }
+                if helped {
                     break;
                 }
             }

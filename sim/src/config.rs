@@ -97,7 +97,8 @@ pub struct SimConfig {
     pub max_num_seqs: usize,
     /// Token budget of one engine step (prefill chunks plus decodes); default 8192, 16384 in throughput mode.
     pub max_num_batched_tokens: usize,
-    /// On by default, as in vLLM's V1 engine and SGLang's radix cache.
+    /// On by default, as in vLLM's V1 engine and SGLang's radix cache, except in vLLM for a hybrid
+    /// model (Qwen3.5), where it is experimental and off unless `--enable-prefix-caching`.
     pub enable_prefix_caching: bool,
     pub kv_cache_dtype: String,
     pub performance_mode: Option<String>,
@@ -247,6 +248,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         faults: Faults { stall: Duration::from_secs(60), ..Faults::default() },
     };
     let (mut max_seqs, mut batched_tokens, mut gpu_flag, mut startup_from_model) = (None, None, None, false);
+    let mut prefix_caching = None;
     let mut rest = rest.iter();
     while let Some(&arg) = rest.next() {
         if !arg.starts_with('-') {
@@ -284,9 +286,9 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (_, "--max-num-batched-tokens") | (Sglang, "--chunked-prefill-size") => {
                 batched_tokens = Some(parse(name, &value()?)?);
             }
-            (_, "--enable-prefix-caching") => config.enable_prefix_caching = switch(true)?,
+            (_, "--enable-prefix-caching") => prefix_caching = Some(switch(true)?),
             (Vllm, "--no-enable-prefix-caching") | (Sglang, "--disable-radix-cache") => {
-                config.enable_prefix_caching = switch(false)?;
+                prefix_caching = Some(switch(false)?);
             }
             (_, "--kv-cache-dtype") => config.kv_cache_dtype = choice(name, value()?, &KV_CACHE_DTYPES)?,
             (Vllm, "--performance-mode") => config.performance_mode = Some(choice(name, value()?, &PERFORMANCE_MODES)?),
@@ -353,6 +355,8 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         let flag = if gpu_flag.is_some() { "--sim-gpu" } else { GPU_ENV };
         invalid(flag, gpu_name, "the simulator knows H100 and H200")
     })?;
+    let hybrid_in_vllm = engine == EngineKind::Vllm && config.model_shape().hybrid;
+    config.enable_prefix_caching = prefix_caching.unwrap_or(!hybrid_in_vllm);
     let costs = config.engine_costs();
     config.max_num_seqs = max_seqs.unwrap_or(costs.default_max_num_seqs).max(1);
     config.max_num_batched_tokens = batched_tokens.unwrap_or(costs.default_max_num_batched_tokens).max(1);
@@ -438,6 +442,10 @@ mod tests {
         assert_eq!((c.model.as_str(), c.served_model_name.as_str(), c.port), ("m", "s", 8000));
         assert_eq!((c.max_num_seqs, c.max_model_len, c.max_num_batched_tokens), (1024, 32768, 8192));
         assert!(c.enable_prefix_caching, "on by default, as in vLLM V1");
+        let hybrid = |line: &str| parse_command_line(&args(line)).expect("valid command line").enable_prefix_caching;
+        assert!(!hybrid("vllm serve Qwen/Qwen3.5-9B"), "off for a hybrid model unless asked");
+        assert!(hybrid("vllm serve Qwen/Qwen3.5-9B --enable-prefix-caching"));
+        assert!(hybrid("sglang serve --model-path Qwen/Qwen3.5-9B"), "SGLang's radix cache stays on");
         assert_eq!((c.gpu.name, c.startup_delay), ("H200", Duration::ZERO));
     }
 

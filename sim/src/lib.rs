@@ -38,7 +38,7 @@ pub use config::{
     ArgError, EngineKind, Faults, GPU_ENV, SIM_FLAGS, SimConfig, help, parse_command_line, parse_command_line_with_gpu,
 };
 pub use engine::EngineCrashed;
-pub use scheduler::{Counters, Scheduler, StartupError};
+pub use scheduler::{Counters, Scheduler, StartupError, Step};
 
 /// Serves `config`'s simulated engine on `listener` until `shutdown` resolves, then lets in-flight
 /// requests finish. Fails at once with the engine's own message when the model does not fit

@@ -459,11 +459,17 @@ impl Scheduler {
             tensor_parallel: tp,
             kv_bytes_per_token,
             kv_fp8,
+            hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
         };
         let limits =
             Limits { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens };
         Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching))
             .with_spec_failure(config.faults.spec_failure_batch))
+    }
+
+    /// The step-time model this engine runs with.
+    pub fn cost(&self) -> &CostModel {
+        &self.cost
     }
 
     pub fn kv_capacity_tokens(&self) -> usize {

@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::{
     config::SimConfig,
     kv::BLOCK_TOKENS,
-    scheduler::{Scheduler, SeqRequest, StartupError},
+    scheduler::{Scheduler, SeqRequest, StartupError, Step},
 };
 
 /// One request of a workload.
@@ -121,6 +121,15 @@ struct InFlight {
 /// Runs `workload` on an existing engine, whose prefix cache may be warm from an earlier run.
 /// Timings are in seconds from this run's start.
 pub fn simulate_on(scheduler: &mut Scheduler, workload: &Workload) -> Vec<RequestTiming> {
+    simulate_observed(scheduler, workload, |_| {})
+}
+
+/// [`simulate_on`], showing `observe` every step the engine takes.
+pub fn simulate_observed(
+    scheduler: &mut Scheduler,
+    workload: &Workload,
+    mut observe: impl FnMut(&Step),
+) -> Vec<RequestTiming> {
     let items = &workload.items;
     let (rate, cap) = match workload.arrival {
         Arrival::Rate { rate, max_concurrency } => (rate, max_concurrency.unwrap_or(usize::MAX)),
@@ -162,6 +171,7 @@ pub fn simulate_on(scheduler: &mut Scheduler, workload: &Workload) -> Vec<Reques
                 None => break,
             }
         };
+        observe(&step);
         now += step.duration.as_secs_f64();
         for emission in step.emissions {
             let Some(request) = in_flight.get_mut(&emission.id) else { continue };

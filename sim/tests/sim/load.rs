@@ -52,9 +52,13 @@ fn prefix_caching_skips_shared_prefixes_only_and_reset_makes_it_cold() {
     };
     let (on, off) = (run("--enable-prefix-caching", &shared), run("--no-enable-prefix-caching", &shared));
     assert!(on.mean_ttft < 0.7 * off.mean_ttft, "shared prefixes: {} vs {}", on.mean_ttft, off.mean_ttft);
-    assert_eq!(run("--enable-prefix-caching", &random), run("--no-enable-prefix-caching", &random), "random prompts");
+    // Nothing to find in random prompts; on a hybrid model vLLM's cache still saves each prompt's
+    // recurrent state as it goes, which costs a little.
+    let (on, off) = (run("--enable-prefix-caching", &random), run("--no-enable-prefix-caching", &random));
+    assert!(on.duration > off.duration && on.duration < 1.05 * off.duration, "random prompts: {on:?} vs {off:?}");
+    assert_eq!(run("", &random), off, "vLLM leaves the cache off for a hybrid model unless asked");
 
-    let mut engine = Scheduler::from_config(&config(ENGINE)).expect("fits");
+    let mut engine = Scheduler::from_config(&config(&format!("{ENGINE} --enable-prefix-caching"))).expect("fits");
     let cold = Summary::of(&simulate::simulate_on(&mut engine, &random));
     let warm = Summary::of(&simulate::simulate_on(&mut engine, &random));
     assert!(warm.mean_ttft < 0.5 * cold.mean_ttft, "the same prompts again: {} vs {}", warm.mean_ttft, cold.mean_ttft);
@@ -65,10 +69,12 @@ fn prefix_caching_skips_shared_prefixes_only_and_reset_makes_it_cold() {
 
 #[test]
 fn speculative_decoding_helps_at_low_load_and_hurts_at_high_load() {
-    let spec = format!("{ENGINE} --speculative-config={{\"method\":\"mtp\",\"num_speculative_tokens\":4}}");
-    let (plain_1, spec_1) = (closed_loop(ENGINE, 1), closed_loop(&spec, 1));
-    let (plain_256, spec_256) = (closed_loop(ENGINE, 256), closed_loop(&spec, 256));
-    assert!(spec_1.mean_tpot < 0.8 * plain_1.mean_tpot, "{} vs {}", spec_1.mean_tpot, plain_1.mean_tpot);
+    let mtp = |k: usize| format!("{ENGINE} --speculative-config={{\"method\":\"mtp\",\"num_speculative_tokens\":{k}}}");
+    // One draft token at low load, as the latency study ran it: fewer steps per token.
+    let (plain_1, spec_1) = (closed_loop(ENGINE, 1), closed_loop(&mtp(1), 1));
+    assert!(spec_1.mean_tpot < 0.97 * plain_1.mean_tpot, "{} vs {}", spec_1.mean_tpot, plain_1.mean_tpot);
+    // Four at high load: the verify tokens' work outweighs the tokens accepted.
+    let (plain_256, spec_256) = (closed_loop(ENGINE, 256), closed_loop(&mtp(4), 256));
     assert!(spec_256.total_token_throughput < plain_256.total_token_throughput);
 }
 
