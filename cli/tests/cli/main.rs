@@ -298,6 +298,14 @@ fn run_local_json(yaml: &str) -> (String, serde_json::Value) {
 
 /// `run_local_json` with files beside the matrix, by name and content.
 fn run_local_json_with(yaml: &str, files: &[(&str, &str)]) -> (String, serde_json::Value) {
+    let (data, run_id, stdout) = run_local_kept(yaml, files);
+    let json = benchfleet(data.path(), &["report", &run_id, "--json"]);
+    (stdout, serde_json::from_slice(&json.stdout).expect("a JSON report"))
+}
+
+/// Runs `yaml` with `run --local` in a data directory kept for more
+/// commands: the directory, the run's id and what the run printed.
+fn run_local_kept(yaml: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, String, String) {
     let data = tempfile::tempdir().expect("tempdir");
     let matrix = data.path().join("matrix.yaml");
     std::fs::write(&matrix, yaml).expect("matrix");
@@ -308,8 +316,7 @@ fn run_local_json_with(yaml: &str, files: &[(&str, &str)]) -> (String, serde_jso
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "run --local failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
     let run_id = stdout.lines().find_map(|l| l.strip_prefix("run id: ")).expect("the run id is printed").to_owned();
-    let json = benchfleet(data.path(), &["report", &run_id, "--json"]);
-    (stdout, serde_json::from_slice(&json.stdout).expect("a JSON report"))
+    (data, run_id, stdout)
 }
 
 /// A search profile run by `run --local` with the real simulator and

@@ -26,7 +26,7 @@ fn chats() -> String {
 
 #[test]
 fn sessions_carry_their_conversation_and_a_prefix_cache_finds_it() {
-    let (stdout, doc) = super::run_local_json_with(
+    let (data, run_id, stdout) = super::run_local_kept(
         "name: chat\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
          vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192, --no-enable-prefix-caching] }\n\
          variants:\n  prefix-caching: { args: [--enable-prefix-caching] }\nprofiles:\n  \
@@ -38,6 +38,22 @@ fn sessions_carry_their_conversation_and_a_prefix_cache_finds_it() {
          endpoint: chat\n    requests: 30\n    max_concurrency: 4\n",
         &[("chats.json", &chats())],
     );
+    let report =
+        |format: &str| super::text(&super::benchfleet(data.path(), &["report", &run_id, "--format", format]).stdout);
+    let doc: serde_json::Value = serde_json::from_str(&report("json")).expect("a JSON report");
+    // The Markdown and HTML reports table each block's turns.
+    let markdown = report("markdown");
+    assert_eq!(
+        markdown.matches("| Turn | Successful | Failed | Mean TTFT (ms) | Mean prompt tokens |").count(),
+        4,
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("By turn (30 sessions, 4.00 turns a session)") && markdown.contains("| 4 | 30 | 0 | "),
+        "{markdown}"
+    );
+    let html = report("html");
+    assert_eq!(html.matches("<th>Turn</th>").count(), 4, "{html}");
     let configurations = doc["configurations"].as_array().expect("configurations");
     assert_eq!(configurations.len(), 2, "{doc:#}");
     let mut later_ttft = Vec::new();

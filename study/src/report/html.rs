@@ -174,6 +174,7 @@ pub fn render(doc: &ReportDoc) -> String {
                         let _ = writeln!(out, "<p class=\"invalid\">INVALID: {}</p>", esc(why));
                     }
                     let _ = writeln!(out, "<pre>{}</pre>", esc(&render_block_with(s, &b.sections())));
+                    turns(&mut out, s);
                 }
                 (None, Some(why)) => {
                     let _ = writeln!(out, "<p>The repeats cannot be pooled: {}.</p>", esc(why));
@@ -433,6 +434,27 @@ fn strip_chart(c: &crate::fleet::CohortResult, centre: &crate::fleet::Centre, t:
         "Each target's median of its repeats (whisker: the repeats); dashed: the cohort's median; shaded: {}% and {}% from it.",
         t.warn_pct, t.fail_pct
     ))
+}
+
+/// A multi-turn run's figures by turn number, as a table.
+fn turns(out: &mut String, s: &Summary) {
+    let Some(sessions) = s.sessions.as_ref().filter(|x| !x.by_turn.is_empty()) else { return };
+    let _ = writeln!(
+        out,
+        "<p>By turn: {} sessions, {:.2} turns a session.</p>\n<table><tr><th>Turn</th><th>Successful</th><th>Failed</th><th>Mean TTFT (ms)</th><th>Mean prompt tokens</th></tr>",
+        sessions.sessions,
+        sessions.turns_per_session()
+    );
+    let last = sessions.by_turn.len() - 1;
+    for (i, t) in sessions.by_turn.iter().enumerate() {
+        let more = if i == last && t.turn >= benchfleet_core::metrics::sessions::TURN_ROWS { "+" } else { "" };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}{more}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.1}</td></tr>",
+            t.turn, t.successful, t.failed, t.mean_ttft_ms, t.mean_prompt_tokens
+        );
+    }
+    let _ = writeln!(out, "</table>");
 }
 
 /// The objective's metric name in a block's intervals and its value.

@@ -396,6 +396,33 @@ fn searched(out: &mut String, c: &Configuration, s: &SearchInfo, blocks: Option<
 
 /// One configuration on one profile: its backend parameters, its block,
 /// the intervals, and where every repeat was measured.
+/// A multi-turn run's figures by turn number: the first turn against the later ones, whose
+/// conversation a prefix cache may hold.
+fn turns(out: &mut String, s: &benchfleet_core::Summary) {
+    let Some(sessions) = s.sessions.as_ref().filter(|x| !x.by_turn.is_empty()) else { return };
+    let _ = writeln!(
+        out,
+        "By turn ({} sessions, {:.2} turns a session):\n\n| Turn | Successful | Failed | Mean TTFT (ms) | Mean prompt tokens |\n|---:|---:|---:|---:|---:|",
+        sessions.sessions,
+        sessions.turns_per_session()
+    );
+    let last = sessions.by_turn.len() - 1;
+    for (i, t) in sessions.by_turn.iter().enumerate() {
+        // The last row holds every later turn once a run has more turns than rows.
+        let turn = if i == last && t.turn >= benchfleet_core::metrics::sessions::TURN_ROWS {
+            format!("{}+", t.turn)
+        } else {
+            t.turn.to_string()
+        };
+        let _ = writeln!(
+            out,
+            "| {turn} | {} | {} | {:.2} | {:.1} |",
+            t.successful, t.failed, t.mean_ttft_ms, t.mean_prompt_tokens
+        );
+    }
+    out.push('\n');
+}
+
 fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
     let _ = writeln!(out, "- Profile: {}", b.profile);
     let _ = writeln!(out, "- Backend parameters:\n");
@@ -407,6 +434,7 @@ fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
             let pooled = if n > 1 { format!(" ({n} repeats pooled)") } else { String::new() };
             let _ = writeln!(out, "{heading} Benchmark result{pooled}\n");
             let _ = writeln!(out, "```\n{}```\n", render_block_with(s, &b.sections()));
+            turns(out, s);
             if b.intervals.is_empty() {
                 let _ = writeln!(out, "One repeat: no confidence intervals.\n");
             } else if n == 1 {
