@@ -5,9 +5,10 @@
 //! cargo run --release -p benchfleet-sim --example calibrate -- 35b        # fit without the 35B study
 //! ```
 //!
-//! It starts from `profile::COEFFICIENTS`, prints each improvement of the loss, then the fitted
+//! It starts from `calibration::START` (`FROM=committed` starts from `profile::COEFFICIENTS`, to
+//! go on from the committed fit), prints each improvement of the loss, then the fitted
 //! coefficients (to copy into `sim/src/profile.rs`, or into `calibration::HOLD_OUT` for a fit
-//! without a study) and every row's figures under them.
+//! without a study) and every row's figures under them. `ROUNDS` caps the rounds (default 40).
 
 use benchfleet_sim::{
     calibration::{self, Study},
@@ -40,11 +41,12 @@ fn main() {
     });
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(40);
     let studies: Vec<Study> = Study::ALL.into_iter().filter(|s| Some(*s) != held_out).collect();
-    let fitted = calibration::fit(COEFFICIENTS, &studies, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
+    let start = if std::env::var("FROM").as_deref() == Ok("committed") { COEFFICIENTS } else { calibration::START };
+    let fitted = calibration::fit(start, &studies, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
     let knobs = calibration::knobs();
     println!("{fitted:?}");
     for knob in &knobs {
-        println!("{:<28} {:>12.6e} (was {:.6e})", knob.name, (knob.get)(&fitted), (knob.get)(&COEFFICIENTS));
+        println!("{:<28} {:>12.6e} (was {:.6e})", knob.name, (knob.get)(&fitted), (knob.get)(&start));
     }
     let rows = calibration::rows();
     for (i, (row, outcome)) in rows.iter().zip(calibration::evaluate(&rows, &fitted)).enumerate() {
