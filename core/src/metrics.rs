@@ -709,6 +709,17 @@ impl Summary {
         let closed_loop = self.offered_rate.is_none() && self.max_concurrency.is_some();
         self.steady_state.as_ref().filter(|w| w.reached || closed_loop)
     }
+
+    /// The steady state a tuner ranks a closed loop by: one reached. A
+    /// closed loop's throughput over the whole run mixes in its ramp-up
+    /// and its drain, which say more of the request count than of the
+    /// engine; an open loop's follows its offered rate, so it is ranked
+    /// over the whole run.
+    pub fn steady_state_ranked(&self) -> Option<&steady::SteadyState> {
+        let closed_loop = self.offered_rate.is_none() && self.max_concurrency.is_some();
+        self.steady_state.as_ref().filter(|w| w.reached && closed_loop)
+    }
+
     /// Successful / sent, in 0..=1.
     pub fn success_rate(&self) -> f64 {
         let sent = self.successful + self.failed;

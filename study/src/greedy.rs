@@ -47,11 +47,52 @@ pub struct Measured {
     pub summary: Summary,
     /// What its search found, when the primary profile searches.
     pub capacity: Option<Capacity>,
+    /// Its repeats' steady states pooled, when every repeat is a closed
+    /// loop that reached one (`Summary::steady_state_ranked`).
+    pub steady: Option<Steady>,
 }
 
 impl From<Summary> for Measured {
     fn from(summary: Summary) -> Measured {
-        Measured { summary, capacity: None }
+        let steady = summary.steady_state_ranked().map(Steady::of);
+        Measured { summary, capacity: None, steady }
+    }
+}
+
+/// The throughputs a closed loop is ranked by: its steady state's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Steady {
+    pub total_token_throughput: f64,
+    pub output_throughput: f64,
+    /// Successful requests sent in the window(s).
+    pub requests: u64,
+}
+
+impl Steady {
+    fn of(w: &benchfleet_core::metrics::steady::SteadyState) -> Steady {
+        Steady {
+            total_token_throughput: w.total_token_throughput,
+            output_throughput: w.output_throughput,
+            requests: w.requests,
+        }
+    }
+
+    /// Repeats' windows together, as repeats are pooled: tokens over the
+    /// windows' summed durations; `None` unless every one of them has one.
+    pub fn pooled(summaries: &[&Summary]) -> Option<Steady> {
+        let windows: Vec<_> = summaries.iter().map(|s| s.steady_state_ranked()).collect::<Option<_>>()?;
+        let seconds: f64 = windows.iter().map(|w| w.end_s - w.start_s).sum();
+        if windows.is_empty() || seconds <= 0.0 {
+            return None;
+        }
+        let tokens = |f: fn(&benchfleet_core::metrics::steady::SteadyState) -> f64| {
+            windows.iter().map(|w| f(w) * (w.end_s - w.start_s)).sum::<f64>() / seconds
+        };
+        Some(Steady {
+            total_token_throughput: tokens(|w| w.total_token_throughput),
+            output_throughput: tokens(|w| w.output_throughput),
+            requests: windows.iter().map(|w| w.requests).sum(),
+        })
     }
 }
 
@@ -61,6 +102,10 @@ pub trait Scored {
     fn summary(&self) -> &Summary;
     fn capacity(&self) -> Option<&Capacity> {
         None
+    }
+    /// The steady state a throughput is ranked by, when it stands for the run.
+    fn steady(&self) -> Option<Steady> {
+        self.summary().steady_state_ranked().map(Steady::of)
     }
 }
 
@@ -76,6 +121,9 @@ impl Scored for Measured {
     }
     fn capacity(&self) -> Option<&Capacity> {
         self.capacity.as_ref()
+    }
+    fn steady(&self) -> Option<Steady> {
+        self.steady
     }
 }
 
@@ -96,13 +144,23 @@ impl Results {
             .into_iter()
             .filter(|(_, js)| !js.is_empty() && js.iter().all(|j| j.state.is_terminal()))
             .collect();
-        let primary =
-            ended.iter().map(|(name, js)| ((*name).to_owned(), crate::model::pooled(js).map(Measured::from))).collect();
-        let repeats = ended
+        let repeats: BTreeMap<String, Vec<Summary>> = ended
             .iter()
             .map(|(name, js)| {
                 let done = js.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.clone());
                 ((*name).to_owned(), done.collect())
+            })
+            .collect();
+        let primary = ended
+            .iter()
+            .map(|(name, js)| {
+                let done: Vec<&Summary> = repeats.get(*name).map(|rs| rs.iter().collect()).unwrap_or_default();
+                let measured = crate::model::pooled(js).map(|summary| Measured {
+                    summary,
+                    capacity: None,
+                    steady: Steady::pooled(&done),
+                });
+                ((*name).to_owned(), measured)
             })
             .collect();
         Results { primary, repeats, final_scheduled }
@@ -126,7 +184,8 @@ impl Results {
             if let (_, Step::Done(capacity)) = search::state(s, &probes, min_success_rate) {
                 let at_found = capacity.found.and_then(|f| probes.iter().find(|(x, _)| *x == f));
                 let summary = at_found.and_then(|(_, js)| crate::model::pooled(js)).unwrap_or_default();
-                primary.insert(g.config.name.clone(), Some(Measured { summary, capacity: Some(capacity) }));
+                primary
+                    .insert(g.config.name.clone(), Some(Measured { summary, capacity: Some(capacity), steady: None }));
             }
         }
         Results { primary, repeats: BTreeMap::new(), final_scheduled }
@@ -519,14 +578,23 @@ impl Objective {
         }
     }
 
+    /// A throughput is a closed loop's steady state's when it reached one
+    /// (`Scored::steady`), else the whole run's.
     pub fn value<S: Scored + ?Sized>(self, s: &S) -> f64 {
         let summary = s.summary();
         match self {
-            Objective::TotalTokenThroughput => summary.total_token_throughput,
-            Objective::OutputThroughput => summary.output_throughput,
+            Objective::TotalTokenThroughput => {
+                s.steady().map_or(summary.total_token_throughput, |w| w.total_token_throughput)
+            }
+            Objective::OutputThroughput => s.steady().map_or(summary.output_throughput, |w| w.output_throughput),
             Objective::MeanLatency => summary.latency_s.mean,
             Objective::Capacity => s.capacity().map_or(0.0, Capacity::value),
         }
+    }
+
+    /// Whether [`Objective::value`] is `s`'s steady state's.
+    fn steady_of<S: Scored + ?Sized>(self, s: &S) -> Option<Steady> {
+        matches!(self, Objective::TotalTokenThroughput | Objective::OutputThroughput).then(|| s.steady()).flatten()
     }
 
     /// The figure's name in a run's `noise`, and the factor from its unit
@@ -570,8 +638,11 @@ impl Objective {
                 Some(c) => format!("capacity {} within the SLOs", c.shown()),
                 None => "no capacity".to_owned(),
             },
-            Objective::TotalTokenThroughput => format!("total token throughput {:.2} tok/s", self.value(s)),
-            Objective::OutputThroughput => format!("output throughput {:.2} tok/s", self.value(s)),
+            Objective::TotalTokenThroughput | Objective::OutputThroughput => {
+                let steady = if self.steady_of(s).is_some() { "steady-state " } else { "" };
+                let what = if self == Objective::OutputThroughput { "output" } else { "total token" };
+                format!("{steady}{what} throughput {:.2} tok/s", self.value(s))
+            }
             Objective::MeanLatency => format!("mean latency {:.2} s", self.value(s)),
         }
     }
@@ -621,7 +692,21 @@ impl Objective {
         let noise = |ss: &[&S]| match ss {
             [one] => {
                 let (key, scale) = self.noise_key()?;
-                one.summary().noise.as_ref()?.se(key).map(|(se, df)| (se * scale, df))
+                let (se, df) = one.summary().noise.as_ref()?.se(key)?;
+                // A steady state's figure is the run's over fewer requests: its
+                // standard error scaled to the window (docs/metrics.md).
+                let window = match self.steady_of(*one) {
+                    Some(w) if w.requests > 0 => {
+                        let run = match self {
+                            Objective::OutputThroughput => one.summary().output_throughput,
+                            _ => one.summary().total_token_throughput,
+                        };
+                        let share = one.summary().successful as f64 / w.requests as f64;
+                        if run > 0.0 { self.value(*one) / run * share.sqrt() } else { 1.0 }
+                    }
+                    _ => 1.0,
+                };
+                Some((se * scale * window, df))
             }
             _ => None,
         };
@@ -1027,6 +1112,7 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         let cap = |found: Option<f64>, missed_at: Option<f64>| Measured {
             summary: Summary::default(),
             capacity: Some(Capacity { over: crate::slo::Over::Rate, found, missed_at, why_none: None }),
+            steady: None,
         };
         let o = Objective::Capacity;
         let base = cap(Some(10.0), Some(11.0));
@@ -1064,6 +1150,7 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
                 missed_at,
                 why_none: why.map(str::to_owned),
             }),
+            steady: None,
         };
         let mut r = Results::default();
         r.primary.insert("vllm".into(), Some(cap(Some(8.0), Some(9.0), None)));
@@ -1095,6 +1182,93 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
             r.repeats.insert((*name).to_owned(), tps.iter().map(|&t| summary(t)).collect());
         }
         r
+    }
+
+    /// A closed loop of 100 requests whose run gave `run` tok/s and whose
+    /// steady state, reached or not, gave `steady` over 10 s and 60 requests.
+    fn closed(run: f64, steady: f64, reached: bool) -> Summary {
+        use benchfleet_core::metrics::steady::SteadyState;
+        Summary {
+            successful: OK,
+            total_token_throughput: run,
+            max_concurrency: Some(32),
+            steady_state: Some(SteadyState {
+                reached,
+                start_s: 2.0,
+                end_s: 12.0,
+                requests: 60,
+                total_token_throughput: steady,
+                output_throughput: steady / 2.0,
+                ..SteadyState::default()
+            }),
+            ..Summary::default()
+        }
+    }
+
+    #[test]
+    fn a_closed_loop_is_ranked_by_its_steady_state_and_an_open_loop_by_its_run() {
+        let o = Objective::TotalTokenThroughput;
+        // The variant's run is 5% higher, its steady state 8% lower: its
+        // ramp and drain were shorter, the engine was not faster.
+        let (base, variant) = (closed(100.0, 120.0, true), closed(105.0, 110.0, true));
+        assert_eq!((o.value(&base), o.value(&variant)), (120.0, 110.0));
+        assert!(o.better(&base, &variant));
+        assert_eq!(o.compare(&[&base], &[&variant], 0.01).verdict, Verdict::Worse);
+        assert_eq!(o.show(&base), "steady-state total token throughput 120.00 tok/s");
+        assert_eq!(Objective::OutputThroughput.value(&base), 60.0);
+        // Not reached, or an open loop: the whole run.
+        assert_eq!(o.value(&closed(100.0, 120.0, false)), 100.0);
+        let open = Summary { offered_rate: Some(8.0), ..closed(100.0, 120.0, true) };
+        assert_eq!((o.value(&open), o.show(&open).as_str()), (100.0, "total token throughput 100.00 tok/s"));
+        // A latency objective is the run's either way.
+        assert_eq!(Objective::MeanLatency.value(&base), base.latency_s.mean);
+    }
+
+    #[test]
+    fn repeats_steady_states_pool_over_their_windows_and_only_when_all_have_one() {
+        let long = Summary {
+            steady_state: Some(benchfleet_core::metrics::steady::SteadyState {
+                start_s: 0.0,
+                end_s: 30.0,
+                ..closed(0.0, 200.0, true).steady_state.expect("a window")
+            }),
+            ..closed(0.0, 200.0, true)
+        };
+        let short = closed(0.0, 100.0, true);
+        // 10 s at 100 and 30 s at 200: 175 over the 40 s.
+        let pooled = Steady::pooled(&[&short, &long]).expect("both reached one");
+        assert_eq!((pooled.total_token_throughput, pooled.requests), (175.0, 120));
+        assert_eq!(Steady::pooled(&[&short, &closed(0.0, 100.0, false)]), None);
+        assert_eq!(Steady::pooled(&[]), None);
+        let measured = Measured::from(short.clone());
+        assert_eq!(Objective::TotalTokenThroughput.value(&measured), 100.0);
+    }
+
+    #[test]
+    fn one_run_s_interval_on_a_steady_state_is_scaled_to_its_window() {
+        let o = Objective::TotalTokenThroughput;
+        let with_noise = |s: Summary| Summary {
+            noise: Some(benchfleet_core::metrics::noise::Noise {
+                batches: 10,
+                metrics: vec![benchfleet_core::metrics::noise::MetricNoise {
+                    metric: "total_token_throughput".into(),
+                    se: 1.0,
+                }],
+            }),
+            ..s
+        };
+        // The same se of 1 tok/s over the run; the window has 60 of the 100
+        // requests and 1.2x the run's throughput: se 1.2 x sqrt(100/60).
+        let (a, b) = (with_noise(closed(100.0, 120.0, true)), with_noise(closed(100.0, 121.0, true)));
+        let steady = o.compare(&[&a], &[&b], 0.0);
+        let (a, b) = (with_noise(closed(120.0, 0.0, false)), with_noise(closed(121.0, 0.0, false)));
+        let run = o.compare(&[&a], &[&b], 0.0);
+        let ratio =
+            steady.difference.half_width.expect("an interval") / run.difference.half_width.expect("an interval");
+        let expected = ((1.2f64 * (100.0f64 / 60.0).sqrt()).powi(2) + (1.21 * (100.0f64 / 60.0).sqrt()).powi(2)).sqrt()
+            / 2f64.sqrt();
+        // The t quantile's degrees of freedom move a hair with the errors' ratio.
+        assert!((ratio / expected - 1.0).abs() < 1e-3, "{ratio} against {expected}");
     }
 
     #[test]

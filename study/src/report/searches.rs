@@ -100,6 +100,7 @@ fn capacity_of(info: &SearchInfo, r: &SearchResult) -> Option<Measured> {
     r.done.then(|| Measured {
         summary: Default::default(),
         capacity: Some(Capacity { over, found: r.found, missed_at: r.missed_at, why_none: None }),
+        steady: None,
     })
 }
 
