@@ -271,6 +271,8 @@ pub struct Outcome {
     /// row, a baseline's error in percent (published 0), or success rates in percent.
     pub published_figure: f64,
     pub simulated_figure: f64,
+    /// The band the two figures must agree within: points, or percent for a baseline.
+    pub band: f64,
     /// How far outside its band the row is, in band widths (0 inside); what [`fit`] minimises.
     pub miss: f64,
     /// Empty when the row holds; else what failed.
@@ -344,7 +346,7 @@ fn check(rows: &[Row], simulated: &[Option<Simulated>], row: &Row, sim: Simulate
     if sim.success < 100.0 && !matches!(row.check, Check::Success(_)) && failure.is_none() {
         failure = Some(format!("only {:.1}% of the requests succeeded", sim.success));
     }
-    Outcome { simulated: sim, published_figure, simulated_figure, miss, failure }
+    Outcome { simulated: sim, published_figure, simulated_figure, band, miss, failure }
 }
 
 /// The loss [`fit`] minimises over `outcomes`: squared distances from the published figures in
@@ -354,12 +356,7 @@ pub fn loss(outcomes: &[Outcome]) -> f64 {
     outcomes
         .iter()
         .map(|o| {
-            let band = if o.published_figure == 0.0 && o.simulated_figure.abs() > 0.0 {
-                ABSOLUTE_BAND * 100.0
-            } else {
-                EFFECT_BAND
-            };
-            let distance = (o.simulated_figure - o.published_figure) / band;
+            let distance = (o.simulated_figure - o.published_figure) / o.band;
             distance * distance + 10.0 * o.miss
         })
         .sum()
