@@ -5,9 +5,11 @@
 //! decoding, `1 + k`) query tokens per decoding sequence. Its duration is
 //!
 //! ```text
-//! step = engine step overhead
-//!      + engine per-token overhead × decode query tokens
-//!      + draft cost × k                                    (speculative decoding only)
+//! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: throughput mode only)
+//! cpu  = engine step overhead + engine per-token overhead × decode query tokens
+//! gpu  = draft cost × k                                    (speculative decoding only)
+//!      + FP8 KV dequantisation × context tokens read       (--kv-cache-dtype fp8 only)
+//!      + state saving × prefilled tokens                   (vLLM caching a hybrid model's prefixes)
 //!      + max(compute, memory)
 //! compute = 2 × active params × tokens / (peak linear FLOP/s × MFU(tokens))
 //!         + attention FLOPs / (peak BF16 FLOP/s × ATTENTION_EFFICIENCY)
@@ -23,7 +25,8 @@
 //! to them. The calibration test (`docs/sim-calibration.md`) keeps them honest.
 //!
 //! Every coefficient is in [`COEFFICIENTS`] or in [`GPUS`]; nothing else in
-//! the crate holds a number that shapes the simulated performance.
+//! the crate holds a number that shapes the simulated performance (the
+//! calibration's `START` and `HOLD_OUT` are other sets it fits and compares).
 
 use std::time::Duration;
 

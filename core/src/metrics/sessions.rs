@@ -38,6 +38,14 @@ pub struct TurnFigures {
     pub mean_prompt_tokens: f64,
 }
 
+impl TurnFigures {
+    /// The row's turn as a table shows it: `32+` for the last row, which
+    /// holds every turn from [`TURN_ROWS`] on.
+    pub fn label(&self) -> String {
+        if self.turn >= TURN_ROWS { format!("{}+", self.turn) } else { self.turn.to_string() }
+    }
+}
+
 impl Sessions {
     /// Turns sent per session.
     pub fn turns_per_session(&self) -> f64 {
@@ -209,5 +217,8 @@ mod tests {
         let s = tally.finish().expect("sessions");
         assert_eq!(s.by_turn.len(), 1);
         assert_eq!((s.by_turn[0].turn, s.by_turn[0].successful, s.by_turn[0].mean_ttft_ms), (TURN_ROWS, 2, 20.0));
+        assert_eq!(s.by_turn[0].label(), "32+", "the last row says it holds the later turns");
+        let first = TurnFigures { turn: 1, ..s.by_turn[0].clone() };
+        assert_eq!(first.label(), "1");
     }
 }

@@ -445,13 +445,15 @@ fn turns(out: &mut String, s: &Summary) {
         sessions.sessions,
         sessions.turns_per_session()
     );
-    let last = sessions.by_turn.len() - 1;
-    for (i, t) in sessions.by_turn.iter().enumerate() {
-        let more = if i == last && t.turn >= benchfleet_core::metrics::sessions::TURN_ROWS { "+" } else { "" };
+    for t in &sessions.by_turn {
         let _ = writeln!(
             out,
-            "<tr><td>{}{more}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.1}</td></tr>",
-            t.turn, t.successful, t.failed, t.mean_ttft_ms, t.mean_prompt_tokens
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.1}</td></tr>",
+            t.label(),
+            t.successful,
+            t.failed,
+            t.mean_ttft_ms,
+            t.mean_prompt_tokens
         );
     }
     let _ = writeln!(out, "</table>");

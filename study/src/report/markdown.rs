@@ -394,8 +394,6 @@ fn searched(out: &mut String, c: &Configuration, s: &SearchInfo, blocks: Option<
     }
 }
 
-/// One configuration on one profile: its backend parameters, its block,
-/// the intervals, and where every repeat was measured.
 /// A multi-turn run's figures by turn number: the first turn against the later ones, whose
 /// conversation a prefix cache may hold.
 fn turns(out: &mut String, s: &benchfleet_core::Summary) {
@@ -406,23 +404,22 @@ fn turns(out: &mut String, s: &benchfleet_core::Summary) {
         sessions.sessions,
         sessions.turns_per_session()
     );
-    let last = sessions.by_turn.len() - 1;
-    for (i, t) in sessions.by_turn.iter().enumerate() {
-        // The last row holds every later turn once a run has more turns than rows.
-        let turn = if i == last && t.turn >= benchfleet_core::metrics::sessions::TURN_ROWS {
-            format!("{}+", t.turn)
-        } else {
-            t.turn.to_string()
-        };
+    for t in &sessions.by_turn {
         let _ = writeln!(
             out,
-            "| {turn} | {} | {} | {:.2} | {:.1} |",
-            t.successful, t.failed, t.mean_ttft_ms, t.mean_prompt_tokens
+            "| {} | {} | {} | {:.2} | {:.1} |",
+            t.label(),
+            t.successful,
+            t.failed,
+            t.mean_ttft_ms,
+            t.mean_prompt_tokens
         );
     }
     out.push('\n');
 }
 
+/// One configuration on one profile: its backend parameters, its block,
+/// the intervals, and where every repeat was measured.
 fn block(out: &mut String, c: &Configuration, b: &Block, heading: &str) {
     let _ = writeln!(out, "- Profile: {}", b.profile);
     let _ = writeln!(out, "- Backend parameters:\n");
