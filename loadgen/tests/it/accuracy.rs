@@ -25,30 +25,15 @@ fn within_2_percent(name: &str, measured: f64, truth: f64) {
 
 /// A timing further than 2% from its truth, said in `misses`.
 fn near(misses: &mut Vec<String>, name: &str, measured: f64, truth: f64) {
-    if (measured - truth).abs() > 0.02 * truth.abs() {
-        misses.push(format!("{name}: measured {measured:.4}, truth {truth:.4}"));
-    }
+    crate::near(misses, name, measured, truth, 0.02);
 }
 
-/// Attempts at the truth test: a machine busy with other work can delay a
-/// server's chunk or a client's read by a few milliseconds, which a P99
-/// over six streams shows; such a run is inconclusive and runs again. A
-/// client that measures wrong misses every time.
-const ATTEMPTS: usize = 3;
-
+/// A P99 over six streams shows a busy machine's few milliseconds: an
+/// attempt that missed runs again (`crate::attempts`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_equals_the_truth_with_bundled_tokens_and_failures() {
     let _machine = crate::alone().await;
-    let mut said = Vec::new();
-    for attempt in 1..=ATTEMPTS {
-        let misses = truth_attempt().await;
-        if misses.is_empty() {
-            return;
-        }
-        eprintln!("attempt {attempt} inconclusive: {misses:?}");
-        said.push(format!("attempt {attempt}: {}", misses.join("; ")));
-    }
-    panic!("every attempt measured off the truth:\n{}", said.join("\n"));
+    crate::attempts("the truth test", truth_attempt).await;
 }
 
 /// One run against the recording server on each endpoint: what counts

@@ -32,6 +32,37 @@ async fn beside() -> tokio::sync::RwLockReadGuard<'static, ()> {
     MACHINE.read().await
 }
 
+/// Attempts at a test that holds a measurement to a timing: a machine busy
+/// with other work can delay a server's chunk or a client's read by a few
+/// milliseconds, so an attempt whose timings missed (the misses it returns)
+/// is inconclusive and runs again; a client that measures wrong misses
+/// every time, and the test fails saying each attempt's misses. What an
+/// attempt counts (requests, tokens, orders) it asserts itself, at once.
+async fn attempts<F, Fut>(what: &str, mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Vec<String>>,
+{
+    const ATTEMPTS: usize = 3;
+    let mut said = Vec::new();
+    for n in 1..=ATTEMPTS {
+        let misses = attempt().await;
+        if misses.is_empty() {
+            return;
+        }
+        eprintln!("{what}: attempt {n} inconclusive: {misses:?}");
+        said.push(format!("attempt {n}: {}", misses.join("; ")));
+    }
+    panic!("{what}: every attempt missed:\n{}", said.join("\n"));
+}
+
+/// A timing further than `share` from its truth, said in `misses`.
+fn near(misses: &mut Vec<String>, name: &str, measured: f64, truth: f64, share: f64) {
+    if (measured - truth).abs() > share * truth.abs() {
+        misses.push(format!("{name}: measured {measured:.4}, truth {truth:.4}"));
+    }
+}
+
 /// The next request a test server reads on a connection: its head
 /// (lowercased) and its body, as long as its Content-Length says; `None`
 /// once the client closes. `buf` keeps what was read past it.
