@@ -246,6 +246,26 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
              {name}{{{labels},finished_reason=\"length\"}} {finished:?}"
         );
     }
+    // The simulator's own: how well its steps kept their deadlines.
+    let t = stats.timing;
+    let own: [MetricLine; 3] = [
+        ("benchfleet_sim:steps_total", "counter", "Engine steps run.", t.steps as f64),
+        (
+            "benchfleet_sim:step_late_seconds_total",
+            "counter",
+            "Lateness of the steps' wake-ups past their deadlines: the machine's delay, not the engine's.",
+            t.late.as_secs_f64(),
+        ),
+        (
+            "benchfleet_sim:late_steps_total",
+            "counter",
+            "Steps that woke more than 2 ms past their deadline.",
+            t.late_steps as f64,
+        ),
+    ];
+    for (name, kind, help, value) in own {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value:?}");
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

@@ -56,6 +56,32 @@ pub struct Stats {
     pub waiting: usize,
     pub kv_usage: f64,
     pub counters: Counters,
+    pub timing: Timing,
+}
+
+/// How well the loop kept its deadlines: a step whose wake-up came late
+/// (the machine held the runtime) delays its tokens by as much, which is
+/// the machine's timing, not the engine's. A benchmark of the simulator
+/// reads these to tell the two apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timing {
+    /// Steps run.
+    pub steps: u64,
+    /// Their wake-ups' lateness past their deadlines, summed.
+    pub late: Duration,
+    /// Steps that woke more than [`Timing::LATE`] past their deadline.
+    pub late_steps: u64,
+}
+
+impl Timing {
+    /// Lateness beyond the timer's own (it fires on whole milliseconds).
+    pub const LATE: Duration = Duration::from_millis(2);
+
+    fn add(&mut self, late: Duration) {
+        self.steps += 1;
+        self.late += late;
+        self.late_steps += u64::from(late > Timing::LATE);
+    }
 }
 
 /// The engine died (`--sim-crash-after`), as an engine core process can.
@@ -134,6 +160,7 @@ pub fn start(
         crash_after,
         slowdown_pct_per_s,
         first_step: None,
+        timing: Timing::default(),
     };
     let task = tokio::spawn(engine.run(receiver, dead.clone()));
     (EngineHandle { commands, stats, dead }, task)
@@ -154,6 +181,7 @@ struct EngineLoop {
     crash_after: Option<u64>,
     slowdown_pct_per_s: f64,
     first_step: Option<Instant>,
+    timing: Timing,
 }
 
 impl EngineLoop {
@@ -195,6 +223,7 @@ impl EngineLoop {
             let slower = 1.0 + self.slowdown_pct_per_s / 100.0 * since;
             deadline += Duration::from_secs_f64(step.duration.as_secs_f64() * slower / self.speedup);
             sleep_until(deadline).await;
+            self.timing.add(Instant::now().saturating_duration_since(deadline));
             for emission in step.emissions {
                 let Some(sink) = self.sinks.get_mut(&emission.id) else { continue };
                 if emission.failed {
@@ -242,6 +271,7 @@ impl EngineLoop {
             waiting: self.scheduler.waiting(),
             kv_usage: self.scheduler.kv_usage(),
             counters: self.scheduler.counters(),
+            timing: self.timing,
         };
         *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
     }

@@ -31,6 +31,7 @@ pub mod simulate;
 use std::future::Future;
 
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use tokio_util::sync::CancellationToken;
 
 pub use api::ENGINE_VERSION;
@@ -60,6 +61,15 @@ pub async fn serve(
         }
         stop.cancel();
     };
+    // As uvicorn serves vLLM: without TCP_NODELAY, Nagle holds a stream's
+    // next small chunk until the client acknowledges the last, which a
+    // delayed ACK puts off by up to 40 ms, and every reply would arrive in
+    // bursts at the kernel's pace instead of the engine's.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     axum::serve(listener, api::router(config, engine, stopping))
         .with_graceful_shutdown(shutdown)
         .await

@@ -367,6 +367,17 @@ async fn metrics_of_both_engines_parse_and_move_under_load() {
         let after = series(&sim, kind).await;
         assert_eq!((after[running], after[waiting]), (0.0, 0.0), "{kind}");
         assert_eq!(after[generated], 8.0 * 400.0, "{kind}");
+        // The simulator's own account of its steps' timing: two of the
+        // eight ran 400 steps each, one after the other (four slots), and
+        // no step woke before its deadline.
+        let text = sim.get("/metrics").await.1;
+        let own =
+            ["benchfleet_sim:steps_total", "benchfleet_sim:late_steps_total", "benchfleet_sim:step_late_seconds_total"];
+        let values: std::collections::HashMap<String, f64> =
+            benchfleet_core::telemetry::read_metrics(&text, &own).expect("parses").into_iter().collect();
+        let (steps, late, seconds) = (values[own[0]], values[own[1]], values[own[2]]);
+        assert!(steps >= 800.0, "{kind}: {values:?}");
+        assert!(late <= steps && seconds >= 0.0, "{kind}: {values:?}");
     }
 }
 
