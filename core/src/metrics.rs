@@ -809,7 +809,10 @@ pub fn summarize_with(all: &[RequestRecord], options: SummaryOptions) -> Summary
     // The chunk gaps are read from the records again on each pass, not
     // copied: they are the most numerous samples.
     let ok = || all.iter().filter(|r| r.phase == Phase::Measured && r.outcome.is_ok());
-    builder.finish_with(build::itl_distributions(|| ok().flat_map(chunk_gaps), &percentiles))
+    // The gaps' noise as a builder gives it: only when they would be kept.
+    let by_send = || ok().flat_map(|r| chunk_gaps(r).map(|(gap, _)| (r.sent_ns, gap as f64 / NS_PER_MS)));
+    let kept = ok().map(|r| r.chunks.len().saturating_sub(1)).sum::<usize>() <= build::GAPS_KEPT;
+    builder.finish_with(build::itl_distributions(|| ok().flat_map(chunk_gaps), &percentiles), kept.then_some(by_send))
 }
 
 /// Why a run is not to be trusted: the client lagged behind its schedule, or
@@ -1192,6 +1195,20 @@ mod tests {
                 ] {
                     *d = Distribution::default();
                 }
+            }
+            // The ITL's quantiles have noise only from kept gaps.
+            let itl_quantiles = |s: &Summary| {
+                let noise = s.noise.as_ref().expect("enough requests");
+                ["median_itl_ms", "p99_itl_ms"].map(|m| noise.se(m).is_some())
+            };
+            assert_eq!(itl_quantiles(&all), [true, true], "round {round}");
+            if kept != usize::MAX {
+                assert_eq!(itl_quantiles(&a), [false, false], "round {round}");
+                b.noise
+                    .as_mut()
+                    .expect("noise")
+                    .metrics
+                    .retain(|m| !m.metric.ends_with("_itl_ms") || m.metric == "mean_itl_ms");
             }
             // Every other figure is the same number.
             assert_eq!(a, b, "round {round}");

@@ -24,8 +24,8 @@ use super::{noise, sessions};
 use crate::digest::Tally;
 use crate::record::{ChunkCursor, Chunks, Outcome, Phase, RequestRecord};
 
-/// Chunk gaps kept as they are (16 bytes each: 16 MiB); a run with more
-/// counts them into histograms.
+/// Chunk gaps kept as they are (16 bytes each: 16 MiB, and 16 a request
+/// for their send); a run with more counts them into histograms.
 pub const GAPS_KEPT: usize = 1 << 20;
 
 /// A run's summary, from its records given one at a time in any order.
@@ -103,7 +103,7 @@ impl SummaryBuilder {
             sent: Span::default(),
             cap_waits: 0,
             good: 0,
-            gaps: Some(Gaps { kept: Vec::new(), limit: gaps, counted: None }),
+            gaps: Some(Gaps { kept: Vec::new(), senders: Vec::new(), limit: gaps, counted: None }),
             peak: PeakTokens::default(),
             first_error: None,
             reasons: super::ReasonCounts::default(),
@@ -178,9 +178,7 @@ impl SummaryBuilder {
             self.good += 1;
         }
         if let Some(gaps) = &mut self.gaps {
-            for (gap_ns, tokens) in chunk_gaps(r) {
-                gaps.add(gap_ns, tokens);
-            }
+            gaps.add(r);
         }
         let scale = token_scale(r);
         for c in &r.chunks {
@@ -221,11 +219,21 @@ impl SummaryBuilder {
 
     /// The summary of every record given.
     pub fn finish(mut self) -> Summary {
-        let itl = match self.gaps.take() {
-            Some(gaps) => gaps.distributions(&self.options.percentiles),
-            None => Default::default(),
+        let none = None::<fn() -> std::iter::Empty<(i64, f64)>>;
+        let Some(gaps) = self.gaps.take() else {
+            return self.finish_with(Default::default(), none);
         };
-        self.finish_with(itl)
+        let asked = &self.options.percentiles;
+        match gaps.counted {
+            Some(counted) => {
+                let itl = counted.distributions(asked);
+                self.finish_with(itl, none)
+            }
+            None => {
+                let itl = itl_distributions(|| gaps.kept.iter().copied(), asked);
+                self.finish_with(itl, Some(|| gaps.by_send()))
+            }
+        }
     }
 
     /// One that leaves the chunk gaps to [`SummaryBuilder::finish_with`].
@@ -233,8 +241,14 @@ impl SummaryBuilder {
         SummaryBuilder { gaps: None, ..SummaryBuilder::new(options) }
     }
 
-    /// The summary, with the chunk and per-token ITL found elsewhere.
-    pub(super) fn finish_with(mut self, (itl_ms, itl_per_token_ms): (Distribution, Distribution)) -> Summary {
+    /// The summary, with the chunk and per-token ITL found elsewhere and,
+    /// when they are kept, the chunk gaps (ms) with their request's send
+    /// (ns) for their noise.
+    pub(super) fn finish_with<I: Iterator<Item = (i64, f64)>>(
+        mut self,
+        (itl_ms, itl_per_token_ms): (Distribution, Distribution),
+        gaps_by_send: Option<impl Fn() -> I>,
+    ) -> Summary {
         self.peak.settle(i64::MAX);
         let options = self.options;
         let first_send = self.done.iter().map(|d| d.sent_ns).chain(self.failed_sends.iter().copied()).min();
@@ -257,7 +271,7 @@ impl SummaryBuilder {
         let steady_state = steady::steady_state(sends, &self.completions, &self.output_bins, &self.input_bins);
         let peak_concurrent = peak_concurrency(sends.iter(), &self.completions);
         let last_completion = self.completions.last().copied().unwrap_or(0);
-        let noise = noise::noise(&self.done, last_completion, &self.input_bins, &self.gap_bins);
+        let noise = noise::noise(&self.done, last_completion, &self.input_bins, &self.gap_bins, gaps_by_send);
         self.done = Vec::new();
         let mut summary = Summary {
             successful: self.ok,
@@ -344,6 +358,8 @@ impl Span {
 /// chunk's tokens scaled to the server's count).
 struct Gaps {
     kept: Vec<(i64, f64)>,
+    /// Each request's send (ns) and how many of `kept` are its, in order.
+    senders: Vec<(i64, u32)>,
     limit: usize,
     /// Past `limit`: the chunk gaps and the per-token gaps, counted.
     counted: Option<Box<Counted>>,
@@ -360,32 +376,31 @@ struct Counted {
 }
 
 impl Gaps {
-    fn add(&mut self, gap_ns: i64, tokens: f64) {
+    /// A successful request's chunk gaps.
+    fn add(&mut self, r: &RequestRecord) {
         if let Some(counted) = &mut self.counted {
-            count(counted, gap_ns, tokens);
+            for (gap_ns, tokens) in chunk_gaps(r) {
+                count(counted, gap_ns, tokens);
+            }
             return;
         }
-        self.kept.push((gap_ns, tokens));
+        let before = self.kept.len();
+        self.kept.extend(chunk_gaps(r));
+        self.senders.push((r.sent_ns, (self.kept.len() - before) as u32));
         if self.kept.len() > self.limit {
             let mut counted = Box::default();
             for (gap_ns, tokens) in std::mem::take(&mut self.kept) {
                 count(&mut counted, gap_ns, tokens);
             }
+            self.senders = Vec::new();
             self.counted = Some(counted);
         }
     }
 
-    /// The vLLM-compatible ITL (a sample per gap) and the per-token one (a
-    /// chunk of k tokens after a gap g gives k samples of g / k), ms.
-    fn distributions(self, asked: &[f64]) -> (Distribution, Distribution) {
-        if let Some(counted) = self.counted {
-            let Counted { chunk, token, chunk_ms, token_ms } = *counted;
-            let (mut chunk, mut token) =
-                (chunk.finish().distribution(NS_PER_MS, asked), token.finish().distribution(NS_PER_MS, asked));
-            (chunk.mean, token.mean) = (chunk_ms.mean(), token_ms.mean());
-            return (chunk, token);
-        }
-        itl_distributions(|| self.kept.iter().copied(), asked)
+    /// Each kept gap (ms) with its request's send (ns).
+    fn by_send(&self) -> impl Iterator<Item = (i64, f64)> + '_ {
+        let sends = self.senders.iter().flat_map(|&(sent, n)| std::iter::repeat_n(sent, n as usize));
+        sends.zip(&self.kept).map(|(sent, &(gap, _))| (sent, gap as f64 / NS_PER_MS))
     }
 }
 
@@ -405,6 +420,18 @@ pub(super) fn itl_distributions<I: Iterator<Item = (i64, f64)>>(
         asked,
     );
     (chunk, token)
+}
+
+impl Counted {
+    /// The vLLM-compatible ITL (a sample per gap) and the per-token one (a
+    /// chunk of k tokens after a gap g gives k samples of g / k), ms.
+    fn distributions(self, asked: &[f64]) -> (Distribution, Distribution) {
+        let Counted { chunk, token, chunk_ms, token_ms } = self;
+        let (mut chunk, mut token) =
+            (chunk.finish().distribution(NS_PER_MS, asked), token.finish().distribution(NS_PER_MS, asked));
+        (chunk.mean, token.mean) = (chunk_ms.mean(), token_ms.mean());
+        (chunk, token)
+    }
 }
 
 fn count(counted: &mut Counted, gap_ns: i64, tokens: f64) {

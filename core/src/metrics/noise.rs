@@ -23,15 +23,21 @@
 //!   gaps, summed and counted by its send's 10 ms bin as the prompts are,
 //!   stay in its batch: they share its stream).
 //!
+//! - the ITL's median and P99, quantiles over chunk gaps: each batch's
+//!   gaps (those of the requests sent in its time, from its first send to
+//!   the next batch's), when the run's gaps are kept as they are (up to
+//!   [`GAPS_KEPT`](super::build::GAPS_KEPT)); past that, counted into a
+//!   histogram, they have none.
+//!
 //! Each has B - 1 degrees of freedom. A batch of fewer than
-//! [`MIN_PER_BATCH`] requests gives nothing (too short a run says nothing of
-//! its noise); a P99 needs [`MIN_PER_BATCH_P99`] a batch (fewer, and a
-//! batch's P99 is its maximum). The ITL's median and P99, quantiles of
-//! gaps that are not kept by request, have none.
+//! [`MIN_PER_BATCH`] requests (or gaps) gives nothing (too short a run says
+//! nothing of its noise); a P99 needs [`MIN_PER_BATCH_P99`] a batch (fewer,
+//! and a batch's P99 is its maximum).
 
 use serde::{Deserialize, Serialize};
 
 use super::steady::{BIN_NS, Bins, Done};
+use crate::stats::t_quantile;
 
 /// Batches a run's successful requests are cut into.
 pub const BATCHES: usize = 10;
@@ -73,49 +79,54 @@ pub(super) struct GapBins {
 }
 
 /// The noise of a run from its successful requests sorted by send, its
-/// last completion, its prompt tokens and its chunk gaps by send bin;
-/// `None` for too few.
-pub(super) fn noise(done: &[Done], last_completion: i64, input_bins: &Bins, gaps: &GapBins) -> Option<Noise> {
+/// last completion, its prompt tokens, its chunk gaps by send bin and, when
+/// they are kept, each chunk gap (ms) with its request's send (ns); `None`
+/// for too few.
+pub(super) fn noise<I: Iterator<Item = (i64, f64)>>(
+    done: &[Done],
+    last_completion: i64,
+    input_bins: &Bins,
+    gaps: &GapBins,
+    gap_values: Option<impl Fn() -> I>,
+) -> Option<Noise> {
     let n = done.len();
     if n < BATCHES * MIN_PER_BATCH {
         return None;
     }
     let batch = |b: usize| &done[b * n / BATCHES..(b + 1) * n / BATCHES];
     let mut metrics = Vec::new();
-    let mut add = |metric: &str, values: Option<Vec<f64>>| {
-        if let Some(se) = values.and_then(|v| spread(&v)) {
+    let mut add = |metric: &str, se: Option<f64>| {
+        if let Some(se) = se {
             metrics.push(MetricNoise { metric: metric.to_owned(), se });
         }
     };
+    // A figure computed in each batch: the spread of the batches' values.
+    let each = |values: Option<Vec<f64>>| values.and_then(|v| spread(&v));
     type Pick = fn(&Done) -> f32;
     let figures: [(&str, Pick); 3] =
         [("latency_ms", |d| d.latency_ms), ("ttft_ms", |d| d.ttft_ms), ("tpot_ms", |d| d.tpot_ms)];
     for (name, pick) in figures {
-        let per_batch = |f: &dyn Fn(&mut Vec<f64>) -> Option<f64>| -> Option<Vec<f64>> {
-            (0..BATCHES)
-                .map(|b| {
-                    let mut v: Vec<f64> = batch(b).iter().map(pick).filter(|x| !x.is_nan()).map(f64::from).collect();
-                    f(&mut v)
-                })
-                .collect()
-        };
-        let mean = |v: &mut Vec<f64>| (v.len() >= MIN_PER_BATCH).then(|| v.iter().sum::<f64>() / v.len() as f64);
-        let quantile = |q: f64, least: usize| {
-            move |v: &mut Vec<f64>| {
-                (v.len() >= least).then(|| {
-                    v.sort_by(f64::total_cmp);
-                    let rank = q * (v.len() - 1) as f64;
-                    let (lo, hi) = (v[rank.floor() as usize], v[rank.ceil() as usize]);
-                    lo + (hi - lo) * rank.fract()
-                })
-            }
-        };
-        add(&format!("mean_{name}"), per_batch(&mean));
-        add(&format!("median_{name}"), per_batch(&quantile(0.5, MIN_PER_BATCH)));
-        add(&format!("p99_{name}"), per_batch(&quantile(0.99, MIN_PER_BATCH_P99)));
+        let batches: Vec<Vec<f64>> = (0..BATCHES)
+            .map(|b| sorted(batch(b).iter().map(pick).filter(|x| !x.is_nan()).map(f64::from).collect()))
+            .collect();
+        let means = batches.iter().map(|v| (v.len() >= MIN_PER_BATCH).then(|| v.iter().sum::<f64>() / v.len() as f64));
+        add(&format!("mean_{name}"), each(means.collect()));
+        add(&format!("median_{name}"), each(batches.iter().map(|v| quantile(v, 0.5, MIN_PER_BATCH)).collect()));
+        add(&format!("p99_{name}"), woodruff(&batches, 0.99, MIN_PER_BATCH_P99));
+    }
+    let starts: Vec<i64> = (0..BATCHES).map(|b| batch(b)[0].sent_ns).collect();
+    if let Some(gap_values) = gap_values {
+        // Each batch's gaps: those of the requests sent from its first send
+        // to the next batch's.
+        let mut batches = vec![Vec::new(); BATCHES];
+        for (sent, gap) in gap_values() {
+            batches[starts.partition_point(|&s| s <= sent).saturating_sub(1)].push(gap);
+        }
+        let batches: Vec<Vec<f64>> = batches.into_iter().map(sorted).collect();
+        add("median_itl_ms", each(batches.iter().map(|v| quantile(v, 0.5, MIN_PER_BATCH)).collect()));
+        add("p99_itl_ms", woodruff(&batches, 0.99, MIN_PER_BATCH_P99));
     }
     // Throughputs: each batch's share of the run's time.
-    let starts: Vec<i64> = (0..BATCHES).map(|b| batch(b)[0].sent_ns).collect();
     let spans: Vec<f64> = (0..BATCHES)
         .map(|b| {
             let end = starts.get(b + 1).copied().unwrap_or(last_completion);
@@ -149,6 +160,47 @@ pub(super) fn noise(done: &[Done], last_completion: i64, input_bins: &Bins, gaps
         metrics.push(MetricNoise { metric: "mean_itl_ms".to_owned(), se });
     }
     Some(Noise { batches: BATCHES as u32, metrics })
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The `q` quantile of the sorted `v` (linear between ranks), when it holds
+/// at least `least` values.
+fn quantile(v: &[f64], q: f64, least: usize) -> Option<f64> {
+    (v.len() >= least.max(1)).then(|| {
+        let rank = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
+        let (lo, hi) = (v[rank.floor() as usize], v[rank.ceil() as usize]);
+        lo + (hi - lo) * rank.fract()
+    })
+}
+
+/// The standard error of the whole run's `q` quantile (a P99), each of
+/// the sorted `batches` holding at least `least` values, by Woodruff's
+/// method with batch means: the share of each batch at or below the run's
+/// quantile is a mean, whose standard error the batches give (the ratio
+/// estimator: batches of gaps differ in size), never below an independent
+/// sample's sqrt(q (1 - q) / n); the run's own quantiles at q plus and
+/// minus t times that error bound the quantile, and half their distance
+/// over t is its error. A batch's own P99 is its one or two largest
+/// values, whose spread understated the run-to-run spread (two sittings of
+/// 20 identical pairs moved beyond it in 3 and 5); the run's quantiles at
+/// the shifted shares use every value of the tail.
+fn woodruff(batches: &[Vec<f64>], q: f64, least: usize) -> Option<f64> {
+    if batches.len() < 2 || batches.iter().any(|v| v.len() < least) {
+        return None;
+    }
+    let all = sorted(batches.concat());
+    let at = |p: f64| quantile(&all, p, 1);
+    let x = at(q)?;
+    let below: Vec<f64> = batches.iter().map(|v| v.partition_point(|&y| y <= x) as f64).collect();
+    let sizes: Vec<f64> = batches.iter().map(|v| v.len() as f64).collect();
+    let independent = (q * (1.0 - q) / all.len() as f64).sqrt();
+    let se_share = ratio_se(&below, &sizes)?.max(independent);
+    let t = t_quantile(0.975, (batches.len() - 1) as f64);
+    Some((at(q + t * se_share)? - at(q - t * se_share)?) / (2.0 * t))
 }
 
 /// The standard error of the mean of `values`: their standard deviation
@@ -205,7 +257,9 @@ mod tests {
             super::super::steady::bin_add(&mut gaps.ns, d.sent_ns, (gaps_ms(i) * MS) as u64);
             super::super::steady::bin_add(&mut gaps.count, d.sent_ns, 9);
         }
-        noise(&done, (n as i64 - 1) * 10 * MS + 40 * MS, &input, &gaps)
+        // Each request's nine gaps, equal.
+        let values = || (0..n).flat_map(|i| std::iter::repeat_n((i as i64 * 10 * MS, gaps_ms(i) as f64 / 9.0), 9));
+        noise(&done, (n as i64 - 1) * 10 * MS + 40 * MS, &input, &gaps, Some(values))
     }
 
     #[test]
@@ -225,12 +279,57 @@ mod tests {
         assert!((se - (100.0f64 * 10.0 / 9.0).sqrt() / 10f64.sqrt()).abs() < 1e-9, "{se}");
         assert_eq!(df, 9.0);
         assert_eq!(moving.se("mean_itl_ms"), Some((0.0, 9.0)), "every gap 2 ms");
-        assert_eq!(moving.se("p99_itl_ms"), None, "the ITL's quantiles have none");
+        assert_eq!(moving.se("p99_itl_ms"), Some((0.0, 9.0)), "every gap 2 ms");
         // Batches whose gaps alternate 2 and 4 ms: the mean ITL's standard
         // error is that of the batches' ITLs (each the same count of gaps).
         let itl = run_with(1000, |_| 20.0, |i| if (i / 100) % 2 == 0 { 18 } else { 36 }).expect("enough");
         let (se, _) = itl.se("mean_itl_ms").expect("an ITL");
         assert!((se - (10.0f64 / 9.0).sqrt() / 10f64.sqrt()).abs() < 1e-9, "{se}");
+        // Every batch's gaps are all 2 or all 4 ms: so is its median; the
+        // run's P99 is 4 ms, and so is every quantile near it.
+        let (se, _) = itl.se("median_itl_ms").expect("the gaps are kept");
+        assert!((se - (10.0f64 / 9.0).sqrt() / 10f64.sqrt()).abs() < 1e-9, "{se}");
+        assert_eq!(itl.se("p99_itl_ms"), Some((0.0, 9.0)));
+    }
+
+    #[test]
+    fn the_itls_quantiles_take_each_batchs_gaps_and_need_them_kept() {
+        // A slow gap (40 ms against 2) for one request in 20 in the even
+        // batches of 100 requests and one in 10 in the odd ones: 5 or 10 of
+        // a batch's 900 gaps, 75 of the run's 9,000.
+        let slow = |i: usize| if (i / 100).is_multiple_of(2) { i.is_multiple_of(20) } else { i.is_multiple_of(10) };
+        let done: Vec<Done> = (0..1000)
+            .map(|i| Done {
+                sent_ns: i as i64 * 10 * MS,
+                ttft_ms: 20.0,
+                tpot_ms: 2.0,
+                latency_ms: 38.0,
+                output_tokens: 10,
+            })
+            .collect();
+        let (mut input, mut bins) = (Vec::new(), GapBins::default());
+        for d in &done {
+            super::super::steady::bin_add(&mut input, d.sent_ns, 50_000_000);
+            super::super::steady::bin_add(&mut bins.ns, d.sent_ns, (18 * MS) as u64);
+            super::super::steady::bin_add(&mut bins.count, d.sent_ns, 9);
+        }
+        let gap = |i: usize, k: usize| if slow(i) && k == 0 { 40.0 } else { 2.0 };
+        let values = || (0..1000).flat_map(move |i| (0..9).map(move |k| (i as i64 * 10 * MS, gap(i, k))));
+        let last = 1000 * 10 * MS;
+        let with = noise(&done, last, &input, &bins, Some(values)).expect("enough");
+        // The run's P99 (rank 8,909.01 of 9,000) is a 2 ms gap; the share at
+        // or below it, 895 or 890 of a batch's 900, has a standard error of
+        // 0.00093 by the batches, under an independent sample's
+        // sqrt(0.99 x 0.01 / 9,000) = 0.00105, which it takes: t x that
+        // either side reaches from a 2 ms gap (rank 8,887.7) to a slow one
+        // (8,930.4), so the interval is 2 to 40 ms.
+        let (se, df) = with.se("p99_itl_ms").expect("kept gaps");
+        let t = t_quantile(0.975, 9.0);
+        assert!((se - 38.0 / (2.0 * t)).abs() < 1e-9 && df == 9.0, "{se}");
+        assert_eq!(with.se("median_itl_ms"), Some((0.0, 9.0)), "the median gap is 2 ms everywhere");
+        let without = noise(&done, last, &input, &bins, None::<fn() -> std::iter::Empty<(i64, f64)>>).expect("enough");
+        assert_eq!(without.se("p99_itl_ms"), None, "gaps counted into a histogram have none");
+        assert!(without.se("mean_itl_ms").is_some(), "the mean's comes from the bins");
     }
 
     #[test]
