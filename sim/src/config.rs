@@ -14,7 +14,7 @@ pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
 /// The simulator's own flags, beside the engines': each with a sample
 /// value (empty for a switch) and what it does. `--help` prints them; a
 /// test checks the parser takes every one.
-pub const SIM_FLAGS: [(&str, &str, &str); 12] = [
+pub const SIM_FLAGS: [(&str, &str, &str); 14] = [
     ("--sim-gpu", "H100", "the GPU simulated: H100 or H200 (else $BENCHFLEET_SIM_GPU, else H200)"),
     ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
     ("--sim-speedup", "10", "divide every simulated step time, for quick demos and tests (1: real time)"),
@@ -31,6 +31,8 @@ pub const SIM_FLAGS: [(&str, &str, &str); 12] = [
         "with speculative decoding, once more sequences than this run, every later request fails",
     ),
     ("--sim-slowdown-pct-per-s", "2", "every step takes this much longer per second served (a degrading engine)"),
+    ("--sim-step-jitter-pct", "2", "each step's time varies by this much (its standard deviation, in percent)"),
+    ("--sim-seed", "7", "the seed of the step times' variation"),
 ];
 
 /// What `benchfleet-sim --help` prints.
@@ -152,6 +154,11 @@ pub struct Faults {
     /// sequences the engine's draft state is corrupt, and every request not yet running then, or sent
     /// later, fails with the engine's error (the reports' MTP runs at high load: about half failed).
     pub spec_failure_batch: Option<usize>,
+    /// `--sim-step-jitter-pct`: each step's time varies by this much (the standard deviation of a
+    /// log-normal factor with a mean of 1, in percent): a GPU's run-to-run variation, so that two
+    /// identical runs differ as they do on hardware. `--sim-seed` seeds it.
+    pub step_jitter_pct: f64,
+    pub seed: u64,
 }
 
 impl SimConfig {
@@ -331,6 +338,14 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (_, "--sim-disconnect-rate") => config.faults.disconnect_rate = fraction(name, &value()?)?,
             (_, "--sim-spec-failure-batch") => config.faults.spec_failure_batch = Some(parse(name, &value()?)?),
             (_, "--sim-refuse-cache-reset") => config.faults.refuse_cache_reset = switch(true)?,
+            (_, "--sim-step-jitter-pct") => {
+                let text = value()?;
+                config.faults.step_jitter_pct = parse(name, &text)?;
+                if !(0.0..=50.0).contains(&config.faults.step_jitter_pct) {
+                    return Err(invalid(name, &text, "must be 0 to 50 percent"));
+                }
+            }
+            (_, "--sim-seed") => config.faults.seed = parse(name, &value()?)?,
             (_, "--sim-slowdown-pct-per-s") => {
                 let text = value()?;
                 config.faults.slowdown_pct_per_s = parse(name, &text)?;

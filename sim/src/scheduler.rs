@@ -128,6 +128,8 @@ pub struct Scheduler {
     /// `--sim-spec-failure-batch`, and whether a step has passed it.
     spec_failure_batch: Option<usize>,
     spec_state_corrupt: bool,
+    /// `--sim-step-jitter-pct` as a log-normal sigma, and its generator.
+    jitter: Option<(f64, ChaCha8Rng)>,
 }
 
 impl Scheduler {
@@ -145,7 +147,27 @@ impl Scheduler {
             counters: Counters::default(),
             spec_failure_batch: None,
             spec_state_corrupt: false,
+            jitter: None,
         }
+    }
+
+    /// Each step's time times a log-normal factor of mean 1 and standard deviation `pct` percent
+    /// (0: none), drawn from `seed`: a GPU's own variation from step to step and run to run.
+    pub fn with_step_jitter(mut self, pct: f64, seed: u64) -> Scheduler {
+        // A log-normal's standard deviation is sqrt(exp(sigma^2) - 1) of its mean.
+        let sigma = (1.0 + (pct / 100.0).powi(2)).ln().sqrt();
+        self.jitter = (pct > 0.0).then(|| (sigma, ChaCha8Rng::seed_from_u64(seed)));
+        self
+    }
+
+    /// The time of a step doing `work`, varied by the jitter.
+    fn step_time(&mut self, work: &StepWork) -> Duration {
+        let time = self.cost.step_time(work);
+        let Some((sigma, rng)) = &mut self.jitter else { return time };
+        // Box-Muller: two uniforms make one standard normal.
+        let (u, v): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
+        let normal = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+        time.mul_f64((*sigma * normal - *sigma * *sigma / 2.0).exp())
     }
 
     /// Models the reports' speculative-decoding failure at high load: once a step with speculative
@@ -316,9 +338,9 @@ impl Scheduler {
         }
         if plan.is_empty() {
             // Everything is preempted or waiting for room that a step cannot make; let time pass.
-            return Some(Step { duration: self.cost.step_time(&work), emissions: Vec::new(), work });
+            return Some(Step { duration: self.step_time(&work), emissions: Vec::new(), work });
         }
-        let duration = self.cost.step_time(&work);
+        let duration = self.step_time(&work);
         let mut emissions = Vec::with_capacity(plan.len());
         for &(index, chunk) in &plan {
             let seq = &mut self.running[index];
@@ -464,7 +486,8 @@ impl Scheduler {
         let limits =
             Limits { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens };
         Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching))
-            .with_spec_failure(config.faults.spec_failure_batch))
+            .with_spec_failure(config.faults.spec_failure_batch)
+            .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
     }
 
     /// The step-time model this engine runs with.
