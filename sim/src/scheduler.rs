@@ -132,6 +132,12 @@ pub struct Scheduler {
     jitter: Option<(f64, ChaCha8Rng)>,
 }
 
+/// A standard normal from two uniforms (Box-Muller).
+pub(crate) fn standard_normal(rng: &mut impl Rng) -> f64 {
+    let (u, v): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
+    (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+}
+
 impl Scheduler {
     /// What a request fails with once speculative decoding's state is corrupt (`--sim-spec-failure-batch`).
     pub const FAILURE: &str = "EngineCore encountered an issue: the speculative decoding state is corrupt after the batch passed its size (--sim-spec-failure-batch)";
@@ -152,7 +158,8 @@ impl Scheduler {
     }
 
     /// Each step's time times a log-normal factor of mean 1 and standard deviation `pct` percent
-    /// (0: none), drawn from `seed`: a GPU's own variation from step to step and run to run.
+    /// (0: none), drawn from `seed`: a GPU's own variation from step to step, and from run to run
+    /// when each run has its own seed.
     pub fn with_step_jitter(mut self, pct: f64, seed: u64) -> Scheduler {
         // A log-normal's standard deviation is sqrt(exp(sigma^2) - 1) of its mean.
         let sigma = (1.0 + (pct / 100.0).powi(2)).ln().sqrt();
@@ -164,10 +171,7 @@ impl Scheduler {
     fn step_time(&mut self, work: &StepWork) -> Duration {
         let time = self.cost.step_time(work);
         let Some((sigma, rng)) = &mut self.jitter else { return time };
-        // Box-Muller: two uniforms make one standard normal.
-        let (u, v): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
-        let normal = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
-        time.mul_f64((*sigma * normal - *sigma * *sigma / 2.0).exp())
+        time.mul_f64((*sigma * standard_normal(rng) - *sigma * *sigma / 2.0).exp())
     }
 
     /// Models the reports' speculative-decoding failure at high load: once a step with speculative

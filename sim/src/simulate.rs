@@ -15,13 +15,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::{
     config::SimConfig,
     kv::BLOCK_TOKENS,
-    scheduler::{Scheduler, SeqRequest, StartupError, Step},
+    scheduler::{Scheduler, SeqRequest, StartupError, Step, standard_normal},
 };
 
 /// One request of a workload.
@@ -237,11 +237,7 @@ pub fn random(count: usize, input: usize, output: usize, seed: u64) -> Vec<WorkI
 /// scaled so their means are the reference reports' (342.058 prompt and 281.412 output tokens).
 pub fn sharegpt_like(count: usize, seed: u64) -> Vec<WorkItem> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut normal = || {
-        // Box-Muller: two uniforms make one standard normal.
-        let (u, v): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    };
+    let mut normal = || standard_normal(&mut rng);
     let raw: Vec<(f64, f64)> = (0..count).map(|_| ((1.0 * normal()).exp(), (0.8 * normal()).exp())).collect();
     let scale = |mean: f64, pick: fn(&(f64, f64)) -> f64| mean * count as f64 / raw.iter().map(pick).sum::<f64>();
     let (input_scale, output_scale) = (scale(342.058, |r| r.0), scale(281.412, |r| r.1));

@@ -30,7 +30,7 @@ async fn next_state(socket: &UnixDatagram) -> String {
 }
 
 /// The whole answer, or nothing when no one listens yet.
-async fn get(addr: &str, path: &str) -> String {
+pub(crate) async fn get(addr: &str, path: &str) -> String {
     let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await else { return String::new() };
     tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").as_bytes())
         .await

@@ -95,11 +95,7 @@ async fn a_closed_loop_s_window_is_the_records_and_a_slowing_engine_drifts() {
 /// The simulator's own account of its timing so far: (steps run, steps
 /// that woke more than 2 ms past their deadline, seconds of lateness).
 async fn sim_timing(url: &str) -> [f64; 3] {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://")).await.expect("the simulator");
-    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: sim\r\nConnection: close\r\n\r\n").await.expect("ask");
-    let mut reply = String::new();
-    tcp.read_to_string(&mut reply).await.expect("read");
+    let reply = crate::deploy::get(url.trim_start_matches("http://"), "/metrics").await;
     let body = reply.split_once("\r\n\r\n").map_or("", |(_, body)| body);
     let names =
         ["benchfleet_sim:steps_total", "benchfleet_sim:late_steps_total", "benchfleet_sim:step_late_seconds_total"];
