@@ -5,8 +5,9 @@
 //! decoding, `1 + k`) query tokens per decoding sequence. Its duration is
 //!
 //! ```text
-//! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: throughput mode only)
+//! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: the engine's asynchronous scheduling)
 //! cpu  = engine step overhead + engine per-token overhead × decode query tokens
+//!        (× the mixed-step factor when the step also prefills)
 //! gpu  = draft cost × k                                    (speculative decoding only)
 //!      + FP8 KV dequantisation × context tokens read       (--kv-cache-dtype fp8 only)
 //!      + state saving × prefilled tokens                   (vLLM caching a hybrid model's prefixes)
@@ -88,7 +89,8 @@ pub struct Coefficients {
     pub kv_fp8_dequant_cost: f64,
     /// Bytes of recurrent state per sequence per square root of the billions of parameters: Qwen3.5's
     /// linear-attention layers read and write each decoding sequence's state every step, in BF16
-    /// whatever the weights' or the KV cache's type, so FP8 does not shrink it.
+    /// whatever the weights' or the KV cache's type, so FP8 does not shrink it; a running
+    /// sequence's state also takes room in the KV cache's pool.
     pub state_bytes_per_sqrt_b: f64,
     /// vLLM's prefix caching on a hybrid model (experimental, off unless `--enable-prefix-caching`)
     /// saves each sequence's recurrent state at every cached block boundary: seconds per prefilled token.
@@ -115,13 +117,10 @@ pub struct Coefficients {
     /// The engines' own costs and defaults, and what `--performance-mode` changes in vLLM's.
     pub vllm: EngineCosts,
     pub sglang: EngineCosts,
-    /// `throughput`: the fixed step cost (asynchronous scheduling overlaps it with the GPU) and the
-    /// per-token cost (larger CUDA graphs) are multiplied by these; the token budget doubles.
+    /// `throughput`: the fixed step cost and the per-token cost are multiplied by these; the
+    /// default batch limits (sequences and token budget) double.
     pub throughput_step_factor: f64,
     pub throughput_token_factor: f64,
-    /// `throughput`: the share of the engine's CPU-side costs (the step and per-token overheads)
-    /// that asynchronous scheduling hides behind the GPU's work on the step.
-    pub throughput_overlap: f64,
     /// `interactivity`: the fixed step cost of small steps is multiplied by this.
     pub interactivity_step_factor: f64,
 }
@@ -130,24 +129,24 @@ pub struct Coefficients {
 /// to the reference studies (`cargo run --release -p benchfleet-sim --example calibrate`); the
 /// data-sheet numbers, the memory sizes and the load times are not.
 pub const COEFFICIENTS: Coefficients = Coefficients {
-    bandwidth_efficiency: 0.95,
-    mfu_max_dense: 0.8,
-    mfu_max_moe: 0.363,
-    mfu_half_tokens: 10.1,
-    fp8_linear_gain: 0.365,
+    bandwidth_efficiency: 0.8799,
+    mfu_max_dense: 0.4663,
+    mfu_max_moe: 0.3177,
+    mfu_half_tokens: 120.0,
+    fp8_linear_gain: 0.4906,
     attention_efficiency: 0.5,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 52.4e-9,
-    state_bytes_per_sqrt_b: 15.6e6,
-    hybrid_prefix_cache_cost: 11.8e-9,
+    kv_fp8_dequant_cost: 5.075e-8,
+    state_bytes_per_sqrt_b: 1.666e7,
+    hybrid_prefix_cache_cost: 1.428e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
-    draft_cost: 3.05e-3,
-    acceptance_mtp: 0.679,
+    draft_cost: 3.59e-3,
+    acceptance_mtp: 0.7162,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
@@ -155,25 +154,26 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens, 90% of memory), and SGLang 0.5.9,
     // whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running.
     vllm: EngineCosts {
-        step_overhead: 1.18e-3,
-        decode_token_overhead: 0.0985e-3,
+        step_overhead: 4.858e-3,
+        decode_token_overhead: 9.56e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.9,
-        overlap: 0.0,
+        mixed_token_factor: 2.274,
+        overlap: 0.9016,
     },
     sglang: EngineCosts {
-        step_overhead: 0.231e-3,
-        decode_token_overhead: 0.33e-3,
+        step_overhead: 0.0153,
+        decode_token_overhead: 1.19e-4,
         default_max_num_seqs: 128,
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.88,
-        overlap: 0.0,
+        mixed_token_factor: 1.0,
+        overlap: 0.5047,
     },
     throughput_step_factor: 1.0,
-    throughput_token_factor: 1.02,
-    throughput_overlap: 0.0214,
-    interactivity_step_factor: 0.61,
+    throughput_token_factor: 0.9827,
+    interactivity_step_factor: 0.7257,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -189,7 +189,14 @@ pub struct EngineCosts {
     pub default_max_num_batched_tokens: usize,
     /// Default fraction of GPU memory the engine may use.
     pub default_memory_fraction: f64,
-    /// The share of the CPU-side overheads hidden behind the GPU's work (asynchronous scheduling).
+    /// The per-token overhead of a step that mixes prefill chunks with decodes, over a pure decode
+    /// step's: vLLM replays a pure decode batch as one full CUDA graph, and runs a mixed one
+    /// piecewise, launching its attention (and the linear-attention layers' prefill kernels)
+    /// layer by layer (`FULL_AND_PIECEWISE`, its default).
+    pub mixed_token_factor: f64,
+    /// The share of the CPU-side overheads hidden behind the GPU's work: vLLM's asynchronous
+    /// scheduling (on by default since 0.14) and SGLang's overlap scheduler plan step `n + 1` and
+    /// process the outputs of step `n - 1` while the GPU runs step `n`.
     pub overlap: f64,
 }
 
@@ -202,10 +209,10 @@ impl EngineCosts {
         };
         match performance_mode {
             Some("throughput") => {
+                costs.default_max_num_seqs *= 2;
                 costs.default_max_num_batched_tokens *= 2;
                 costs.step_overhead *= c.throughput_step_factor;
                 costs.decode_token_overhead *= c.throughput_token_factor;
-                costs.overlap = c.throughput_overlap;
             }
             Some("interactivity") => costs.step_overhead *= c.interactivity_step_factor,
             _ => {}
@@ -339,11 +346,7 @@ impl CostModel {
             c.attention_flops_per_kv_byte * self.model.kv_bytes_per_token_bf16() * work.prefill_attention_pairs;
         let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
         let sequences = (work.decode_tokens / (1 + work.draft_tokens)) as f64;
-        let state = if self.model.hybrid {
-            2.0 * c.state_bytes_per_sqrt_b * (self.model.total_params / 1e9).sqrt() * sequences
-        } else {
-            0.0
-        };
+        let state = 2.0 * self.state_bytes() * sequences;
         let state_saving =
             if self.hybrid_prefix_caching { c.hybrid_prefix_cache_cost * work.prefill_tokens as f64 } else { 0.0 };
         let memory =
@@ -353,12 +356,29 @@ impl CostModel {
         let dequant = if self.kv_fp8 { c.kv_fp8_dequant_cost * work.decode_context_tokens as f64 } else { 0.0 };
         StepParts {
             overhead: self.engine.step_overhead,
-            tokens: self.engine.decode_token_overhead * work.decode_tokens as f64,
+            tokens: self.engine.decode_token_overhead
+                * work.decode_tokens as f64
+                * if work.prefill_tokens > 0 { self.engine.mixed_token_factor } else { 1.0 },
             extras: draft + dequant + state_saving,
             compute: linear + attention,
             memory,
             overlap: self.engine.overlap,
         }
+    }
+
+    /// A hybrid model's recurrent state per sequence, bytes (0 for a transformer).
+    pub fn state_bytes(&self) -> f64 {
+        if !self.model.hybrid {
+            return 0.0;
+        }
+        self.coefficients.state_bytes_per_sqrt_b * (self.model.total_params / 1e9).sqrt()
+    }
+
+    /// KV blocks of [`crate::kv::BLOCK_TOKENS`] tokens that one sequence's recurrent state takes:
+    /// vLLM keeps it in the KV cache's pool (and SGLang in a pool of its own), so it bounds how many
+    /// sequences run at once. FP8 KV halves a block, not the state.
+    pub fn state_blocks(&self) -> usize {
+        (self.state_bytes() / (self.kv_bytes_per_token * crate::kv::BLOCK_TOKENS as f64)).ceil() as usize
     }
 
     /// Weight bytes a step reads: all of a dense model; for a mixture of experts, the experts its
@@ -444,10 +464,30 @@ mod tests {
         assert!((0.006..0.009).contains(&one), "{one}");
         assert!(decode(64) > decode(8) && decode(512) > decode(64));
         // H200's faster memory makes the same step shorter.
+        let h200 = model("Qwen/Qwen3.5-9B", "H200").step_time(&StepWork { decode_tokens: 1, ..Default::default() });
         assert!(
-            model("Qwen/Qwen3.5-9B", "H200").step_time(&StepWork { decode_tokens: 1, ..Default::default() })
-                < decode(1)
+            h200 < decode(1),
+            "{h200:?} on an H200, {:?} on an H100 {:?}",
+            decode(1),
+            m.step_parts(&StepWork { decode_tokens: 1, ..Default::default() })
         );
+    }
+
+    #[test]
+    fn cpu_work_overlaps_the_gpu_and_mixed_steps_cost_more_per_token() {
+        let mut m = model("Qwen/Qwen3.5-9B", "H100");
+        let decode = StepWork { decode_tokens: 256, decode_context_tokens: 256 * 600, ..Default::default() };
+        let parts = m.step_parts(&decode);
+        let (cpu, gpu) = (parts.overhead + parts.tokens, parts.extras + parts.compute.max(parts.memory));
+        // Fully overlapped, the step takes the longer side; not at all, both.
+        m.engine.overlap = 1.0;
+        assert!((m.step_parts(&decode).total() - cpu.max(gpu)).abs() < 1e-12);
+        m.engine.overlap = 0.0;
+        assert!((m.step_parts(&decode).total() - (cpu + gpu)).abs() < 1e-12);
+        // The same decodes beside a prefill chunk pay the mixed step's per-token cost.
+        m.engine.mixed_token_factor = 2.0;
+        let mixed = m.step_parts(&StepWork { prefill_tokens: 512, ..decode });
+        assert!((mixed.tokens - 2.0 * parts.tokens).abs() < 1e-12, "{} vs {}", mixed.tokens, parts.tokens);
     }
 
     #[test]

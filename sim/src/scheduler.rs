@@ -130,6 +130,8 @@ pub struct Scheduler {
     spec_state_corrupt: bool,
     /// `--sim-step-jitter-pct` as a log-normal sigma, and its generator.
     jitter: Option<(f64, ChaCha8Rng)>,
+    /// KV blocks a running sequence's recurrent state takes (a hybrid model's), held while it runs.
+    state_blocks: usize,
 }
 
 /// A standard normal from two uniforms (Box-Muller).
@@ -143,6 +145,7 @@ impl Scheduler {
     pub const FAILURE: &str = "EngineCore encountered an issue: the speculative decoding state is corrupt after the batch passed its size (--sim-spec-failure-batch)";
 
     pub fn new(cost: CostModel, limits: Limits, speculation: Option<Speculation>, kv: KvCache) -> Scheduler {
+        let state_blocks = cost.state_blocks();
         Scheduler {
             cost,
             limits,
@@ -154,7 +157,13 @@ impl Scheduler {
             spec_failure_batch: None,
             spec_state_corrupt: false,
             jitter: None,
+            state_blocks,
         }
+    }
+
+    /// KV blocks a sequence of `tokens` holds: its tokens' and, for a hybrid model, its state's.
+    fn blocks_needed(&self, tokens: usize) -> usize {
+        blocks_for(tokens) + self.state_blocks
     }
 
     /// Each step's time times a log-normal factor of mean 1 and standard deviation `pct` percent
@@ -274,7 +283,7 @@ impl Scheduler {
                     index += 1;
                     continue;
                 }
-                let needed = blocks_for(seq.request.prompt_tokens + seq.generated + 1 + draft);
+                let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
                 let extra = needed.saturating_sub(seq.blocks());
                 if !self.kv.allocate(extra) {
                     // Preempt the newest sequence; if that is this one, it waits too.
@@ -306,7 +315,7 @@ impl Scheduler {
             let Some(seq) = self.waiting.front() else { break };
             let hashes = &seq.request.block_hashes;
             let hit_blocks = self.kv.cached_prefix(hashes).min(hashes.len());
-            let needed = blocks_for(seq.request.prompt_tokens + seq.generated + 1 + draft);
+            let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
             let anonymous = needed.saturating_sub(hit_blocks);
             if !self.kv.allocate(anonymous) {
                 if self.running.is_empty() && self.kv.available() == self.kv.capacity() {
@@ -468,15 +477,6 @@ impl Scheduler {
         let capacity = (kv_bytes / (kv_bytes_per_token * BLOCK_TOKENS as f64)) as usize;
         let speculation = speculation(config);
         let longest = config.max_model_len + speculation.map_or(0, |s| s.tokens) + 1;
-        if capacity * BLOCK_TOKENS < longest {
-            return Err(StartupError::KvCacheTooSmall {
-                engine: config.engine,
-                max_model_len: config.max_model_len,
-                needed_gib: longest as f64 * kv_bytes_per_token / GIB,
-                available_gib: kv_bytes / GIB,
-                estimated_len: capacity * BLOCK_TOKENS,
-            });
-        }
         let cost = CostModel {
             coefficients: config.coefficients,
             gpu: config.gpu,
@@ -487,6 +487,15 @@ impl Scheduler {
             kv_fp8,
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
         };
+        if capacity < blocks_for(longest) + cost.state_blocks() {
+            return Err(StartupError::KvCacheTooSmall {
+                engine: config.engine,
+                max_model_len: config.max_model_len,
+                needed_gib: longest as f64 * kv_bytes_per_token / GIB,
+                available_gib: kv_bytes / GIB,
+                estimated_len: capacity * BLOCK_TOKENS,
+            });
+        }
         let limits =
             Limits { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens };
         Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching))

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::{
@@ -233,12 +233,13 @@ pub fn random(count: usize, input: usize, output: usize, seed: u64) -> Vec<WorkI
         .collect()
 }
 
-/// Requests whose prompt and output lengths follow ShareGPT's long-tailed (log-normal) shape,
-/// scaled so their means are the reference reports' (342.058 prompt and 281.412 output tokens).
+/// Requests shaped as the reference reports' ShareGPT runs: prompt lengths long-tailed
+/// (log-normal), output lengths from [`SHAREGPT_OUTPUT_QUANTILES`], both scaled so their means are
+/// the reports' (342.058 prompt and 281.412 output tokens per request).
 pub fn sharegpt_like(count: usize, seed: u64) -> Vec<WorkItem> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut normal = || standard_normal(&mut rng);
-    let raw: Vec<(f64, f64)> = (0..count).map(|_| ((1.0 * normal()).exp(), (0.8 * normal()).exp())).collect();
+    let raw: Vec<(f64, f64)> =
+        (0..count).map(|_| ((1.0 * standard_normal(&mut rng)).exp(), output_quantile(rng.random()))).collect();
     let scale = |mean: f64, pick: fn(&(f64, f64)) -> f64| mean * count as f64 / raw.iter().map(pick).sum::<f64>();
     let (input_scale, output_scale) = (scale(342.058, |r| r.0), scale(281.412, |r| r.1));
     raw.iter()
@@ -253,6 +254,22 @@ pub fn sharegpt_like(count: usize, seed: u64) -> Vec<WorkItem> {
             }
         })
         .collect()
+}
+
+/// ShareGPT's reply lengths as the reference reports show them, as (share, length over the mean)
+/// points of their quantile function: at 1 and 4 req/s a request's latency is its length times a
+/// near-constant step, and the 9B latency study's latencies there have their median at 0.885 of
+/// the mean, P95 at 2.59 and P99 at 3.0; the 0.8 point makes the mean 1, the ends close it. A
+/// log-normal cannot hold both a median that close to the mean and a tail that short.
+pub const SHAREGPT_OUTPUT_QUANTILES: [(f64, f64); 6] =
+    [(0.0, 0.02), (0.5, 0.885), (0.8, 1.37), (0.95, 2.59), (0.99, 3.0), (1.0, 3.3)];
+
+/// The length (over the mean) at share `u` of [`SHAREGPT_OUTPUT_QUANTILES`], linear between points.
+fn output_quantile(u: f64) -> f64 {
+    let points = &SHAREGPT_OUTPUT_QUANTILES;
+    let i = points.iter().position(|(q, _)| *q >= u).unwrap_or(points.len() - 1).max(1);
+    let ((q0, v0), (q1, v1)) = (points[i - 1], points[i]);
+    v0 + (v1 - v0) * (u - q0) / (q1 - q0)
 }
 
 /// `count` requests in `groups` groups; a group's prompts share their first `prefix` tokens and

@@ -74,7 +74,7 @@ fn distance(outcome: &Outcome) -> f64 {
 /// Rows the current fit leaves outside their band: the model still lacks the mechanism behind
 /// them (see the document's last section). A row that fails and is not listed fails the test, and
 /// so does a listed row that holds: take it off the list.
-const OUTSTANDING: &[usize] = &[1, 2, 3, 4, 7, 8, 10, 11, 13, 14, 21, 23, 25, 29, 30, 31, 33, 36, 37];
+const OUTSTANDING: &[usize] = &[0, 2, 8, 10, 11, 12, 16, 21, 22, 23, 24, 25, 29, 30, 33, 34, 35];
 
 /// Builds the document and the failed checks, by row.
 fn calibrate() -> (String, Vec<(usize, String)>) {
@@ -168,7 +168,10 @@ fn document(table: &str, hold_out: &str) -> String {
             "vLLM prefix caching on a hybrid model, per prefilled token",
             format!("{:.2} ns", c.hybrid_prefix_cache_cost * 1e9),
         ),
-        ("throughput mode: share of CPU-side overheads hidden", format!("{:.3}", c.throughput_overlap)),
+        (
+            "vLLM / SGLang: share of CPU-side overheads hidden behind the GPU",
+            format!("{:.3} / {:.3}", c.vllm.overlap, c.sglang.overlap),
+        ),
         ("attention efficiency", format!("{}", c.attention_efficiency)),
         ("KV bytes per token (BF16) per √(B params)", format!("{}", c.kv_bytes_per_token_per_sqrt_b)),
         ("attention FLOPs per token pair per KV byte", format!("{}", c.attention_flops_per_kv_byte)),

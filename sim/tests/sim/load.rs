@@ -144,3 +144,45 @@ fn speculative_decoding_past_its_failure_batch_fails_every_request_not_yet_runni
     assert_eq!(Summary::of(&run("--sim-spec-failure-batch 1")).failed, 0);
     assert_eq!(Summary::of(&run(mtp)).failed, 0);
 }
+
+#[test]
+fn a_hybrid_models_recurrent_state_bounds_the_running_batch() {
+    // 30% of an H100 leaves a few GiB for KV: a transformer runs all 512 short requests at once,
+    // Qwen3.5's sequences each also hold their recurrent state in the pool, so fewer run.
+    let most_running = |line: &str| {
+        let mut engine = Scheduler::from_config(&config(line)).expect("fits");
+        let (state, capacity) = (engine.cost().state_blocks(), engine.kv_capacity_tokens());
+        let workload =
+            Workload { items: simulate::random(512, 32, 16, 3), arrival: Arrival::Closed { concurrency: 512 } };
+        let mut most = 0;
+        simulate::simulate_observed(&mut engine, &workload, |step| most = most.max(step.emissions.len()));
+        (most, state, capacity / 16)
+    };
+    let memory = "--sim-gpu H100 --gpu-memory-utilization 0.3 --max-model-len 4096";
+    let (transformer, no_state, _) = most_running(&format!("vllm serve Qwen/Qwen3-8B {memory}"));
+    assert_eq!((transformer, no_state), (512, 0));
+    let (hybrid, state, blocks) = most_running(&format!("vllm serve Qwen/Qwen3.5-9B {memory}"));
+    assert!(state > 0, "a hybrid model's state takes blocks");
+    // Each sequence holds its state and two to four blocks of tokens (32 prompt, 16 output).
+    assert!(hybrid < 512, "{hybrid} running");
+    assert!(
+        (blocks / (state + 4)..=blocks / (state + 2)).contains(&hybrid),
+        "{hybrid} running in {blocks} blocks, {state} of state each"
+    );
+}
+
+#[test]
+fn sharegpt_like_replies_have_the_reports_shape() {
+    let items = simulate::sharegpt_like(20_000, 5);
+    let mut outputs: Vec<f64> = items.iter().map(|i| i.output_tokens as f64).collect();
+    outputs.sort_by(f64::total_cmp);
+    let mean = outputs.iter().sum::<f64>() / outputs.len() as f64;
+    assert!((mean - 281.412).abs() < 0.5, "mean {mean}");
+    let at = |q: f64| outputs[(q * outputs.len() as f64) as usize] / mean;
+    // The 9B latency study at 1 req/s: median 0.885 of the mean, P95 2.59, P99 3.0.
+    for (q, published) in [(0.5, 0.885), (0.95, 2.59), (0.99, 3.0)] {
+        assert!((at(q) / published - 1.0).abs() < 0.03, "quantile {q}: {} against {published}", at(q));
+    }
+    let prompts = items.iter().map(|i| i.prompt_tokens as f64).sum::<f64>() / items.len() as f64;
+    assert!((prompts / 342.058 - 1.0).abs() < 0.01, "prompt mean {prompts}");
+}
