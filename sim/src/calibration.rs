@@ -216,7 +216,7 @@ pub struct Simulated {
 }
 
 /// The engine `row` starts, on its GPU, with `coefficients`.
-pub fn config_of(row: &Row, coefficients: &Coefficients) -> SimConfig {
+fn config_of(row: &Row, coefficients: &Coefficients) -> SimConfig {
     let args: Vec<String> = row.command().split_whitespace().map(String::from).collect();
     let mut config = parse_command_line_with_gpu(&args, Some(row.gpu)).expect("a reference command line parses");
     config.coefficients = *coefficients;

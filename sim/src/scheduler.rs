@@ -491,9 +491,9 @@ impl Scheduler {
             return Err(StartupError::KvCacheTooSmall {
                 engine: config.engine,
                 max_model_len: config.max_model_len,
-                needed_gib: longest as f64 * kv_bytes_per_token / GIB,
+                needed_gib: (longest as f64 * kv_bytes_per_token + cost.state_bytes()) / GIB,
                 available_gib: kv_bytes / GIB,
-                estimated_len: capacity * BLOCK_TOKENS,
+                estimated_len: capacity.saturating_sub(cost.state_blocks()) * BLOCK_TOKENS,
             });
         }
         let limits =
