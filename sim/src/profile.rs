@@ -8,7 +8,7 @@
 //! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: the engine's asynchronous scheduling)
 //! cpu  = engine step overhead + engine per-token overhead × decode query tokens
 //!        (× the mixed-step factor when the step also prefills)
-//! gpu  = draft cost × k                                    (speculative decoding only)
+//! gpu  = (draft cost + draft cost per sequence × decoding sequences) × k   (speculative decoding only)
 //!      + FP8 KV dequantisation × context tokens read       (--kv-cache-dtype fp8 only)
 //!      + state saving × prefilled tokens                   (vLLM caching a hybrid model's prefixes)
 //!      + max(compute, memory)
@@ -105,8 +105,12 @@ pub struct Coefficients {
     pub load_warmup: f64,
     /// Per-GPU efficiency of tensor parallelism (all-reduce between GPUs).
     pub tensor_parallel_efficiency: f64,
-    /// Cost of one draft token of speculative decoding per step (the MTP head is one layer), seconds.
+    /// Cost of one draft token of speculative decoding per step (the MTP head is one layer), seconds:
+    /// a fixed part (the draft head's weights read and its kernels launched) and a part per decoding
+    /// sequence (the head's forward pass, its sampling and the draft's bookkeeping), so drafting is
+    /// cheap beside a small batch and dear beside a large one.
     pub draft_cost: f64,
+    pub draft_cost_per_sequence: f64,
     /// Probability that a draft token is accepted given the ones before it were, per method.
     pub acceptance_mtp: f64,
     pub acceptance_eagle: f64,
@@ -130,7 +134,7 @@ pub struct Coefficients {
 /// data-sheet numbers, the memory sizes and the load times are not.
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.8799,
-    mfu_max_dense: 0.4663,
+    mfu_max_dense: 0.4963,
     mfu_max_moe: 0.3177,
     mfu_half_tokens: 120.0,
     fp8_linear_gain: 0.4906,
@@ -139,13 +143,14 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     attention_flops_per_kv_byte: 4.0,
     kv_fp8_dequant_cost: 5.075e-8,
     state_bytes_per_sqrt_b: 1.666e7,
-    hybrid_prefix_cache_cost: 1.428e-6,
+    hybrid_prefix_cache_cost: 1.453e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
     draft_cost: 3.59e-3,
+    draft_cost_per_sequence: 1.612e-5,
     acceptance_mtp: 0.7162,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
@@ -352,7 +357,11 @@ impl CostModel {
         let memory =
             (self.weights_touched(tokens) + self.kv_bytes_per_token * work.decode_context_tokens as f64 + state)
                 / (self.gpu.bandwidth * scale * c.bandwidth_efficiency);
-        let draft = if work.decode_tokens > 0 { c.draft_cost * work.draft_tokens as f64 } else { 0.0 };
+        let draft = if work.decode_tokens > 0 {
+            (c.draft_cost + c.draft_cost_per_sequence * sequences) * work.draft_tokens as f64
+        } else {
+            0.0
+        };
         let dequant = if self.kv_fp8 { c.kv_fp8_dequant_cost * work.decode_context_tokens as f64 } else { 0.0 };
         StepParts {
             overhead: self.engine.step_overhead,

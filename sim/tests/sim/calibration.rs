@@ -74,7 +74,7 @@ fn distance(outcome: &Outcome) -> f64 {
 /// Rows the current fit leaves outside their band: the model still lacks the mechanism behind
 /// them (see the document's last section). A row that fails and is not listed fails the test, and
 /// so does a listed row that holds: take it off the list.
-const OUTSTANDING: &[usize] = &[0, 2, 8, 10, 11, 12, 16, 21, 22, 23, 24, 25, 29, 30, 33, 34, 35];
+const OUTSTANDING: &[usize] = &[0, 2, 8, 11, 12, 16, 21, 22, 23, 24, 25, 33, 34, 35];
 
 /// Builds the document and the failed checks, by row.
 fn calibrate() -> (String, Vec<(usize, String)>) {
@@ -178,7 +178,10 @@ fn document(table: &str, hold_out: &str) -> String {
         ("runtime memory reserve per GPU", format!("{} GiB", c.runtime_reserve / 1024f64.powi(3))),
         ("vision encoder share of weights", format!("{}", c.vision_encoder_fraction)),
         ("tensor-parallel efficiency", format!("{}", c.tensor_parallel_efficiency)),
-        ("draft cost per draft token per step", format!("{:.3} ms", c.draft_cost * 1e3)),
+        (
+            "draft cost per draft token per step, fixed / per decoding sequence",
+            format!("{:.3} ms / {:.2} µs", c.draft_cost * 1e3, c.draft_cost_per_sequence * 1e6),
+        ),
         (
             "draft acceptance: mtp / eagle / ngram / other",
             format!(
