@@ -29,6 +29,11 @@
 //!   [`GAPS_KEPT`](super::build::GAPS_KEPT)); past that, counted into a
 //!   histogram, they have none.
 //!
+//!   Only when the sends are spread over the run: when a batch's span is
+//!   under [`MIN_SPAN_SHARE`] of an even split (a burst, or the first wave a
+//!   concurrency cap lets in at once, as a rate far above the engine's pace
+//!   with a cap does), the throughputs have none.
+//!
 //! Each has B - 1 degrees of freedom. A batch of fewer than
 //! [`MIN_PER_BATCH`] requests (or gaps) gives nothing (too short a run says
 //! nothing of its noise); a P99 needs [`MIN_PER_BATCH_P99`] a batch (fewer,
@@ -44,6 +49,9 @@ pub const BATCHES: usize = 10;
 /// Fewest requests a batch for any figure, and for a P99.
 pub const MIN_PER_BATCH: usize = 5;
 pub const MIN_PER_BATCH_P99: usize = 100;
+/// The least span of time a batch may have, as a share of an even split of the run's, for its
+/// throughputs to have an interval (below it the sends came in a burst).
+pub const MIN_SPAN_SHARE: f64 = 0.25;
 
 /// One run's standard errors, by headline figure.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -146,7 +154,13 @@ pub(super) fn noise<I: Iterator<Item = (i64, f64)>>(
         ("output_throughput", &output),
         ("total_token_throughput", &|b| output(b) + input(b)),
     ];
-    for (name, tokens) in throughputs {
+    // Batches by send are spans of the run's time only when the sends are spread over it: a burst
+    // (everything at once, or the first wave a concurrency cap lets in, then a send per completion)
+    // leaves its first batches a few milliseconds for many requests' tokens, and their ratio swings
+    // by the size of the throughput itself. Such a run says nothing of its throughputs' noise.
+    let even = spans.iter().sum::<f64>() / BATCHES as f64;
+    let spread_sends = spans.iter().all(|&span| span >= MIN_SPAN_SHARE * even);
+    for (name, tokens) in throughputs.into_iter().filter(|_| spread_sends) {
         let t: Vec<f64> = (0..BATCHES).map(tokens).collect();
         if let Some(se) = ratio_se(&t, &spans) {
             metrics.push(MetricNoise { metric: name.to_owned(), se });
@@ -330,6 +344,31 @@ mod tests {
         let without = noise(&done, last, &input, &bins, None::<fn() -> std::iter::Empty<(i64, f64)>>).expect("enough");
         assert_eq!(without.se("p99_itl_ms"), None, "gaps counted into a histogram have none");
         assert!(without.se("mean_itl_ms").is_some(), "the mean's comes from the bins");
+    }
+
+    #[test]
+    fn a_burst_held_by_a_concurrency_cap_has_no_throughput_interval() {
+        // 1000 requests at 1000 req/s, at most 500 in flight, each taking 10 s: the first 500 go at
+        // once, the rest one per completion. Batches by send: five of them span a millisecond.
+        let sent = |i: usize| if i < 500 { i as i64 * MS } else { 10_000 * MS + (i as i64 - 500) * 20 * MS };
+        let done: Vec<Done> = (0..1000)
+            .map(|i| Done { sent_ns: sent(i), ttft_ms: 50.0, tpot_ms: 20.0, latency_ms: 10_000.0, output_tokens: 500 })
+            .collect();
+        let (mut input, mut gaps) = (Vec::new(), GapBins::default());
+        for d in &done {
+            super::super::steady::bin_add(&mut input, d.sent_ns, 300_000_000);
+            super::super::steady::bin_add(&mut gaps.ns, d.sent_ns, (9_950 * MS) as u64);
+            super::super::steady::bin_add(&mut gaps.count, d.sent_ns, 499);
+        }
+        let last = sent(999) + 10_000 * MS;
+        let burst = noise(&done, last, &input, &gaps, None::<fn() -> std::iter::Empty<(i64, f64)>>).expect("enough");
+        for metric in ["request_throughput", "output_throughput", "total_token_throughput"] {
+            assert_eq!(burst.se(metric), None, "{metric}");
+        }
+        // Its latencies' batches are still batches of requests.
+        assert_eq!(burst.se("mean_latency_ms"), Some((0.0, 9.0)));
+        // Sends spread over the run, one every 10 ms, keep theirs.
+        assert!(run(1000, |_| 20.0).expect("enough").se("total_token_throughput").is_some());
     }
 
     #[test]
