@@ -41,7 +41,8 @@ pub fn help() -> String {
         "benchfleet-sim: a simulated vLLM or SGLang server, on its command line\n\n\
          Usage:\n  benchfleet-sim vllm serve MODEL [vLLM flags] [--sim-* flags]\n  \
          benchfleet-sim sglang serve --model-path MODEL [SGLang flags] [--sim-* flags]\n  \
-         benchfleet-sim python3 -m sglang.launch_server --model-path MODEL [...]\n\n\
+         benchfleet-sim python3 -m sglang.launch_server --model-path MODEL [...]\n  \
+         benchfleet-sim sharegpt-like [CONVERSATIONS [SEED]]   a ShareGPT stand-in (JSON on stdout)\n\n\
          The engines' own flags are taken as they take them (--flag value or --flag=value); one the engine\n\
          would not know is an error, as it would be on a GPU. It serves the OpenAI API (/v1/completions,\n\
          /v1/chat/completions, /v1/models), /health, /metrics (SGLang's with --enable-metrics), the engine's\n\

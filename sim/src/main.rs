@@ -15,6 +15,9 @@ async fn main() -> ExitCode {
         print!("{}", benchfleet_sim::help());
         return if args.is_empty() { ExitCode::from(2) } else { ExitCode::SUCCESS };
     }
+    if args.first().map(String::as_str) == Some("sharegpt-like") {
+        return write_sharegpt_like(&args[1..]);
+    }
     if args.iter().any(|a| a == "--version" || a == "-V") {
         println!("benchfleet-sim {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
@@ -39,6 +42,34 @@ async fn main() -> ExitCode {
             // Exit code 1, as a Python engine that raised: out of memory, a crash, a port in use.
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `benchfleet-sim sharegpt-like [CONVERSATIONS [SEED]]`: a ShareGPT stand-in on stdout.
+fn write_sharegpt_like(args: &[String]) -> ExitCode {
+    let number = |i: usize, name: &str, default: u64| match args.get(i) {
+        None => Ok(default),
+        Some(text) => text.parse::<u64>().map_err(|_| format!("{name} must be a whole number, not {text:?}")),
+    };
+    let parsed = number(0, "CONVERSATIONS", 1000).and_then(|count| Ok((count, number(1, "SEED", 42)?)));
+    match parsed {
+        Ok((count, _)) if count == 0 || count > 1_000_000 => {
+            eprintln!("error: CONVERSATIONS must be 1 to 1000000, not {count}");
+            ExitCode::from(2)
+        }
+        Ok((count, seed)) if args.len() <= 2 => {
+            let file = benchfleet_sim::simulate::sharegpt_like_file(count as usize, seed);
+            println!("{file}");
+            ExitCode::SUCCESS
+        }
+        Ok(_) => {
+            eprintln!("error: usage: benchfleet-sim sharegpt-like [CONVERSATIONS [SEED]]");
+            ExitCode::from(2)
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(2)
         }
     }
 }

@@ -256,6 +256,43 @@ pub fn sharegpt_like(count: usize, seed: u64) -> Vec<WorkItem> {
         .collect()
 }
 
+/// A ShareGPT file (`[{"conversations": [{"from": "human", ...}, {"from": "gpt", ...}]}]`) whose
+/// conversations have [`sharegpt_like`]'s lengths, one word a token (as loadgen counts without a
+/// tokenizer, and as the simulator does): the stand-in for `ShareGPT_V3_unfiltered_cleaned_split.json`
+/// when a study is rehearsed where that file cannot be downloaded. Every prompt starts with its own
+/// words, so no two share a cached prefix (ShareGPT's first turns rarely do).
+pub fn sharegpt_like_file(count: usize, seed: u64) -> serde_json::Value {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5348_4152_4547_5054);
+    let mut text = |words: usize| {
+        let mut out = String::with_capacity(words * 3);
+        for i in 0..words {
+            if i > 0 {
+                out.push(' ');
+            }
+            let n: u32 = rng.random_range(0..26 * 26);
+            out.push(char::from(b'a' + (n / 26) as u8));
+            out.push(char::from(b'a' + (n % 26) as u8));
+        }
+        out
+    };
+    let conversations: Vec<serde_json::Value> = sharegpt_like(count, seed)
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            // The conversation's number first: a prefix of its own whatever the random words.
+            let prompt = format!("c{i} {}", text(item.prompt_tokens - 1));
+            serde_json::json!({
+                "id": format!("sim-{i}"),
+                "conversations": [
+                    { "from": "human", "value": prompt },
+                    { "from": "gpt", "value": text(item.output_tokens) },
+                ],
+            })
+        })
+        .collect();
+    serde_json::Value::Array(conversations)
+}
+
 /// ShareGPT's reply lengths as the reference reports show them, as (share, length over the mean)
 /// points of their quantile function: at 1 and 4 req/s a request's latency is its length times a
 /// near-constant step, and the 9B latency study's latencies there have their median at 0.885 of

@@ -381,3 +381,24 @@ fn a_job_s_prefix_cache_hit_rate_and_cost_are_its_own() {
     let per_million = block["cost"]["per_million_output"].as_f64().expect("a cost");
     assert!((per_million - hours * 4.0 / output * 1e6).abs() < 1e-9 * per_million, "{block:#}");
 }
+
+#[test]
+fn the_reference_study_matrices_validate_beside_a_sharegpt_file() {
+    let dir = scratch_examples();
+    // The studies name the reports' ShareGPT file; any usable one stands in for it here.
+    let conversation =
+        r#"{"conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello"}]}"#;
+    std::fs::write(dir.path().join("ShareGPT_V3_unfiltered_cleaned_split.json"), format!("[{conversation}]"))
+        .expect("write");
+    let data = tempfile::tempdir().expect("tempdir");
+    for (file, said) in [
+        ("study-35b-a3b-h200-throughput.yaml", "greedy strategy, 2 engines, 5 variants, 4 profiles"),
+        ("study-9b-h100-throughput.yaml", "greedy strategy, 2 engines, 11 variants, 4 profiles"),
+        ("study-9b-h100-latency.yaml", "greedy strategy, 2 engines, 8 variants, 4 profiles"),
+    ] {
+        let path = dir.path().join(file);
+        let out = benchfleet(data.path(), &["validate", path.to_str().expect("utf-8 path")]);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success() && stdout.contains(said), "{file}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    }
+}

@@ -186,3 +186,43 @@ fn sharegpt_like_replies_have_the_reports_shape() {
     let prompts = items.iter().map(|i| i.prompt_tokens as f64).sum::<f64>() / items.len() as f64;
     assert!((prompts / 342.058 - 1.0).abs() < 0.01, "prompt mean {prompts}");
 }
+
+#[test]
+fn the_sharegpt_stand_in_reads_as_sharegpt_with_the_simulated_lengths() {
+    let file = simulate::sharegpt_like_file(300, 9).to_string();
+    // Read by the parser loadgen and the CLI share, one word a token as loadgen counts without a
+    // tokenizer: every conversation usable, with the lengths `sharegpt_like` draws.
+    let read = benchfleet_core::sharegpt::parse(file.as_bytes(), "stand-in.json").expect("a ShareGPT file");
+    let items = simulate::sharegpt_like(300, 9);
+    assert_eq!((read.entries.len(), read.total), (300, 300));
+    for (entry, item) in read.entries.iter().zip(&items) {
+        assert_eq!(entry.prompt.split_whitespace().count(), item.prompt_tokens);
+        assert_eq!(entry.reply.split_whitespace().count(), item.output_tokens);
+    }
+    // No two prompts share their first block (16 words), so nothing is reused by prefix caching.
+    let firsts: std::collections::HashSet<Vec<&str>> =
+        read.entries.iter().map(|e| e.prompt.split_whitespace().take(16).collect()).collect();
+    assert_eq!(firsts.len(), 300);
+    // The same arguments, the same file.
+    assert_eq!(simulate::sharegpt_like_file(300, 9).to_string(), file);
+}
+
+#[test]
+fn sharegpt_like_writes_the_stand_in_and_refuses_what_it_cannot_count() {
+    let sim = env!("CARGO_BIN_EXE_benchfleet-sim");
+    let written = std::process::Command::new(sim).args(["sharegpt-like", "12", "9"]).output().expect("runs");
+    assert!(written.status.success(), "{written:?}");
+    let file: serde_json::Value = serde_json::from_slice(&written.stdout).expect("JSON");
+    assert_eq!(file, simulate::sharegpt_like_file(12, 9));
+    for (args, said) in [
+        (&["0"][..], "CONVERSATIONS must be 1 to 1000000, not 0"),
+        (&["many"][..], "CONVERSATIONS must be a whole number, not \"many\""),
+        (&["5", "-1"][..], "SEED must be a whole number, not \"-1\""),
+        (&["5", "1", "2"][..], "usage: benchfleet-sim sharegpt-like [CONVERSATIONS [SEED]]"),
+    ] {
+        let out = std::process::Command::new(sim).arg("sharegpt-like").args(args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(said) && out.stdout.is_empty(), "{args:?}: {stderr}");
+    }
+}
