@@ -677,11 +677,12 @@ fn validate(matrix: &Path, json: bool) -> anyhow::Result<i32> {
         }
         Strategy::Greedy => {
             let shape = format!(
-                "{}, {}, {}, {}; the jobs are planned stage by stage",
+                "{}, {}, {}, {}; the jobs are planned stage by stage{}",
                 plural(m.engines.len(), "engine"),
                 plural(m.variants.len(), "variant"),
                 plural(m.profiles.len(), "profile"),
-                plural(m.repeats as usize, "repeat")
+                plural(m.repeats as usize, "repeat"),
+                if m.cumulative { ", each variant on top of the configuration kept so far" } else { "" }
             );
             ("greedy", shape, None)
         }

@@ -251,8 +251,12 @@ pub fn plan(matrix: &Matrix, results: &Results) -> Planned {
     };
     let mut decisions = Vec::new();
     let planned = g.stage1(&mut decisions).and_then(|(engine, baseline, base)| {
-        let helping = g.stage2(engine, (&baseline, base), &mut decisions)?;
-        let (chosen, current) = g.stage3(engine, (&baseline, base), helping, &mut decisions)?;
+        let (chosen, current) = if matrix.cumulative {
+            g.cumulative(engine, (&baseline, base), &mut decisions)?
+        } else {
+            let helping = g.stage2(engine, (&baseline, base), &mut decisions)?;
+            g.stage3(engine, (&baseline, base), helping, &mut decisions)?
+        };
         Ok(g.finish(engine, (&baseline, base), (&chosen, current), &mut decisions))
     });
     let plan = planned.unwrap_or_else(|early| early);
@@ -474,6 +478,89 @@ impl<'a> Greedy<'a> {
                 }
             };
             decisions.push(Decision { stage: 3, config: config.name, verdict });
+        }
+        Ok((chosen, current))
+    }
+
+    /// Stage 3 of a cumulative run (no stage 2): each variant in file order
+    /// on top of the configuration kept so far, kept when it helps; a
+    /// group's alternatives are tried side by side at its first member's
+    /// place, and the best of those that help is kept. The variants kept
+    /// and the result of the last configuration kept.
+    fn cumulative(
+        &self,
+        engine: &'a EngineDef,
+        (baseline, base): (&EngineConfig, &'a Measured),
+        decisions: &mut Vec<Decision>,
+    ) -> Staged<(Vec<&'a str>, &'a Measured)> {
+        let (matrix, objective) = (self.matrix, self.objective);
+        let mut slots: Vec<Vec<&'a VariantDef>> = Vec::new();
+        for v in matrix.variants.iter().filter(|v| v.applies_to(&engine.name)) {
+            let same_group = |slot: &&mut Vec<&VariantDef>| v.group.is_some() && slot[0].group == v.group;
+            match slots.iter_mut().find(same_group) {
+                Some(slot) => slot.push(v),
+                None => slots.push(vec![v]),
+            }
+        }
+        let mut chosen: Vec<&'a str> = Vec::new();
+        let (mut current, mut current_name) = (base, baseline.name.clone());
+        for slot in slots {
+            let candidates: Vec<EngineConfig> = slot
+                .iter()
+                .map(|v| matrix.config_with(engine, &[chosen.as_slice(), &[v.name.as_str()]].concat()))
+                .collect();
+            let missing = self.untried(&candidates);
+            if !missing.is_empty() {
+                return Err(self.next(3, missing));
+            }
+            let mut verdicts: Vec<(usize, String)> = Vec::new();
+            let mut helping: Vec<(usize, &'a Measured)> = Vec::new();
+            for (i, config) in candidates.iter().enumerate() {
+                let verdict = match self.acceptable(&config.name) {
+                    Err(why) => why,
+                    Ok(s) => {
+                        let c = self.compare((&current_name, current), (&config.name, s));
+                        match c.verdict {
+                            Verdict::Better => {
+                                helping.push((i, s));
+                                String::new()
+                            }
+                            Verdict::WithinNoise => format!(
+                                "{}, within noise of the previous {} ({} against it), not kept",
+                                objective.change(base, s),
+                                objective.change(base, current),
+                                c.shown
+                            ),
+                            Verdict::Worse => format!(
+                                "{}, below the previous {}, not kept",
+                                objective.change(base, s),
+                                objective.change(base, current)
+                            ),
+                        }
+                    }
+                };
+                verdicts.push((i, verdict));
+            }
+            // Of a group's alternatives that help, the best is kept (the first in file order among equals).
+            let best = helping.iter().copied().reduce(|a, b| if objective.better(b.1, a.1) { b } else { a });
+            for (i, verdict) in verdicts {
+                let verdict = match (helping.iter().find(|(h, _)| *h == i), best) {
+                    (Some(_), Some((b, s))) if b == i => format!("{}, kept", objective.change(base, s)),
+                    (Some((_, s)), Some((b, _))) => format!(
+                        "{}, helps but {} helps more (group {}), not kept",
+                        objective.change(base, s),
+                        candidates[b].name,
+                        slot[i].group.as_deref().unwrap_or_default()
+                    ),
+                    _ => verdict,
+                };
+                decisions.push(Decision { stage: 3, config: candidates[i].name.clone(), verdict });
+            }
+            if let Some((b, s)) = best {
+                chosen.push(&slot[b].name);
+                current = s;
+                current_name = candidates[b].name.clone();
+            }
         }
         Ok((chosen, current))
     }
@@ -848,6 +935,68 @@ strategy: greedy
         ("vllm+b", Some((95.0, OK, false))),
         ("vllm+c", Some((105.0, OK, false))),
     ];
+
+    /// Each variant on top of the configuration kept so far, in file order: the reference reports'
+    /// procedure where each optimization builds on the last (x and y are alternatives).
+    const CUMULATIVE: &str = "\
+name: cumulative
+model: m
+engines:
+  vllm: { runtime: process }
+variants:
+  a: { args: [--a] }
+  b: { args: [--b] }
+  x: { args: [--x=1], group: g }
+  c: { args: [--c] }
+  y: { args: [--x=2], group: g }
+profiles:
+  p: { dataset: { random: { input_tokens: 8, output_tokens: 8 } }, requests: 100 }
+strategy: greedy
+cumulative: true
+";
+
+    #[test]
+    fn a_cumulative_run_tries_each_variant_on_the_configuration_kept_so_far() {
+        let ok = |tps: f64| Some((tps, OK, false));
+        let mut of = vec![("vllm", ok(100.0))];
+        check_with(CUMULATIVE, &of, false, "1 vllm: total token throughput 100.00 tok/s, chosen\nnext 3 on p: vllm+a");
+        of.push(("vllm+a", ok(110.0)));
+        check_with(
+            CUMULATIVE,
+            &of,
+            false,
+            "1 vllm: total token throughput 100.00 tok/s, chosen\n3 vllm+a: +10.00%, kept\nnext 3 on p: vllm+a+b",
+        );
+        // b does not help on top of a (it might alone: it is never tried alone); the group's
+        // alternatives go side by side, at x's place, before c.
+        of.push(("vllm+a+b", ok(108.0)));
+        check_with(
+            CUMULATIVE,
+            &of,
+            false,
+            "1 vllm: total token throughput 100.00 tok/s, chosen\n3 vllm+a: +10.00%, kept\n\
+             3 vllm+a+b: +8.00%, below the previous +10.00%, not kept\nnext 3 on p: vllm+a+x, vllm+a+y",
+        );
+        of.extend([("vllm+a+x", ok(115.0)), ("vllm+a+y", ok(120.0)), ("vllm+a+c+y", ok(120.5))]);
+        check_with(
+            CUMULATIVE,
+            &of,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+3 vllm+a: +10.00%, kept
+3 vllm+a+b: +8.00%, below the previous +10.00%, not kept
+3 vllm+a+x: +15.00%, helps but vllm+a+y helps more (group g), not kept
+3 vllm+a+y: +20.00%, kept
+3 vllm+a+c+y: +20.50%, within noise of the previous +20.00% (+0.42%, below the 1.00% minimum effect against it), not kept
+done: Some(\"vllm+a+y\") (Some(\"vllm\")): +20.00% over vllm on profile p",
+        );
+        // Only with the greedy strategy.
+        let grid = CUMULATIVE.replace("strategy: greedy", "strategy: grid");
+        let err = crate::matrix::parse("m.yaml", &grid, &|_| None).expect_err("cumulative on a grid");
+        assert_eq!(err.field, "cumulative");
+        assert!(err.message.contains("set strategy: greedy"), "{err}");
+    }
 
     #[test]
     fn starts_with_every_engine_at_its_defaults_on_the_primary_profile() {

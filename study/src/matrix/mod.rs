@@ -166,6 +166,10 @@ pub struct Matrix {
     pub allow_warm_cache: bool,
     pub repeats: u32,
     pub strategy: Strategy,
+    /// With the greedy strategy: each variant, in file order, tried on top of
+    /// the configuration kept so far (a group's alternatives side by side),
+    /// instead of each alone on the baseline and the helping ones combined.
+    pub cumulative: bool,
     /// A fleet check's settings (`strategy: fleet`).
     pub fleet: Option<FleetSpec>,
     /// The price of a GPU-hour (`cost:`): every block says what its tokens
@@ -258,6 +262,11 @@ fn parse_as(
         Strategy::Fleet => cx.one_config(&raw, top.repeats, &engines, &variants, &profiles, &mut warnings)?,
     };
     let fleet = cx.fleet(&raw, top.strategy)?;
+    if raw.cumulative && top.strategy != Strategy::Greedy {
+        return Err(
+            cx.err("cumulative", "orders the greedy strategy's stages: set strategy: greedy, or remove it".to_owned())
+        );
+    }
     let cost = cx.cost(&raw)?;
     if strict {
         cx.contexts(&raw, top.strategy, &configs, &engines, &variants, &profiles, &mut warnings)?;
@@ -274,6 +283,7 @@ fn parse_as(
         allow_warm_cache: raw.allow_warm_cache,
         repeats: top.repeats,
         strategy: top.strategy,
+        cumulative: raw.cumulative,
         fleet,
         cost,
         engines,

@@ -27,6 +27,10 @@ pub(super) struct RawMatrix {
     pub(super) primary_profile: Option<String>,
     #[serde(default)]
     pub(super) strategy: Option<String>,
+    /// The greedy strategy tries each variant on top of the configuration
+    /// kept so far, in file order, instead of each alone on the baseline.
+    #[serde(default)]
+    pub(super) cumulative: bool,
     /// A fleet check's thresholds and what it runs a job on.
     #[serde(default)]
     pub(super) fleet: Option<RawFleet>,

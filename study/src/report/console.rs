@@ -54,12 +54,7 @@ pub fn render(doc: &ReportDoc) -> String {
         }
         match g.running_stage {
             Some(n) => {
-                let title = match n {
-                    1 => "each engine at its defaults",
-                    2 => "each variant alone",
-                    3 => "the helping variants combined",
-                    _ => "the winner and the baseline on every profile",
-                };
+                let title = super::stage_title(n, g.cumulative);
                 let _ = writeln!(out, "Stage {n} ({title}) is running");
             }
             None => {

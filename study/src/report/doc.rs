@@ -444,6 +444,10 @@ pub struct GreedyOutcome {
     pub running_stage: Option<u32>,
     pub chosen: Option<String>,
     pub reason: String,
+    /// Each variant was tried on top of the configuration kept so far (the
+    /// matrix's `cumulative`), not alone on the baseline.
+    #[serde(default)]
+    pub cumulative: bool,
 }
 
 /// What a comparison with the baseline concluded.

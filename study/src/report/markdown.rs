@@ -151,12 +151,19 @@ fn notes(out: &mut String, doc: &ReportDoc) {
         let _ = writeln!(out, "{n}. {text}");
     };
     if doc.run.strategy == "greedy" {
+        let tried = if doc.greedy.as_ref().is_some_and(|g| g.cumulative) {
+            "each variant is tried on top of the configuration kept so far, in the matrix's order, and kept if it \
+             helps"
+        } else {
+            "each variant is tried alone on it, and those that helped are combined while they still help"
+        };
         note(
             out,
-            "The benchmark does not cover every combination of optimizations: the engine that did best at its \
-             defaults is the starting point, each variant is tried alone on it, and those that helped are combined \
-             while they still help. This pruning finds a local optimum, which need not be the global one."
-                .into(),
+            format!(
+                "The benchmark does not cover every combination of optimizations: the engine that did best at its \
+                 defaults is the starting point, {tried}. This pruning finds a local optimum, which need not be the \
+                 global one."
+            ),
         );
     }
     note(

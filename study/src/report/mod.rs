@@ -320,7 +320,7 @@ fn greedy_stages(
             }
             stages.push(StageInfo {
                 number: d.stage,
-                title: stage_title(d.stage).to_owned(),
+                title: stage_title(d.stage, m.cumulative).to_owned(),
                 decisions: Vec::new(),
                 configurations: measured,
                 summary: None,
@@ -330,9 +330,14 @@ fn greedy_stages(
             s.decisions.push(Decision { config: d.config.clone(), verdict: d.verdict.clone() });
         }
     }
+    let cumulative = m.cumulative;
     let outcome = match planned.plan {
-        Plan::Next(next) => GreedyOutcome { running_stage: Some(next.number), chosen: None, reason: String::new() },
-        Plan::Done(outcome) => GreedyOutcome { running_stage: None, chosen: outcome.winner, reason: outcome.reason },
+        Plan::Next(next) => {
+            GreedyOutcome { running_stage: Some(next.number), chosen: None, reason: String::new(), cumulative }
+        }
+        Plan::Done(outcome) => {
+            GreedyOutcome { running_stage: None, chosen: outcome.winner, reason: outcome.reason, cumulative }
+        }
     };
     // A stage in a sentence: what it decided between (stage 3 holds the
     // best single variant against its combinations).
@@ -390,10 +395,12 @@ fn push_new(list: &mut Vec<String>, item: &str) {
     }
 }
 
-fn stage_title(stage: u32) -> &'static str {
+/// What a greedy stage does; a cumulative run's stage 3 tries every variant.
+pub(crate) fn stage_title(stage: u32, cumulative: bool) -> &'static str {
     match stage {
         1 => "each engine at its defaults",
         2 => "each variant alone",
+        3 if cumulative => "each variant on top of the configuration kept so far",
         3 => "the helping variants combined",
         _ => "the winner and the baseline on every profile",
     }
