@@ -9,6 +9,7 @@ mod exit;
 mod export;
 mod inputs;
 mod sessions;
+mod studies;
 mod trace;
 
 use std::path::{Path, PathBuf};
