@@ -14,6 +14,8 @@
 //! ```text
 //! cargo build --release && cargo test --release -p benchfleet-cli --test cli -- --ignored reference_studies
 //! ```
+//!
+//! (`STUDY=latency` before it runs only the studies whose file names hold the word.)
 
 use std::path::Path;
 use std::process::Command;
@@ -75,6 +77,11 @@ fn time_scaled(yaml: &str) -> String {
                 format!("{indent}rate: [{}]", rates.join(", "))
             } else if let Some(rate) = trimmed.strip_prefix("rate: ") {
                 format!("{indent}rate: {}", scale_rate(rate))
+            } else if let Some((sweep, rate)) =
+                trimmed.strip_prefix("primary_profile: ").and_then(|p| p.rsplit_once("-r"))
+            {
+                // A rate sweep's points are named by their rates.
+                format!("{indent}primary_profile: {sweep}-r{}", scale_rate(rate))
             } else if line.starts_with("  vllm: ") || line.starts_with("  sglang: ") {
                 line.replacen("args: [", &format!("args: [--sim-speedup={SCALE}, "), 1)
             } else {
@@ -115,11 +122,11 @@ fn rehearse(study: &Study) -> String {
 #[test]
 fn time_scaling_speeds_the_engines_and_the_rates_and_nothing_else() {
     let yaml = "engines:\n  vllm: { image: i, args: [--a] }\nprofiles:\n  p:\n    rate: 1000\n    max_concurrency: 512\n  \
-                q:\n    rate: [8, 1]\n";
+                q:\n    rate: [8, 1]\nprimary_profile: q-r8\n";
     assert_eq!(
         time_scaled(yaml),
         "engines:\n  vllm: { image: i, args: [--sim-speedup=4, --a] }\nprofiles:\n  p:\n    rate: 4000\n    \
-         max_concurrency: 512\n  q:\n    rate: [32, 4]\n"
+         max_concurrency: 512\n  q:\n    rate: [32, 4]\nprimary_profile: q-r32\n"
     );
 }
 
@@ -127,7 +134,9 @@ fn time_scaling_speeds_the_engines_and_the_rates_and_nothing_else() {
 #[ignore = "about 30 minutes of simulated studies: run alone, with --release"]
 fn reference_studies_rehearse_to_the_published_choices() {
     let mut gaps = Vec::new();
-    for study in &STUDIES {
+    // `STUDY=latency` runs the studies whose file names hold it.
+    let only = std::env::var("STUDY").unwrap_or_default();
+    for study in STUDIES.iter().filter(|s| s.file.contains(&only)) {
         let report = rehearse(study);
         let got = chosen(&report).unwrap_or_else(|| panic!("{}: no choice in\n{report}", study.file));
         match study.outstanding {
