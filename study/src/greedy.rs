@@ -463,17 +463,7 @@ impl<'a> Greedy<'a> {
                             current_name = config.name.clone();
                             format!("{}, kept", objective.change(base, s))
                         }
-                        Verdict::WithinNoise => format!(
-                            "{}, within noise of the previous {} ({} against it), not kept",
-                            objective.change(base, s),
-                            objective.change(base, current),
-                            c.shown
-                        ),
-                        Verdict::Worse => format!(
-                            "{}, below the previous {}, not kept",
-                            objective.change(base, s),
-                            objective.change(base, current)
-                        ),
+                        Verdict::WithinNoise | Verdict::Worse => self.not_kept(base, current, s, &c),
                     }
                 }
             };
@@ -513,46 +503,32 @@ impl<'a> Greedy<'a> {
             if !missing.is_empty() {
                 return Err(self.next(3, missing));
             }
-            let mut verdicts: Vec<(usize, String)> = Vec::new();
-            let mut helping: Vec<(usize, &'a Measured)> = Vec::new();
-            for (i, config) in candidates.iter().enumerate() {
-                let verdict = match self.acceptable(&config.name) {
-                    Err(why) => why,
-                    Ok(s) => {
-                        let c = self.compare((&current_name, current), (&config.name, s));
-                        match c.verdict {
-                            Verdict::Better => {
-                                helping.push((i, s));
-                                String::new()
-                            }
-                            Verdict::WithinNoise => format!(
-                                "{}, within noise of the previous {} ({} against it), not kept",
-                                objective.change(base, s),
-                                objective.change(base, current),
-                                c.shown
-                            ),
-                            Verdict::Worse => format!(
-                                "{}, below the previous {}, not kept",
-                                objective.change(base, s),
-                                objective.change(base, current)
-                            ),
-                        }
-                    }
-                };
-                verdicts.push((i, verdict));
-            }
+            // Each candidate helps (its result) or why not.
+            let judged: Vec<Result<&'a Measured, String>> = candidates
+                .iter()
+                .map(|config| {
+                    let s = self.acceptable(&config.name)?;
+                    let c = self.compare((&current_name, current), (&config.name, s));
+                    if c.verdict == Verdict::Better { Ok(s) } else { Err(self.not_kept(base, current, s, &c)) }
+                })
+                .collect();
             // Of a group's alternatives that help, the best is kept (the first in file order among equals).
-            let best = helping.iter().copied().reduce(|a, b| if objective.better(b.1, a.1) { b } else { a });
-            for (i, verdict) in verdicts {
-                let verdict = match (helping.iter().find(|(h, _)| *h == i), best) {
-                    (Some(_), Some((b, s))) if b == i => format!("{}, kept", objective.change(base, s)),
-                    (Some((_, s)), Some((b, _))) => format!(
+            let best = judged
+                .iter()
+                .enumerate()
+                .filter_map(|(i, j)| Some((i, *j.as_ref().ok()?)))
+                .reduce(|a, b| if objective.better(b.1, a.1) { b } else { a });
+            for (i, judged) in judged.into_iter().enumerate() {
+                let verdict = match (judged, best) {
+                    (Ok(s), Some((b, _))) if b == i => format!("{}, kept", objective.change(base, s)),
+                    (Ok(s), Some((b, _))) => format!(
                         "{}, helps but {} helps more (group {}), not kept",
                         objective.change(base, s),
                         candidates[b].name,
                         slot[i].group.as_deref().unwrap_or_default()
                     ),
-                    _ => verdict,
+                    (Ok(_), None) => unreachable!("a candidate that helps makes a best"),
+                    (Err(why), _) => why,
                 };
                 decisions.push(Decision { stage: 3, config: candidates[i].name.clone(), verdict });
             }
@@ -563,6 +539,17 @@ impl<'a> Greedy<'a> {
             }
         }
         Ok((chosen, current))
+    }
+
+    /// Why a combination that does not beat the previous one is not kept.
+    fn not_kept(&self, base: &Measured, current: &Measured, s: &Measured, c: &Comparison) -> String {
+        let (now, before) = (self.objective.change(base, s), self.objective.change(base, current));
+        match c.verdict {
+            Verdict::WithinNoise => {
+                format!("{now}, within noise of the previous {before} ({} against it), not kept", c.shown)
+            }
+            _ => format!("{now}, below the previous {before}, not kept"),
+        }
     }
 
     /// The outcome, once stage 4 (the winner and the baseline on the
