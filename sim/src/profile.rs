@@ -8,7 +8,9 @@
 //! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: the engine's asynchronous scheduling)
 //! cpu  = engine step overhead + engine per-token overhead × decode query tokens
 //!        (× the mixed-step factor when the step also prefills)
-//! gpu  = (draft cost + draft cost per sequence × decoding sequences) × k   (speculative decoding only)
+//! gpu  = kernel boundaries (a fixed GPU time per step)
+//!      + multimodal inputs (a fixed GPU time per step)     (vLLM without --language-model-only)
+//!      + (draft cost + draft cost per sequence × decoding sequences) × k   (speculative decoding only)
 //!      + FP8 KV dequantisation × context tokens read       (--kv-cache-dtype fp8 only)
 //!      + state saving × prefilled tokens                   (vLLM caching a hybrid model's prefixes)
 //!      + max(compute, memory)
@@ -111,6 +113,17 @@ pub struct Coefficients {
     /// cheap beside a small batch and dear beside a large one.
     pub draft_cost: f64,
     pub draft_cost_per_sequence: f64,
+    /// GPU time a step spends outside the roofline, seconds: a forward pass is several hundred
+    /// kernels (a hybrid model's linear-attention layers add small ones of their own), each waiting
+    /// for the one before it to drain, plus the sampler and the copies of the step's inputs. It
+    /// is on the GPU's timeline, so the engines' asynchronous scheduling does not hide it, and it
+    /// weighs on a small batch's short step where a large batch's long one hides it in the roofline.
+    pub kernel_boundaries: f64,
+    /// vLLM serving a multimodal model (the simulator's models all carry a vision encoder) looks
+    /// each step's token embeddings up eagerly, outside the CUDA graph, and feeds the graph their
+    /// vectors (`inputs_embeds`), so that image features could be merged in; `--language-model-only`
+    /// turns multimodal inputs off and the graph takes the token ids. Seconds per step, GPU side.
+    pub multimodal_inputs_cost: f64,
     /// Probability that a draft token is accepted given the ones before it were, per method.
     pub acceptance_mtp: f64,
     pub acceptance_eagle: f64,
@@ -133,25 +146,27 @@ pub struct Coefficients {
 /// to the reference studies (`cargo run --release -p benchfleet-sim --example calibrate`); the
 /// data-sheet numbers, the memory sizes and the load times are not.
 pub const COEFFICIENTS: Coefficients = Coefficients {
-    bandwidth_efficiency: 0.8799,
-    mfu_max_dense: 0.4963,
-    mfu_max_moe: 0.3177,
+    bandwidth_efficiency: 0.95,
+    mfu_max_dense: 0.636437,
+    mfu_max_moe: 0.3309,
     mfu_half_tokens: 120.0,
-    fp8_linear_gain: 0.4906,
+    fp8_linear_gain: 0.5677,
     attention_efficiency: 0.5,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 5.075e-8,
+    kv_fp8_dequant_cost: 5.391233e-8,
     state_bytes_per_sqrt_b: 1.666e7,
-    hybrid_prefix_cache_cost: 1.453e-6,
+    hybrid_prefix_cache_cost: 2.0282e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
-    draft_cost: 3.59e-3,
-    draft_cost_per_sequence: 1.612e-5,
-    acceptance_mtp: 0.7162,
+    draft_cost: 4.0585e-3,
+    draft_cost_per_sequence: 8.6474e-5,
+    kernel_boundaries: 1.560656e-3,
+    multimodal_inputs_cost: 1.783378e-4,
+    acceptance_mtp: 0.811192,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
@@ -159,26 +174,26 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens, 90% of memory), and SGLang 0.5.9,
     // whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running.
     vllm: EngineCosts {
-        step_overhead: 4.858e-3,
-        decode_token_overhead: 9.56e-5,
+        step_overhead: 5.931e-3,
+        decode_token_overhead: 9.198437e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.9,
-        mixed_token_factor: 2.274,
-        overlap: 0.9016,
+        mixed_token_factor: 2.50429,
+        overlap: 0.907081,
     },
     sglang: EngineCosts {
-        step_overhead: 0.0153,
-        decode_token_overhead: 1.19e-4,
+        step_overhead: 0.013962,
+        decode_token_overhead: 1.41115e-4,
         default_max_num_seqs: 128,
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.88,
         mixed_token_factor: 1.0,
-        overlap: 0.5047,
+        overlap: 0.407354,
     },
     throughput_step_factor: 1.0,
-    throughput_token_factor: 0.9827,
-    interactivity_step_factor: 0.7257,
+    throughput_token_factor: 0.951603,
+    interactivity_step_factor: 0.100703,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -301,6 +316,8 @@ pub struct CostModel {
     pub kv_fp8: bool,
     /// vLLM caching prefixes of a hybrid model: the recurrent state is saved as prompts are prefilled.
     pub hybrid_prefix_caching: bool,
+    /// vLLM accepting multimodal inputs (no `--language-model-only`): embeddings outside the graph.
+    pub multimodal_inputs: bool,
 }
 
 /// A step's duration by part, seconds: what [`CostModel::step_time`] adds up.
@@ -310,7 +327,8 @@ pub struct StepParts {
     pub overhead: f64,
     /// The engine's per-decode-token cost.
     pub tokens: f64,
-    /// Drafting, FP8 KV dequantisation and saving recurrent states for the prefix cache.
+    /// Kernel boundaries, multimodal inputs, drafting, FP8 KV dequantisation and saving recurrent
+    /// states for the prefix cache.
     pub extras: f64,
     /// The roofline's two sides; the step takes the larger.
     pub compute: f64,
@@ -362,13 +380,14 @@ impl CostModel {
         } else {
             0.0
         };
+        let multimodal = if self.multimodal_inputs { c.multimodal_inputs_cost } else { 0.0 };
         let dequant = if self.kv_fp8 { c.kv_fp8_dequant_cost * work.decode_context_tokens as f64 } else { 0.0 };
         StepParts {
             overhead: self.engine.step_overhead,
             tokens: self.engine.decode_token_overhead
                 * work.decode_tokens as f64
                 * if work.prefill_tokens > 0 { self.engine.mixed_token_factor } else { 1.0 },
-            extras: draft + dequant + state_saving,
+            extras: c.kernel_boundaries + multimodal + draft + dequant + state_saving,
             compute: linear + attention,
             memory,
             overlap: self.engine.overlap,
@@ -459,6 +478,7 @@ mod tests {
             kv_bytes_per_token: model.kv_bytes_per_token_bf16(),
             kv_fp8: false,
             hybrid_prefix_caching: false,
+            multimodal_inputs: true,
         }
     }
 

@@ -486,6 +486,7 @@ impl Scheduler {
             kv_bytes_per_token,
             kv_fp8,
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
+            multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
         };
         if capacity < blocks_for(longest) + cost.state_blocks() {
             return Err(StartupError::KvCacheTooSmall {
