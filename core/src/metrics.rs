@@ -316,7 +316,8 @@ impl ReasonCounts {
     }
 }
 
-/// The reason a failed request is counted under: for a server's refusal, its
+/// The reason a failed request is counted under: for a server's refusal, or
+/// an error the server sent in the body or the stream of a response, its
 /// status and the message of its JSON error (vLLM's `message`, OpenAI's
 /// `error.message`, a `detail`) with every number in it written N, so that
 /// "maximum context length is 8192 tokens, you requested 9000" is one
@@ -324,7 +325,7 @@ impl ReasonCounts {
 pub fn failure_reason(r: &RequestRecord) -> String {
     let error = r.error.as_deref().unwrap_or(r.outcome.as_str());
     let reason = match error.split_once(": ") {
-        Some((status, body)) if status.starts_with("http ") => {
+        Some((status, body)) if status.starts_with("http ") || status.starts_with("server error") => {
             let json: Option<serde_json::Value> = serde_json::from_str(body).ok();
             let message = json.as_ref().and_then(|v| {
                 [&v["message"], &v["error"]["message"], &v["detail"], &v["error"]].into_iter().find_map(|m| m.as_str())
@@ -726,12 +727,14 @@ impl Summary {
         if sent == 0 { 0.0 } else { self.successful as f64 / sent as f64 }
     }
 
-    /// `success rate 80.0% (1 of 1 failed: http 400: ...)`: the rate and,
-    /// where the failures were counted by reason, the commonest.
+    /// `success rate 80.0% (1 failed: http 400: ...)`, or `(55 failed, 10
+    /// of them: ...)`: the rate and, where the failures were counted by
+    /// reason, the commonest.
     pub fn success_said(&self) -> String {
         let rate = format!("success rate {:.1}%", self.success_rate() * 100.0);
         match self.failure_reasons.first() {
-            Some(r) => format!("{rate} ({} of {} failed: {})", r.count, self.failed, r.reason),
+            Some(r) if r.count == self.failed => format!("{rate} ({} failed: {})", self.failed, r.reason),
+            Some(r) => format!("{rate} ({} failed, {} of them: {})", self.failed, r.count, r.reason),
             None => rate,
         }
     }
@@ -916,6 +919,11 @@ mod tests {
         assert_eq!(failure_reason(&failed_with(openai)), "http 429: Rate limit reached: N requests a minute");
         assert_eq!(failure_reason(&failed_with(r#"http 422: {"detail":"bad field"}"#)), "http 422: bad field");
         assert_eq!(failure_reason(&failed_with("http 503: busy, retry in 5 s")), "http 503: busy, retry in N s");
+        // An error the server sent inside a response counts by its message too.
+        let in_stream = r#"server error in stream: {"code":500,"message":"EngineCore died at step 12"}"#;
+        assert_eq!(failure_reason(&failed_with(in_stream)), "server error in stream: EngineCore died at step N");
+        let in_body = r#"server error: {"error":{"message":"out of memory (3 GiB)"}}"#;
+        assert_eq!(failure_reason(&failed_with(in_body)), "server error: out of memory (N GiB)");
         // The client's own errors are said as they are; an excerpt cut short
         // (not JSON) is its text.
         assert_eq!(failure_reason(&failed_with("first-token timeout after 600 s")), "first-token timeout after 600 s");
@@ -954,7 +962,7 @@ mod tests {
                 ("other reasons", 6)
             ]
         );
-        assert_eq!(s.success_said(), "success rate 1.8% (10 of 55 failed: reason j)");
+        assert_eq!(s.success_said(), "success rate 1.8% (55 failed, 10 of them: reason j)");
         // Pooled repeats add up by reason.
         let mut again = ReasonCounts::default();
         for r in s.failure_reasons.iter().chain(&s.failure_reasons) {

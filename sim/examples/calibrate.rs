@@ -17,17 +17,22 @@ use benchfleet_sim::{
 
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("breakdown") {
-        // Where each row's engine time goes under the committed coefficients, seconds.
+        // Where each row's engine time goes under the committed coefficients, seconds, and how full
+        // its decode batches ran.
         for (i, row) in calibration::rows().iter().enumerate() {
-            let p = calibration::breakdown(row, &COEFFICIENTS);
+            let b = calibration::breakdown(row, &COEFFICIENTS);
+            let p = b.parts;
             println!(
-                "{i:>2} {:<8} overhead {:>6.1} tokens {:>6.1} extras {:>6.1} compute {:>6.1} memory {:>6.1}  {}",
+                "{i:>2} {:<8} overhead {:>6.1} tokens {:>6.1} extras {:>6.1} compute {:>6.1} memory {:>6.1} \
+                 batch {:>5.1} preempted {:>5}  {}",
                 row.study.key(),
                 p.overhead,
                 p.tokens,
                 p.extras,
                 p.compute,
                 p.memory,
+                b.mean_decode_batch,
+                b.preemptions,
                 row.args
             );
         }

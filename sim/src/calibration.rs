@@ -235,18 +235,34 @@ pub fn simulate_row(row: &Row, coefficients: &Coefficients) -> Simulated {
     Simulated { value, success: 100.0 * summary.requests as f64 / timings.len().max(1) as f64 }
 }
 
-/// Where a row's engine time goes: each part summed over its steps, the roofline's side counted
-/// only where it bound the step (so the five add up to the run's busy time).
-pub fn breakdown(row: &Row, coefficients: &Coefficients) -> StepParts {
+/// Where a row's engine time goes, and how full its batches ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Breakdown {
+    /// Each part summed over the steps, the roofline's side counted only where it bound the step
+    /// (so the five add up to the run's busy time).
+    pub parts: StepParts,
+    /// Decoding sequences per step, weighted by the steps' durations.
+    pub mean_decode_batch: f64,
+    /// Sequences preempted for want of KV cache room.
+    pub preemptions: u64,
+}
+
+/// Replays `row` and says where its engine time went.
+pub fn breakdown(row: &Row, coefficients: &Coefficients) -> Breakdown {
     let mut scheduler =
         Scheduler::from_config(&config_of(row, coefficients)).expect("the reference configuration fits");
     let cost = *scheduler.cost();
     let mut sum = StepParts::default();
+    let (mut busy, mut batch_time) = (0.0, 0.0);
     simulate::simulate_observed(&mut scheduler, &row.profile.workload(), |step| {
         let parts = cost.step_parts(&step.work);
         if step.duration.is_zero() {
             return;
         }
+        let seconds = step.duration.as_secs_f64();
+        let sequences = step.work.decode_tokens / (1 + step.work.draft_tokens);
+        busy += seconds;
+        batch_time += seconds * sequences as f64;
         sum.overhead += parts.overhead;
         sum.tokens += parts.tokens;
         sum.extras += parts.extras;
@@ -256,7 +272,11 @@ pub fn breakdown(row: &Row, coefficients: &Coefficients) -> StepParts {
             sum.memory += parts.memory;
         }
     });
-    sum
+    Breakdown {
+        parts: sum,
+        mean_decode_batch: if busy > 0.0 { batch_time / busy } else { 0.0 },
+        preemptions: scheduler.counters().preemptions,
+    }
 }
 
 /// Relative change from `base` to `value`, signed so that positive is better for the objective.
