@@ -209,7 +209,12 @@ impl From<&Summary> for pb::Summary {
             }),
             noise: s.noise.as_ref().map(|n| pb::Noise {
                 batches: n.batches,
-                metrics: n.metrics.iter().map(|m| pb::MetricNoise { metric: m.metric.clone(), se: m.se }).collect(),
+                metrics: n
+                    .metrics
+                    .iter()
+                    .map(|m| pb::MetricNoise { metric: m.metric.clone(), se: m.se, batch_means: m.batch_means.clone() })
+                    .collect(),
+                batch_requests: n.batch_requests.clone(),
             }),
             sessions: s.sessions.as_ref().map(|s| pb::Sessions {
                 sessions: s.sessions,
@@ -318,8 +323,13 @@ impl From<pb::Summary> for Summary {
                 metrics: n
                     .metrics
                     .into_iter()
-                    .map(|m| crate::metrics::noise::MetricNoise { metric: m.metric, se: m.se })
+                    .map(|m| crate::metrics::noise::MetricNoise {
+                        metric: m.metric,
+                        se: m.se,
+                        batch_means: m.batch_means,
+                    })
                     .collect(),
+                batch_requests: n.batch_requests,
             }),
             sessions: s.sessions.map(|s| crate::metrics::sessions::Sessions {
                 sessions: s.sessions,
@@ -879,7 +889,12 @@ mod tests {
             }),
             noise: Some(crate::metrics::noise::Noise {
                 batches: 61,
-                metrics: vec![crate::metrics::noise::MetricNoise { metric: "mean_ttft_ms".into(), se: 62.5 }],
+                metrics: vec![crate::metrics::noise::MetricNoise {
+                    metric: "mean_ttft_ms".into(),
+                    se: 62.5,
+                    batch_means: vec![62.75, 63.25],
+                }],
+                batch_requests: vec![u64::MAX, 1],
             }),
             sessions: Some(crate::metrics::sessions::Sessions {
                 sessions: 63,

@@ -70,6 +70,17 @@ impl Difference {
         Difference { diff, half_width: Some(t * se2.sqrt()), df: Some(df) }
     }
 
+    /// The interval of `diff`, a mean of paired differences whose standard
+    /// error `se` has `df` degrees of freedom: two runs of the same
+    /// requests compared batch by batch (`metrics::noise::Noise::paired_se`).
+    pub fn paired(diff: f64, (se, df): (f64, f64)) -> Difference {
+        if se == 0.0 {
+            return Difference { diff, half_width: Some(0.0), df: Some(f64::INFINITY) };
+        }
+        let t = t_quantile(1.0 - (1.0 - CONFIDENCE) / 2.0, df);
+        Difference { diff, half_width: Some(t * se), df: Some(df) }
+    }
+
     /// Whether the interval holds zero (no interval: unknown, `None`).
     pub fn contains_zero(&self) -> Option<bool> {
         self.half_width.map(|h| (self.diff - h) <= 0.0 && 0.0 <= (self.diff + h))

@@ -742,7 +742,9 @@ impl Objective {
     /// the means of the objective's per-repeat values, with Welch's 95%
     /// interval when both sides have two repeats or more, or, with one run
     /// on each side, the interval their own requests give (each run's
-    /// standard error by batch means, `metrics::noise`). Better or worse
+    /// standard error by batch means, `metrics::noise`; for a mean latency
+    /// of two runs of the same requests, the batches' paired differences'
+    /// standard error, `Noise::paired_se`). Better or worse
     /// only when the interval excludes zero and the relative difference is
     /// at least `min_effect` (a fraction); otherwise within noise.
     ///
@@ -784,8 +786,17 @@ impl Objective {
             }
             _ => None,
         };
-        let difference = match (noise(reference), noise(candidate)) {
-            (Some(er), Some(ec)) => Difference::of_errors(cm - rm, ec, er),
+        // One run each of the same requests: their mean figures compared batch by batch.
+        let paired = match (reference, candidate, self.noise_key()) {
+            ([r], [c], Some((key, scale))) => {
+                let (nr, nc) = (r.summary().noise.as_ref(), c.summary().noise.as_ref());
+                nr.zip(nc).and_then(|(nr, nc)| nr.paired_se(nc, key)).map(|(se, df)| (se * scale, df))
+            }
+            _ => None,
+        };
+        let difference = match (paired, noise(reference), noise(candidate)) {
+            (Some(error), _, _) => Difference::paired(cm - rm, error),
+            (None, Some(er), Some(ec)) => Difference::of_errors(cm - rm, ec, er),
             _ => Difference::welch(&c, &r),
         };
         let relative = if rm == 0.0 { 0.0 } else { difference.diff / rm.abs() };
@@ -801,7 +812,10 @@ impl Objective {
         let below = gain.abs() < min_effect && difference.contains_zero() != Some(true);
         let mut shown = match (self, difference.half_width) {
             (Objective::MeanLatency, h) => {
-                let spread = h.map_or(String::new(), |h| format!(", difference {:+.2} ± {h:.2} s", difference.diff));
+                // A paired interval can be a few ms wide: shown to the ms where it is under 10.
+                let digits = if h.is_some_and(|h| h < 0.01) { 3 } else { 2 };
+                let spread =
+                    h.map_or(String::new(), |h| format!(", difference {:+.digits$} ± {h:.digits$} s", difference.diff));
                 format!("{} ({rm:.2} s vs {cm:.2} s{spread})", self.change_of(rm, cm))
             }
             (_, Some(h)) if rm != 0.0 => format!("{:+.2}% ± {:.2}%", relative * 100.0, h / rm.abs() * 100.0),
@@ -1389,7 +1403,9 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
                 metrics: vec![benchfleet_core::metrics::noise::MetricNoise {
                     metric: "total_token_throughput".into(),
                     se: 1.0,
+                    batch_means: Vec::new(),
                 }],
+                batch_requests: Vec::new(),
             }),
             ..s
         };
@@ -1405,6 +1421,40 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
             / 2f64.sqrt();
         // The t quantile's degrees of freedom move a hair with the errors' ratio.
         assert!((ratio / expected - 1.0).abs() < 1e-3, "{ratio} against {expected}");
+    }
+
+    #[test]
+    fn one_run_each_of_the_same_requests_compares_mean_latency_batch_by_batch() {
+        use benchfleet_core::metrics::noise::{MetricNoise, Noise};
+        // Each run's mean latency has a 100 ms error from its own requests (their replies' lengths);
+        // batch by batch, the candidate is 7.5% faster, give or take a few ms.
+        let reference: Vec<f64> = (0..10).map(|b| 2_400.0 + 60.0 * f64::from(b)).collect();
+        let run = |factor: f64, jitter: f64, requests: Vec<u64>| {
+            let batch_means: Vec<f64> = reference
+                .iter()
+                .enumerate()
+                .map(|(b, m)| m * factor + if b % 2 == 0 { jitter } else { -jitter })
+                .collect();
+            let mut s = Summary::default();
+            s.latency_s.mean = batch_means.iter().sum::<f64>() / 10.0 / 1e3;
+            s.noise = Some(Noise {
+                batches: 10,
+                metrics: vec![MetricNoise { metric: "mean_latency_ms".into(), se: 100.0, batch_means }],
+                batch_requests: requests,
+            });
+            s
+        };
+        let requests: Vec<u64> = (0..10).collect();
+        let (a, b) = (run(1.0, 0.0, requests.clone()), run(0.925, 5.0, requests.clone()));
+        let paired = Objective::MeanLatency.compare(&[&a], &[&b], 0.01);
+        assert_eq!(paired.verdict, Verdict::Better, "{}", paired.shown);
+        assert!(paired.difference.half_width.expect("an interval") < 0.02, "{}", paired.shown);
+        // Other requests: each run's own error alone, and the gain is within it.
+        let other = run(0.925, 5.0, (1..11).collect());
+        let unpaired = Objective::MeanLatency.compare(&[&a], &[&other], 0.01);
+        assert_eq!(unpaired.verdict, Verdict::WithinNoise, "{}", unpaired.shown);
+        // A throughput has no pairing: its batches are spans of time, not requests.
+        assert_eq!(Objective::TotalTokenThroughput.compare(&[&a], &[&b], 0.01).difference.half_width, None);
     }
 
     #[test]

@@ -55,11 +55,7 @@ const STUDIES: [Study; 3] = [
     Study {
         file: "study-9b-h100-latency.yaml",
         published: "vllm+mtp+interactivity+language-model-only",
-        outstanding: Some(
-            "chooses vllm+mtp: the report adopted interactivity on top of MTP for 0.4% and --language-model-only \
-             for 2.5% more, both within its runs' noise, which the gate here refuses (1.5% and 0.0% on the \
-             simulator, within noise)",
-        ),
+        outstanding: None,
     },
 ];
 

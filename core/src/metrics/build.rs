@@ -186,6 +186,7 @@ impl SummaryBuilder {
         }
         steady::bin_add(&mut self.input_bins, r.sent_ns, u64::from(r.prompt_tokens) * 1_000_000);
         self.done.push(Done {
+            seq: r.seq,
             sent_ns: r.sent_ns,
             ttft_ms: r.ttft_ns().map_or(f32::NAN, |ns| ms(ns) as f32),
             tpot_ms: r.tpot_ns().map_or(f32::NAN, |ns| (ns / NS_PER_MS) as f32),

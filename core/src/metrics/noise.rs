@@ -34,6 +34,19 @@
 //!   concurrency cap lets in at once, as a rate far above the engine's pace
 //!   with a cap does), the throughputs have none.
 //!
+//! Two runs of the same requests (one profile: the same dataset, seed and
+//! count) compare their mean latency, TTFT and TPOT batch by batch as well:
+//! the successful requests are also cut by their place in the schedule into
+//! B batches, each named by a digest of which requests it holds, and each
+//! mean's value in each batch is kept. When two runs' batches hold the same
+//! requests, the difference of their means has the standard error of the B
+//! batch differences (a paired comparison: what the requests themselves
+//! vary by, a ShareGPT reply of 10 tokens or of 1,000, is in both sides of
+//! each difference and cancels, and what is left is the engines'). Unpaired,
+//! a 1,000-request run's mean latency moves by about 3% from its reply
+//! lengths alone, and a 5% gain is within noise; paired, the same gain is
+//! many standard errors out.
+//!
 //! Each has B - 1 degrees of freedom. A batch of fewer than
 //! [`MIN_PER_BATCH`] requests (or gaps) gives nothing (too short a run says
 //! nothing of its noise); a P99 needs [`MIN_PER_BATCH_P99`] a batch (fewer,
@@ -62,12 +75,21 @@ pub struct Noise {
     /// By the figure's name as `compare --metric` takes it, in its unit
     /// there (ms for latencies, per second for throughputs).
     pub metrics: Vec<MetricNoise>,
+    /// The successful requests cut by their place in the schedule into
+    /// `batches` batches: a digest of each batch's requests (their places),
+    /// which two runs must share to be compared batch by batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch_requests: Vec<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MetricNoise {
     pub metric: String,
     pub se: f64,
+    /// A mean figure's value in each of `Noise::batch_requests`' batches
+    /// (empty for the others).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch_means: Vec<f64>,
 }
 
 impl Noise {
@@ -75,6 +97,23 @@ impl Noise {
     pub fn se(&self, metric: &str) -> Option<(f64, f64)> {
         let m = self.metrics.iter().find(|m| m.metric == metric)?;
         Some((m.se, f64::from(self.batches.saturating_sub(1))))
+    }
+
+    /// The standard error of `metric`'s difference between this run and
+    /// `other`, and its degrees of freedom, from their batches' differences:
+    /// only when both served the same requests in each batch and kept the
+    /// figure's batch means (a mean latency, TTFT or TPOT).
+    pub fn paired_se(&self, other: &Noise, metric: &str) -> Option<(f64, f64)> {
+        if self.batch_requests.len() < 2 || self.batch_requests != other.batch_requests {
+            return None;
+        }
+        let means = |n: &Noise| {
+            let m = n.metrics.iter().find(|m| m.metric == metric)?;
+            (m.batch_means.len() == n.batch_requests.len()).then_some(m.batch_means.clone())
+        };
+        let (a, b) = (means(self)?, means(other)?);
+        let differences: Vec<f64> = a.iter().zip(&b).map(|(a, b)| b - a).collect();
+        Some((spread(&differences)?, (differences.len() - 1) as f64))
     }
 }
 
@@ -105,9 +144,15 @@ pub(super) fn noise<I: Iterator<Item = (i64, f64)>>(
     let mut metrics = Vec::new();
     let mut add = |metric: &str, se: Option<f64>| {
         if let Some(se) = se {
-            metrics.push(MetricNoise { metric: metric.to_owned(), se });
+            metrics.push(MetricNoise { metric: metric.to_owned(), se, batch_means: Vec::new() });
         }
     };
+    // The same requests cut by their place in the schedule, for comparisons batch by batch.
+    let mut by_seq: Vec<&Done> = done.iter().collect();
+    by_seq.sort_unstable_by_key(|d| d.seq);
+    let by_seq_batch = |b: usize| &by_seq[b * n / BATCHES..(b + 1) * n / BATCHES];
+    let batch_requests: Vec<u64> = (0..BATCHES).map(|b| digest(by_seq_batch(b).iter().map(|d| d.seq))).collect();
+    let mut paired: Vec<(String, Vec<f64>)> = Vec::new();
     // A figure computed in each batch: the spread of the batches' values.
     let each = |values: Option<Vec<f64>>| values.and_then(|v| spread(&v));
     type Pick = fn(&Done) -> f32;
@@ -119,6 +164,16 @@ pub(super) fn noise<I: Iterator<Item = (i64, f64)>>(
             .collect();
         let means = batches.iter().map(|v| (v.len() >= MIN_PER_BATCH).then(|| v.iter().sum::<f64>() / v.len() as f64));
         add(&format!("mean_{name}"), each(means.collect()));
+        let paired_means: Option<Vec<f64>> = (0..BATCHES)
+            .map(|b| {
+                let v: Vec<f64> =
+                    by_seq_batch(b).iter().map(|d| pick(d)).filter(|x| !x.is_nan()).map(f64::from).collect();
+                (v.len() >= MIN_PER_BATCH).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            })
+            .collect();
+        if let Some(means) = paired_means {
+            paired.push((format!("mean_{name}"), means));
+        }
         add(&format!("median_{name}"), each(batches.iter().map(|v| quantile(v, 0.5, MIN_PER_BATCH)).collect()));
         add(&format!("p99_{name}"), woodruff(&batches, 0.99, MIN_PER_BATCH_P99));
     }
@@ -163,7 +218,7 @@ pub(super) fn noise<I: Iterator<Item = (i64, f64)>>(
     for (name, tokens) in throughputs.into_iter().filter(|_| spread_sends) {
         let t: Vec<f64> = (0..BATCHES).map(tokens).collect();
         if let Some(se) = ratio_se(&t, &spans) {
-            metrics.push(MetricNoise { metric: name.to_owned(), se });
+            metrics.push(MetricNoise { metric: name.to_owned(), se, batch_means: Vec::new() });
         }
     }
     let (sums, counts): (Vec<f64>, Vec<f64>) =
@@ -171,9 +226,23 @@ pub(super) fn noise<I: Iterator<Item = (i64, f64)>>(
     if counts.iter().all(|&c| c > 0.0)
         && let Some(se) = ratio_se(&sums, &counts)
     {
-        metrics.push(MetricNoise { metric: "mean_itl_ms".to_owned(), se });
+        metrics.push(MetricNoise { metric: "mean_itl_ms".to_owned(), se, batch_means: Vec::new() });
     }
-    Some(Noise { batches: BATCHES as u32, metrics })
+    for (name, means) in paired {
+        if let Some(m) = metrics.iter_mut().find(|m| m.metric == name) {
+            m.batch_means = means;
+        }
+    }
+    Some(Noise { batches: BATCHES as u32, metrics, batch_requests })
+}
+
+/// FNV-1a over the places of a batch's requests, in order.
+fn digest(seqs: impl Iterator<Item = u64>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in seqs.flat_map(u64::to_le_bytes) {
+        h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
@@ -258,6 +327,7 @@ mod tests {
     fn run_with(n: usize, ttft: impl Fn(usize) -> f32, gaps_ms: impl Fn(usize) -> i64) -> Option<Noise> {
         let done: Vec<Done> = (0..n)
             .map(|i| Done {
+                seq: i as u64,
                 sent_ns: i as i64 * 10 * MS,
                 ttft_ms: ttft(i),
                 tpot_ms: 2.0,
@@ -274,6 +344,63 @@ mod tests {
         // Each request's nine gaps, equal.
         let values = || (0..n).flat_map(|i| std::iter::repeat_n((i as i64 * 10 * MS, gaps_ms(i) as f64 / 9.0), 9));
         noise(&done, (n as i64 - 1) * 10 * MS + 40 * MS, &input, &gaps, Some(values))
+    }
+
+    /// Requests `seqs` sent 100 ms apart in that order, request `seq`'s
+    /// reply 10 to 1,000 tokens long (the same in every run) at `tpot` ms a
+    /// token after a 30 ms TTFT; with each run's mean latency.
+    fn served(seqs: &[u64], tpot: f32) -> (Noise, f64) {
+        let reply = |seq: u64| 10 + (seq.wrapping_mul(2_654_435_761) >> 7) % 991;
+        let done: Vec<Done> = seqs
+            .iter()
+            .enumerate()
+            .map(|(k, &seq)| Done {
+                seq,
+                sent_ns: k as i64 * 100 * MS,
+                ttft_ms: 30.0,
+                tpot_ms: tpot,
+                latency_ms: 30.0 + reply(seq) as f32 * tpot,
+                output_tokens: reply(seq) as u32,
+            })
+            .collect();
+        let mean = done.iter().map(|d| f64::from(d.latency_ms)).sum::<f64>() / done.len() as f64;
+        let no_gaps = None::<fn() -> std::iter::Empty<(i64, f64)>>;
+        let last = seqs.len() as i64 * 100 * MS + 10_000 * MS;
+        (noise(&done, last, &Vec::new(), &GapBins::default(), no_gaps).expect("enough requests"), mean)
+    }
+
+    #[test]
+    fn two_runs_of_the_same_requests_compare_their_means_batch_by_batch() {
+        use crate::stats::Difference;
+        let seqs: Vec<u64> = (0..1000).collect();
+        // B decodes 2% faster; it sent its requests in a slightly different order.
+        let mut shuffled = seqs.clone();
+        for pair in shuffled.chunks_mut(2) {
+            pair.swap(0, 1);
+        }
+        let ((a, mean_a), (b, mean_b)) = (served(&seqs, 10.0), served(&shuffled, 9.8));
+        let key = "mean_latency_ms";
+        // Each run's mean moves by what its replies' lengths vary by: the gain is within that.
+        let unpaired = Difference::of_errors(mean_b - mean_a, b.se(key).expect("b's"), a.se(key).expect("a's"));
+        assert_eq!(unpaired.contains_zero(), Some(true), "{unpaired:?}");
+        // Batch by batch the lengths cancel: the gain stands many errors out.
+        let paired = Difference::paired(mean_b - mean_a, a.paired_se(&b, key).expect("the same requests"));
+        assert_eq!(paired.contains_zero(), Some(false), "{paired:?}");
+        let (p, u) = (paired.half_width.expect("paired"), unpaired.half_width.expect("unpaired"));
+        assert!(p < u / 10.0, "paired ±{p} against ±{u}");
+        // The TPOTs are the same in every batch: their difference has no error.
+        assert_eq!(a.paired_se(&b, "mean_tpot_ms"), Some((0.0, 9.0)));
+        // Nothing pairs other requests, a throughput, or a figure one side lacks.
+        let (other, _) = served(&(1..1001).collect::<Vec<u64>>(), 9.8);
+        assert_eq!(a.paired_se(&other, key), None, "other requests");
+        assert_eq!(a.paired_se(&b, "total_token_throughput"), None);
+        let mut blind = b.clone();
+        blind.metrics.iter_mut().for_each(|m| m.batch_means.clear());
+        assert_eq!(a.paired_se(&blind, key), None);
+        // A summary stored before batches were kept reads as unpaired.
+        let old: Noise = serde_json::from_str(r#"{"batches":10,"metrics":[{"metric":"mean_latency_ms","se":1.0}]}"#)
+            .expect("an old summary's noise");
+        assert_eq!(a.paired_se(&old, key), None);
     }
 
     #[test]
@@ -314,6 +441,7 @@ mod tests {
         let slow = |i: usize| if (i / 100).is_multiple_of(2) { i.is_multiple_of(20) } else { i.is_multiple_of(10) };
         let done: Vec<Done> = (0..1000)
             .map(|i| Done {
+                seq: i as u64,
                 sent_ns: i as i64 * 10 * MS,
                 ttft_ms: 20.0,
                 tpot_ms: 2.0,
@@ -352,7 +480,14 @@ mod tests {
         // once, the rest one per completion. Batches by send: five of them span a millisecond.
         let sent = |i: usize| if i < 500 { i as i64 * MS } else { 10_000 * MS + (i as i64 - 500) * 20 * MS };
         let done: Vec<Done> = (0..1000)
-            .map(|i| Done { sent_ns: sent(i), ttft_ms: 50.0, tpot_ms: 20.0, latency_ms: 10_000.0, output_tokens: 500 })
+            .map(|i| Done {
+                seq: i as u64,
+                sent_ns: sent(i),
+                ttft_ms: 50.0,
+                tpot_ms: 20.0,
+                latency_ms: 10_000.0,
+                output_tokens: 500,
+            })
             .collect();
         let (mut input, mut gaps) = (Vec::new(), GapBins::default());
         for d in &done {

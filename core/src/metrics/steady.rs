@@ -100,6 +100,8 @@ impl SteadyState {
 /// bytes: a run of a million requests holds 24 MB of them).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Done {
+    /// Its place in the run's schedule (`RequestRecord::seq`).
+    pub seq: u64,
     pub sent_ns: i64,
     /// NaN when the request has none.
     pub ttft_ms: f32,
@@ -337,6 +339,7 @@ mod tests {
                 sends.push(t);
                 completions.push(t + l);
                 done.push(Done {
+                    seq: i as u64,
                     sent_ns: t,
                     ttft_ms: (l / MS / 10) as f32,
                     tpot_ms: 1.0,
@@ -395,7 +398,15 @@ mod tests {
         completions.sort_unstable();
         let done: Vec<Done> = sends
             .iter()
-            .map(|&s| Done { sent_ns: s, ttft_ms: 5.0, tpot_ms: f32::NAN, latency_ms: 6.0, output_tokens: 1 })
+            .enumerate()
+            .map(|(i, &s)| Done {
+                seq: i as u64,
+                sent_ns: s,
+                ttft_ms: 5.0,
+                tpot_ms: f32::NAN,
+                latency_ms: 6.0,
+                output_tokens: 1,
+            })
             .collect();
         let s = steady_state(Sends { done: &done, failed: &[] }, &completions, &[], &[]).expect("computed");
         assert_eq!(s.level, 3);

@@ -6,7 +6,9 @@
 //! threshold and the interval of the difference excludes zero: Welch's over
 //! the repeats when both have two or more; when both have one, the interval
 //! their own requests give (each run's standard error by batch means,
-//! `benchfleet_core::metrics::noise`, marked `(one run each)`); otherwise,
+//! `benchfleet_core::metrics::noise`, marked `(one run each)`; a mean
+//! latency, TTFT or TPOT of two runs of the same requests by the batches'
+//! paired differences); otherwise,
 //! or for a figure without one (ITL, a run too short), there is no interval:
 //! the threshold alone decides, and the table says so. A block that succeeded in A and
 //! has no successful repeat in B fails the gate, as does an INVALID block
@@ -193,8 +195,14 @@ pub fn judge(h: &super::Headline, ra: &[&Summary], rb: &[&Summary], threshold: f
         [one] => one.noise.as_ref().and_then(|n| n.se(h.key)),
         _ => None,
     };
-    let (d, one_run) = match (noise(ra), noise(rb)) {
-        (Some(ea), Some(eb)) => (Difference::of_errors(mb - ma, eb, ea), true),
+    // One run each of the same requests: a mean figure compared batch by batch.
+    let paired = match (ra, rb) {
+        ([a], [b]) => a.noise.as_ref().zip(b.noise.as_ref()).and_then(|(na, nb)| na.paired_se(nb, h.key)),
+        _ => None,
+    };
+    let (d, one_run) = match (paired, noise(ra), noise(rb)) {
+        (Some(error), _, _) => (Difference::paired(mb - ma, error), true),
+        (None, Some(ea), Some(eb)) => (Difference::of_errors(mb - ma, eb, ea), true),
         _ => (Difference::welch(&vb, &va), false),
     };
     let relative = if ma == 0.0 { 0.0 } else { (mb - ma) / ma.abs() };

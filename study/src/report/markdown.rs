@@ -169,8 +169,10 @@ fn notes(out: &mut String, doc: &ReportDoc) {
     note(
         out,
         format!(
-            "A difference counts only when it is at least {:.2}% and, with two repeats or more on each side, its 95% \
-             interval (Welch) excludes zero; otherwise it is within noise, and a variant within noise is never adopted.",
+            "A difference counts only when it is at least {:.2}% and its 95% interval excludes zero: Welch's with two \
+             repeats or more on each side, else the one the runs' own requests give (batch means; a mean latency, \
+             TTFT or TPOT of the same requests batch by batch, paired). Otherwise it is within noise, and a variant \
+             within noise is never adopted.",
             doc.run.min_effect * 100.0
         ),
     );

@@ -1043,9 +1043,18 @@ mod tests {
         s.noise = Some(benchfleet_core::metrics::noise::Noise {
             batches: 10,
             metrics: vec![
-                benchfleet_core::metrics::noise::MetricNoise { metric: "total_token_throughput".into(), se: 10.0 },
-                benchfleet_core::metrics::noise::MetricNoise { metric: "mean_ttft_ms".into(), se: 2.0 },
+                benchfleet_core::metrics::noise::MetricNoise {
+                    metric: "total_token_throughput".into(),
+                    se: 10.0,
+                    batch_means: Vec::new(),
+                },
+                benchfleet_core::metrics::noise::MetricNoise {
+                    metric: "mean_ttft_ms".into(),
+                    se: 2.0,
+                    batch_means: Vec::new(),
+                },
             ],
+            batch_requests: Vec::new(),
         });
         let got = intervals(&[&s]);
         let of = |name: &str| got.iter().find(|i| i.metric == name).expect("the metric");
