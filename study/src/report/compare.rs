@@ -78,6 +78,8 @@ pub struct Row {
     pub half_width: Option<f64>,
     /// The interval is from one run on each side, by its requests.
     pub one_run: bool,
+    /// And from their batches' differences: both served the same requests.
+    pub paired: bool,
     pub change: Change,
 }
 
@@ -141,7 +143,8 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
                 continue;
             }
             for h in &HEADLINE {
-                let Judged { a: ma, b: mb, relative, half_width, one_run, change } = judge(h, &ra, &rb, threshold);
+                let Judged { a: ma, b: mb, relative, half_width, one_run, paired, change } =
+                    judge(h, &ra, &rb, threshold);
                 let metric = h.key;
                 out.rows.push(Row {
                     config: ca.name.clone(),
@@ -153,6 +156,7 @@ pub fn compare(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String]) ->
                     relative,
                     half_width,
                     one_run,
+                    paired,
                     change,
                 });
             }
@@ -179,6 +183,8 @@ pub struct Judged {
     pub half_width: Option<f64>,
     /// The interval is from one run on each side, by its requests.
     pub one_run: bool,
+    /// And from their batches' differences: both served the same requests.
+    pub paired: bool,
     pub change: Change,
 }
 
@@ -200,10 +206,10 @@ pub fn judge(h: &super::Headline, ra: &[&Summary], rb: &[&Summary], threshold: f
         ([a], [b]) => a.noise.as_ref().zip(b.noise.as_ref()).and_then(|(na, nb)| na.paired_se(nb, h.key)),
         _ => None,
     };
-    let (d, one_run) = match (paired, noise(ra), noise(rb)) {
-        (Some(error), _, _) => (Difference::paired(mb - ma, error), true),
-        (None, Some(ea), Some(eb)) => (Difference::of_errors(mb - ma, eb, ea), true),
-        _ => (Difference::welch(&vb, &va), false),
+    let (d, one_run, paired) = match (paired, noise(ra), noise(rb)) {
+        (Some(error), _, _) => (Difference::paired(mb - ma, error), true, true),
+        (None, Some(ea), Some(eb)) => (Difference::of_errors(mb - ma, eb, ea), true, false),
+        _ => (Difference::welch(&vb, &va), false, false),
     };
     let relative = if ma == 0.0 { 0.0 } else { (mb - ma) / ma.abs() };
     let gain = if h.higher_is_better { relative } else { -relative };
@@ -215,7 +221,7 @@ pub fn judge(h: &super::Headline, ra: &[&Summary], rb: &[&Summary], threshold: f
         Change::Improvement
     };
     let half_width = d.half_width.filter(|_| ma != 0.0).map(|h| h / ma.abs());
-    Judged { a: ma, b: mb, relative, half_width, one_run, change }
+    Judged { a: ma, b: mb, relative, half_width, one_run, paired, change }
 }
 
 /// Each search's capacity per configuration, B against A.
@@ -260,6 +266,7 @@ fn capacities(a: &ReportDoc, b: &ReportDoc, threshold: f64, gate: &[String], out
                 relative,
                 half_width: None,
                 one_run: false,
+                paired: false,
                 change,
             });
         }
@@ -277,7 +284,7 @@ pub fn render(c: &Comparison, a: &ReportDoc, b: &ReportDoc, threshold: f64) -> S
     let _ = writeln!(
         out,
         "Run {} ({}) against run {} ({}); threshold {:.2}%, 95% intervals (Welch) over the repeats, or from \
-         each run's own requests with one repeat each\n",
+         each run's own requests with one repeat each (paired: batch by batch, the same requests)\n",
         b.run.id,
         b.run.name,
         a.run.id,
@@ -296,6 +303,7 @@ pub fn render(c: &Comparison, a: &ReportDoc, b: &ReportDoc, threshold: f64) -> S
     );
     for r in &c.rows {
         let change = match r.half_width {
+            Some(h) if r.paired => format!("{:+.2}% ± {:.2}% (one run each, paired)", r.relative * 100.0, h * 100.0),
             Some(h) if r.one_run => format!("{:+.2}% ± {:.2}% (one run each)", r.relative * 100.0, h * 100.0),
             Some(h) => format!("{:+.2}% ± {:.2}%", r.relative * 100.0, h * 100.0),
             None => format!("{:+.2}% (no interval)", r.relative * 100.0),

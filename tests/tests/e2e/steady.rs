@@ -295,6 +295,9 @@ fn identical_loads_in_virtual_time_are_within_their_intervals_and_a_slower_engin
         for h in HEADLINE.iter().filter(|h| h.key != "p99_ttft_ms") {
             let j = compare::judge(h, &[&a], &[&b], 0.05);
             assert!(j.one_run, "{}: an interval from one run each", h.key);
+            // The same places in the schedule (prompts drawn anew): the means pair batch by batch.
+            let mean = ["mean_latency_ms", "mean_ttft_ms", "mean_tpot_ms"].contains(&h.key);
+            assert_eq!(j.paired, mean, "{}: paired only for a mean latency, TTFT or TPOT", h.key);
             if j.change != compare::Change::WithinNoise {
                 moved.push(format!("{} {:+.1}%", h.key, j.relative * 100.0));
             }
