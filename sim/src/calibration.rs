@@ -116,6 +116,11 @@ pub struct Row {
     pub profile: Profile,
     pub objective: Objective,
     pub published: f64,
+    /// The report's "Benchmark duration (s)" for the run (throughput rows; `None` for the latency
+    /// study, whose objective is not a rate). The report's throughput lines do not divide the run's
+    /// tokens by it but by a span they do not print, 0.1 to 16 seconds shorter and not by the same
+    /// margin from run to run; see [`duration_effect`].
+    pub duration: Option<f64>,
     pub check: Check,
 }
 
@@ -149,8 +154,9 @@ pub fn rows() -> Vec<Row> {
     use Objective::{Latency, Throughput};
     use Study::*;
     let row = |study, gpu, model, engine, args, profile, objective, published, check| Row {
-        study, gpu, model, engine, args, profile, objective, published, check,
+        study, gpu, model, engine, args, profile, objective, published, duration: None, check,
     };
+    let timed = |row: Row, seconds: f64| Row { duration: Some(seconds), ..row };
     let effect = |base| Effect { base, below: None };
     let opt35 = "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --enable-prefix-caching";
     let opt9 = "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-seqs=512";
@@ -159,34 +165,34 @@ pub fn rows() -> Vec<Row> {
     let (t35, t9, l9) = (Throughput35b, Throughput9b, Latency9b);
     vec![
         // 0..
-        row(t35, "H200", MOE, Vllm, BASE_VLLM, s, Throughput, 9632.01, Baseline),
-        row(t35, "H200", MOE, Sglang, BASE_SGLANG, s, Throughput, 4995.66, effect(0)),
-        row(t35, "H200", MOE_FP8, Vllm, BASE_VLLM, s, Throughput, 9942.93, effect(0)),
-        row(t35, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 10338.96, effect(0)),
-        row(t35, "H200", MOE_FP8, Vllm, opt35, s, Throughput, 10570.88, effect(0)),
+        timed(row(t35, "H200", MOE, Vllm, BASE_VLLM, s, Throughput, 9632.01, Baseline), 70.72),
+        timed(row(t35, "H200", MOE, Sglang, BASE_SGLANG, s, Throughput, 4995.66, effect(0)), 124.99),
+        timed(row(t35, "H200", MOE_FP8, Vllm, BASE_VLLM, s, Throughput, 9942.93, effect(0)), 65.09),
+        timed(row(t35, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 10338.96, effect(0)), 66.14),
+        timed(row(t35, "H200", MOE_FP8, Vllm, opt35, s, Throughput, 10570.88, effect(0)), 65.25),
         // Rejected: below the stage before it.
-        row(t35, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --enable-prefix-caching --kv-cache-dtype=fp8", s, Throughput, 10363.77, Effect { base: 0, below: Some(4) }),
-        row(t35, "H200", MOE_FP8, Vllm, MTP4, s, Throughput, 15514.15, Success(51.6)),
+        timed(row(t35, "H200", MOE_FP8, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --enable-prefix-caching --kv-cache-dtype=fp8", s, Throughput, 10363.77, Effect { base: 0, below: Some(4) }), 66.34),
+        timed(row(t35, "H200", MOE_FP8, Vllm, MTP4, s, Throughput, 15514.15, Success(51.6)), 17.44),
         // 7..
-        row(t35, "H200", MOE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 37934.72, Baseline),
-        row(t35, "H200", MOE_FP8, Vllm, opt35, RANDOM_1K, Throughput, 50464.84, effect(7)),
-        row(t35, "H200", MOE, Vllm, BASE_VLLM, LONG, Throughput, 44993.20, Baseline),
-        row(t35, "H200", MOE_FP8, Vllm, opt35, LONG, Throughput, 56424.42, effect(9)),
-        row(t35, "H200", MOE, Vllm, BASE_VLLM, GEN_HEAVY, Throughput, 10455.38, Baseline),
-        row(t35, "H200", MOE_FP8, Vllm, opt35, GEN_HEAVY, Throughput, 12258.79, effect(11)),
+        timed(row(t35, "H200", MOE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 37934.72, Baseline), 40.37),
+        timed(row(t35, "H200", MOE_FP8, Vllm, opt35, RANDOM_1K, Throughput, 50464.84, effect(7)), 33.09),
+        timed(row(t35, "H200", MOE, Vllm, BASE_VLLM, LONG, Throughput, 44993.20, Baseline), 73.72),
+        timed(row(t35, "H200", MOE_FP8, Vllm, opt35, LONG, Throughput, 56424.42, effect(9)), 59.32),
+        timed(row(t35, "H200", MOE, Vllm, BASE_VLLM, GEN_HEAVY, Throughput, 10455.38, Baseline), 57.74),
+        timed(row(t35, "H200", MOE_FP8, Vllm, opt35, GEN_HEAVY, Throughput, 12258.79, effect(11)), 49.34),
         // 13..
-        row(t9, "H100", DENSE, Vllm, BASE_VLLM, s, Throughput, 11527.14, Baseline),
-        row(t9, "H100", DENSE, Sglang, BASE_SGLANG, s, Throughput, 6499.41, effect(13)),
-        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 11224.70, Effect { base: 13, below: Some(13) }),
-        row(t9, "H100", DENSE, Vllm, MTP4, s, Throughput, 15059.89, Success(51.5)),
-        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768", s, Throughput, 11496.39, effect(13)),
-        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --max-model-len=32768 --max-num-seqs=1024", s, Throughput, 11532.64, effect(13)),
-        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-batched-tokens=32768", s, Throughput, 11672.72, effect(13)),
+        timed(row(t9, "H100", DENSE, Vllm, BASE_VLLM, s, Throughput, 11527.14, Baseline), 54.74),
+        timed(row(t9, "H100", DENSE, Sglang, BASE_SGLANG, s, Throughput, 6499.41, effect(13)), 96.01),
+        timed(row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --enable-prefix-caching --max-model-len=32768", s, Throughput, 11224.70, Effect { base: 13, below: Some(13) }), 56.47),
+        timed(row(t9, "H100", DENSE, Vllm, MTP4, s, Throughput, 15059.89, Success(51.5)), 12.27),
+        timed(row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768", s, Throughput, 11496.39, effect(13)), 54.66),
+        timed(row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --max-model-len=32768 --max-num-seqs=1024", s, Throughput, 11532.64, effect(13)), 54.87),
+        timed(row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-batched-tokens=32768", s, Throughput, 11672.72, effect(13)), 54.20),
         // 20: the report's own pair, 512 against 256 sequences (+6.80%).
-        row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-seqs=256", s, Throughput, 11019.18, effect(13)),
-        row(t9, "H100", DENSE, Vllm, opt9, s, Throughput, 11768.22, effect(20)),
-        row(t9, "H100", DENSE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 29822.16, Baseline),
-        row(t9, "H100", DENSE, Vllm, opt9, RANDOM_1K, Throughput, 34470.14, effect(22)),
+        timed(row(t9, "H100", DENSE, Vllm, "--reasoning-parser=qwen3 --performance-mode=throughput --max-model-len=32768 --max-num-seqs=256", s, Throughput, 11019.18, effect(13)), 57.32),
+        timed(row(t9, "H100", DENSE, Vllm, opt9, s, Throughput, 11768.22, effect(20)), 53.72),
+        timed(row(t9, "H100", DENSE, Vllm, BASE_VLLM, RANDOM_1K, Throughput, 29822.16, Baseline), 43.00),
+        timed(row(t9, "H100", DENSE, Vllm, opt9, RANDOM_1K, Throughput, 34470.14, effect(22)), 39.10),
         // 24..
         row(l9, "H100", DENSE, Vllm, "--max-model-len=32768", Profile::ShareGptRate(8.0), Latency, 2.62, Baseline),
         row(l9, "H100", DENSE, Sglang, "--context-length=32768", Profile::ShareGptRate(8.0), Latency, 8.13, effect(24)),
@@ -284,6 +290,21 @@ pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
     match objective {
         Objective::Throughput => value / base - 1.0,
         Objective::Latency => base / value - 1.0,
+    }
+}
+
+/// A throughput row's published effect as its run's duration gives it, percent: the same tokens
+/// over the report's "Benchmark duration" against its base's. The simulator's throughput is
+/// tokens over that duration (first request sent to last completion, as benchfleet's loadgen and
+/// `vllm bench serve` define it), while the report's throughput lines divide by a shorter span that
+/// differs by run (0.1 s for SGLang's runs, 2 to 10 s for vLLM's), so the two published effects of
+/// one pair of runs can differ by more than a band: +33.0% by the throughput lines and +22.0% by the
+/// durations for the 35B-A3B's random 1034/128. `None` for a row without an effect or a duration.
+pub fn duration_effect(rows: &[Row], row: &Row) -> Option<f64> {
+    let Check::Effect { base, .. } = row.check else { return None };
+    match (row.objective, rows[base].duration, row.duration) {
+        (Objective::Throughput, Some(base), Some(this)) => Some(100.0 * (base / this - 1.0)),
+        _ => None,
     }
 }
 
