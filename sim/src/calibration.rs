@@ -297,7 +297,8 @@ pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
 /// over the report's "Benchmark duration" against its base's. The simulator's throughput is
 /// tokens over that duration (first request sent to last completion, as benchfleet's loadgen and
 /// `vllm bench serve` define it), while the report's throughput lines divide by a shorter span that
-/// differs by run (0.1 s for SGLang's runs, 2 to 10 s for vLLM's), so the two published effects of
+/// differs by run (0.1-0.5 s shorter in SGLang's runs, 0.3-0.9 s in vLLM's on the 9B's ShareGPT, 2-10 s
+/// in vLLM's on the 35B-A3B), so the two published effects of
 /// one pair of runs can differ by more than a band: +33.0% by the throughput lines and +22.0% by the
 /// durations for the 35B-A3B's random 1034/128. `None` for a row without an effect or a duration.
 pub fn duration_effect(rows: &[Row], row: &Row) -> Option<f64> {
