@@ -8,6 +8,7 @@
 //! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: the engine's asynchronous scheduling)
 //! cpu  = engine step overhead + engine per-token overhead × decode query tokens
 //!        (× the mixed-step factor when the step also prefills)
+//!      + eager launches                                   (a step over the largest CUDA graph)
 //! gpu  = kernel boundaries (a fixed GPU time per step)
 //!      + multimodal inputs (a fixed GPU time per step)     (vLLM without --language-model-only)
 //!      + (draft cost + draft cost per sequence × decoding sequences) × k   (speculative decoding only)
@@ -147,26 +148,26 @@ pub struct Coefficients {
 /// data-sheet numbers, the memory sizes and the load times are not.
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.95,
-    mfu_max_dense: 0.636437,
-    mfu_max_moe: 0.3309,
+    mfu_max_dense: 0.687645,
+    mfu_max_moe: 0.315302,
     mfu_half_tokens: 120.0,
-    fp8_linear_gain: 0.5677,
+    fp8_linear_gain: 0.569262,
     attention_efficiency: 0.5,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 5.391233e-8,
+    kv_fp8_dequant_cost: 4.091486e-8,
     state_bytes_per_sqrt_b: 1.666e7,
-    hybrid_prefix_cache_cost: 2.0282e-6,
+    hybrid_prefix_cache_cost: 2.220588e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
-    draft_cost: 4.0585e-3,
-    draft_cost_per_sequence: 8.6474e-5,
-    kernel_boundaries: 1.560656e-3,
-    multimodal_inputs_cost: 1.783378e-4,
-    acceptance_mtp: 0.811192,
+    draft_cost: 4.161226e-3,
+    draft_cost_per_sequence: 9.603622e-5,
+    kernel_boundaries: 1.104349e-3,
+    multimodal_inputs_cost: 4.419676e-4,
+    acceptance_mtp: 0.8517,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
@@ -174,26 +175,28 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens, 90% of memory), and SGLang 0.5.9,
     // whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running.
     vllm: EngineCosts {
-        step_overhead: 5.931e-3,
-        decode_token_overhead: 9.198437e-5,
+        step_overhead: 5.794136e-3,
+        decode_token_overhead: 9.532999e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.9,
-        mixed_token_factor: 2.50429,
-        overlap: 0.907081,
+        mixed_token_factor: 2.131649,
+        eager_step_overhead: 0.01428125,
+        overlap: 0.912452,
     },
     sglang: EngineCosts {
-        step_overhead: 0.013962,
-        decode_token_overhead: 1.41115e-4,
+        step_overhead: 0.014013,
+        decode_token_overhead: 1.422175e-4,
         default_max_num_seqs: 128,
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.88,
         mixed_token_factor: 1.0,
-        overlap: 0.407354,
+        eager_step_overhead: 0.0,
+        overlap: 0.413258,
     },
-    throughput_step_factor: 1.0,
-    throughput_token_factor: 0.951603,
-    interactivity_step_factor: 0.100703,
+    throughput_step_factor: 0.859957,
+    throughput_token_factor: 0.966552,
+    interactivity_step_factor: 0.420115,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -214,6 +217,10 @@ pub struct EngineCosts {
     /// piecewise, launching its attention (and the linear-attention layers' prefill kernels)
     /// layer by layer (`FULL_AND_PIECEWISE`, its default).
     pub mixed_token_factor: f64,
+    /// The CPU-side cost of a step with more tokens than the largest CUDA graph the engine
+    /// captured (vLLM: `2 × max-num-seqs × (1 + k)` tokens, at most 512): no graph replays it, so
+    /// its kernels are launched one by one. Seconds per step.
+    pub eager_step_overhead: f64,
     /// The share of the CPU-side overheads hidden behind the GPU's work: vLLM's asynchronous
     /// scheduling (on by default since 0.14) and SGLang's overlap scheduler plan step `n + 1` and
     /// process the outputs of step `n - 1` while the GPU runs step `n`.
@@ -318,6 +325,8 @@ pub struct CostModel {
     pub hybrid_prefix_caching: bool,
     /// vLLM accepting multimodal inputs (no `--language-model-only`): embeddings outside the graph.
     pub multimodal_inputs: bool,
+    /// The most tokens a step may hold and still replay a captured CUDA graph.
+    pub cuda_graph_tokens: usize,
 }
 
 /// A step's duration by part, seconds: what [`CostModel::step_time`] adds up.
@@ -382,8 +391,9 @@ impl CostModel {
         };
         let multimodal = if self.multimodal_inputs { c.multimodal_inputs_cost } else { 0.0 };
         let dequant = if self.kv_fp8 { c.kv_fp8_dequant_cost * work.decode_context_tokens as f64 } else { 0.0 };
+        let eager = if tokens as usize > self.cuda_graph_tokens { self.engine.eager_step_overhead } else { 0.0 };
         StepParts {
-            overhead: self.engine.step_overhead,
+            overhead: self.engine.step_overhead + eager,
             tokens: self.engine.decode_token_overhead
                 * work.decode_tokens as f64
                 * if work.prefill_tokens > 0 { self.engine.mixed_token_factor } else { 1.0 },
@@ -479,6 +489,7 @@ mod tests {
             kv_fp8: false,
             hybrid_prefix_caching: false,
             multimodal_inputs: true,
+            cuda_graph_tokens: 512,
         }
     }
 

@@ -487,6 +487,7 @@ impl Scheduler {
             kv_fp8,
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
             multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
+            cuda_graph_tokens: cuda_graph_tokens(config, speculation),
         };
         if capacity < blocks_for(longest) + cost.state_blocks() {
             return Err(StartupError::KvCacheTooSmall {
@@ -512,6 +513,14 @@ impl Scheduler {
     pub fn kv_capacity_tokens(&self) -> usize {
         self.kv.capacity() * BLOCK_TOKENS
     }
+}
+
+/// The largest step vLLM captures a CUDA graph for: twice `--max-num-seqs` query tokens (`1 + k`
+/// a sequence with speculative decoding), at most 512, and no more than the step's token budget.
+/// SGLang's graphs cover decode batches only; its fitted step overhead carries the rest.
+fn cuda_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> usize {
+    let per_sequence = 1 + speculation.map_or(0, |s| s.tokens);
+    (2 * config.max_num_seqs * per_sequence).min(512).min(config.max_num_batched_tokens)
 }
 
 /// `--speculative-config`'s method and draft count, with the method's acceptance unless overridden.

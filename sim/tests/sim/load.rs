@@ -226,3 +226,27 @@ fn sharegpt_like_writes_the_stand_in_and_refuses_what_it_cannot_count() {
         assert!(stderr.contains(said) && out.stdout.is_empty(), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn vllm_captures_cuda_graphs_up_to_twice_its_sequences_at_most_512_tokens() {
+    let graph = |line: &str| Scheduler::from_config(&config(line)).expect("fits").cost().cuda_graph_tokens;
+    assert_eq!(graph(ENGINE), 512);
+    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 128")), 256);
+    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 128 --max-num-batched-tokens 200")), 200);
+    // A sequence with k draft tokens is 1 + k query tokens.
+    let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
+    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 64 {mtp}")), 256);
+}
+
+#[test]
+fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
+    let engine = Scheduler::from_config(&config(&format!("{ENGINE} --max-num-seqs 128"))).expect("fits");
+    let cost = engine.cost();
+    let step = |prefill_tokens: usize| {
+        cost.step_parts(&benchfleet_sim::profile::StepWork { prefill_tokens, decode_tokens: 100, ..Default::default() })
+    };
+    // 256 tokens replay a graph; 257 do not.
+    assert_eq!(step(156).overhead, cost.engine.step_overhead);
+    assert_eq!(step(157).overhead, cost.engine.step_overhead + cost.engine.eager_step_overhead);
+    assert!(cost.engine.eager_step_overhead > 0.0);
+}
