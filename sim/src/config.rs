@@ -110,6 +110,8 @@ pub struct SimConfig {
     pub reasoning_parser: Option<String>,
     /// Skips the vision encoder, whose memory then goes to the KV cache.
     pub language_model_only: bool,
+    /// vLLM's `--enforce-eager`: no CUDA graphs, every step's kernels launched one by one.
+    pub enforce_eager: bool,
     /// `--gpu-memory-utilization` / `--mem-fraction-static`; the engine's default when absent.
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
@@ -243,6 +245,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         speculative_config: None,
         reasoning_parser: None,
         language_model_only: false,
+        enforce_eager: false,
         gpu_memory_utilization: None,
         tensor_parallel_size: 1,
         trust_remote_code: false,
@@ -310,6 +313,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             }
             (_, "--reasoning-parser") => config.reasoning_parser = Some(value()?),
             (_, "--language-model-only") => config.language_model_only = switch(true)?,
+            (Vllm, "--enforce-eager") => config.enforce_eager = switch(true)?,
             (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
                 config.gpu_memory_utilization = Some(parse(name, &value()?)?);
             }

@@ -516,9 +516,13 @@ impl Scheduler {
 }
 
 /// The largest step vLLM captures a CUDA graph for: twice `--max-num-seqs` query tokens (`1 + k`
-/// a sequence with speculative decoding), at most 512, and no more than the step's token budget.
-/// SGLang's graphs cover decode batches only; its fitted step overhead carries the rest.
+/// a sequence with speculative decoding), at most 512, and no more than the step's token budget;
+/// none with `--enforce-eager`. SGLang's graphs cover decode batches only; its fitted step
+/// overhead carries the rest.
 fn cuda_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> usize {
+    if config.enforce_eager {
+        return 0;
+    }
     let per_sequence = 1 + speculation.map_or(0, |s| s.tokens);
     (2 * config.max_num_seqs * per_sequence).min(512).min(config.max_num_batched_tokens)
 }

@@ -236,6 +236,23 @@ fn vllm_captures_cuda_graphs_up_to_twice_its_sequences_at_most_512_tokens() {
     // A sequence with k draft tokens is 1 + k query tokens.
     let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
     assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 64 {mtp}")), 256);
+    assert_eq!(graph(&format!("{ENGINE} --enforce-eager")), 0);
+}
+
+#[test]
+fn enforce_eager_pays_the_launches_on_every_step_and_serves_slower() {
+    let graphs = closed_loop(ENGINE, 8);
+    let eager = closed_loop(&format!("{ENGINE} --enforce-eager"), 8);
+    assert!(
+        eager.mean_tpot > graphs.mean_tpot && eager.total_token_throughput < graphs.total_token_throughput,
+        "eager {eager:?} against graphs {graphs:?}"
+    );
+    // SGLang's flag is another (`--disable-cuda-graph`), which the simulator does not take.
+    let args: Vec<String> = "sglang serve --model-path m --enforce-eager".split(' ').map(String::from).collect();
+    assert_eq!(
+        parse_command_line_with_gpu(&args, None).err(),
+        Some(benchfleet_sim::ArgError::Unrecognized("--enforce-eager".into()))
+    );
 }
 
 #[test]
