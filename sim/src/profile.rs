@@ -218,8 +218,8 @@ pub struct EngineCosts {
     /// layer by layer (`FULL_AND_PIECEWISE`, its default).
     pub mixed_token_factor: f64,
     /// The CPU-side cost of a step with more tokens than the largest CUDA graph the engine
-    /// captured (vLLM: `2 × max-num-seqs × (1 + k)` tokens, at most 512): no graph replays it, so
-    /// its kernels are launched one by one. Seconds per step.
+    /// captured ([`CostModel::cuda_graph_tokens`]): no graph replays it, so its kernels are launched
+    /// one by one. Seconds per step; 0 for SGLang, whose fitted step overhead carries its graphs.
     pub eager_step_overhead: f64,
     /// The share of the CPU-side overheads hidden behind the GPU's work: vLLM's asynchronous
     /// scheduling (on by default since 0.14) and SGLang's overlap scheduler plan step `n + 1` and
@@ -325,7 +325,9 @@ pub struct CostModel {
     pub hybrid_prefix_caching: bool,
     /// vLLM accepting multimodal inputs (no `--language-model-only`): embeddings outside the graph.
     pub multimodal_inputs: bool,
-    /// The most tokens a step may hold and still replay a captured CUDA graph.
+    /// The most tokens a step may hold and still replay a captured CUDA graph (vLLM: twice
+    /// `--max-num-seqs` × `1 + k` query tokens, at most 512 and within the token budget; 0 with
+    /// `--enforce-eager`).
     pub cuda_graph_tokens: usize,
 }
 
@@ -391,7 +393,8 @@ impl CostModel {
         };
         let multimodal = if self.multimodal_inputs { c.multimodal_inputs_cost } else { 0.0 };
         let dequant = if self.kv_fp8 { c.kv_fp8_dequant_cost * work.decode_context_tokens as f64 } else { 0.0 };
-        let eager = if tokens as usize > self.cuda_graph_tokens { self.engine.eager_step_overhead } else { 0.0 };
+        let graphed = work.prefill_tokens + work.decode_tokens <= self.cuda_graph_tokens;
+        let eager = if graphed { 0.0 } else { self.engine.eager_step_overhead };
         StepParts {
             overhead: self.engine.step_overhead + eager,
             tokens: self.engine.decode_token_overhead
