@@ -135,11 +135,15 @@ pub struct Coefficients {
     /// The engines' own costs and defaults, and what `--performance-mode` changes in vLLM's.
     pub vllm: EngineCosts,
     pub sglang: EngineCosts,
-    /// `throughput`: the fixed step cost and the per-token cost are multiplied by these; the
-    /// default batch limits (sequences and token budget) double.
+    /// `throughput`: the default batch limits (sequences and token budget) double, which is all
+    /// vLLM 0.17's mode does; the fixed step cost and the per-token cost are also multiplied by
+    /// these fitted factors, which stand for what the reports' throughput-mode runs gained beyond
+    /// what the doubled limits give in the model (docs/sim-calibration.md).
     pub throughput_step_factor: f64,
     pub throughput_token_factor: f64,
-    /// `interactivity`: the fixed step cost of small steps is multiplied by this.
+    /// `interactivity`: the fixed step cost of every step is multiplied by this fitted factor.
+    /// vLLM's mode captures a CUDA graph for every batch size up to 32, whose padding the model
+    /// does not have; the factor stands for what the reports' interactivity runs gained.
     pub interactivity_step_factor: f64,
 }
 
