@@ -49,8 +49,8 @@ const STUDIES: [Study; 3] = [
             "chooses vllm+throughput-seqs-768-batched-48k (+4.2%): throughput mode and the batch-limit settings \
              tried with it gain 2.5-4.2% where the report's lay within 2.4 points of each other (-0.3% to \
              +2.1%), and the simulator ranks them otherwise (throughput mode with 512 sequences: +3.0% against \
-             +2.1%); replayed without the rehearsal's timing each is within 3 points of the report's (calibration \
-             rows 17-27), and which of them wins is noise on both sides",
+             +2.1%); replayed without the rehearsal's timing, each setting the report measured but 256 sequences \
+             is within 3 points of it (calibration rows 17-27), and which of them wins is noise on both sides",
         ),
     },
     Study {
