@@ -328,7 +328,7 @@ pub struct Outcome {
     pub simulated_figure: f64,
     /// The band the two figures must agree within: points, or percent for a baseline.
     pub band: f64,
-    /// How far outside its band the row is, in band widths (0 inside); what [`fit`] minimises.
+    /// How far outside its band the row is, in band widths (0 inside); [`loss`] prices it.
     pub miss: f64,
     /// Empty when the row holds; else what failed.
     pub failure: Option<String>,
