@@ -431,19 +431,30 @@ impl<'a> Greedy<'a> {
                 verdict: format!("{}, the best single variant, kept", objective.change(base, s)),
             });
         }
-        for (variant, _) in helping.iter().skip(1) {
+        for &(variant, alone) in helping.iter().skip(1) {
             // One of a group of alternatives at a time: the most helpful of
             // it came first.
             let taken = variant.group.as_ref().and_then(|g| {
-                chosen.iter().find(|c| matrix.variants.iter().any(|v| v.name == **c && v.group.as_ref() == Some(g)))
+                helping.iter().find(|(v, _)| v.group.as_ref() == Some(g) && chosen.contains(&v.name.as_str()))
             });
-            if let Some(other) = taken {
+            if let Some(&(other, other_alone)) = taken {
                 let group = variant.group.as_deref().unwrap_or_default();
-                decisions.push(Decision {
-                    stage: 3,
-                    config: matrix.config_with(engine, &[variant.name.as_str()]).name,
-                    verdict: format!("an alternative to {other} (group {group}), which is kept; not combined"),
-                });
+                let name = matrix.config_with(engine, &[variant.name.as_str()]).name;
+                let c = self
+                    .compare((&matrix.config_with(engine, &[other.name.as_str()]).name, other_alone), (&name, alone));
+                let verdict = if c.verdict == Verdict::WithinNoise {
+                    format!(
+                        "an alternative to {} (group {group}; {} against it), within noise of it, which is kept for \
+                         its larger figure; not combined",
+                        other.name, c.shown
+                    )
+                } else {
+                    format!(
+                        "an alternative to {} (group {group}; {} against it), which is kept; not combined",
+                        other.name, c.shown
+                    )
+                };
+                decisions.push(Decision { stage: 3, config: name, verdict });
                 continue;
             }
             let mut candidate = chosen.clone();
@@ -521,12 +532,26 @@ impl<'a> Greedy<'a> {
             for (i, judged) in judged.into_iter().enumerate() {
                 let verdict = match (judged, best) {
                     (Ok(s), Some((b, _))) if b == i => format!("{}, kept", objective.change(base, s)),
-                    (Ok(s), Some((b, _))) => format!(
-                        "{}, helps but {} helps more (group {}), not kept",
-                        objective.change(base, s),
-                        candidates[b].name,
-                        slot[i].group.as_deref().unwrap_or_default()
-                    ),
+                    (Ok(s), Some((b, kept))) => {
+                        let c = self.compare((&candidates[b].name, kept), (&candidates[i].name, s));
+                        let (now, best, group) = (
+                            objective.change(base, s),
+                            &candidates[b].name,
+                            slot[i].group.as_deref().unwrap_or_default(),
+                        );
+                        if c.verdict == Verdict::WithinNoise {
+                            format!(
+                                "{now}, helps as much as {best} within noise (group {group}; {} against it), which is \
+                                 kept for its larger figure; not kept",
+                                c.shown
+                            )
+                        } else {
+                            format!(
+                                "{now}, helps but {best} helps more (group {group}; {} against it), not kept",
+                                c.shown
+                            )
+                        }
+                    }
                     (Ok(_), None) => unreachable!("a candidate that helps makes a best"),
                     (Err(why), _) => why,
                 };
@@ -987,7 +1012,7 @@ cumulative: true
 1 vllm: total token throughput 100.00 tok/s, chosen
 3 vllm+a: +10.00%, kept
 3 vllm+a+b: +8.00%, below the previous +10.00%, not kept
-3 vllm+a+x: +15.00%, helps but vllm+a+y helps more (group g), not kept
+3 vllm+a+x: +15.00%, helps but vllm+a+y helps more (group g; -4.17% against it), not kept
 3 vllm+a+y: +20.00%, kept
 3 vllm+a+c+y: +20.50%, within noise of the previous +20.00% (+0.42%, below the 1.00% minimum effect against it), not kept
 done: Some(\"vllm+a+y\") (Some(\"vllm\")): +20.00% over vllm on profile p",
@@ -1081,9 +1106,63 @@ next 3 on p: vllm+a+c",
 2 vllm+b: +20.00%, helps
 2 vllm+c: +5.00%, helps
 3 vllm+b: +20.00%, the best single variant, kept
-3 vllm+a: an alternative to b (group seqs), which is kept; not combined
+3 vllm+a: an alternative to b (group seqs; -8.33% against it), which is kept; not combined
 3 vllm+b+c: +25.00%, kept
 next 4 on q: vllm+b+c, vllm",
+        );
+    }
+
+    /// Which of two alternatives that help as much as each other within noise is kept is the
+    /// noise's choice: the decisions say so, in both procedures.
+    #[test]
+    fn an_alternative_within_noise_of_the_one_kept_says_so() {
+        let yaml = MATRIX
+            .replace("  a: { args: [--a] }", "  a: { args: [--seqs=512], group: seqs }")
+            .replace("  b: { args: [--b] }", "  b: { args: [--seqs=1024], group: seqs }");
+        let ok = |tps: f64| Some((tps, OK, false));
+        let of = [
+            ("vllm", ok(100.0)),
+            ("sglang", ok(90.0)),
+            ("vllm+a", ok(119.5)),
+            ("vllm+b", ok(120.0)),
+            ("vllm+c", ok(95.0)),
+        ];
+        check_with(
+            &yaml,
+            &of,
+            true,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +19.50%, helps
+2 vllm+b: +20.00%, helps
+2 vllm+c: -5.00%, does not help
+3 vllm+b: +20.00%, the best single variant, kept
+3 vllm+a: an alternative to b (group seqs; -0.42%, below the 1.00% minimum effect against it), within noise of it, which is kept for its larger figure; not combined
+4 vllm+b: the winner, measured on every profile
+4 vllm: the baseline, measured on every profile
+done: Some(\"vllm+b\") (Some(\"vllm\")): +20.00% over vllm on profile p",
+        );
+        let of = [
+            ("vllm", ok(100.0)),
+            ("vllm+a", ok(110.0)),
+            ("vllm+a+b", ok(105.0)),
+            ("vllm+a+x", ok(119.5)),
+            ("vllm+a+y", ok(120.0)),
+            ("vllm+a+c+y", ok(100.0)),
+        ];
+        check_with(
+            CUMULATIVE,
+            &of,
+            false,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+3 vllm+a: +10.00%, kept
+3 vllm+a+b: +5.00%, below the previous +10.00%, not kept
+3 vllm+a+x: +19.50%, helps as much as vllm+a+y within noise (group g; -0.42%, below the 1.00% minimum effect against it), which is kept for its larger figure; not kept
+3 vllm+a+y: +20.00%, kept
+3 vllm+a+c+y: +0.00%, below the previous +20.00%, not kept
+done: Some(\"vllm+a+y\") (Some(\"vllm\")): +20.00% over vllm on profile p",
         );
     }
 
