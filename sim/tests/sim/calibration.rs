@@ -331,3 +331,28 @@ fn the_fit_prefers_every_row_inside_its_band_to_a_closer_fit_of_most() {
     assert!(calibration::loss(&[outcome_at(0.5)]) < calibration::loss(&[outcome_at(0.9)]));
     assert!(calibration::loss(&[outcome_at(2.0)]) < calibration::loss(&[outcome_at(3.0)]));
 }
+
+/// A ShareGPT row is replayed in `ORDERS` orders of the same requests, the first the stand-in's
+/// own; random prompts, all alike, in one.
+#[test]
+fn sharegpt_rows_replay_the_same_requests_in_several_orders() {
+    use benchfleet_sim::calibration::{ORDERS, Profile};
+    let key = |w: &benchfleet_sim::simulate::Workload| {
+        let mut items: Vec<(usize, usize, Vec<u64>)> =
+            w.items.iter().map(|i| (i.prompt_tokens, i.output_tokens, i.block_hashes.clone())).collect();
+        items.sort();
+        items
+    };
+    for profile in [Profile::ShareGpt, Profile::ShareGptRate(8.0)] {
+        let orders = profile.workloads();
+        assert_eq!(orders.len(), ORDERS);
+        assert_eq!(orders[0], profile.workload(), "the first order is the stand-in's");
+        for (i, order) in orders.iter().enumerate().skip(1) {
+            assert_eq!(order.arrival, orders[0].arrival);
+            assert_eq!(key(order), key(&orders[0]), "order {i} holds the same requests");
+            assert!(orders[..i].iter().all(|o| o.items != order.items), "order {i} is an order of its own");
+        }
+    }
+    let random = Profile::Random { requests: 10, input: 64, output: 8 };
+    assert_eq!(random.workloads(), vec![random.workload()]);
+}
