@@ -442,18 +442,15 @@ impl<'a> Greedy<'a> {
                 let name = matrix.config_with(engine, &[variant.name.as_str()]).name;
                 let c = self
                     .compare((&matrix.config_with(engine, &[other.name.as_str()]).name, other_alone), (&name, alone));
-                let verdict = if c.verdict == Verdict::WithinNoise {
-                    format!(
-                        "an alternative to {} (group {group}; {} against it), within noise of it, which is kept for \
-                         its larger figure; not combined",
-                        other.name, c.shown
-                    )
+                let kept = if c.verdict == Verdict::WithinNoise {
+                    "within noise of it, which is kept for its larger figure"
                 } else {
-                    format!(
-                        "an alternative to {} (group {group}; {} against it), which is kept; not combined",
-                        other.name, c.shown
-                    )
+                    "which is kept"
                 };
+                let verdict = format!(
+                    "an alternative to {} (group {group}; {} against it), {kept}; not combined",
+                    other.name, c.shown
+                );
                 decisions.push(Decision { stage: 3, config: name, verdict });
                 continue;
             }
@@ -1081,11 +1078,16 @@ next 3 on p: vllm+a+c",
         );
     }
 
-    #[test]
-    fn alternatives_of_a_group_are_never_combined_and_engine_bound_variants_stay_on_their_engine() {
-        let yaml = MATRIX
+    /// [`MATRIX`] with a and b as alternatives of one group.
+    fn seqs_group() -> String {
+        MATRIX
             .replace("  a: { args: [--a] }", "  a: { args: [--seqs=512], group: seqs }")
             .replace("  b: { args: [--b] }", "  b: { args: [--seqs=1024], group: seqs }")
+    }
+
+    #[test]
+    fn alternatives_of_a_group_are_never_combined_and_engine_bound_variants_stay_on_their_engine() {
+        let yaml = seqs_group()
             .replace("  c: { args: [--c] }", "  c: { args: [--c] }\n  s: { args: [--sglang-only], engines: [sglang] }");
         let of = [
             ("vllm", Some((100.0, OK, false))),
@@ -1116,9 +1118,7 @@ next 4 on q: vllm+b+c, vllm",
     /// noise's choice: the decisions say so, in both procedures.
     #[test]
     fn an_alternative_within_noise_of_the_one_kept_says_so() {
-        let yaml = MATRIX
-            .replace("  a: { args: [--a] }", "  a: { args: [--seqs=512], group: seqs }")
-            .replace("  b: { args: [--b] }", "  b: { args: [--seqs=1024], group: seqs }");
+        let yaml = seqs_group();
         let ok = |tps: f64| Some((tps, OK, false));
         let of = [
             ("vllm", ok(100.0)),
