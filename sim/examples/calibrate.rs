@@ -6,7 +6,8 @@
 //! ```
 //!
 //! It starts from `calibration::START` (`FROM=committed` starts from `profile::COEFFICIENTS`, to
-//! go on from the committed fit), prints each improvement of the loss, then the fitted
+//! go on from the committed fit; `FROM=held-out`, with a study, from its set in
+//! `calibration::HOLD_OUT`, to go on from a committed fit without it), prints each improvement of the loss, then the fitted
 //! coefficients (to copy into `sim/src/profile.rs`, or into `calibration::HOLD_OUT` for a fit
 //! without a study) and every row's figures under them. `ROUNDS` caps the rounds (default 40).
 
@@ -24,13 +25,14 @@ fn main() {
             let p = b.parts;
             println!(
                 "{i:>2} {:<8} overhead {:>6.1} tokens {:>6.1} extras {:>6.1} compute {:>6.1} memory {:>6.1} \
-                 batch {:>5.1} preempted {:>5}  {}",
+                 attention {:>6.1} batch {:>5.1} preempted {:>5}  {}",
                 row.study.key(),
                 p.overhead,
                 p.tokens,
                 p.extras,
                 p.compute,
                 p.memory,
+                p.attention,
                 b.mean_decode_batch,
                 b.preemptions,
                 row.args
@@ -46,7 +48,18 @@ fn main() {
     });
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(40);
     let studies: Vec<Study> = Study::ALL.into_iter().filter(|s| Some(*s) != held_out).collect();
-    let start = if std::env::var("FROM").as_deref() == Ok("committed") { COEFFICIENTS } else { calibration::START };
+    let start = match std::env::var("FROM").as_deref() {
+        Ok("committed") => COEFFICIENTS,
+        // Goes on from the committed fit without the held-out study, which saw nothing of it.
+        Ok("held-out") => {
+            let Some(study) = held_out else {
+                eprintln!("FROM=held-out needs the study to hold out: 35b, 9b or latency");
+                std::process::exit(2);
+            };
+            calibration::HOLD_OUT.iter().find(|(s, _)| *s == study).map(|(_, c)| *c).expect("every study has a set")
+        }
+        _ => calibration::START,
+    };
     let fitted = calibration::fit(start, &studies, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
     let knobs = calibration::knobs();
     println!("{fitted:?}");

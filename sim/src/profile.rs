@@ -14,15 +14,21 @@
 //!      + (draft cost + draft cost per sequence × decoding sequences) × k   (speculative decoding only)
 //!      + FP8 KV dequantisation × context tokens read       (--kv-cache-dtype fp8 only)
 //!      + state saving × prefilled tokens                   (vLLM caching a hybrid model's prefixes)
-//!      + max(compute, memory)
-//! compute = 2 × active params × tokens / (peak linear FLOP/s × MFU(tokens))
-//!         + attention FLOPs / (peak BF16 FLOP/s × ATTENTION_EFFICIENCY)
-//! memory  = (weights touched + KV cache read + recurrent state read and written)
-//!         / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
-//! MFU(n)  = MFU_MAX × n / (n + MFU_HALF_TOKENS)
+//!      + max(compute, memory)                              (the linear layers)
+//!      + attention                                         (the attention layers' kernels)
+//! compute   = 2 × active params × tokens / (peak linear FLOP/s × MFU(tokens))
+//! memory    = weights touched / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
+//! attention = prefill attention FLOPs / (peak BF16 FLOP/s × ATTENTION_EFFICIENCY)
+//!           + (KV cache read + recurrent state read and written) / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
+//! MFU(n)    = MFU_MAX × n / (n + MFU_HALF_TOKENS)
 //! ```
 //!
-//! The roofline part (`max(compute, memory)`) comes from the hardware's data
+//! A step's kernels run one after another: a linear layer's GEMM takes all the step's tokens at
+//! once and is bound by its FLOPs or by the weights it reads, whichever is longer; the attention
+//! and linear-attention kernels that follow it read the decoding sequences' KV cache and
+//! recurrent state on their own, so a prefill chunk's FLOPs do not hide those reads.
+//!
+//! The roofline parts come from the hardware's data
 //! sheet and the model's size; the two engine overheads are what the
 //! published reports show beyond the roofline (scheduling, sampling, kernel
 //! launches and the linear-attention state of Qwen3.5's hybrid layers), fitted
@@ -152,14 +158,14 @@ pub struct Coefficients {
 /// data-sheet numbers, the memory sizes and the load times are not.
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.95,
-    mfu_max_dense: 0.7638228,
-    mfu_max_moe: 0.315302,
+    mfu_max_dense: 0.8,
+    mfu_max_moe: 0.342802,
     mfu_half_tokens: 120.0,
-    fp8_linear_gain: 0.5708245,
+    fp8_linear_gain: 0.6083245,
     attention_efficiency: 0.5,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 4.638603e-8,
+    kv_fp8_dequant_cost: 4.141322e-8,
     state_bytes_per_sqrt_b: 1.666e7,
     hybrid_prefix_cache_cost: 2.220588e-6,
     runtime_reserve: 4.0 * GIB,
@@ -169,8 +175,8 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     tensor_parallel_efficiency: 0.85,
     draft_cost: 4.171907e-3,
     draft_cost_per_sequence: 9.560425e-5,
-    kernel_boundaries: 8.932025e-4,
-    multimodal_inputs_cost: 4.153047e-4,
+    kernel_boundaries: 9.119525e-4,
+    multimodal_inputs_cost: 3.822438e-4,
     acceptance_mtp: 0.8563485,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
@@ -196,11 +202,11 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         default_memory_fraction: 0.88,
         mixed_token_factor: 1.0,
         eager_step_overhead: 0.0,
-        overlap: 0.3647361,
+        overlap: 0.3772361,
     },
-    throughput_step_factor: 0.9922481,
-    throughput_token_factor: 0.966552,
-    interactivity_step_factor: 0.2427571,
+    throughput_step_factor: 0.969697,
+    throughput_token_factor: 0.977802,
+    interactivity_step_factor: 0.1827818,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -345,16 +351,24 @@ pub struct StepParts {
     /// Kernel boundaries, multimodal inputs, drafting, FP8 KV dequantisation and saving recurrent
     /// states for the prefix cache.
     pub extras: f64,
-    /// The roofline's two sides; the step takes the larger.
+    /// The linear layers' roofline: their FLOPs against the weights they read; the step takes the larger.
     pub compute: f64,
     pub memory: f64,
+    /// The attention layers' own kernels, after the linear layers': prefill attention's FLOPs, and
+    /// the KV cache and recurrent state the decoding sequences read (and write).
+    pub attention: f64,
     /// The share of the CPU-side parts (overhead and tokens) hidden behind the GPU-side ones.
     pub overlap: f64,
 }
 
 impl StepParts {
+    /// The GPU side of the step.
+    pub fn gpu(&self) -> f64 {
+        self.extras + self.attention + self.compute.max(self.memory)
+    }
+
     pub fn total(&self) -> f64 {
-        let (cpu, gpu) = (self.overhead + self.tokens, self.extras + self.compute.max(self.memory));
+        let (cpu, gpu) = (self.overhead + self.tokens, self.gpu());
         cpu + gpu - self.overlap * cpu.min(gpu)
     }
 }
@@ -387,9 +401,9 @@ impl CostModel {
         let state = 2.0 * self.state_bytes() * sequences;
         let state_saving =
             if self.hybrid_prefix_caching { c.hybrid_prefix_cache_cost * work.prefill_tokens as f64 } else { 0.0 };
-        let memory =
-            (self.weights_touched(tokens) + self.kv_bytes_per_token * work.decode_context_tokens as f64 + state)
-                / (self.gpu.bandwidth * scale * c.bandwidth_efficiency);
+        let bandwidth = self.gpu.bandwidth * scale * c.bandwidth_efficiency;
+        let memory = self.weights_touched(tokens) / bandwidth;
+        let decode_memory = (self.kv_bytes_per_token * work.decode_context_tokens as f64 + state) / bandwidth;
         let draft = if work.decode_tokens > 0 {
             (c.draft_cost + c.draft_cost_per_sequence * sequences) * work.draft_tokens as f64
         } else {
@@ -405,8 +419,9 @@ impl CostModel {
                 * work.decode_tokens as f64
                 * if work.prefill_tokens > 0 { self.engine.mixed_token_factor } else { 1.0 },
             extras: c.kernel_boundaries + multimodal + draft + dequant + state_saving,
-            compute: linear + attention,
+            compute: linear,
             memory,
+            attention: attention + decode_memory,
             overlap: self.engine.overlap,
         }
     }
@@ -525,7 +540,7 @@ mod tests {
         let mut m = model("Qwen/Qwen3.5-9B", "H100");
         let decode = StepWork { decode_tokens: 256, decode_context_tokens: 256 * 600, ..Default::default() };
         let parts = m.step_parts(&decode);
-        let (cpu, gpu) = (parts.overhead + parts.tokens, parts.extras + parts.compute.max(parts.memory));
+        let (cpu, gpu) = (parts.overhead + parts.tokens, parts.gpu());
         // Fully overlapped, the step takes the longer side; not at all, both.
         m.engine.overlap = 1.0;
         assert!((m.step_parts(&decode).total() - cpu.max(gpu)).abs() < 1e-12);
@@ -535,6 +550,27 @@ mod tests {
         m.engine.mixed_token_factor = 2.0;
         let mixed = m.step_parts(&StepWork { prefill_tokens: 512, ..decode });
         assert!((mixed.tokens - 2.0 * parts.tokens).abs() < 1e-12, "{} vs {}", mixed.tokens, parts.tokens);
+    }
+
+    #[test]
+    fn a_mixed_step_reads_its_decodes_kv_and_state_after_the_prefills_compute() {
+        let m = model("Qwen/Qwen3.5-9B", "H100");
+        let prefill = StepWork { prefill_tokens: 7680, prefill_attention_pairs: 7680.0 * 512.0, ..Default::default() };
+        let decodes = StepWork { decode_tokens: 512, decode_context_tokens: 512 * 1100, ..Default::default() };
+        let mixed = StepWork {
+            prefill_tokens: prefill.prefill_tokens,
+            prefill_attention_pairs: prefill.prefill_attention_pairs,
+            ..decodes
+        };
+        let (alone, beside) = (m.step_parts(&prefill), m.step_parts(&mixed));
+        // The prefill's linear layers are bound by their FLOPs, which hide the weights' read...
+        assert!(alone.compute > alone.memory, "{alone:?}");
+        // ...but not the decodes' KV cache and recurrent state, read by kernels of their own.
+        let reads = m.step_parts(&decodes).attention;
+        let bandwidth = m.gpu.bandwidth * COEFFICIENTS.bandwidth_efficiency;
+        let bytes = m.kv_bytes_per_token * decodes.decode_context_tokens as f64 + 2.0 * m.state_bytes() * 512.0;
+        assert!((reads - bytes / bandwidth).abs() < 1e-9, "{reads} s for {bytes} bytes");
+        assert!(beside.gpu() - alone.gpu() >= reads, "{beside:?} against {alone:?}: the decodes' {reads} s hidden");
     }
 
     #[test]
