@@ -7,9 +7,10 @@
 //!
 //! It starts from `calibration::START` (`FROM=committed` starts from `profile::COEFFICIENTS`, to
 //! go on from the committed fit; `FROM=held-out`, with a study, from its set in
-//! `calibration::HOLD_OUT`, to go on from a committed fit without it), prints each improvement of the loss, then the fitted
-//! coefficients (to copy into `sim/src/profile.rs`, or into `calibration::HOLD_OUT` for a fit
-//! without a study) and every row's figures under them. `ROUNDS` caps the rounds (default 40).
+//! `calibration::HOLD_OUT`, to go on from a committed fit without it), prints each improvement of
+//! the loss, then the fitted coefficients (to copy into `sim/src/profile.rs`, or into
+//! `calibration::HOLD_OUT` for a fit without a study) and every row's figures under them. `ROUNDS`
+//! caps the rounds (default 40).
 
 use benchfleet_sim::{
     calibration::{self, Study},
@@ -58,7 +59,15 @@ fn main() {
             };
             calibration::HOLD_OUT.iter().find(|(s, _)| *s == study).map(|(_, c)| *c).expect("every study has a set")
         }
-        _ => calibration::START,
+        Err(std::env::VarError::NotPresent) => calibration::START,
+        Ok(other) => {
+            eprintln!("unknown FROM={other:?}: committed or held-out (unset: calibration::START)");
+            std::process::exit(2);
+        }
+        Err(e) => {
+            eprintln!("FROM: {e}");
+            std::process::exit(2);
+        }
     };
     let fitted = calibration::fit(start, &studies, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
     let knobs = calibration::knobs();
