@@ -145,8 +145,8 @@ pub struct Row {
     pub published: f64,
     /// The report's "Benchmark duration (s)" for the run (throughput rows; `None` for the latency
     /// study, whose objective is not a rate). The report's throughput lines do not divide the run's
-    /// tokens by it but by a span they do not print, 0.1 to 16 seconds shorter and not by the same
-    /// margin from run to run; see [`duration_effect`].
+    /// tokens by it but by guidellm's span from the run's first content token to its last, 0.1 to 16
+    /// seconds shorter and not by the same margin from run to run; see [`duration_effect`].
     pub duration: Option<f64>,
     pub check: Check,
 }
@@ -343,9 +343,11 @@ pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
 /// A throughput row's published effect as its run's duration gives it, percent: the same tokens
 /// over the report's "Benchmark duration" against its base's. The simulator's throughput is
 /// tokens over that duration (first request sent to last completion, as benchfleet's loadgen and
-/// `vllm bench serve` define it), while the report's throughput lines divide by a shorter span that
-/// differs by run (0.1-0.5 s shorter in SGLang's runs, 0.3-0.9 s in vLLM's on the 9B's ShareGPT, 2-10 s
-/// in vLLM's on the 35B-A3B), so the two published effects of
+/// `vllm bench serve` define it), while the report's throughput lines are guidellm's tokens-per-second
+/// means, the tokens over the span from the first token event to the last, where guidellm counts only
+/// content chunks: with a reasoning parser the span starts when the run's first reply stopped
+/// thinking, so it differs by run (0.1-0.5 s shorter in SGLang's runs, 0.3-0.9 s in vLLM's on the 9B's
+/// ShareGPT, 2-10 s in vLLM's on the 35B-A3B), and the two published effects of
 /// one pair of runs can differ by more than a band: +33.0% by the throughput lines and +22.0% by the
 /// durations for the 35B-A3B's random 1034/128. `None` for a row without an effect or a duration.
 pub fn duration_effect(rows: &[Row], row: &Row) -> Option<f64> {

@@ -258,7 +258,7 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
     );
     let _ = writeln!(
         doc,
-        "\n## The reports' two clocks\n\nA report's throughput lines divide the run's tokens by a span shorter than its \"Benchmark\nduration\" by 0.1 to 16 seconds, a span they do not print; the simulator divides by the duration. The\nthroughput effects by both (the same tokens, so by the durations the effect is the ratio of\nthe two runs' durations), against the simulated ones. The checks above use the throughput lines.\n\n{clocks}"
+        "\n## The reports' two clocks\n\nA report's throughput lines are guidellm's tokens-per-second means: the run's tokens over the span\nfrom its first token event to its last, 0.1 to 16 seconds shorter than its \"Benchmark duration\"\n(guidellm counts only content chunks, so the span starts at the first content token after a reply's\nthinking); the simulator divides by the duration. The throughput effects by both (the same tokens,\nso by the durations the effect is the ratio of the two runs' durations), against the simulated ones.\nThe checks above use the throughput lines.\n\n{clocks}"
     );
     let _ = writeln!(
         doc,
