@@ -145,8 +145,9 @@ pub struct Row {
     pub published: f64,
     /// The report's "Benchmark duration (s)" for the run (throughput rows; `None` for the latency
     /// study, whose objective is not a rate). The report's throughput lines do not divide the run's
-    /// tokens by it but by guidellm's span from the run's first content token to its last, 0.1 to 16
-    /// seconds shorter and not by the same margin from run to run; see [`duration_effect`].
+    /// tokens by it but by guidellm's span from the run's first token event to its last, where vLLM's
+    /// streamed thinking made no events: 0.1 to 16 seconds shorter and not by the same margin from
+    /// run to run; see [`duration_effect`].
     pub duration: Option<f64>,
     pub check: Check,
 }
@@ -344,10 +345,10 @@ pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
 /// over the report's "Benchmark duration" against its base's. The simulator's throughput is
 /// tokens over that duration (first request sent to last completion, as benchfleet's loadgen and
 /// `vllm bench serve` define it), while the report's throughput lines are guidellm's tokens-per-second
-/// means, the tokens over the span from the first token event to the last, where guidellm counts only
-/// content chunks: with a reasoning parser the span starts when the run's first reply stopped
-/// thinking, so it differs by run (0.1-0.5 s shorter in SGLang's runs, 0.3-0.9 s in vLLM's on the 9B's
-/// ShareGPT, 2-10 s in vLLM's on the 35B-A3B), and the two published effects of
+/// means, the tokens over the span from the first token event to the last, and the reports' client
+/// made no events of vLLM's streamed thinking (`reasoning`), so the span leaves out a different part
+/// of each run's end (0.1-0.5 s in SGLang's runs, 0.3-0.9 s in vLLM's on the 9B's ShareGPT, 2-10 s in
+/// vLLM's on the 35B-A3B), and the two published effects of
 /// one pair of runs can differ by more than a band: +33.0% by the throughput lines and +22.0% by the
 /// durations for the 35B-A3B's random 1034/128. `None` for a row without an effect or a duration.
 pub fn duration_effect(rows: &[Row], row: &Row) -> Option<f64> {
@@ -356,6 +357,45 @@ pub fn duration_effect(rows: &[Row], row: &Row) -> Option<f64> {
         (Objective::Throughput, Some(base), Some(this)) => Some(100.0 * (base / this - 1.0)),
         _ => None,
     }
+}
+
+/// Seconds of a throughput row's run that its published throughput line leaves out: the duration
+/// less the run's tokens over the line. The reports' client (guidellm, through GPUStack's benchmark
+/// runner) divides by the span from its first token event to its last, and made no event of vLLM's
+/// streamed thinking (`reasoning`), so a vLLM reply that never left the thinking has every token at
+/// its first chunk. The second figure is the simulator's where that is all of a run: vLLM with a
+/// reasoning parser on random prompts of 128 tokens or fewer, whose replies are all thinking, the
+/// span then running from the first request's first token to the last request's first token (the
+/// mean over the row's orders). `None` for a row without a duration, or whose requests half failed.
+pub fn outside_the_line(row: &Row, coefficients: &Coefficients) -> Option<(f64, Option<f64>)> {
+    let duration = row.duration?;
+    if matches!(row.check, Check::Success(_)) {
+        return None;
+    }
+    let items = row.profile.workload().items;
+    let tokens: usize = items.iter().map(|item| item.prompt_tokens + item.output_tokens).sum();
+    let published = duration - tokens as f64 / row.published;
+    let all_thinking = row.engine == EngineKind::Vllm
+        && row.args.contains("--reasoning-parser")
+        && matches!(row.profile, Profile::Random { output, .. } if output <= 128);
+    let simulated = all_thinking.then(|| {
+        let config = config_of(row, coefficients);
+        let workloads = row.profile.workloads();
+        let outside: f64 = workloads
+            .iter()
+            .map(|workload| {
+                let timings = simulate::simulate(&config, workload).expect("the reference configuration fits");
+                let extreme = |f: fn(&simulate::RequestTiming) -> f64, max: bool| {
+                    let values = timings.iter().map(f);
+                    if max { values.fold(f64::MIN, f64::max) } else { values.fold(f64::MAX, f64::min) }
+                };
+                let duration = extreme(|t| t.completed, true) - extreme(|t| t.sent, false);
+                duration - (extreme(|t| t.first_token, true) - extreme(|t| t.first_token, false))
+            })
+            .sum();
+        outside / workloads.len() as f64
+    });
+    Some((published, simulated))
 }
 
 /// One row checked: what was published and simulated, and by how much it missed.

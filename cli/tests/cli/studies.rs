@@ -39,7 +39,8 @@ const STUDIES: [Study; 3] = [
         outstanding: Some(
             "chooses vllm+fp8+throughput-mode (+9.1%) without prefix caching, which gained 0.4% over FP8 in the \
              rehearsal, within noise (it gained 4.1 points by the report's throughput lines, guidellm's, whose span \
-             starts when the run's first reply stopped thinking, and lost 1.6% by the runs' durations; on the \
+             leaves out 2.4 s of one run and 5.8 s of the other, and lost 1.6% by the runs' durations, by which the \
+             report's stages make this rehearsal's choices at every stage; on the \
              9B it lost 2.6); throughput mode on top of FP8 gained 1.3%, near the gate's \
              1% minimum effect (published +2.2% over FP8 with prefix caching, +1.7% replayed in four orders; over \
              FP8 alone +1.5% over twelve orders and in the rehearsal's own order, +1.1% over four repeats of it), \

@@ -137,7 +137,27 @@ fn calibrate() -> (String, Vec<(usize, String)>) {
     if HOLD_OUT.is_empty() {
         hold_out = "No hold-out fit is committed yet.\n".into();
     }
-    (document(&table, &clocks(&rows, &outcomes), &hold_out), failures)
+    (document(&table, &(clocks(&rows, &outcomes) + &outside_the_lines(&rows)), &hold_out), failures)
+}
+
+/// Each throughput run's seconds outside its published throughput line's span, and the simulator's
+/// where the span is known (vLLM's replies all thinking).
+fn outside_the_lines(rows: &[Row]) -> String {
+    let mut table = String::from(
+        "\nThe seconds of each run its throughput lines leave out, and the simulator's where every reply is\nthinking (vLLM on random prompts of 100 and 128 tokens: the span from the first request's first\ntoken to the last request's):\n\n| # | engine and flags | profile | duration | left out | simulated |\n|---|---|---|---|---|---|\n",
+    );
+    for (i, row) in rows.iter().enumerate() {
+        let Some((published, simulated)) = calibration::outside_the_line(row, &COEFFICIENTS) else { continue };
+        let simulated = simulated.map_or_else(String::new, |s| format!("{s:.2} s"));
+        let _ = writeln!(
+            table,
+            "| {i} | {} | {} | {:.2} s | {published:.2} s | {simulated} |",
+            engine_and_flags(row),
+            row.profile.name(),
+            row.duration.unwrap_or_default(),
+        );
+    }
+    table
 }
 
 /// Each throughput effect by the report's throughput lines and by its durations, beside the
@@ -258,7 +278,7 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
     );
     let _ = writeln!(
         doc,
-        "\n## The reports' two clocks\n\nA report's throughput lines are guidellm's tokens-per-second means: the run's tokens over the span\nfrom its first token event to its last, 0.1 to 16 seconds shorter than its \"Benchmark duration\"\n(guidellm counts only content chunks, so the span starts at the first content token after a reply's\nthinking); the simulator divides by the duration. The throughput effects by both (the same tokens,\nso by the durations the effect is the ratio of the two runs' durations), against the simulated ones.\nThe checks above use the throughput lines.\n\n{clocks}"
+        "\n## The reports' two clocks\n\nA report's throughput lines are guidellm's tokens-per-second means: the run's tokens over the span\nfrom its first token event to its last, 0.1 to 16 seconds shorter than its \"Benchmark duration\"\n(in vLLM's runs the model's thinking, streamed as `reasoning`, made no token events); the simulator\ndivides by the duration. The throughput effects by both (the same tokens,\nso by the durations the effect is the ratio of the two runs' durations), against the simulated ones.\nThe checks above use the throughput lines.\n\n{clocks}"
     );
     let _ = writeln!(
         doc,
