@@ -142,17 +142,37 @@ pub struct Row {
     pub args: &'static str,
     pub profile: Profile,
     pub objective: Objective,
+    /// The figure as the report prints it: a throughput line (tok/s), a mean latency (s), or a
+    /// success rate (percent). The checks use [`Row::figure`].
     pub published: f64,
     /// The report's "Benchmark duration (s)" for the run (throughput rows; `None` for the latency
     /// study, whose objective is not a rate). The report's throughput lines do not divide the run's
     /// tokens by it but by guidellm's span from the run's first token event to its last, where vLLM's
     /// streamed thinking made no events: 0.1 to 16 seconds shorter and not by the same margin from
-    /// run to run; see [`duration_effect`].
+    /// run to run; see [`line_effect`] and [`outside_the_line`].
     pub duration: Option<f64>,
     pub check: Check,
 }
 
 impl Row {
+    /// The figure the checks compare the simulator's with: a throughput run's tokens over its
+    /// published duration, as benchfleet's loadgen, `vllm bench serve` and the simulator measure
+    /// throughput (the report's throughput lines leave out a part of the run that depends on its
+    /// client, see [`outside_the_line`]); else the published figure.
+    pub fn figure(&self) -> f64 {
+        match (self.duration, self.check, self.objective) {
+            (Some(duration), Check::Baseline | Check::Effect { .. }, Objective::Throughput) => {
+                self.tokens() as f64 / duration
+            }
+            _ => self.published,
+        }
+    }
+
+    /// The prompt and output tokens of the row's requests, as the reports total them.
+    pub fn tokens(&self) -> usize {
+        self.profile.workload().items.iter().map(|item| item.prompt_tokens + item.output_tokens).sum()
+    }
+
     /// The engine's command line, as an operator would type it.
     pub fn command(&self) -> String {
         match self.engine {
@@ -341,20 +361,18 @@ pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
     }
 }
 
-/// A throughput row's published effect as its run's duration gives it, percent: the same tokens
-/// over the report's "Benchmark duration" against its base's. The simulator's throughput is
-/// tokens over that duration (first request sent to last completion, as benchfleet's loadgen and
-/// `vllm bench serve` define it), while the report's throughput lines are guidellm's tokens-per-second
-/// means, the tokens over the span from the first token event to the last, and the reports' client
-/// made no events of vLLM's streamed thinking (`reasoning`), so the span leaves out a different part
-/// of each run's end (0.1-0.5 s in SGLang's runs, 0.3-0.9 s in vLLM's on the 9B's ShareGPT, 2-10 s in
-/// vLLM's on the 35B-A3B), and the two published effects of
-/// one pair of runs can differ by more than a band: +33.0% by the throughput lines and +22.0% by the
-/// durations for the 35B-A3B's random 1034/128. `None` for a row without an effect or a duration.
-pub fn duration_effect(rows: &[Row], row: &Row) -> Option<f64> {
+/// A throughput row's published effect by the report's throughput lines, percent, beside the one
+/// the checks use (by the runs' durations, [`Row::figure`]). The lines are guidellm's
+/// tokens-per-second means, the tokens over the span from the first token event to the last, and
+/// the reports' client made no events of vLLM's streamed thinking (`reasoning`), so the span leaves
+/// out a different part of each run's end (0.1-0.5 s in SGLang's runs, 0.3-0.9 s in vLLM's on the
+/// 9B's ShareGPT, 2-10 s in vLLM's on the 35B-A3B) and the two published effects of one pair of
+/// runs can differ by more than a band: +33.0% by the throughput lines and +22.0% by the durations
+/// for the 35B-A3B's random 1034/128. `None` for a row without an effect or a duration.
+pub fn line_effect(rows: &[Row], row: &Row) -> Option<f64> {
     let Check::Effect { base, .. } = row.check else { return None };
     match (row.objective, rows[base].duration, row.duration) {
-        (Objective::Throughput, Some(base), Some(this)) => Some(100.0 * (base / this - 1.0)),
+        (Objective::Throughput, Some(_), Some(_)) => Some(100.0 * (row.published / rows[base].published - 1.0)),
         _ => None,
     }
 }
@@ -372,9 +390,7 @@ pub fn outside_the_line(row: &Row, coefficients: &Coefficients) -> Option<(f64, 
     if matches!(row.check, Check::Success(_)) {
         return None;
     }
-    let items = row.profile.workload().items;
-    let tokens: usize = items.iter().map(|item| item.prompt_tokens + item.output_tokens).sum();
-    let published = duration - tokens as f64 / row.published;
+    let published = duration - row.tokens() as f64 / row.published;
     let all_thinking = row.engine == EngineKind::Vllm
         && row.args.contains("--reasoning-parser")
         && matches!(row.profile, Profile::Random { output, .. } if output <= 128);
@@ -455,12 +471,12 @@ fn check(rows: &[Row], simulated: &[Option<Simulated>], row: &Row, sim: Simulate
     let mut flipped = false;
     let (published_figure, simulated_figure, band, mut failure) = match row.check {
         Check::Baseline => {
-            let error = 100.0 * (sim.value / row.published - 1.0);
+            let error = 100.0 * (sim.value / row.figure() - 1.0);
             let failure = (error.abs() > ABSOLUTE_BAND * 100.0).then(|| format!("error {error:+.1}%"));
             (0.0, error, ABSOLUTE_BAND * 100.0, failure)
         }
         Check::Effect { base, below } => {
-            let published = 100.0 * gain(row.objective, rows[base].published, row.published);
+            let published = 100.0 * gain(row.objective, rows[base].figure(), row.figure());
             let effect = 100.0 * gain(row.objective, of(base), sim.value);
             let mut failure = ((effect - published).abs() > EFFECT_BAND)
                 .then(|| format!("effect {effect:+.1}% against the published {published:+.1}%"));
@@ -642,7 +658,7 @@ pub const START: Coefficients = Coefficients {
 /// seen the study either.
 #[rustfmt::skip]
 pub const HOLD_OUT: [(Study, Coefficients); 3] = [
-    (Study::Throughput35b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.274376, mfu_max_moe: 0.35, mfu_half_tokens: 69.6, fp8_linear_gain: 1.0, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 0.0, state_bytes_per_sqrt_b: 3895994.0222438406, hybrid_prefix_cache_cost: 3.999999999999997e-6, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, draft_cost: 0.0021573486328125002, draft_cost_per_sequence: 0.0, kernel_boundaries: 0.0005766503906250003, multimodal_inputs_cost: 0.00021250000000000002, acceptance_mtp: 0.6431640624999999, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.004332640869476921, decode_token_overhead: 3.276800000000001e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.9, mixed_token_factor: 3.0, eager_step_overhead: 0.019875000000000007, overlap: 1.0 }, sglang: EngineCosts { step_overhead: 0.004340277777777778, decode_token_overhead: 0.00033, default_max_num_seqs: 128, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.88, mixed_token_factor: 1.0, eager_step_overhead: 0.0, overlap: 1.0 }, throughput_step_factor: 1.0, throughput_token_factor: 0.85, interactivity_step_factor: 0.20971520000000005 }),
-    (Study::Throughput9b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.35234499999999996, mfu_max_moe: 0.32638888888888884, mfu_half_tokens: 99.25, fp8_linear_gain: 0.3417425, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 4.628193065921555e-8, state_bytes_per_sqrt_b: 17301038.062283736, hybrid_prefix_cache_cost: 5.825377036182745e-15, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, draft_cost: 0.003321685791015626, draft_cost_per_sequence: 0.0, kernel_boundaries: 0.0005101046153846153, multimodal_inputs_cost: 0.0007504272937774659, acceptance_mtp: 0.66375, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.0062195458984375, decode_token_overhead: 9.250000000000001e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.9, mixed_token_factor: 1.7953125, eager_step_overhead: 0.025781250000000012, overlap: 1.0 }, sglang: EngineCosts { step_overhead: 0.0069737564750064745, decode_token_overhead: 0.00033, default_max_num_seqs: 128, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.88, mixed_token_factor: 1.0, eager_step_overhead: 0.0, overlap: 1.0 }, throughput_step_factor: 0.7846649345673543, throughput_token_factor: 1.0074999999999998, interactivity_step_factor: 0.24253038194444446 }),
-    (Study::Latency9b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.3987500000000001, mfu_max_moe: 0.3555916429249763, mfu_half_tokens: 120.0, fp8_linear_gain: 0.3386175, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 4.224624467546655e-8, state_bytes_per_sqrt_b: 20817939.814814813, hybrid_prefix_cache_cost: 4.2672746884133565e-15, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, draft_cost: 0.00044500000000000003, draft_cost_per_sequence: 0.0, kernel_boundaries: 0.003, multimodal_inputs_cost: 0.0018563368055555557, acceptance_mtp: 0.7961884469696969, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.009633472773063909, decode_token_overhead: 9.107692307692309e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.9, mixed_token_factor: 2.6005859375, eager_step_overhead: 2.026135931433268e-9, overlap: 1.0 }, sglang: EngineCosts { step_overhead: 0.007716685096153846, decode_token_overhead: 0.00033, default_max_num_seqs: 128, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.88, mixed_token_factor: 1.0, eager_step_overhead: 0.0, overlap: 1.0 }, throughput_step_factor: 0.1220703125, throughput_token_factor: 1.0625, interactivity_step_factor: 0.8 }),
+    (Study::Throughput35b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.274376, mfu_max_moe: 0.35, mfu_half_tokens: 69.6, fp8_linear_gain: 1.0, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 0.0, state_bytes_per_sqrt_b: 3895994.0222438406, hybrid_prefix_cache_cost: 3.999999999999997e-6, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, draft_cost: 0.0021573486328125002, draft_cost_per_sequence: 0.0, kernel_boundaries: 0.0005766503906250003, multimodal_inputs_cost: 0.00021250000000000002, acceptance_mtp: 0.6431640624999999, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.005493535461846151, decode_token_overhead: 3.276800000000001e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.9, mixed_token_factor: 3.0, eager_step_overhead: 0.019875000000000007, overlap: 1.0 }, sglang: EngineCosts { step_overhead: 0.004340277777777778, decode_token_overhead: 0.00033, default_max_num_seqs: 128, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.88, mixed_token_factor: 1.0, eager_step_overhead: 0.0, overlap: 1.0 }, throughput_step_factor: 1.0, throughput_token_factor: 0.85, interactivity_step_factor: 0.20971520000000005 }),
+    (Study::Throughput9b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.37109499999999984, mfu_max_moe: 0.27829861111111104, mfu_half_tokens: 101.35000000000001, fp8_linear_gain: 0.292144, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 4.3408739360404076e-8, state_bytes_per_sqrt_b: 17701038.062283736, hybrid_prefix_cache_cost: 7.723046702766931e-8, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, draft_cost: 0.003384185791015626, draft_cost_per_sequence: 1.2091840654901856e-5, kernel_boundaries: 0.0005419861538461538, multimodal_inputs_cost: 0.0009001096909982153, acceptance_mtp: 0.6743750000000001, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.0062195458984375, decode_token_overhead: 9.250000000000001e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.9, mixed_token_factor: 1.8578125, eager_step_overhead: 0.024452205882352952, overlap: 1.0 }, sglang: EngineCosts { step_overhead: 0.006563535505888446, decode_token_overhead: 0.00033, default_max_num_seqs: 128, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.88, mixed_token_factor: 1.0, eager_step_overhead: 0.0, overlap: 1.0 }, throughput_step_factor: 0.8974774345673547, throughput_token_factor: 1.0074999999999998, interactivity_step_factor: 0.1 }),
+    (Study::Latency9b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.8, mfu_max_moe: 0.33259831433998105, mfu_half_tokens: 120.0, fp8_linear_gain: 0.34538075000000007, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 2.70375965922986e-8, state_bytes_per_sqrt_b: 16140916.666666666, hybrid_prefix_cache_cost: 7.431932312727936e-7, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, draft_cost: 0.00044500000000000003, draft_cost_per_sequence: 0.0, kernel_boundaries: 0.0008314545986750845, multimodal_inputs_cost: 0.00165, acceptance_mtp: 0.7961884469696969, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.00856308690939014, decode_token_overhead: 9.107692307692309e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.9, mixed_token_factor: 2.20546875, eager_step_overhead: 0.01116302723150988, overlap: 0.8 }, sglang: EngineCosts { step_overhead: 0.006374087179487179, decode_token_overhead: 0.00033, default_max_num_seqs: 128, default_max_num_batched_tokens: 8192, default_memory_fraction: 0.88, mixed_token_factor: 1.0, eager_step_overhead: 0.0, overlap: 1.0 }, throughput_step_factor: 0.6177016091346741, throughput_token_factor: 1.0625, interactivity_step_factor: 0.8 }),
 ];
