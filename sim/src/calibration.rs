@@ -362,13 +362,10 @@ pub fn gain(objective: Objective, base: f64, value: f64) -> f64 {
 }
 
 /// A throughput row's published effect by the report's throughput lines, percent, beside the one
-/// the checks use (by the runs' durations, [`Row::figure`]). The lines are guidellm's
-/// tokens-per-second means, the tokens over the span from the first token event to the last, and
-/// the reports' client made no events of vLLM's streamed thinking (`reasoning`), so the span leaves
-/// out a different part of each run's end (0.1-0.5 s in SGLang's runs, 0.3-0.9 s in vLLM's on the
-/// 9B's ShareGPT, 2-10 s in vLLM's on the 35B-A3B) and the two published effects of one pair of
-/// runs can differ by more than a band: +33.0% by the throughput lines and +22.0% by the durations
-/// for the 35B-A3B's random 1034/128. `None` for a row without an effect or a duration.
+/// the checks use (by the runs' durations, [`Row::figure`]). The lines leave out a part of each run
+/// that differs from run to run ([`outside_the_line`]), so the two effects of one pair of runs can
+/// differ by more than a band: +33.0% by the lines and +22.0% by the durations for the 35B-A3B's
+/// random 1034/128. `None` for a row without an effect or a duration.
 pub fn line_effect(rows: &[Row], row: &Row) -> Option<f64> {
     let Check::Effect { base, .. } = row.check else { return None };
     match (row.objective, rows[base].duration, row.duration) {
