@@ -138,19 +138,25 @@ pub fn simulate_observed(
     // Scheduled send times: a closed loop has every request ready at 0, sent as clients free up.
     let mut queue: VecDeque<(usize, f64)> =
         (0..items.len()).map(|i| (i, if rate.is_finite() { i as f64 / rate } else { 0.0 })).collect();
+    // When each free client slot became free, oldest first: all are free at the start, and a
+    // request that ends frees its slot at the end of the step that ended it.
+    let mut free_slots: VecDeque<f64> = std::iter::repeat_n(0.0, cap.min(items.len())).collect();
     let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
     let mut timings: Vec<Option<RequestTiming>> = vec![None; items.len()];
-    // The time a client slot last became free, so a request that waited for one is sent then.
-    let mut slot_free_since = 0.0_f64;
     let mut now = 0.0_f64;
     let mut next_id = 0_u64;
     loop {
-        while let Some(&(item, scheduled)) = queue.front() {
-            if scheduled > now || in_flight.len() >= cap {
+        // A request sent at the instant a step ends (one that waited for the slot of a request the
+        // step ended) reaches the engine after it planned its next step, as on the real-time server,
+        // and joins the step after; an idle engine takes in at once what has arrived.
+        let idle = scheduler.is_idle();
+        while let (Some(&(item, scheduled)), Some(&free)) = (queue.front(), free_slots.front()) {
+            let sent = scheduled.max(free);
+            if sent > now || (sent == now && !idle) {
                 break;
             }
             queue.pop_front();
-            let sent = scheduled.max(slot_free_since);
+            free_slots.pop_front();
             let work = &items[item];
             next_id += 1;
             scheduler.add(SeqRequest {
@@ -163,12 +169,13 @@ pub fn simulate_observed(
             in_flight.insert(next_id, InFlight { item, sent, first_token: None, tokens: 0 });
         }
         let Some(step) = scheduler.step() else {
-            match queue.front() {
-                Some(&(_, scheduled)) => {
-                    now = now.max(scheduled);
+            // Idle: on to the next request's arrival (an idle engine's clients all have a free slot).
+            match (queue.front(), free_slots.front()) {
+                (Some(&(_, scheduled)), Some(&free)) => {
+                    now = now.max(scheduled.max(free));
                     continue;
                 }
-                None => break,
+                _ => break,
             }
         };
         observe(&step);
@@ -182,9 +189,7 @@ pub fn simulate_observed(
             if emission.finished || emission.failed {
                 let done = *request;
                 in_flight.remove(&emission.id);
-                if in_flight.len() + 1 == cap {
-                    slot_free_since = now;
-                }
+                free_slots.push_back(now);
                 let work = &items[done.item];
                 timings[done.item] = Some(RequestTiming {
                     sent: done.sent,

@@ -89,6 +89,29 @@ fn runs_repeat_exactly_for_a_seed() {
     assert_eq!(first, simulate::simulate(&config(&spec), &workload).expect("fits"));
 }
 
+/// A request sent as a step ends, into the slot of one that step ended, reaches the engine after it
+/// planned its next step, as on the real-time server, and is prefilled in the step after that; an
+/// idle engine takes in at once what has arrived.
+#[test]
+fn a_request_sent_as_a_step_ends_joins_the_step_after_the_next() {
+    // Two clients: the first request decodes 64 tokens; the second ends after 2, and its client
+    // sends the third at that instant, while the first still decodes.
+    let mut items = simulate::random(3, 512, 2, 3);
+    items[0].output_tokens = 64;
+    let workload = Workload { items, arrival: Arrival::Closed { concurrency: 2 } };
+    let mut engine = Scheduler::from_config(&config(ENGINE)).expect("fits");
+    let (mut now, mut step_ends) = (0.0, Vec::new());
+    let t = simulate::simulate_observed(&mut engine, &workload, |step| {
+        now += step.duration.as_secs_f64();
+        step_ends.push(now);
+    });
+    // The first two reach the idle engine together and are prefilled in its first step.
+    assert_eq!((t[0].first_token, t[1].first_token), (step_ends[0], step_ends[0]));
+    assert_eq!(t[2].sent, t[1].completed, "sent as its client's slot freed");
+    let steps_waited = step_ends.iter().filter(|&&end| end > t[2].sent && end <= t[2].first_token + 1e-12).count();
+    assert_eq!(steps_waited, 2, "a decode step of the first request, then the third's prefill: {step_ends:?}");
+}
+
 #[test]
 fn a_full_kv_cache_makes_requests_wait() {
     // 27% of an H100 leaves about 0.7 GiB of KV cache: some 60k tokens, so 64 prompts of 8000 cannot all run.
