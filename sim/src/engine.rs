@@ -3,7 +3,9 @@
 //! The API submits requests through an [`EngineHandle`] and reads each one's
 //! output from its own channel: one message per step that gave it tokens (a
 //! step can give several with speculative decoding). Each loop iteration
-//! takes in new requests, drops those whose client went away, plans a step,
+//! takes in the requests that arrived while the step before the last ran
+//! (the engines plan a step as they launch the one before it; an idle engine
+//! takes what arrives at once), drops those whose client went away, plans a step,
 //! sleeps until `deadline += step time / speedup` (absolute deadlines, so
 //! timer overshoot never accumulates), then delivers the step's tokens.
 //! Tokio's timer fires on whole milliseconds, so a token can leave up to 1 ms
@@ -161,6 +163,7 @@ pub fn start(
         slowdown_pct_per_s,
         first_step: None,
         timing: Timing::default(),
+        arrived: Vec::new(),
     };
     let task = tokio::spawn(engine.run(receiver, dead.clone()));
     (EngineHandle { commands, stats, dead }, task)
@@ -182,6 +185,10 @@ struct EngineLoop {
     slowdown_pct_per_s: f64,
     first_step: Option<Instant>,
     timing: Timing,
+    /// Requests that reached the engine while its last step ran. The engines plan a step as they
+    /// launch the one before it (vLLM's batch queue, SGLang's overlap loop), so these join the
+    /// step after the next: the next one was planned before they came.
+    arrived: Vec<SeqRequest>,
 }
 
 impl EngineLoop {
@@ -200,14 +207,23 @@ impl EngineLoop {
     async fn steps(&mut self, commands: &mut mpsc::UnboundedReceiver<Command>) -> Result<(), EngineCrashed> {
         let mut deadline = Instant::now();
         loop {
+            // The step planned now takes what had arrived when the step that just ended began.
+            let planned = std::mem::take(&mut self.arrived);
+            self.admit(planned);
             if self.scheduler.is_idle() {
                 self.publish();
                 match commands.recv().await {
                     Some(command) => self.handle(command),
                     None => return Ok(()),
                 }
-                // An idle engine starts its next step now, not at a deadline in the past.
+                // An idle engine starts its next step now, not at a deadline in the past, with
+                // everything that has arrived.
                 deadline = Instant::now();
+                while let Ok(command) = commands.try_recv() {
+                    self.handle(command);
+                }
+                let arrived = std::mem::take(&mut self.arrived);
+                self.admit(arrived);
             }
             while let Ok(command) = commands.try_recv() {
                 self.handle(command);
@@ -253,7 +269,7 @@ impl EngineLoop {
                 self.next_id += 1;
                 let id = self.next_id;
                 self.sinks.insert(id, Sink { tokens, rng: ChaCha8Rng::seed_from_u64(request.seed) });
-                self.scheduler.add(SeqRequest {
+                self.arrived.push(SeqRequest {
                     id,
                     prompt_tokens: request.prompt_tokens,
                     block_hashes: request.block_hashes,
@@ -265,10 +281,21 @@ impl EngineLoop {
         }
     }
 
+    /// Hands `requests` to the scheduler, but those whose client has gone away.
+    fn admit(&mut self, requests: Vec<SeqRequest>) {
+        for request in requests {
+            if self.sinks.get(&request.id).is_some_and(|sink| !sink.tokens.is_closed()) {
+                self.scheduler.add(request);
+            } else {
+                self.sinks.remove(&request.id);
+            }
+        }
+    }
+
     fn publish(&self) {
         let stats = Stats {
             running: self.scheduler.running(),
-            waiting: self.scheduler.waiting(),
+            waiting: self.scheduler.waiting() + self.arrived.len(),
             kv_usage: self.scheduler.kv_usage(),
             counters: self.scheduler.counters(),
             timing: self.timing,

@@ -144,15 +144,19 @@ pub fn simulate_observed(
     let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
     let mut timings: Vec<Option<RequestTiming>> = vec![None; items.len()];
     let mut now = 0.0_f64;
+    // When the step that just ended began: the engines plan a step as they launch the one before
+    // it (vLLM's batch queue, SGLang's overlap loop), so the step planned now took in what had
+    // reached the engine by then. A request sent at that instant, into the slot of one the step
+    // before ended, reached it just after; what arrives while a step runs joins the step after
+    // the next. An idle engine plans at once with what has arrived.
+    let mut step_began = 0.0_f64;
     let mut next_id = 0_u64;
     loop {
-        // A request sent at the instant a step ends (one that waited for the slot of a request the
-        // step ended) reaches the engine after it planned its next step, as on the real-time server,
-        // and joins the step after; an idle engine takes in at once what has arrived.
         let idle = scheduler.is_idle();
+        let planned = if idle { now } else { step_began };
         while let (Some(&(item, scheduled)), Some(&free)) = (queue.front(), free_slots.front()) {
             let sent = scheduled.max(free);
-            if sent > now || (sent == now && !idle) {
+            if sent > planned || (sent == planned && !idle) {
                 break;
             }
             queue.pop_front();
@@ -179,6 +183,7 @@ pub fn simulate_observed(
             }
         };
         observe(&step);
+        step_began = now;
         now += step.duration.as_secs_f64();
         for emission in step.emissions {
             let Some(request) = in_flight.get_mut(&emission.id) else { continue };

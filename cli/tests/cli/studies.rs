@@ -37,27 +37,26 @@ const STUDIES: [Study; 3] = [
         file: "study-35b-a3b-h200-throughput.yaml",
         published: "vllm+fp8+prefix-caching+throughput-mode",
         outstanding: Some(
-            "chooses vllm+fp8 (+7.6%): each stage's effect within 3 points of the report's by its runs' durations \
-             (FP8 +8.6%, prefix caching -1.6%, throughput mode +1.4%) and each stage's choice the report's by them \
-             but throughput mode's, whose gain sits at the gate's 1% minimum effect: -0.0% here, where the model \
-             gives it -0.6% in this order of the requests and +1.3% over four (earlier rehearsals drew +0.9% to \
-             +2.7% and kept it three times in four); the report's command also has prefix caching, which it kept \
-             by its throughput lines (+4.1 points), guidellm's, whose spans leave out 2.4 s of one run and 5.8 s \
-             of the other",
+            "chooses vllm+fp8+throughput-mode (+10.7%), the report's choice at every stage by its runs' durations \
+             (FP8 +8.6%, prefix caching -1.6%, throughput mode +1.4%), each stage's effect within 3 points of them; \
+             the report's command also has prefix caching, which it kept by its throughput lines (+4.1 points), \
+             guidellm's, whose spans leave out 2.4 s of one run and 5.8 s of the other; throughput mode's gain on \
+             FP8 (+1.0% here) sits at the gate's 1% minimum effect, where the order of the requests decides (the \
+             model gives it +1.0% in this order), so a rehearsal may leave it out",
         ),
     },
     Study {
         file: "study-9b-h100-throughput.yaml",
         published: "vllm+throughput-seqs-512",
         outstanding: Some(
-            "chooses vllm+throughput-seqs-768-batched-48k (+2.1%), with 32k tokens and 512 sequences with 32k \
-             within noise of it; throughput mode with 512 sequences lost 0.5%, where the report kept it (+1.9% \
-             by its durations). The report's batch-limit settings lie within 3.0 points of each other (-1.1% to \
-             +1.9%) and two of them that run the same batches under the client's cap differ by 2.1% in it; \
-             replayed in four orders the model puts each within its band and throughput mode's settings but 256 \
-             sequences within 0.6 points of each other (calibration rows 17-27), where this order of the requests \
-             puts 768 sequences with 48k tokens 2.9 points ahead of 512 sequences; which of them wins one run is \
-             noise on both sides",
+            "chooses vllm+throughput-seqs-512-batched-32k (+1.7%), with 32k tokens within noise of it; throughput \
+             mode with 512 sequences gained 0.4%, where the report kept it (+1.9% by its durations), every setting \
+             within 3 points of the report's. The report's batch-limit settings lie within 3.0 points of each other \
+             (-1.1% to +1.9%) and two of them that run the same batches under the client's cap differ by 2.1% in \
+             it; replayed in four orders the model puts each within its band and throughput mode's settings but \
+             256 sequences within 0.7 points of each other (calibration rows 17-27), and in this order of the \
+             requests ranks throughput mode with 512 sequences first (+1.8%); which of them wins one run is noise \
+             on both sides",
         ),
     },
     Study {

@@ -2,7 +2,7 @@
 
 use benchfleet_sim::{
     Scheduler, StartupError, parse_command_line_with_gpu,
-    simulate::{self, Arrival, Summary, Workload},
+    simulate::{self, Arrival, RequestTiming, Summary, Workload},
 };
 
 fn config(line: &str) -> benchfleet_sim::SimConfig {
@@ -89,27 +89,47 @@ fn runs_repeat_exactly_for_a_seed() {
     assert_eq!(first, simulate::simulate(&config(&spec), &workload).expect("fits"));
 }
 
-/// A request sent as a step ends, into the slot of one that step ended, reaches the engine after it
-/// planned its next step, as on the real-time server, and is prefilled in the step after that; an
-/// idle engine takes in at once what has arrived.
+/// `workload` on a fresh engine: its timings, and when each step ended.
+fn with_step_ends(workload: &Workload) -> (Vec<RequestTiming>, Vec<f64>) {
+    let mut engine = Scheduler::from_config(&config(ENGINE)).expect("fits");
+    let (mut now, mut step_ends) = (0.0, Vec::new());
+    let timings = simulate::simulate_observed(&mut engine, workload, |step| {
+        now += step.duration.as_secs_f64();
+        step_ends.push(now);
+    });
+    (timings, step_ends)
+}
+
+/// The steps that ended after a request was sent, up to the one that gave its first token.
+fn steps_waited(t: &RequestTiming, step_ends: &[f64]) -> usize {
+    step_ends.iter().filter(|&&end| end > t.sent && end <= t.first_token + 1e-12).count()
+}
+
+/// The engines plan a step as they launch the one before it (vLLM's batch queue, SGLang's overlap
+/// loop): a request that reaches a busy engine while a step runs is prefilled in the step after
+/// the next, and one sent as a step ends, into the slot of a request that step ended, in the one
+/// after that. An idle engine takes a request at once.
 #[test]
-fn a_request_sent_as_a_step_ends_joins_the_step_after_the_next() {
+fn a_busy_engine_plans_a_step_ahead_and_an_idle_one_at_once() {
     // Two clients: the first request decodes 64 tokens; the second ends after 2, and its client
     // sends the third at that instant, while the first still decodes.
     let mut items = simulate::random(3, 512, 2, 3);
     items[0].output_tokens = 64;
-    let workload = Workload { items, arrival: Arrival::Closed { concurrency: 2 } };
-    let mut engine = Scheduler::from_config(&config(ENGINE)).expect("fits");
-    let (mut now, mut step_ends) = (0.0, Vec::new());
-    let t = simulate::simulate_observed(&mut engine, &workload, |step| {
-        now += step.duration.as_secs_f64();
-        step_ends.push(now);
-    });
+    let (t, step_ends) = with_step_ends(&Workload { items, arrival: Arrival::Closed { concurrency: 2 } });
     // The first two reach the idle engine together and are prefilled in its first step.
     assert_eq!((t[0].first_token, t[1].first_token), (step_ends[0], step_ends[0]));
+    assert_eq!(t[1].completed, step_ends[1], "a first token, then one decode");
     assert_eq!(t[2].sent, t[1].completed, "sent as its client's slot freed");
-    let steps_waited = step_ends.iter().filter(|&&end| end > t[2].sent && end <= t[2].first_token + 1e-12).count();
-    assert_eq!(steps_waited, 2, "a decode step of the first request, then the third's prefill: {step_ends:?}");
+    assert_eq!(steps_waited(&t[2], &step_ends), 3, "prefilled in the fifth step: {step_ends:?}");
+
+    // At 1000 requests a second the second arrives 1 ms in, while the first one's prefill runs.
+    let mut items = simulate::random(2, 512, 64, 3);
+    items[1].output_tokens = 2;
+    let (t, step_ends) =
+        with_step_ends(&Workload { items, arrival: Arrival::Rate { rate: 1000.0, max_concurrency: None } });
+    assert_eq!(t[0].first_token, step_ends[0], "the idle engine took the first at once");
+    assert!(t[1].sent < step_ends[0]);
+    assert_eq!(steps_waited(&t[1], &step_ends), 3, "prefilled in the third step: {step_ends:?}");
 }
 
 #[test]
