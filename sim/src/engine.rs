@@ -210,23 +210,23 @@ impl EngineLoop {
             // The step planned now takes what had arrived when the step that just ended began.
             let planned = std::mem::take(&mut self.arrived);
             self.admit(planned);
-            if self.scheduler.is_idle() {
+            let idle = self.scheduler.is_idle();
+            if idle {
                 self.publish();
                 match commands.recv().await {
                     Some(command) => self.handle(command),
                     None => return Ok(()),
                 }
-                // An idle engine starts its next step now, not at a deadline in the past, with
-                // everything that has arrived.
+                // An idle engine starts its next step now, not at a deadline in the past.
                 deadline = Instant::now();
-                while let Ok(command) = commands.try_recv() {
-                    self.handle(command);
-                }
-                let arrived = std::mem::take(&mut self.arrived);
-                self.admit(arrived);
             }
             while let Ok(command) = commands.try_recv() {
                 self.handle(command);
+            }
+            if idle {
+                // And with everything that has arrived: it had no step in flight to plan ahead of.
+                let arrived = std::mem::take(&mut self.arrived);
+                self.admit(arrived);
             }
             let gone: Vec<u64> = self.sinks.iter().filter(|(_, s)| s.tokens.is_closed()).map(|(id, _)| *id).collect();
             for id in gone {
