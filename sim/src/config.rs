@@ -56,6 +56,7 @@ pub fn help() -> String {
     out.push_str(
         "\nEnvironment:\n  BENCHFLEET_SIM_GPU           the GPU simulated when --sim-gpu is not given\n  \
          BENCHFLEET_SIM_SPEED         run at this factor of the modelled speed (a slow host: 0.88)\n  \
+         CUDA_VISIBLE_DEVICES         the GPUs given, as CUDA lists them: a tensor-parallel size above their count\n                               fails at startup, as on a GPU (unset: as many as asked)\n  \
          RUST_LOG                     the log filter (default info)\n\n\
          Exit status: 0 after SIGINT or SIGTERM; 1 when the engine fails as a real one would (out of memory,\n\
          a crash, a port in use); 2 for a command line the engine would refuse.\n",
@@ -115,6 +116,10 @@ pub struct SimConfig {
     /// `--gpu-memory-utilization` / `--mem-fraction-static`; the engine's default when absent.
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
+    /// The GPUs the engine was given, as `CUDA_VISIBLE_DEVICES` lists them (an agent sets it to
+    /// the job's GPUs, simulated ones too); `None` when unset, as on a host whose every GPU is
+    /// visible: the simulator then has as many as `--tensor-parallel-size` asks.
+    pub visible_gpus: Option<usize>,
     pub trust_remote_code: bool,
     /// SGLang serves `/metrics` only with `--enable-metrics`; vLLM always does.
     pub enable_metrics: bool,
@@ -200,11 +205,18 @@ pub enum ArgError {
 /// 1/0.88 of every step time).
 pub const SPEED_ENV: &str = "BENCHFLEET_SIM_SPEED";
 
+/// The GPUs a CUDA process may use, as CUDA reads the variable: the entries
+/// before the first empty or `-1` one (an empty value hides every GPU).
+pub fn visible_gpus(cuda_visible_devices: &str) -> usize {
+    cuda_visible_devices.split(',').map(str::trim).take_while(|d| !d.is_empty() && *d != "-1").count()
+}
+
 /// Parses argv without the program name, e.g. `["vllm", "serve", "Qwen/Qwen3-8B", "--port=8001"]`;
 /// the GPU comes from `--sim-gpu`, else from `BENCHFLEET_SIM_GPU`; the speed is multiplied by
-/// `BENCHFLEET_SIM_SPEED` when set.
+/// `BENCHFLEET_SIM_SPEED` when set; the GPUs it may use are `CUDA_VISIBLE_DEVICES`'s.
 pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
     let mut config = parse_command_line_with_gpu(args, std::env::var(GPU_ENV).ok().as_deref())?;
+    config.visible_gpus = std::env::var("CUDA_VISIBLE_DEVICES").ok().map(|devices| visible_gpus(&devices));
     if let Ok(text) = std::env::var(SPEED_ENV) {
         let speed = text.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
             ArgError::InvalidValue {
@@ -248,6 +260,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         enforce_eager: false,
         gpu_memory_utilization: None,
         tensor_parallel_size: 1,
+        visible_gpus: None,
         trust_remote_code: false,
         enable_metrics: engine == EngineKind::Vllm,
         gpu: profile::GPUS[1],
@@ -294,9 +307,14 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (Vllm, "--max-num-seqs") | (Sglang, "--max-running-requests") => {
                 max_seqs = Some(parse(name, &value()?)?);
             }
-            (_, "--max-num-batched-tokens") | (Sglang, "--chunked-prefill-size") => {
-                batched_tokens = Some(parse(name, &value()?)?);
+            (Sglang, "--chunked-prefill-size") => {
+                // -1 turns chunking off: a prompt is prefilled in one step, whatever its length.
+                batched_tokens = match value()?.as_str() {
+                    "-1" => Some(Budget::Unchunked),
+                    text => Some(Budget::Tokens(parse(name, text)?)),
+                };
             }
+            (_, "--max-num-batched-tokens") => batched_tokens = Some(Budget::Tokens(parse(name, &value()?)?)),
             (_, "--enable-prefix-caching") => prefix_caching = Some(switch(true)?),
             (Vllm, "--no-enable-prefix-caching") | (Sglang, "--disable-radix-cache") => {
                 prefix_caching = Some(switch(false)?);
@@ -306,7 +324,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (_, "--speculative-config") => {
                 let text = value()?;
                 let json: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid(name, &text, err))?;
-                if json.get("num_speculative_tokens").and_then(serde_json::Value::as_u64).is_none() {
+                if json.get("num_speculative_tokens").and_then(serde_json::Value::as_u64).is_none_or(|k| k == 0) {
                     return Err(invalid(name, &text, "num_speculative_tokens must be a positive integer"));
                 }
                 config.speculative_config = Some(json);
@@ -317,7 +335,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
                 config.gpu_memory_utilization = Some(parse(name, &value()?)?);
             }
-            (_, "--tensor-parallel-size") | (Sglang, "--tp-size") => {
+            (_, "--tensor-parallel-size") | (Vllm, "-tp") | (Sglang, "--tp-size" | "--tp") => {
                 config.tensor_parallel_size = parse(name, &value()?)?;
             }
             (_, "--trust-remote-code") => config.trust_remote_code = switch(true)?,
@@ -378,14 +396,25 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
     let hybrid_in_vllm = engine == EngineKind::Vllm && config.model_shape().hybrid;
     config.enable_prefix_caching = prefix_caching.unwrap_or(!hybrid_in_vllm);
     let costs = config.engine_costs();
-    config.max_num_seqs = max_seqs.unwrap_or(costs.default_max_num_seqs).max(1);
-    config.max_num_batched_tokens = batched_tokens.unwrap_or(costs.default_max_num_batched_tokens).max(1);
+    config.max_num_seqs = max_seqs.unwrap_or(costs.default_max_num_seqs);
+    config.max_num_batched_tokens = match batched_tokens {
+        Some(Budget::Tokens(tokens)) => tokens,
+        Some(Budget::Unchunked) => config.max_model_len.max(costs.default_max_num_batched_tokens),
+        None => costs.default_max_num_batched_tokens,
+    };
     if startup_from_model {
         let seconds =
             config.model_shape().weight_bytes() / config.coefficients.load_bandwidth + config.coefficients.load_warmup;
         config.startup_delay = Duration::from_secs_f64(seconds);
     }
     Ok(config)
+}
+
+/// A step's token budget as given.
+enum Budget {
+    Tokens(usize),
+    /// SGLang's `--chunked-prefill-size -1`.
+    Unchunked,
 }
 
 fn invalid(flag: &str, value: &str, reason: impl fmt::Display) -> ArgError {
@@ -431,6 +460,19 @@ mod tests {
     fn check_err(line: &str, expected: &str) {
         let err = parse_command_line(&args(line)).expect_err(line);
         assert_eq!(err.to_string(), expected, "{line}");
+    }
+
+    #[test]
+    fn visible_gpus_are_counted_as_cuda_counts_them() {
+        for (devices, count) in [("0,1", 2), ("GPU-a, GPU-b ,GPU-c", 3), ("", 0), ("0,-1,2", 1), ("-1", 0), ("3,,4", 1)]
+        {
+            assert_eq!(visible_gpus(devices), count, "{devices:?}");
+        }
+        let spec = r#"--speculative-config={"method":"mtp","num_speculative_tokens":0}"#;
+        assert!(matches!(
+            parse_command_line_with_gpu(&args(&format!("vllm serve m {spec}")), None),
+            Err(ArgError::InvalidValue { .. })
+        ));
     }
 
     #[test]

@@ -429,6 +429,81 @@ pub enum StartupError {
         available_gib: f64,
         estimated_len: usize,
     },
+    /// A value the engine's own checks refuse once its flags are parsed (too many GPUs asked,
+    /// a token budget under the sequences, a memory fraction above 1).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What the engine's configuration checks refuse, in its words, before anything is loaded. vLLM's
+/// configurations are pydantic dataclasses: a check that fails raises a `ValidationError` naming
+/// the configuration, its `Value error, ` line saying why. SGLang raises plain errors.
+fn refusal(config: &SimConfig) -> Option<String> {
+    let vllm = config.engine == EngineKind::Vllm;
+    let refused = |section: &str, why: String| {
+        Some(if vllm {
+            format!(
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for {section}\n  Value error, {why}"
+            )
+        } else {
+            format!("ValueError: {why}")
+        })
+    };
+    let tp = config.tensor_parallel_size as usize;
+    let (tp_flag, seqs_flag, budget_flag, memory_flag) = if vllm {
+        ("--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization")
+    } else {
+        ("--tp-size", "--max-running-requests", "--chunked-prefill-size", "--mem-fraction-static")
+    };
+    if tp == 0 {
+        return refused("ParallelConfig", format!("{tp_flag} must be at least 1, got 0"));
+    }
+    match config.visible_gpus {
+        Some(0) => return Some("RuntimeError: No CUDA GPUs are available".to_owned()),
+        Some(visible) if tp > visible && vllm => {
+            return refused(
+                "ParallelConfig",
+                format!(
+                    "World size ({tp}) is larger than the number of available GPUs ({visible}) in this node. If this \
+                     is intentional and you are using: - ray, set '--distributed-executor-backend ray'. - \
+                     multiprocessing, set '--nnodes' appropriately."
+                ),
+            );
+        }
+        Some(visible) if tp > visible => {
+            return Some(format!(
+                "RuntimeError: CUDA error: invalid device ordinal ({tp_flag} {tp} needs {tp} GPUs, {visible} visible)"
+            ));
+        }
+        _ => {}
+    }
+    if config.max_model_len == 0 {
+        return refused("ModelConfig", "max_model_len must be at least 1, got 0".to_owned());
+    }
+    if config.max_num_seqs == 0 {
+        return refused("SchedulerConfig", format!("{seqs_flag} must be at least 1, got 0"));
+    }
+    if config.max_num_batched_tokens == 0 {
+        return refused("SchedulerConfig", format!("{budget_flag} must be at least 1, got 0"));
+    }
+    if vllm && config.max_num_batched_tokens < config.max_num_seqs {
+        return refused(
+            "SchedulerConfig",
+            format!(
+                "max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({}).",
+                config.max_num_batched_tokens, config.max_num_seqs
+            ),
+        );
+    }
+    match config.gpu_memory_utilization {
+        Some(f) if f > 1.0 && vllm => {
+            refused("CacheConfig", format!("GPU memory utilization must be less than 1.0. Got {f}."))
+        }
+        Some(f) if !(f > 0.0 && f <= 1.0) => {
+            refused("CacheConfig", format!("{memory_flag} must be above 0 and at most 1, got {f}"))
+        }
+        _ => None,
+    }
 }
 
 fn out_of_memory(engine: EngineKind) -> &'static str {
@@ -453,12 +528,16 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 impl Scheduler {
     /// The engine a configuration describes: its step-time model, and a KV cache sized from GPU
-    /// memory, weights and `--kv-cache-dtype`. Fails as the engine would when the model does not fit.
+    /// memory, weights and `--kv-cache-dtype`. Fails as the engine would when its checks refuse a value
+    /// or the model does not fit.
     pub fn from_config(config: &SimConfig) -> Result<Scheduler, StartupError> {
+        if let Some(why) = refusal(config) {
+            return Err(StartupError::Refused(why));
+        }
         let c = &config.coefficients;
         let model = config.model_shape();
         let engine = config.engine_costs();
-        let tp = f64::from(config.tensor_parallel_size.max(1));
+        let tp = f64::from(config.tensor_parallel_size);
         let fraction = config.gpu_memory_utilization.unwrap_or(engine.default_memory_fraction);
         let usable = config.gpu.memory * tp * fraction - c.runtime_reserve * tp;
         let vision = if config.language_model_only { 1.0 - c.vision_encoder_fraction } else { 1.0 };

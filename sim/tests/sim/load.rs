@@ -89,9 +89,9 @@ fn runs_repeat_exactly_for_a_seed() {
     assert_eq!(first, simulate::simulate(&config(&spec), &workload).expect("fits"));
 }
 
-/// `workload` on a fresh engine: its timings, and when each step ended.
-fn with_step_ends(workload: &Workload) -> (Vec<RequestTiming>, Vec<f64>) {
-    let mut engine = Scheduler::from_config(&config(ENGINE)).expect("fits");
+/// `workload` on a fresh engine of `line`: its timings, and when each step ended.
+fn with_step_ends(line: &str, workload: &Workload) -> (Vec<RequestTiming>, Vec<f64>) {
+    let mut engine = Scheduler::from_config(&config(line)).expect("fits");
     let (mut now, mut step_ends) = (0.0, Vec::new());
     let timings = simulate::simulate_observed(&mut engine, workload, |step| {
         now += step.duration.as_secs_f64();
@@ -115,7 +115,7 @@ fn a_busy_engine_plans_a_step_ahead_and_an_idle_one_at_once() {
     // sends the third at that instant, while the first still decodes.
     let mut items = simulate::random(3, 512, 2, 3);
     items[0].output_tokens = 64;
-    let (t, step_ends) = with_step_ends(&Workload { items, arrival: Arrival::Closed { concurrency: 2 } });
+    let (t, step_ends) = with_step_ends(ENGINE, &Workload { items, arrival: Arrival::Closed { concurrency: 2 } });
     // The first two reach the idle engine together and are prefilled in its first step.
     assert_eq!((t[0].first_token, t[1].first_token), (step_ends[0], step_ends[0]));
     assert_eq!(t[1].completed, step_ends[1], "a first token, then one decode");
@@ -126,7 +126,7 @@ fn a_busy_engine_plans_a_step_ahead_and_an_idle_one_at_once() {
     let mut items = simulate::random(2, 512, 64, 3);
     items[1].output_tokens = 2;
     let (t, step_ends) =
-        with_step_ends(&Workload { items, arrival: Arrival::Rate { rate: 1000.0, max_concurrency: None } });
+        with_step_ends(ENGINE, &Workload { items, arrival: Arrival::Rate { rate: 1000.0, max_concurrency: None } });
     assert_eq!(t[0].first_token, step_ends[0], "the idle engine took the first at once");
     assert!(t[1].sent < step_ends[0]);
     assert_eq!(steps_waited(&t[1], &step_ends), 3, "prefilled in the third step: {step_ends:?}");
@@ -162,6 +162,79 @@ fn configurations_that_cannot_fit_fail_at_startup_like_the_engine() {
     // The same model fits on eight GPUs, or in FP8 on four.
     assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B --tensor-parallel-size 8")).is_ok());
     assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size 4")).is_ok());
+}
+
+#[test]
+fn values_the_engine_refuses_fail_at_startup_in_its_words() {
+    let refused = |line: &str, visible: Option<usize>| {
+        let config = benchfleet_sim::SimConfig { visible_gpus: visible, ..config(line) };
+        match Scheduler::from_config(&config) {
+            Err(StartupError::Refused(why)) => why,
+            other => panic!("{line} on {visible:?} GPUs: {other:?}"),
+        }
+    };
+    let vllm = "vllm serve Qwen/Qwen3.5-9B";
+    // vLLM's configurations are pydantic dataclasses: its checks fail as validation errors.
+    let world = refused(&format!("{vllm} --tensor-parallel-size 2"), Some(1));
+    let header = "pydantic_core._pydantic_core.ValidationError: 1 validation error for";
+    let why = "Value error, World size (2) is larger than the number of available GPUs (1) in this node.";
+    assert!(world.starts_with(&format!("{header} ParallelConfig\n  {why}")), "{world}");
+    let sglang = refused("sglang serve --model-path Qwen/Qwen3.5-9B --tp-size 4", Some(2));
+    assert!(sglang.contains("invalid device ordinal (--tp-size 4 needs 4 GPUs, 2 visible)"), "{sglang}");
+    assert_eq!(refused(vllm, Some(0)), "RuntimeError: No CUDA GPUs are available");
+    assert!(
+        refused(&format!("{vllm} --tensor-parallel-size 0"), None)
+            .contains("--tensor-parallel-size must be at least 1")
+    );
+    // vLLM's budget must hold a decode of every sequence: its default (8192) too.
+    for (flags, budget, seqs) in [("--max-num-batched-tokens 512", 512, 1024), ("--max-num-seqs 16384", 8192, 16384)] {
+        let why = format!("max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).");
+        assert_eq!(
+            refused(&format!("{vllm} {flags}"), None),
+            format!("{header} SchedulerConfig\n  Value error, {why}")
+        );
+    }
+    let memory = refused(&format!("{vllm} --gpu-memory-utilization 1.5"), None);
+    assert!(memory.ends_with("CacheConfig\n  Value error, GPU memory utilization must be less than 1.0. Got 1.5."));
+    // SGLang raises plain errors.
+    let sglang = refused("sglang serve --model-path m --mem-fraction-static 2", None);
+    assert_eq!(sglang, "ValueError: --mem-fraction-static must be above 0 and at most 1, got 2");
+    for (line, flag) in [
+        (format!("{vllm} --gpu-memory-utilization 0"), "--gpu-memory-utilization must be above 0"),
+        (format!("{vllm} --gpu-memory-utilization NaN"), "--gpu-memory-utilization must be above 0"),
+        (format!("{vllm} --max-num-seqs 0"), "--max-num-seqs must be at least 1"),
+        (
+            "sglang serve --model-path m --max-running-requests 0".to_owned(),
+            "--max-running-requests must be at least 1",
+        ),
+        (
+            "sglang serve --model-path m --chunked-prefill-size 0".to_owned(),
+            "--chunked-prefill-size must be at least 1",
+        ),
+        (format!("{vllm} --max-model-len 0"), "max_model_len must be at least 1"),
+    ] {
+        assert!(refused(&line, None).contains(flag), "{line}");
+    }
+    // As many GPUs as asked, or more, or an unset list (every GPU of the host): it starts.
+    for visible in [Some(2), Some(8), None] {
+        let config =
+            benchfleet_sim::SimConfig { visible_gpus: visible, ..config(&format!("{vllm} --tensor-parallel-size 2")) };
+        assert!(Scheduler::from_config(&config).is_ok(), "{visible:?}");
+    }
+}
+
+#[test]
+fn sglang_without_chunked_prefill_prefills_a_long_prompt_in_one_step() {
+    let line = "sglang serve --model-path Qwen/Qwen3.5-9B --context-length 32768";
+    let items = simulate::random(1, 20_000, 4, 7);
+    let workload = Workload { items, arrival: Arrival::Closed { concurrency: 1 } };
+    let steps = |flags: &str| {
+        let line = format!("{line} {flags}");
+        assert_eq!(config(&line).max_num_batched_tokens, if flags.is_empty() { 8192 } else { 32768 });
+        with_step_ends(&line, &workload).1.len()
+    };
+    // Chunked by 8192 tokens: three prefill steps, then three decodes; unchunked, one prefill.
+    assert_eq!((steps(""), steps("--chunked-prefill-size -1")), (6, 4));
 }
 
 #[test]

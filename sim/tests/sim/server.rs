@@ -256,6 +256,23 @@ fn binary_exits_1_with_the_engines_message_when_the_kv_cache_is_too_small() {
 }
 
 #[test]
+fn binary_counts_the_gpus_it_was_given_as_the_engine_does() {
+    let run = |devices: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_benchfleet-sim"))
+            .args(["vllm", "serve", "Qwen/Qwen3.5-9B", "--port", "0", "--tensor-parallel-size", "2"])
+            .env("CUDA_VISIBLE_DEVICES", devices)
+            .output()
+            .expect("run benchfleet-sim")
+    };
+    // One GPU given (an agent lists a job's simulated GPUs as it would real ones): TP 2 cannot start.
+    let output = run("GPU-sim-host-0");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("World size (2) is larger than the number of available GPUs (1)"), "{stderr}");
+    assert!(String::from_utf8_lossy(&run("").stderr).contains("No CUDA GPUs are available"));
+}
+
+#[test]
 fn help_lists_every_simulator_flag_and_each_one_is_taken() {
     for args in [&["--help"][..], &["vllm", "serve", "m", "--help"][..], &["-h"][..]] {
         let output =
