@@ -257,6 +257,13 @@ impl DockerRuntime {
             }]
         });
         let mut env: Vec<String> = engine_env(&launch.kind).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        // Real GPUs reach the container through the device request; a
+        // simulated engine counts simulated ones from the list.
+        let simulated: Vec<&str> =
+            launch.gpu_uuids.iter().map(String::as_str).filter(|u| u.starts_with(SIMULATED_GPU_PREFIX)).collect();
+        if !simulated.is_empty() {
+            env.push(format!("CUDA_VISIBLE_DEVICES={}", simulated.join(",")));
+        }
         env.extend(self.options.hf_token.as_ref().map(|t| format!("HF_TOKEN={}", t.expose())));
         let env = (!env.is_empty()).then_some(env);
         let (ipc_mode, shm_size) = match self.options.shm_size_bytes {
@@ -716,7 +723,10 @@ mod tests {
     fn simulated_gpus_and_a_private_shm_request_no_devices() {
         let options = DockerOptions { shm_size_bytes: Some(1 << 30), ..DockerOptions::default() };
         let launch = EngineLaunch { gpu_uuids: vec!["GPU-sim-host-0".into()], ..EngineLaunch::default() };
-        let host = runtime(options).container_body(&launch, Vec::new()).host_config.expect("host config");
+        let body = runtime(options).container_body(&launch, Vec::new());
+        // The simulator counts the job's GPUs from the list.
+        assert!(body.env.expect("env").contains(&"CUDA_VISIBLE_DEVICES=GPU-sim-host-0".to_owned()));
+        let host = body.host_config.expect("host config");
         assert_eq!(host.device_requests, None);
         assert_eq!((host.ipc_mode, host.shm_size), (None, Some(1 << 30)));
         assert_eq!(host.mounts, None);

@@ -157,7 +157,8 @@ impl std::fmt::Debug for ProcessRuntime {
 /// An engine process's whole environment, in the order set (a later value
 /// of a name wins): the agent's [`INHERITED_ENV`] (from `inherited`), the
 /// engine kind's [`engine_env`], its GPUs as `CUDA_VISIBLE_DEVICES` (by
-/// UUID, when it was given real ones), then the runtime's `env`.
+/// UUID; a simulated engine counts its simulated ones from it, as a real
+/// one counts its devices), then the runtime's `env`.
 pub fn process_env(
     launch: &EngineLaunch,
     env: &[(String, String)],
@@ -166,10 +167,8 @@ pub fn process_env(
     let mut out: Vec<(std::ffi::OsString, std::ffi::OsString)> =
         INHERITED_ENV.iter().filter_map(|name| Some((name.into(), inherited(name)?))).collect();
     out.extend(engine_env(&launch.kind).into_iter().map(|(k, v)| (k.into(), v.into())));
-    let gpus: Vec<&str> =
-        launch.gpu_uuids.iter().map(String::as_str).filter(|u| !u.starts_with(SIMULATED_GPU_PREFIX)).collect();
-    if !gpus.is_empty() {
-        out.push(("CUDA_VISIBLE_DEVICES".into(), gpus.join(",").into()));
+    if !launch.gpu_uuids.is_empty() {
+        out.push(("CUDA_VISIBLE_DEVICES".into(), launch.gpu_uuids.join(",").into()));
     }
     out.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
     out
@@ -575,12 +574,18 @@ pub const OOM_KILLED: &str = "killed by the out-of-memory killer";
 /// Names the reason an engine exited during startup, from its exit status
 /// and its log.
 pub fn classify_exit(status: String, log: &str) -> EngineError {
-    let last =
-        |pat: &[&str]| log.lines().rev().find(|l| pat.iter().any(|p| l.to_lowercase().contains(p))).map(str::to_owned);
+    let last = |pat: &[&str]| {
+        log.lines().rev().find(|l| pat.iter().any(|p| l.to_lowercase().contains(p))).map(|l| l.trim().to_owned())
+    };
     if status.contains(OOM_KILLED) {
         return EngineError::OutOfMemory { message: status };
     }
-    if let Some(line) = last(&["unrecognized arguments", "invalid choice", "unknown flag", "invalid value"]) {
+    // What argparse refuses, and what vLLM's configuration checks refuse
+    // after it (pydantic's "Value error, " line says why; a parallel size
+    // over the GPUs it was given among them): the same flags fail on every
+    // host.
+    let refused = ["unrecognized arguments", "invalid choice", "unknown flag", "invalid value", "value error, "];
+    if let Some(line) = last(&refused) {
         return EngineError::BadFlag { message: line };
     }
     if let Some(line) = last(&["out of memory", "outofmemory", "not enough memory", "kv cache"]) {
@@ -662,6 +667,12 @@ mod tests {
         check(
             "ValueError: To serve at least one request with max seq len (131072), 16.0 GiB KV cache is needed, which is larger than the available KV cache memory (9.1 GiB).",
             "the engine ran out of memory: ValueError: To serve at least one request with max seq len (131072), 16.0 GiB KV cache is needed, which is larger than the available KV cache memory (9.1 GiB).",
+        );
+        check(
+            "(APIServer pid=1) pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig\n  \
+             Value error, World size (2) is larger than the number of available GPUs (1) in this node.",
+            "the engine rejected its flags: Value error, World size (2) is larger than the number of available GPUs \
+             (1) in this node.",
         );
         check("loading\nsegfault", "the engine exited during startup (exit status: 2): segfault");
         assert_eq!(
@@ -809,9 +820,10 @@ mod tests {
                 "BENCHFLEET_SIM_GPU=H200"
             ]
         );
-        // Simulated GPUs do not exist: no device list for them.
-        let simulated = EngineLaunch { gpu_uuids: vec!["GPU-sim-h-0".into()], ..launch };
-        assert!(!process_env(&simulated, &[], agent).iter().any(|(k, _)| k == "CUDA_VISIBLE_DEVICES"));
+        // The simulator counts simulated GPUs from the list, as an engine counts its devices.
+        let simulated = EngineLaunch { gpu_uuids: vec!["GPU-sim-h-0".into(), "GPU-sim-h-1".into()], ..launch };
+        let devices = process_env(&simulated, &[], agent).into_iter().find(|(k, _)| k == "CUDA_VISIBLE_DEVICES");
+        assert_eq!(devices.map(|(_, v)| v), Some("GPU-sim-h-0,GPU-sim-h-1".into()));
     }
 
     #[test]

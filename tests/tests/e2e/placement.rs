@@ -88,3 +88,43 @@ async fn a_dry_run_shows_where_each_group_would_go_and_stores_nothing() -> anyho
     assert_eq!((run.jobs_done, run.jobs_failed), (2, 0));
     Ok(())
 }
+
+/// The agent lists an engine's GPUs, simulated ones too, in
+/// `CUDA_VISIBLE_DEVICES`, and the simulator counts them as an engine
+/// counts its devices: tensor parallelism over more than it was given fails
+/// at startup, with vLLM's validation error, as a flag the engine refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_engine_gets_the_jobs_gpus_and_no_more() -> anyhow::Result<()> {
+    use benchfleet_agent::engine::{EngineError, EngineRuntime, ProcessRuntime, wait_until_serving};
+    use benchfleet_agent::job::EngineLaunch;
+    // The agent installs it as it starts; this test drives its runtime alone.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = ProcessRuntime {
+        launcher: vec![crate::faults::bin("benchfleet-sim").display().to_string()],
+        env: vec![("BENCHFLEET_SIM_GPU".into(), "H200".into())],
+        stop_grace: std::time::Duration::from_secs(5),
+        ..ProcessRuntime::default()
+    };
+    let launch = |gpus: usize| EngineLaunch {
+        kind: "vllm".into(),
+        model: "Qwen/Qwen3.5-9B".into(),
+        args: vec!["--tensor-parallel-size=2".into()],
+        runtime: "process".into(),
+        gpu_uuids: (0..gpus).map(|i| format!("GPU-sim-host-{i}")).collect(),
+        ..EngineLaunch::default()
+    };
+    let wait = std::time::Duration::from_secs(30);
+    let mut one = runtime.start(&launch(1)).await?;
+    let refused = wait_until_serving(one.as_mut(), "Qwen/Qwen3.5-9B", wait).await.expect_err("one GPU for TP 2");
+    assert!(
+        matches!(&refused, EngineError::BadFlag { message }
+            if message.contains("World size (2) is larger than the number of available GPUs (1)")),
+        "{refused}"
+    );
+    one.stop().await;
+    let mut two = runtime.start(&launch(2)).await?;
+    let serving = wait_until_serving(two.as_mut(), "Qwen/Qwen3.5-9B", wait).await;
+    two.stop().await;
+    serving?;
+    Ok(())
+}
