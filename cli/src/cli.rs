@@ -1006,7 +1006,9 @@ async fn run_local(matrix: &Path, dir: &Path, json: bool) -> anyhow::Result<i32>
     let store: Arc<dyn Store> = Arc::new(open_store(dir)?);
     eprintln!("data directory: {}", dir.display());
     let work_dir = dir.join("agent");
-    let fleet = LocalFleet::start(store, |url| simulated_agent(url, &gpu, work_dir)).await?;
+    // One simulated host with a job's GPUs: jobs run one after another on it.
+    let gpus = sub.matrix.gpus_per_job.max(1);
+    let fleet = LocalFleet::start(store, |url| simulated_agent(url, &gpu, gpus, work_dir)).await?;
     let url = Target::plain(fleet.url.clone());
     let mut submitted_id = None;
     let work = async {

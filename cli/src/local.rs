@@ -80,10 +80,15 @@ impl LocalFleet {
     }
 }
 
-/// The agent of local mode: simulated GPUs, engines run as `benchfleet-sim`
-/// processes, loadgen run as the `benchfleet-loadgen` binary, both found
-/// beside the running executable.
-pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::PathBuf) -> anyhow::Result<AgentConfig> {
+/// The agent of local mode: one host of `gpus` simulated GPUs (a job's
+/// worth), engines run as `benchfleet-sim` processes, loadgen run as the
+/// `benchfleet-loadgen` binary, both found beside the running executable.
+pub fn simulated_agent(
+    controller_url: String,
+    gpu: &str,
+    gpus: u32,
+    work_dir: std::path::PathBuf,
+) -> anyhow::Result<AgentConfig> {
     let missing = |name: &str| {
         format!("{name} not found beside this binary or on PATH; build every binary first: cargo build --release")
     };
@@ -107,7 +112,7 @@ pub fn simulated_agent(controller_url: String, gpu: &str, work_dir: std::path::P
         controller_url,
         tls: Default::default(),
         name: "local".into(),
-        gpus: Arc::new(SimGpuProbe::new(gpu, 1, "local")),
+        gpus: Arc::new(SimGpuProbe::new(gpu, gpus, "local")),
         runtimes,
         loadgen: Arc::new(ProcessLoadRunner::new(loadgen, Some(pids), work_dir.join("loadgen"))),
         work_dir,

@@ -167,6 +167,10 @@ fn bad_matrices_are_rejected_naming_the_field_and_nothing_is_stored() {
         (good.replace("    rate: 20", "    rate: -20"), "profiles.random.rate: must be a positive number"),
         (good.replace("sharegpt-small.json", "nowhere.json"), "profiles.sharegpt.dataset.sharegpt: cannot read"),
         (format!("{good}primary_profile: long\n"), "primary_profile: no profile named 'long'"),
+        (
+            good.replace("[--max-model-len=8192]", "[--max-model-len=8192, --tensor-parallel-size=2]"),
+            "engines.vllm.args: vllm asks for 2 GPUs (--tensor-parallel-size=2) but a job gets 1",
+        ),
     ];
     let scratch = scratch_examples();
     for (yaml, expected) in cases {
@@ -179,6 +183,48 @@ fn bad_matrices_are_rejected_naming_the_field_and_nothing_is_stored() {
     }
     let runs = benchfleet(data.path(), &["runs"]);
     assert_eq!(text(&runs.stdout).lines().count(), 1, "only the header: {}", text(&runs.stdout));
+}
+
+/// Local mode's one host has the GPUs a job asks for, and each engine is
+/// given them: tensor parallelism over two runs there as on a fleet.
+#[test]
+fn run_local_gives_its_host_the_gpus_a_job_asks_for() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let good = std::fs::read_to_string(examples().join("quickstart.yaml")).expect("example");
+    let scratch = scratch_examples();
+    let matrix = scratch.path().join("tp2.yaml");
+    let tp2 = good
+        .replace("gpus_per_job: 1", "gpus_per_job: 2")
+        .replace("[--max-model-len=8192]", "[--max-model-len=8192, --tensor-parallel-size=2]")
+        .replace("requests: 60", "requests: 6")
+        .replace("requests: 40", "requests: 4");
+    std::fs::write(&matrix, tp2).expect("write matrix");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_benchfleet"))
+        .args(["run", "--local", matrix.to_str().expect("utf-8 path")])
+        .env("BENCHFLEET_DATA_DIR", data.path())
+        .env_remove("BENCHFLEET_CONTROLLER")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("benchfleet runs");
+    // A host without the job's GPUs would leave the run waiting: bounded, not hung.
+    let mut status = None;
+    for _ in 0..2400 {
+        if let Some(s) = child.try_wait().expect("wait") {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut stderr = String::new();
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    let status = status.unwrap_or_else(|| panic!("run --local did not finish within 120 s:\n{stderr}"));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("jobs 4/4 done, 0 failed"), "{stderr}");
 }
 
 /// The pids the local agent's pid files name.

@@ -269,7 +269,9 @@ fn parse_as(
     }
     let cost = cx.cost(&raw)?;
     if strict {
-        cx.contexts(&raw, top.strategy, &configs, &engines, &variants, &profiles, &mut warnings)?;
+        let checked = checked_configs(&raw, top.strategy, &configs, &engines, &variants, &profiles);
+        cx.contexts(&checked, &profiles, &mut warnings)?;
+        cx.parallelism(&checked, &engines, &variants, top.gpus_per_job)?;
     }
     Ok(Matrix {
         name: raw.name,
@@ -867,37 +869,17 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Every configuration the run may build (the grid's, or for greedy each
-    /// engine alone and with each variant) against the context its engine
-    /// is given: prompts that cannot fit are an error, replies cut short a
+    /// Each configuration of `checked` against the context its engine is
+    /// given: prompts that cannot fit are an error, replies cut short a
     /// warning.
-    #[allow(clippy::too_many_arguments)]
     fn contexts(
         &self,
-        raw: &RawMatrix,
-        strategy: Strategy,
-        grid: &[EngineConfig],
-        engines: &[EngineDef],
-        variants: &[VariantDef],
+        checked: &[EngineConfig],
         profiles: &Profiles,
         warnings: &mut Vec<String>,
     ) -> Result<(), MatrixError> {
-        let (list, only_with) = (&profiles.list, &profiles.only_with);
-        let checked: Vec<EngineConfig> = match strategy {
-            Strategy::Grid | Strategy::Fleet => grid.to_vec(),
-            Strategy::Greedy => engines
-                .iter()
-                .flat_map(|e| {
-                    std::iter::once(config(&raw.model, e, &[], false, (list, only_with))).chain(
-                        variants
-                            .iter()
-                            .filter(|v| v.applies_to(&e.name))
-                            .map(|v| config(&raw.model, e, &[v], false, (list, only_with))),
-                    )
-                })
-                .collect(),
-        };
-        for c in &checked {
+        let list = &profiles.list;
+        for c in checked {
             let Some((flag, limit)) = context_limit(c) else { continue };
             for p in list.iter().filter(|p| c.runs(&p.name)) {
                 if let Dataset::MultiTurn { turns, user_tokens, output_tokens, .. } = p.dataset {
@@ -957,6 +939,43 @@ impl Ctx<'_> {
         }
         Ok(())
     }
+
+    /// Each configuration of `checked` against the job's GPUs: an engine
+    /// asked to spread over more GPUs than a job gets fails as it starts,
+    /// on a GPU as on the simulator, so the matrix is refused before any
+    /// runs. The error names the engine's or variant's arguments that ask.
+    fn parallelism(
+        &self,
+        checked: &[EngineConfig],
+        engines: &[EngineDef],
+        variants: &[VariantDef],
+        gpus_per_job: u32,
+    ) -> Result<(), MatrixError> {
+        for c in checked {
+            let Some((flags, needed)) = parallel_gpus(c.kind, &c.args) else { continue };
+            if needed <= u64::from(gpus_per_job) {
+                continue;
+            }
+            // The last of the engine and its variants to set a parallel size.
+            let asks = |args: &[String]| parallel_gpus(c.kind, args).is_some();
+            let field = variants
+                .iter()
+                .rev()
+                .find(|v| c.variants.contains(&v.name) && asks(&v.args))
+                .map(|v| format!("variants.{}.args", v.name))
+                .or_else(|| engines.iter().find(|e| e.name == c.engine).map(|e| format!("engines.{}.args", e.name)))
+                .unwrap_or_else(|| "engines".to_owned());
+            return Err(self.err(
+                &field,
+                format!(
+                    "{} asks for {needed} GPUs ({flags}) but a job gets {gpus_per_job} \
+                     (hardware.gpus_per_job): the engine would fail as it starts",
+                    c.name
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// An error in `field` of a matrix, located as parsing locates its own:
@@ -965,6 +984,77 @@ pub fn field_error(file: &str, yaml: &str, field: &str, message: String) -> Matr
     let path: Vec<&str> = field.split('.').collect();
     let line = locate(&text::without_comments(yaml), &path);
     MatrixError { file: file.to_owned(), line, field: field.to_owned(), message }
+}
+
+/// Every configuration the run may build: the grid's, or for greedy each
+/// engine alone and with each variant.
+fn checked_configs(
+    raw: &RawMatrix,
+    strategy: Strategy,
+    grid: &[EngineConfig],
+    engines: &[EngineDef],
+    variants: &[VariantDef],
+    profiles: &Profiles,
+) -> Vec<EngineConfig> {
+    let (list, only_with) = (&profiles.list, &profiles.only_with);
+    match strategy {
+        Strategy::Grid | Strategy::Fleet => grid.to_vec(),
+        Strategy::Greedy => engines
+            .iter()
+            .flat_map(|e| {
+                std::iter::once(config(&raw.model, e, &[], false, (list, only_with))).chain(
+                    variants
+                        .iter()
+                        .filter(|v| v.applies_to(&e.name))
+                        .map(|v| config(&raw.model, e, &[v], false, (list, only_with))),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// The GPUs an engine's arguments spread it over, with the flags that say
+/// so, when any does: tensor times pipeline times data parallel (SGLang's
+/// attention data parallelism shares the tensor-parallel GPUs). The last
+/// value of a flag given twice wins, as with argparse.
+fn parallel_gpus(kind: EngineKind, args: &[String]) -> Option<(String, u64)> {
+    let sizes: &[&[&str]] = match kind {
+        EngineKind::Vllm => &[
+            &["--tensor-parallel-size", "-tp"],
+            &["--pipeline-parallel-size", "-pp"],
+            &["--data-parallel-size", "-dp"],
+        ],
+        EngineKind::Sglang => &[&["--tp-size", "--tp"], &["--pp-size", "--pp"], &["--dp-size", "--dp"]],
+    };
+    let dp_attention = kind == EngineKind::Sglang && args.iter().any(|a| a == "--enable-dp-attention");
+    let (mut gpus, mut said) = (1u64, Vec::new());
+    for (i, names) in sizes.iter().enumerate() {
+        let Some((flag, value)) = last_value(args, names) else { continue };
+        let n = value.trim().parse::<u64>().ok()?;
+        said.push(format!("{flag}={value}"));
+        if !(i == 2 && dp_attention) {
+            gpus = gpus.checked_mul(n)?;
+        }
+    }
+    (!said.is_empty()).then(|| (said.join(" "), gpus))
+}
+
+/// The value of the last of `names` in `args` (`--flag value` or `--flag=value`).
+fn last_value<'a>(args: &'a [String], names: &[&'static str]) -> Option<(&'static str, &'a str)> {
+    let mut found = None;
+    for (i, arg) in args.iter().enumerate() {
+        for &flag in names {
+            let value = match arg.strip_prefix(flag) {
+                Some(rest) if rest.starts_with('=') => Some(&rest[1..]),
+                Some("") => args.get(i + 1).map(String::as_str),
+                _ => None,
+            };
+            if let Some(v) = value {
+                found = Some((flag, v));
+            }
+        }
+    }
+    found
 }
 
 /// The context length a configuration's flags set (the last one wins, as
@@ -976,20 +1066,8 @@ fn context_limit(c: &EngineConfig) -> Option<(&'static str, u64)> {
         EngineKind::Vllm => &["--max-model-len"],
         EngineKind::Sglang => &["--context-length"],
     };
-    let mut found = None;
-    for (i, arg) in c.args.iter().enumerate() {
-        for &flag in flags {
-            let value = match arg.strip_prefix(flag) {
-                Some(rest) if rest.starts_with('=') => Some(&rest[1..]),
-                Some("") => c.args.get(i + 1).map(String::as_str),
-                _ => None,
-            };
-            if let Some(v) = value {
-                found = human_number(v.trim()).map(|n| (flag, n));
-            }
-        }
-    }
-    found
+    let (flag, value) = last_value(&c.args, flags)?;
+    human_number(value.trim()).map(|n| (flag, n))
 }
 
 fn human_number(v: &str) -> Option<u64> {
@@ -1411,6 +1489,38 @@ profiles:
         // A one-element list is still a sweep point, named as one.
         let one = GOOD.replace("    rate: 20\n", "    rate: [20]\n");
         assert_eq!(parse("m.yaml", &one, &hash).expect("valid").profiles[0].name, "throughput-r20");
+    }
+
+    #[test]
+    fn an_engine_spread_over_more_gpus_than_a_job_gets_is_refused() {
+        let two = GOOD.replace("gpus_per_job: 1", "gpus_per_job: 2");
+        let tp = |flags: &str| two.replace("  fp8: {", &format!("  tp: {{ args: [{flags}] }}\n  fp8: {{"));
+        // Within the job's GPUs, in either form; SGLang's attention data parallelism shares them.
+        for flags in ["--tensor-parallel-size=2", "-tp, '2'"] {
+            parse("m.yaml", &tp(flags), &hash).expect("two GPUs a job");
+        }
+        let sglang = two.replace(
+            "[--context-length=8192]",
+            "[--context-length=8192, --tp, '2', --dp-size=2, --enable-dp-attention]",
+        );
+        parse("m.yaml", &sglang, &hash).expect("SGLang's DP attention on its two TP GPUs");
+        check_err(
+            &tp("--tensor-parallel-size=2, --pipeline-parallel-size=2"),
+            "m.yaml:10: variants.tp.args: vllm+tp asks for 4 GPUs (--tensor-parallel-size=2 \
+             --pipeline-parallel-size=2) but a job gets 2 (hardware.gpus_per_job): the engine would fail as it starts",
+        );
+        check_err(
+            &sglang.replace(", --enable-dp-attention", ""),
+            "m.yaml:7: engines.sglang.args: sglang asks for 4 GPUs (--tp=2 --dp-size=2) but a job gets 2 \
+             (hardware.gpus_per_job): the engine would fail as it starts",
+        );
+        // The greedy strategy tries each variant alone on each engine: each is checked.
+        let greedy = format!("{}strategy: greedy\nprimary_profile: throughput\n", tp("--tensor-parallel-size=8"));
+        check_err(
+            &greedy,
+            "m.yaml:10: variants.tp.args: vllm+tp asks for 8 GPUs (--tensor-parallel-size=8) but a job gets 2 \
+             (hardware.gpus_per_job): the engine would fail as it starts",
+        );
     }
 
     #[test]
