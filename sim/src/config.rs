@@ -496,6 +496,8 @@ mod tests {
             c.faults,
             Faults { crash_after: Some(3), stall_rate: 0.5, stall: Duration::from_millis(10), ..c.faults.clone() }
         );
+        // vLLM's short form of the tensor-parallel size.
+        assert_eq!(parse_command_line(&args("vllm serve m -tp 2")).expect("-tp").tensor_parallel_size, 2);
     }
 
     #[test]
@@ -541,6 +543,8 @@ mod tests {
         for line in [
             "python3 -m sglang.launch_server --model-path m --context-length=2048 --max-running-requests 8 --tp-size 2",
             "sglang serve --model-path=m --context-length 2048 --max-running-requests=8 --tp-size=2",
+            // argparse takes an unambiguous prefix: SGLang's users write --tp.
+            "sglang serve --model-path m --context-length 2048 --max-running-requests 8 --tp 2",
         ] {
             let c = parse_command_line(&args(line)).expect(line);
             assert_eq!(c.engine, EngineKind::Sglang);
@@ -554,7 +558,8 @@ mod tests {
         check_err("vllm serve m --bogus 1", "unrecognized arguments: --bogus");
         check_err("vllm serve m --bogus=1", "unrecognized arguments: --bogus=1");
         check_err("vllm serve m extra", "unrecognized arguments: extra");
-        check_err("vllm serve -tp 2 m", "unrecognized arguments: -tp");
+        check_err("vllm serve -z 2 m", "unrecognized arguments: -z");
+        check_err("sglang serve --model-path m -tp 2", "unrecognized arguments: -tp");
         check_err("sglang serve --model-path m --max-num-seqs 4", "unrecognized arguments: --max-num-seqs");
         check_err(
             "vllm serve --port 1",
