@@ -26,7 +26,7 @@ use std::{
 use axum::{
     Json, Router,
     body::{Body, Bytes},
-    extract::State,
+    extract::{DefaultBodyLimit, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -95,6 +95,8 @@ pub fn router(config: SimConfig, engine: EngineHandle, stopping: CancellationTok
         Some(path) => router.route(path, post(reset_prefix_cache)),
         None => router,
     }
+    // The engines' servers set no limit of their own; a million-token prompt is some megabytes.
+    .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
     .with_state(Arc::new(state))
 }
 
@@ -269,6 +271,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
+/// The largest request body the server reads.
+const MAX_BODY_BYTES: usize = 64 << 20;
+
 /// The fields of a completion or chat request that shape the simulation; the
 /// rest (temperature, ignore_eos, min_tokens, ...) are accepted and ignored.
 #[derive(Deserialize)]
@@ -281,6 +286,8 @@ struct GenerateBody {
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
+    /// Choices per request: the simulator generates one.
+    n: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -394,6 +401,11 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
         && *model != config.served_model_name
     {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("The model `{model}` does not exist.")));
+    }
+    if let Some(n) = body.n.filter(|&n| n != 1) {
+        return Err(bad_request(format!(
+            "the simulator generates one choice per request, not n={n}: send {n} requests instead"
+        )));
     }
     let prompt = prompt_of(&body, chat)?;
     let prompt_tokens = prompt.tokens;

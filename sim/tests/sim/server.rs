@@ -149,6 +149,17 @@ async fn errors_look_like_vllm() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(serde_json::from_str::<Value>(&body).expect("json")["error"]["code"], 404);
 
+    // One choice per request: more is refused, not served as one.
+    let (status, body) = sim.post("/v1/completions", json!({"prompt": "hi", "max_tokens": 2, "n": 3})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("one choice per request, not n=3"), "{body}");
+    assert_eq!(sim.post("/v1/completions", json!({"prompt": "hi", "max_tokens": 2, "n": 1})).await.0, StatusCode::OK);
+    // A body of megabytes (a million-token prompt) is read, as the engines' servers read it, and
+    // refused here only for its length in tokens.
+    let (status, body) = sim.post("/v1/completions", json!({"prompt": "w ".repeat(3_000_000), "max_tokens": 1})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("maximum context length is 10"), "{body}");
+
     let sim = start("vllm serve m --sim-fail-rate 1").await;
     assert_eq!(sim.post("/v1/completions", json!({"prompt": "hi"})).await.0, StatusCode::INTERNAL_SERVER_ERROR);
 }
