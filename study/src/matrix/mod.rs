@@ -1809,6 +1809,25 @@ profiles:
         assert_eq!(grid.configs[3], both);
     }
 
+    /// Every example matrix is one a new submission may be: the checks a
+    /// change adds hold for the files the README and the studies point to.
+    #[test]
+    fn every_example_matrix_is_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut checked = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("examples/") {
+            let path = entry.expect("an entry").path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let name = path.file_name().expect("a name").to_string_lossy().into_owned();
+                let yaml = std::fs::read_to_string(&path).expect("readable");
+                let m = parse(&name, &yaml, &|_| Some(String::new())).unwrap_or_else(|e| panic!("{e}"));
+                assert!(m.warnings.is_empty(), "{name}: {:?}", m.warnings);
+                checked.push(name);
+            }
+        }
+        assert!(checked.len() >= 6, "{checked:?}");
+    }
+
     #[test]
     fn the_greedy_example_is_valid() {
         let yaml = include_str!("../../../examples/greedy.yaml");
