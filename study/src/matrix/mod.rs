@@ -951,7 +951,8 @@ impl Ctx<'_> {
         variants: &[VariantDef],
         gpus_per_job: u32,
     ) -> Result<(), MatrixError> {
-        for c in checked {
+        // An external engine is already running: its args say how, and start nothing.
+        for c in checked.iter().filter(|c| c.runtime != RuntimeKind::External) {
             let Some((flags, needed)) = parallel_gpus(c.kind, &c.args) else { continue };
             if needed <= u64::from(gpus_per_job) {
                 continue;
@@ -1514,6 +1515,13 @@ profiles:
             "m.yaml:7: engines.sglang.args: sglang asks for 4 GPUs (--tp=2 --dp-size=2) but a job gets 2 \
              (hardware.gpus_per_job): the engine would fail as it starts",
         );
+        // An external engine started itself: its args only describe it.
+        let external = two.replace(
+            "  sglang: { args: [--context-length=8192] }",
+            "  sglang: { runtime: external, url: 'http://10.0.0.5:30000', args: [--context-length=8192, --tp=8] }",
+        );
+        let m = parse("m.yaml", &external, &hash).expect("an external engine on its own GPUs");
+        assert_eq!(m.engines[1].runtime, RuntimeKind::External);
         // The greedy strategy tries each variant alone on each engine: each is checked.
         let greedy = format!("{}strategy: greedy\nprimary_profile: throughput\n", tp("--tensor-parallel-size=8"));
         check_err(
