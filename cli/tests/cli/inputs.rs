@@ -5,11 +5,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// A case that runs longer than this has hung (the slowest takes well under
 /// a second).
-const HUNG: Duration = Duration::from_secs(60);
+const HUNG_S: u64 = 60;
 /// Address space each case may use, in KiB (`ulimit -v`).
 const MEMORY_KIB: u64 = 4 << 20;
 
@@ -37,17 +36,8 @@ fn benchfleet(args: &[&str]) -> Said {
         .stdin(Stdio::null())
         .spawn()
         .expect("benchfleet starts");
-    let began = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if began.elapsed() > HUNG {
-            let _ = child.kill();
-            panic!("benchfleet {args:?} did not finish in {HUNG:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = crate::exit_within(&mut child, HUNG_S)
+        .unwrap_or_else(|| panic!("benchfleet {args:?} did not finish in {HUNG_S} s"));
     Said { code: status.code(), output: std::fs::read_to_string(&out).unwrap_or_default() }
 }
 

@@ -199,32 +199,45 @@ fn run_local_gives_its_host_the_gpus_a_job_asks_for() {
         .replace("requests: 60", "requests: 6")
         .replace("requests: 40", "requests: 4");
     std::fs::write(&matrix, tp2).expect("write matrix");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_benchfleet"))
+    let mut child = spawn_run_local(data.path(), &matrix);
+    // A host without the job's GPUs would leave the run waiting: bounded, not hung.
+    let status = exit_within(&mut child, 120);
+    let stderr = stderr_of(&mut child);
+    let status = status.unwrap_or_else(|| panic!("run --local did not finish within 120 s:\n{stderr}"));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("jobs 4/4 done, 0 failed"), "{stderr}");
+}
+
+/// `benchfleet run --local MATRIX` in the background, its stderr piped.
+fn spawn_run_local(data_dir: &Path, matrix: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_benchfleet"))
         .args(["run", "--local", matrix.to_str().expect("utf-8 path")])
-        .env("BENCHFLEET_DATA_DIR", data.path())
+        .env("BENCHFLEET_DATA_DIR", data_dir)
         .env_remove("BENCHFLEET_CONTROLLER")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("benchfleet runs");
-    // A host without the job's GPUs would leave the run waiting: bounded, not hung.
-    let mut status = None;
-    for _ in 0..2400 {
-        if let Some(s) = child.try_wait().expect("wait") {
-            status = Some(s);
-            break;
+        .expect("benchfleet runs")
+}
+
+/// The child's exit status once it exits, or `None` (and the child killed)
+/// after `seconds`: a bound against a hang, not a measure of speed.
+fn exit_within(child: &mut std::process::Child, seconds: u64) -> Option<std::process::ExitStatus> {
+    for _ in 0..seconds * 20 {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return Some(status);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn stderr_of(child: &mut std::process::Child) -> String {
     let mut stderr = String::new();
-    if status.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
-    let status = status.unwrap_or_else(|| panic!("run --local did not finish within 120 s:\n{stderr}"));
-    assert!(status.success(), "{stderr}");
-    assert!(stderr.contains("jobs 4/4 done, 0 failed"), "{stderr}");
+    stderr
 }
 
 /// The pids the local agent's pid files name.
@@ -247,14 +260,7 @@ fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
     let scratch = scratch_examples();
     let long = scratch.path().join("long.yaml");
     std::fs::write(&long, good.replace("requests: 60", "requests: 6000")).expect("write matrix");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_benchfleet"))
-        .args(["run", "--local", long.to_str().expect("utf-8 path")])
-        .env("BENCHFLEET_DATA_DIR", data.path())
-        .env_remove("BENCHFLEET_CONTROLLER")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("benchfleet runs");
+    let mut child = spawn_run_local(data.path(), &long);
     // Until an engine and loadgen run.
     let mut running = Vec::new();
     for _ in 0..600 {
@@ -267,20 +273,8 @@ fn interrupting_run_local_stops_its_engines_and_loadgen_and_cancels_the_run() {
     assert!(running.len() >= 2, "an engine and loadgen never started: {running:?}");
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a pid");
     rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("signalled");
-    let mut status = None;
-    for _ in 0..400 {
-        if let Some(s) = child.try_wait().expect("wait") {
-            status = Some(s);
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let status = status.unwrap_or_else(|| {
-        let _ = child.kill();
-        panic!("benchfleet did not exit within 20 s of SIGINT")
-    });
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    let status = exit_within(&mut child, 20).unwrap_or_else(|| panic!("benchfleet did not exit within 20 s of SIGINT"));
+    let stderr = stderr_of(&mut child);
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted: stopping the engines and loadgen"), "{stderr}");
     let left: Vec<u32> = running.iter().copied().filter(|p| alive(*p)).collect();
