@@ -271,7 +271,11 @@ fn parse_as(
     if strict {
         let checked = checked_configs(&raw, top.strategy, &configs, &engines, &variants, &profiles);
         cx.contexts(&checked, &profiles, &mut warnings)?;
-        cx.parallelism(&checked, &engines, &variants, top.gpus_per_job)?;
+        let mut spread = checked;
+        if top.strategy == Strategy::Greedy {
+            spread.extend(greedy_combinations(&raw, &engines, &variants, &profiles));
+        }
+        cx.parallelism(&spread, &engines, &variants, top.gpus_per_job)?;
     }
     Ok(Matrix {
         name: raw.name,
@@ -943,7 +947,8 @@ impl Ctx<'_> {
     /// Each configuration of `checked` against the job's GPUs: an engine
     /// asked to spread over more GPUs than a job gets fails as it starts,
     /// on a GPU as on the simulator, so the matrix is refused before any
-    /// runs. The error names the engine's or variant's arguments that ask.
+    /// runs. The error names the engine's or variant's arguments that ask;
+    /// for a combination of variants, how to try them apart.
     fn parallelism(
         &self,
         checked: &[EngineConfig],
@@ -966,11 +971,16 @@ impl Ctx<'_> {
                 .map(|v| format!("variants.{}.args", v.name))
                 .or_else(|| engines.iter().find(|e| e.name == c.engine).map(|e| format!("engines.{}.args", e.name)))
                 .unwrap_or_else(|| "engines".to_owned());
+            let hint = if c.variants.len() > 1 {
+                "; the study combines variants of different groups: give these one `group` to try them as alternatives"
+            } else {
+                ""
+            };
             return Err(self.err(
                 &field,
                 format!(
                     "{} asks for {needed} GPUs ({flags}) but a job gets {gpus_per_job} \
-                     (hardware.gpus_per_job): the engine would fail as it starts",
+                     (hardware.gpus_per_job): the engine would fail as it starts{hint}",
                     c.name
                 ),
             ));
@@ -1012,6 +1022,46 @@ fn checked_configs(
             })
             .collect(),
     }
+}
+
+/// The combinations of two or more variants a greedy study may build, as
+/// far as they can change the GPUs an engine spreads over: at most one of
+/// each group (the strategy never combines alternatives), of the variants
+/// that set a parallel size (or SGLang's DP attention), in file order as
+/// the study applies them. Each alone is in [`checked_configs`].
+fn greedy_combinations(
+    raw: &RawMatrix,
+    engines: &[EngineDef],
+    variants: &[VariantDef],
+    profiles: &Profiles,
+) -> Vec<EngineConfig> {
+    /// Past this many such variants of an engine only pairs are built (their
+    /// subsets would be too many to build at submission).
+    const ALL_SUBSETS_UP_TO: usize = 12;
+    let mut out = Vec::new();
+    for e in engines.iter().filter(|e| e.runtime != RuntimeKind::External) {
+        let spreading: Vec<&VariantDef> = variants
+            .iter()
+            .filter(|v| v.applies_to(&e.name))
+            .filter(|v| parallel_gpus(e.kind, &v.args).is_some() || v.args.iter().any(|a| a == "--enable-dp-attention"))
+            .collect();
+        let n = spreading.len();
+        let subsets: Vec<Vec<&VariantDef>> = if n <= ALL_SUBSETS_UP_TO {
+            (0u32..1 << n).map(|mask| (0..n).filter(|i| mask & (1 << i) != 0).map(|i| spreading[i]).collect()).collect()
+        } else {
+            (0..n).flat_map(|i| (i + 1..n).map(|j| vec![spreading[i], spreading[j]]).collect::<Vec<_>>()).collect()
+        };
+        for set in subsets.into_iter().filter(|set| set.len() > 1) {
+            let one_of_each_group = set
+                .iter()
+                .enumerate()
+                .all(|(i, v)| v.group.as_ref().is_none_or(|g| !set[..i].iter().any(|w| w.group.as_ref() == Some(g))));
+            if one_of_each_group {
+                out.push(config(&raw.model, e, &set, false, (&profiles.list, &profiles.only_with)));
+            }
+        }
+    }
+    out
 }
 
 /// The GPUs an engine's arguments spread it over, with the flags that say
@@ -1529,6 +1579,32 @@ profiles:
             "m.yaml:10: variants.tp.args: vllm+tp asks for 8 GPUs (--tensor-parallel-size=8) but a job gets 2 \
              (hardware.gpus_per_job): the engine would fail as it starts",
         );
+        // And combines those that help: two layouts that each fit do not together.
+        let layouts = |tp_group: &str, pp_group: &str| {
+            two.replace(
+                "  fp8: {",
+                &format!(
+                    "  tp: {{ args: [-tp=2], engines: [vllm]{tp_group} }}\n  \
+                     pp: {{ args: [--pipeline-parallel-size, '2'], engines: [vllm]{pp_group} }}\n  fp8: {{"
+                ),
+            ) + "strategy: greedy\nprimary_profile: throughput\n"
+        };
+        check_err(
+            &layouts("", ""),
+            "m.yaml:11: variants.pp.args: vllm+tp+pp asks for 4 GPUs (-tp=2 --pipeline-parallel-size=2) but a job \
+             gets 2 (hardware.gpus_per_job): the engine would fail as it starts; the study combines variants of \
+             different groups: give these one `group` to try them as alternatives",
+        );
+        parse("m.yaml", &layouts(", group: layout", ", group: layout"), &hash)
+            .expect("alternatives are never combined");
+        // A grid combines them too, and as alternatives does not.
+        let grid = |g: &str| layouts(g, g).replace("strategy: greedy\n", "");
+        assert_eq!(parse("m.yaml", &grid(""), &hash).expect_err("combined").field, "variants.pp.args");
+        parse("m.yaml", &grid(", group: layout"), &hash).expect("a grid runs alternatives apart");
+        // A size set twice takes the last, as the engine's parser does.
+        let again =
+            layouts("", "").replace("[--pipeline-parallel-size, '2']", "[-tp=1, --pipeline-parallel-size, '2']");
+        parse("m.yaml", &again, &hash).expect("tp 1 x pp 2 on two GPUs");
     }
 
     #[test]
