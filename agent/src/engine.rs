@@ -584,7 +584,18 @@ pub fn classify_exit(status: String, log: &str) -> EngineError {
     // after it (pydantic's "Value error, " line says why; a parallel size
     // over the GPUs it was given among them): the same flags fail on every
     // host.
-    let refused = ["unrecognized arguments", "invalid choice", "unknown flag", "invalid value", "value error, "];
+    let refused = [
+        "unrecognized arguments",
+        "invalid choice",
+        "unknown flag",
+        "invalid value",
+        "ambiguous option",
+        "expected one argument",
+        "expected at least one argument",
+        "ignored explicit argument",
+        "the following arguments are required",
+        "value error, ",
+    ];
     if let Some(line) = last(&refused) {
         return EngineError::BadFlag { message: line };
     }
@@ -673,6 +684,11 @@ mod tests {
              Value error, World size (2) is larger than the number of available GPUs (1) in this node.",
             "the engine rejected its flags: Value error, World size (2) is larger than the number of available GPUs \
              (1) in this node.",
+        );
+        check(
+            "usage: launch_server.py\nlaunch_server.py: error: ambiguous option: --pp could match --pp-size, --pp-async-batch-depth",
+            "the engine rejected its flags: launch_server.py: error: ambiguous option: --pp could match --pp-size, \
+             --pp-async-batch-depth",
         );
         check("loading\nsegfault", "the engine exited during startup (exit status: 2): segfault");
         assert_eq!(

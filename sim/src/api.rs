@@ -399,6 +399,7 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
         serde_json::from_slice(body).map_err(|err| bad_request(format!("invalid request body: {err}")))?;
     if let Some(model) = &body.model
         && *model != config.served_model_name
+        && !config.other_model_names.contains(model)
     {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("The model `{model}` does not exist.")));
     }

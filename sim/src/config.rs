@@ -6,7 +6,10 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use crate::profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape};
+use crate::{
+    flags::{self, Kind},
+    profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape},
+};
 
 /// The environment variable an agent sets to tell the simulator which GPU it stands in for.
 pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
@@ -43,8 +46,10 @@ pub fn help() -> String {
          benchfleet-sim sglang serve --model-path MODEL [SGLang flags] [--sim-* flags]\n  \
          benchfleet-sim python3 -m sglang.launch_server --model-path MODEL [...]\n  \
          benchfleet-sim sharegpt-like [CONVERSATIONS [SEED]]   a ShareGPT stand-in (JSON on stdout)\n\n\
-         The engines' own flags are taken as they take them (--flag value or --flag=value); one the engine\n\
-         would not know is an error, as it would be on a GPU. It serves the OpenAI API (/v1/completions,\n\
+         The engines' own flags are taken as they take them (--flag value or --flag=value, an unambiguous\n\
+         prefix; vLLM 0.17.1's and SGLang 0.5.9's every option); one the engine would not know is an error,\n\
+         as it would be on a GPU. Those it does not simulate are named as it starts, and the run goes as\n\
+         without them. It serves the OpenAI API (/v1/completions,\n\
          /v1/chat/completions, /v1/models), /health, /metrics (SGLang's with --enable-metrics), the engine's\n\
          version (vLLM: GET /version, SGLang: GET /get_server_info) and its own cache reset\n\
          (vLLM: POST /reset_prefix_cache, SGLang: POST /flush_cache).\n\nSimulator flags:\n",
@@ -63,10 +68,6 @@ pub fn help() -> String {
     );
     out
 }
-
-/// vLLM's `--kv-cache-dtype` choices.
-const KV_CACHE_DTYPES: [&str; 6] = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"];
-const PERFORMANCE_MODES: [&str; 3] = ["balanced", "interactivity", "throughput"];
 
 /// Which engine's command line and defaults the simulator mimics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +117,37 @@ pub struct SimConfig {
     /// `--gpu-memory-utilization` / `--mem-fraction-static`; the engine's default when absent.
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
+    /// `--pipeline-parallel-size` and `--data-parallel-size` (SGLang's `--pp-size`, `--dp-size`):
+    /// counted against the GPUs given, not modelled beyond that (a step runs as one replica of
+    /// its tensor-parallel group).
+    pub pipeline_parallel_size: u32,
+    pub data_parallel_size: u32,
+    /// SGLang's `--enable-dp-attention`: its data-parallel ranks share the tensor-parallel GPUs.
+    pub dp_attention: bool,
+    /// `--quantization fp8` (SGLang's `w8a8_fp8` too): a BF16 checkpoint's weights quantised to
+    /// FP8 as they load, run as an FP8 checkpoint's.
+    pub weights_fp8: bool,
+    /// vLLM's `--enable-chunked-prefill` (on unless `--no-enable-chunked-prefill`): off, a prompt
+    /// is prefilled whole and the default budget holds a whole context.
+    pub chunked_prefill: bool,
+    /// Whether `--max-num-batched-tokens` was given (vLLM refuses one under the context when
+    /// prefill is not chunked; its own default then covers it).
+    pub budget_given: bool,
+    /// vLLM's `--async-scheduling` as given (`None`: on, unless the drafting method cannot).
+    pub async_scheduling: Option<bool>,
+    /// SGLang's overlap scheduler: off with `--disable-overlap-schedule` or speculative decoding.
+    pub overlap_schedule: bool,
+    /// CUDA graphs at all: vLLM's `--compilation-config '{"cudagraph_mode": "NONE"}'` turns them off.
+    pub cuda_graphs: bool,
+    /// vLLM's `--max-cudagraph-capture-size` and `--cudagraph-capture-sizes` (or the same keys of
+    /// `--compilation-config`), when given.
+    pub max_capture_size: Option<usize>,
+    pub capture_sizes: Option<Vec<usize>>,
+    /// The engine options taken as the engine takes them but not modelled, as given: the server
+    /// names them as it starts, and runs as without them.
+    pub unmodelled: Vec<String>,
+    /// vLLM's further `--served-model-name`s, which requests may name too.
+    pub other_model_names: Vec<String>,
     /// The GPUs the engine was given, as `CUDA_VISIBLE_DEVICES` lists them (an agent sets it to
     /// the job's GPUs, simulated ones too); `None` when unset, as on a host whose every GPU is
     /// visible: the simulator then has as many as `--tensor-parallel-size` asks.
@@ -171,11 +203,44 @@ pub struct Faults {
 
 impl SimConfig {
     pub fn model_shape(&self) -> ModelShape {
-        ModelShape::from_name(&self.model)
+        let mut shape = ModelShape::from_name(&self.model);
+        if self.weights_fp8 {
+            shape.bytes_per_param = 1.0;
+        }
+        shape
     }
 
+    /// The engine's costs in its mode, without the overlap of scheduling and the GPU where the
+    /// engine runs without it.
     pub fn engine_costs(&self) -> EngineCosts {
-        EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref())
+        let mut costs = EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref());
+        if !self.overlaps() {
+            costs.overlap = 0.0;
+        }
+        costs
+    }
+
+    /// Whether the engine plans a step while the one before it runs: vLLM's asynchronous
+    /// scheduling (on unless `--no-async-scheduling`, or a drafting method it does not support),
+    /// SGLang's overlap scheduler.
+    pub fn overlaps(&self) -> bool {
+        match self.engine {
+            EngineKind::Vllm => self.async_scheduling.unwrap_or_else(|| !self.drafts_without_async()),
+            EngineKind::Sglang => self.overlap_schedule,
+        }
+    }
+
+    /// vLLM schedules asynchronously only with EAGLE-family, MTP or draft-model speculation.
+    pub fn drafts_without_async(&self) -> bool {
+        let method = self.speculative_config.as_ref().and_then(|s| s.get("method")).and_then(|m| m.as_str());
+        matches!(method, Some("ngram" | "[ngram]" | "suffix" | "medusa" | "mlp_speculator"))
+    }
+
+    /// The GPUs the engine spreads over: tensor x pipeline x data parallel (SGLang's data
+    /// parallel attention shares the tensor-parallel GPUs).
+    pub fn gpus_needed(&self) -> u64 {
+        let dp = if self.dp_attention { 1 } else { u64::from(self.data_parallel_size) };
+        u64::from(self.tensor_parallel_size) * u64::from(self.pipeline_parallel_size) * dp
     }
 }
 
@@ -192,6 +257,10 @@ pub enum ArgError {
     Unrecognized(String),
     #[error("argument {0}: expected one argument")]
     MissingValue(String),
+    #[error("argument {0}: expected at least one argument")]
+    MissingValues(String),
+    #[error("ambiguous option: {option} could match {matches}")]
+    Ambiguous { option: String, matches: String },
     #[error("argument {flag}: ignored explicit argument {value:?}")]
     ValueOnSwitch { flag: String, value: String },
     #[error("argument {flag}: invalid choice: '{value}' (choose from {choices})")]
@@ -260,6 +329,19 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         enforce_eager: false,
         gpu_memory_utilization: None,
         tensor_parallel_size: 1,
+        pipeline_parallel_size: 1,
+        data_parallel_size: 1,
+        dp_attention: false,
+        weights_fp8: false,
+        chunked_prefill: true,
+        budget_given: false,
+        async_scheduling: None,
+        overlap_schedule: true,
+        cuda_graphs: true,
+        max_capture_size: None,
+        capture_sizes: None,
+        unmodelled: Vec::new(),
+        other_model_names: Vec::new(),
         visible_gpus: None,
         trust_remote_code: false,
         enable_metrics: engine == EngineKind::Vllm,
@@ -271,11 +353,13 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         coefficients: COEFFICIENTS,
         faults: Faults { stall: Duration::from_secs(60), ..Faults::default() },
     };
-    let (mut max_seqs, mut batched_tokens, mut gpu_flag, mut startup_from_model) = (None, None, None, false);
-    let mut prefix_caching = None;
-    let mut rest = rest.iter();
-    while let Some(&arg) = rest.next() {
-        if !arg.starts_with('-') {
+    let mut given = Given::default();
+    let words: Vec<String> = rest.iter().map(|word| spelled(engine, word)).collect();
+    let mut i = 0;
+    while i < words.len() {
+        let arg = words[i].as_str();
+        i += 1;
+        if !arg.starts_with('-') || arg == "-" {
             // vLLM takes the model as its one positional argument, anywhere.
             if engine == EngineKind::Vllm && config.model.is_empty() {
                 config.model = arg.into();
@@ -287,96 +371,62 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             Some((name, value)) => (name, Some(value)),
             None => (arg, None),
         };
-        let switch = |on: bool| match inline {
-            Some(value) => Err(ArgError::ValueOnSwitch { flag: name.into(), value: value.into() }),
-            None => Ok(on),
+        if name.starts_with("--sim-") {
+            let value = one_value(&words, &mut i, name, inline);
+            sim_flag(&mut config, &mut given, name, inline, value)?;
+            continue;
+        }
+        // vLLM's `--section.key value`: one key of a JSON-valued option.
+        let (option, key) = match name.split_once('.') {
+            Some((option, key)) if engine == EngineKind::Vllm && !key.is_empty() => (option, Some(key)),
+            _ => (name, None),
         };
-        let mut value = || match inline {
-            Some(value) => Ok(value.to_string()),
-            None => rest.next().map(|value| value.to_string()).ok_or_else(|| ArgError::MissingValue(name.into())),
+        let (flag, negated) = match flags::resolve(engine, option) {
+            flags::Resolved::Found(flag, negated) => (flag, negated),
+            flags::Resolved::Ambiguous(matches) => {
+                return Err(ArgError::Ambiguous { option: option.into(), matches: matches.join(", ") });
+            }
+            flags::Resolved::Unknown => return Err(ArgError::Unrecognized(arg.into())),
         };
-        use EngineKind::{Sglang, Vllm};
-        match (engine, name) {
-            (_, "--host") => config.host = value()?,
-            (_, "--port") => config.port = parse(name, &value()?)?,
-            (Vllm, "--model") | (Sglang, "--model-path" | "--model") => config.model = value()?,
-            (_, "--served-model-name") => config.served_model_name = value()?,
-            (Vllm, "--max-model-len") | (Sglang, "--context-length") => {
-                config.max_model_len = parse(name, &value()?)?;
-            }
-            (Vllm, "--max-num-seqs") | (Sglang, "--max-running-requests") => {
-                max_seqs = Some(parse(name, &value()?)?);
-            }
-            (Sglang, "--chunked-prefill-size") => {
-                // -1 turns chunking off: a prompt is prefilled in one step, whatever its length.
-                batched_tokens = match value()?.as_str() {
-                    "-1" => Some(Budget::Unchunked),
-                    text => Some(Budget::Tokens(parse(name, text)?)),
-                };
-            }
-            (_, "--max-num-batched-tokens") => batched_tokens = Some(Budget::Tokens(parse(name, &value()?)?)),
-            (_, "--enable-prefix-caching") => prefix_caching = Some(switch(true)?),
-            (Vllm, "--no-enable-prefix-caching") | (Sglang, "--disable-radix-cache") => {
-                prefix_caching = Some(switch(false)?);
-            }
-            (_, "--kv-cache-dtype") => config.kv_cache_dtype = choice(name, value()?, &KV_CACHE_DTYPES)?,
-            (Vllm, "--performance-mode") => config.performance_mode = Some(choice(name, value()?, &PERFORMANCE_MODES)?),
-            (_, "--speculative-config") => {
-                let text = value()?;
-                let json: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid(name, &text, err))?;
-                if json.get("num_speculative_tokens").and_then(serde_json::Value::as_u64).is_none_or(|k| k == 0) {
-                    return Err(invalid(name, &text, "num_speculative_tokens must be a positive integer"));
-                }
-                config.speculative_config = Some(json);
-            }
-            (_, "--reasoning-parser") => config.reasoning_parser = Some(value()?),
-            (_, "--language-model-only") => config.language_model_only = switch(true)?,
-            (Vllm, "--enforce-eager") => config.enforce_eager = switch(true)?,
-            (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
-                config.gpu_memory_utilization = Some(parse(name, &value()?)?);
-            }
-            (_, "--tensor-parallel-size") | (Vllm, "-tp") | (Sglang, "--tp-size" | "--tp") => {
-                config.tensor_parallel_size = parse(name, &value()?)?;
-            }
-            (_, "--trust-remote-code") => config.trust_remote_code = switch(true)?,
-            (Sglang, "--enable-metrics") => config.enable_metrics = switch(true)?,
-            (_, "--seed") | (Sglang, "--random-seed") => config.seed = parse(name, &value()?)?,
-            (_, "--sim-gpu") => gpu_flag = Some(value()?),
-            (_, "--sim-startup-ms") => match value()?.as_str() {
-                "model" => startup_from_model = true,
-                text => config.startup_delay = millis(name, text)?,
+        let values = match (flag.kind, key) {
+            (Kind::Value, Some(_)) => vec![one_value(&words, &mut i, name, inline)?],
+            (_, Some(_)) => return Err(ArgError::Unrecognized(arg.into())),
+            (Kind::Switch | Kind::Bool, None) => match inline {
+                Some(value) => return Err(ArgError::ValueOnSwitch { flag: name.into(), value: value.into() }),
+                None => Vec::new(),
             },
-            (_, "--sim-speedup") => {
-                let text = value()?;
-                config.speedup = parse(name, &text)?;
-                if !(config.speedup.is_finite() && config.speedup > 0.0) {
-                    return Err(invalid(name, &text, "must be a positive number"));
+            (Kind::Value, None) => vec![one_value(&words, &mut i, name, inline)?],
+            (Kind::Optional, None) => match inline {
+                Some(value) => vec![value.to_owned()],
+                None if words.get(i).is_some_and(|w| !looks_like_option(w)) => {
+                    i += 1;
+                    vec![words[i - 1].clone()]
                 }
-            }
-            (_, "--sim-spec-acceptance") => config.spec_acceptance = Some(fraction(name, &value()?)?),
-            (_, "--sim-fail-rate") => config.faults.fail_rate = fraction(name, &value()?)?,
-            (_, "--sim-crash-after") => config.faults.crash_after = Some(parse(name, &value()?)?),
-            (_, "--sim-stall-rate") => config.faults.stall_rate = fraction(name, &value()?)?,
-            (_, "--sim-stall-ms") => config.faults.stall = millis(name, &value()?)?,
-            (_, "--sim-disconnect-rate") => config.faults.disconnect_rate = fraction(name, &value()?)?,
-            (_, "--sim-spec-failure-batch") => config.faults.spec_failure_batch = Some(parse(name, &value()?)?),
-            (_, "--sim-refuse-cache-reset") => config.faults.refuse_cache_reset = switch(true)?,
-            (_, "--sim-step-jitter-pct") => {
-                let text = value()?;
-                config.faults.step_jitter_pct = parse(name, &text)?;
-                if !(0.0..=50.0).contains(&config.faults.step_jitter_pct) {
-                    return Err(invalid(name, &text, "must be 0 to 50 percent"));
+                None => Vec::new(),
+            },
+            (Kind::Nargs, None) => match inline {
+                Some(value) => vec![value.to_owned()],
+                None => {
+                    let start = i;
+                    while words.get(i).is_some_and(|w| !looks_like_option(w)) {
+                        i += 1;
+                    }
+                    if i == start {
+                        return Err(ArgError::MissingValues(name.into()));
+                    }
+                    words[start..i].to_vec()
                 }
+            },
+        };
+        if !flag.choices.is_empty() && key.is_none() {
+            for value in &values {
+                choice(name, value.clone(), flag.choices)?;
             }
-            (_, "--sim-seed") => config.faults.seed = parse(name, &value()?)?,
-            (_, "--sim-slowdown-pct-per-s") => {
-                let text = value()?;
-                config.faults.slowdown_pct_per_s = parse(name, &text)?;
-                if !(config.faults.slowdown_pct_per_s.is_finite() && config.faults.slowdown_pct_per_s >= 0.0) {
-                    return Err(invalid(name, &text, "must be 0 or more percent"));
-                }
-            }
-            _ => return Err(ArgError::Unrecognized(arg.into())),
+        }
+        let on = !negated;
+        if !engine_flag(&mut config, &mut given, (flag.name(), key), on, &values)? {
+            // Taken as the engine takes it, but nothing the simulator models: named at startup.
+            config.unmodelled.push(std::iter::once(name.to_owned()).chain(values).collect::<Vec<_>>().join(" "));
         }
     }
     if config.model.is_empty() {
@@ -388,26 +438,316 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
     if config.served_model_name.is_empty() {
         config.served_model_name = config.model.clone();
     }
-    let gpu_name = gpu_flag.as_deref().or(env_gpu).unwrap_or("H200");
+    let gpu_name = given.gpu.as_deref().or(env_gpu).unwrap_or("H200");
     config.gpu = profile::gpu(gpu_name).ok_or_else(|| {
-        let flag = if gpu_flag.is_some() { "--sim-gpu" } else { GPU_ENV };
+        let flag = if given.gpu.is_some() { "--sim-gpu" } else { GPU_ENV };
         invalid(flag, gpu_name, "the simulator knows H100 and H200")
     })?;
+    finish(&mut config, given)?;
+    Ok(config)
+}
+
+/// What the command line gave, where the engine's defaults depend on whether a flag was given.
+#[derive(Default)]
+struct Given {
+    max_seqs: Option<usize>,
+    budget: Option<Budget>,
+    gpu: Option<String>,
+    startup_from_model: bool,
+    prefix_caching: Option<bool>,
+    /// vLLM's `--speculative-config`, with any `--speculative-config.KEY` merged in.
+    speculative: Option<serde_json::Map<String, serde_json::Value>>,
+    /// vLLM's `--compilation-config` (`-cc`), with its keys given one by one merged in.
+    compilation: serde_json::Map<String, serde_json::Value>,
+    /// SGLang's `--speculative-algorithm`, `--speculative-num-steps` and `--speculative-num-draft-tokens`.
+    sglang_speculation: (Option<String>, Option<usize>, Option<usize>),
+}
+
+/// vLLM's spelling of an option: its parser takes `--max_num_seqs` for `--max-num-seqs` and
+/// `-O3` for `--optimization-level 3`.
+fn spelled(engine: EngineKind, word: &str) -> String {
+    if engine != EngineKind::Vllm {
+        return word.to_owned();
+    }
+    if let Some(level) = word.strip_prefix("-O").filter(|l| !l.is_empty()) {
+        return format!("--optimization-level={}", level.strip_prefix('=').unwrap_or(level));
+    }
+    match word.strip_prefix("--") {
+        Some(option) if !option.starts_with("sim-") => {
+            // Up to the first `.`: a JSON option's keys keep their underscores.
+            let (name, value) = option.split_once('=').map_or((option, None), |(n, v)| (n, Some(v)));
+            let (name, key) = name.split_once('.').map_or((name, None), |(n, k)| (n, Some(k)));
+            let name = name.replace('_', "-");
+            let name = key.map_or(name.clone(), |key| format!("{name}.{key}"));
+            value.map_or(format!("--{name}"), |value| format!("--{name}={value}"))
+        }
+        _ => word.to_owned(),
+    }
+}
+
+/// Whether argparse reads `word` as an option rather than a value: a dash, unless a negative number.
+fn looks_like_option(word: &str) -> bool {
+    word.starts_with('-') && word.len() > 1 && word.parse::<f64>().is_err()
+}
+
+/// The one value of `name`: given inline, else the next word.
+fn one_value(words: &[String], i: &mut usize, name: &str, inline: Option<&str>) -> Result<String, ArgError> {
+    match inline {
+        Some(value) => Ok(value.to_owned()),
+        None => match words.get(*i) {
+            Some(word) if !looks_like_option(word) => {
+                *i += 1;
+                Ok(word.clone())
+            }
+            _ => Err(ArgError::MissingValue(name.into())),
+        },
+    }
+}
+
+/// The simulator's own `--sim-*` flags.
+fn sim_flag(
+    config: &mut SimConfig,
+    given: &mut Given,
+    name: &str,
+    inline: Option<&str>,
+    value: Result<String, ArgError>,
+) -> Result<(), ArgError> {
+    let switch = || match inline {
+        Some(value) => Err(ArgError::ValueOnSwitch { flag: name.into(), value: value.into() }),
+        None => Ok(true),
+    };
+    match name {
+        "--sim-gpu" => given.gpu = Some(value?),
+        "--sim-startup-ms" => match value?.as_str() {
+            "model" => given.startup_from_model = true,
+            text => config.startup_delay = millis(name, text)?,
+        },
+        "--sim-speedup" => {
+            let text = value?;
+            config.speedup = parse(name, &text)?;
+            if !(config.speedup.is_finite() && config.speedup > 0.0) {
+                return Err(invalid(name, &text, "must be a positive number"));
+            }
+        }
+        "--sim-spec-acceptance" => config.spec_acceptance = Some(fraction(name, &value?)?),
+        "--sim-fail-rate" => config.faults.fail_rate = fraction(name, &value?)?,
+        "--sim-crash-after" => config.faults.crash_after = Some(parse(name, &value?)?),
+        "--sim-stall-rate" => config.faults.stall_rate = fraction(name, &value?)?,
+        "--sim-stall-ms" => config.faults.stall = millis(name, &value?)?,
+        "--sim-disconnect-rate" => config.faults.disconnect_rate = fraction(name, &value?)?,
+        "--sim-spec-failure-batch" => config.faults.spec_failure_batch = Some(parse(name, &value?)?),
+        "--sim-refuse-cache-reset" => config.faults.refuse_cache_reset = switch()?,
+        "--sim-step-jitter-pct" => {
+            let text = value?;
+            config.faults.step_jitter_pct = parse(name, &text)?;
+            if !(0.0..=50.0).contains(&config.faults.step_jitter_pct) {
+                return Err(invalid(name, &text, "must be 0 to 50 percent"));
+            }
+        }
+        "--sim-seed" => config.faults.seed = parse(name, &value?)?,
+        "--sim-slowdown-pct-per-s" => {
+            let text = value?;
+            config.faults.slowdown_pct_per_s = parse(name, &text)?;
+            if !(config.faults.slowdown_pct_per_s.is_finite() && config.faults.slowdown_pct_per_s >= 0.0) {
+                return Err(invalid(name, &text, "must be 0 or more percent"));
+            }
+        }
+        _ => return Err(ArgError::Unrecognized(name.into())),
+    }
+    Ok(())
+}
+
+/// An engine option the simulator models, by the name [`flags`] knows it by (and a vLLM
+/// option's JSON key, `--speculative-config.method`): `false` for one it takes but does not model.
+fn engine_flag(
+    config: &mut SimConfig,
+    given: &mut Given,
+    (name, key): (&str, Option<&str>),
+    on: bool,
+    values: &[String],
+) -> Result<bool, ArgError> {
+    use EngineKind::{Sglang, Vllm};
+    let value = || values.first().cloned().unwrap_or_default();
+    match (config.engine, name) {
+        (_, "--host") => config.host = value(),
+        (_, "--port") => config.port = parse(name, &value())?,
+        (Vllm, "--model") | (Sglang, "--model-path") => config.model = value(),
+        (_, "--served-model-name") => {
+            config.served_model_name = value();
+            config.other_model_names = values.iter().skip(1).cloned().collect();
+        }
+        (Vllm, "--max-model-len") => config.max_model_len = human_number(name, &value())?,
+        (Sglang, "--context-length") => config.max_model_len = parse(name, &value())?,
+        (Vllm, "--max-num-seqs") | (Sglang, "--max-running-requests") => given.max_seqs = Some(parse(name, &value())?),
+        (Vllm, "--max-num-batched-tokens") => given.budget = Some(Budget::Tokens(human_number(name, &value())?)),
+        // -1 turns chunking off: a prompt is prefilled in one step, whatever its length.
+        (Sglang, "--chunked-prefill-size") => {
+            given.budget = Some(match value().as_str() {
+                "-1" => Budget::Unchunked,
+                text => Budget::Tokens(parse(name, text)?),
+            })
+        }
+        (Vllm, "--enable-chunked-prefill") => config.chunked_prefill = on,
+        (Vllm, "--enable-prefix-caching") => given.prefix_caching = Some(on),
+        (Sglang, "--disable-radix-cache") => given.prefix_caching = Some(false),
+        (_, "--kv-cache-dtype") => {
+            // An FP8 cache halves a block; SGLang's FP4 one is taken but sized as BF16.
+            config.kv_cache_dtype = value();
+            return Ok(config.kv_cache_dtype != "fp4_e2m1");
+        }
+        (Vllm, "--performance-mode") => config.performance_mode = Some(value()),
+        (Vllm, "--speculative-config") => {
+            let text = value();
+            let spec = given.speculative.get_or_insert_default();
+            match key {
+                // A key given alone: its value as JSON where it reads as JSON, else as a string.
+                Some(key) => {
+                    let parsed = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+                    spec.insert(key.to_owned(), parsed);
+                }
+                None => match serde_json::from_str::<serde_json::Value>(&text) {
+                    Ok(serde_json::Value::Object(object)) => spec.extend(object),
+                    Ok(_) => return Err(invalid(name, &text, "expected a JSON object")),
+                    Err(err) => return Err(invalid(name, &text, err)),
+                },
+            }
+        }
+        (Vllm, "--compilation-config") => {
+            let text = value();
+            match key {
+                Some(key) => {
+                    let parsed = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+                    given.compilation.insert(key.to_owned(), parsed);
+                }
+                // `-cc 3` is an optimization level, as `-O3`; the simulator models none of them.
+                None if text.parse::<u8>().is_ok() => return Ok(false),
+                None => match serde_json::from_str::<serde_json::Value>(&text) {
+                    Ok(serde_json::Value::Object(object)) => given.compilation.extend(object),
+                    _ => return Err(invalid(name, &text, "expected a JSON object")),
+                },
+            }
+            return Ok(compilation_modelled(&given.compilation));
+        }
+        (Vllm, "--max-cudagraph-capture-size") => {
+            given.compilation.insert("max_cudagraph_capture_size".into(), parse::<usize>(name, &value())?.into());
+        }
+        (Vllm, "--cudagraph-capture-sizes") => {
+            let sizes = values.iter().map(|v| parse::<usize>(name, v)).collect::<Result<Vec<_>, _>>()?;
+            given.compilation.insert("cudagraph_capture_sizes".into(), sizes.into());
+        }
+        (Vllm, "--async-scheduling") => config.async_scheduling = Some(on),
+        (Sglang, "--disable-overlap-schedule") => config.overlap_schedule = false,
+        (Sglang, "--speculative-algorithm") => given.sglang_speculation.0 = Some(value()),
+        (Sglang, "--speculative-num-steps") => given.sglang_speculation.1 = Some(parse(name, &value())?),
+        (Sglang, "--speculative-num-draft-tokens") => given.sglang_speculation.2 = Some(parse(name, &value())?),
+        (_, "--reasoning-parser") => config.reasoning_parser = Some(value()),
+        (Vllm, "--language-model-only") => config.language_model_only = on,
+        (Vllm, "--enforce-eager") => config.enforce_eager = on,
+        (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
+            config.gpu_memory_utilization = Some(parse(name, &value())?);
+        }
+        (_, "--tensor-parallel-size") => config.tensor_parallel_size = parse(name, &value())?,
+        (_, "--pipeline-parallel-size") => config.pipeline_parallel_size = parse(name, &value())?,
+        (_, "--data-parallel-size") => config.data_parallel_size = parse(name, &value())?,
+        (Sglang, "--enable-dp-attention") => config.dp_attention = true,
+        (Vllm, "--quantization") | (Sglang, "--quantization") => {
+            // FP8 weights quantised as the engine loads them run as an FP8 checkpoint does; other
+            // methods are taken but not modelled.
+            config.weights_fp8 = matches!(value().as_str(), "fp8" | "w8a8_fp8");
+            return Ok(config.weights_fp8);
+        }
+        (_, "--trust-remote-code") => config.trust_remote_code = on,
+        (Sglang, "--enable-metrics") => config.enable_metrics = true,
+        (Vllm, "--seed") | (Sglang, "--random-seed") => config.seed = parse(name, &value())?,
+        (_, "--config") => {
+            return Err(invalid(
+                name,
+                &value(),
+                "the simulator does not read a file of options: give them on the command line",
+            ));
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Whether the simulator models what a compilation config sets: CUDA graphs off, or their sizes.
+fn compilation_modelled(compilation: &serde_json::Map<String, serde_json::Value>) -> bool {
+    compilation
+        .keys()
+        .any(|k| matches!(k.as_str(), "cudagraph_mode" | "max_cudagraph_capture_size" | "cudagraph_capture_sizes"))
+}
+
+/// The engine's defaults where the command line left them, as the engine derives them.
+fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
+    let engine = config.engine;
     let hybrid_in_vllm = engine == EngineKind::Vllm && config.model_shape().hybrid;
-    config.enable_prefix_caching = prefix_caching.unwrap_or(!hybrid_in_vllm);
+    config.enable_prefix_caching = given.prefix_caching.unwrap_or(!hybrid_in_vllm);
+    if let Some(spec) = given.speculative {
+        let text = serde_json::Value::Object(spec.clone()).to_string();
+        if spec.get("num_speculative_tokens").and_then(serde_json::Value::as_u64).is_none_or(|k| k == 0) {
+            return Err(invalid("--speculative-config", &text, "num_speculative_tokens must be a positive integer"));
+        }
+        config.speculative_config = Some(serde_json::Value::Object(spec));
+    }
+    if let (Some(algorithm), steps, draft_tokens) = given.sglang_speculation {
+        // NEXTN is SGLang's name for a model's own MTP layers; EAGLE-family drafts take
+        // `--speculative-num-steps` tokens a step (3 unless given), n-gram drafts their draft tokens.
+        let (method, tokens) = match algorithm.as_str() {
+            "NEXTN" => ("mtp", steps.unwrap_or(3)),
+            "EAGLE" | "EAGLE3" => ("eagle", steps.unwrap_or(3)),
+            "STANDALONE" => ("draft_model", steps.unwrap_or(3)),
+            _ => ("ngram", draft_tokens.map_or(11, |d| d.saturating_sub(1))),
+        };
+        if tokens == 0 {
+            return Err(invalid("--speculative-num-steps", "0", "must be a positive integer"));
+        }
+        config.speculative_config = Some(serde_json::json!({ "method": method, "num_speculative_tokens": tokens }));
+        // SGLang runs speculative decoding without its overlap scheduler, at 48 requests unless told.
+        config.overlap_schedule = false;
+    }
     let costs = config.engine_costs();
-    config.max_num_seqs = max_seqs.unwrap_or(costs.default_max_num_seqs);
-    config.max_num_batched_tokens = match batched_tokens {
+    let sglang_speculating = engine == EngineKind::Sglang && config.speculative_config.is_some();
+    let default_seqs = if sglang_speculating { 48 } else { costs.default_max_num_seqs };
+    config.max_num_seqs = given.max_seqs.unwrap_or(default_seqs);
+    config.budget_given = matches!(given.budget, Some(Budget::Tokens(_)));
+    config.max_num_batched_tokens = match given.budget {
         Some(Budget::Tokens(tokens)) => tokens,
         Some(Budget::Unchunked) => config.max_model_len.max(costs.default_max_num_batched_tokens),
+        None if engine == EngineKind::Vllm => {
+            // vLLM: unchunked, at least a whole context; never more than its sequences can hold.
+            let mut budget = costs.default_max_num_batched_tokens;
+            if !config.chunked_prefill {
+                budget = budget.max(config.max_model_len);
+            }
+            budget.min(config.max_num_seqs.saturating_mul(config.max_model_len))
+        }
         None => costs.default_max_num_batched_tokens,
     };
-    if startup_from_model {
+    if engine == EngineKind::Vllm && given.max_seqs.is_none() {
+        // vLLM's default sequence limit never passes its token budget.
+        config.max_num_seqs = config.max_num_seqs.min(config.max_num_batched_tokens);
+    }
+    let compilation = &given.compilation;
+    if compilation
+        .get("cudagraph_mode")
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|m| m.eq_ignore_ascii_case("none"))
+    {
+        config.cuda_graphs = false;
+    }
+    let size = |v: &serde_json::Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
+    config.max_capture_size = compilation.get("max_cudagraph_capture_size").and_then(size);
+    config.capture_sizes = compilation
+        .get("cudagraph_capture_sizes")
+        .and_then(serde_json::Value::as_array)
+        .map(|sizes| sizes.iter().filter_map(size).collect());
+    if given.startup_from_model {
         let seconds =
             config.model_shape().weight_bytes() / config.coefficients.load_bandwidth + config.coefficients.load_warmup;
         config.startup_delay = Duration::from_secs_f64(seconds);
     }
-    Ok(config)
+    Ok(())
 }
 
 /// A step's token budget as given.
@@ -437,6 +777,34 @@ fn fraction(flag: &str, value: &str) -> Result<f64, ArgError> {
         return Err(invalid(flag, value, "must be between 0 and 1"));
     }
     Ok(number)
+}
+
+/// A count as vLLM reads one: `32768`, `32k` (thousands) or `32K` (binary thousands), and `m`,
+/// `g`, `t` likewise; a decimal may carry a decimal suffix (`25.6k`).
+fn human_number(flag: &str, value: &str) -> Result<usize, ArgError> {
+    let text = value.trim();
+    let Some(suffix) = text.chars().last().filter(char::is_ascii_alphabetic) else {
+        return parse(flag, text);
+    };
+    let power = match suffix.to_ascii_lowercase() {
+        'k' => 1,
+        'm' => 2,
+        'g' => 3,
+        't' => 4,
+        _ => return Err(invalid(flag, value, "expected a number, or one with a k, m, g or t suffix")),
+    };
+    let number = &text[..text.len() - 1];
+    if suffix.is_ascii_uppercase() {
+        // Binary suffixes take whole numbers.
+        let whole: usize = parse(flag, number)?;
+        return whole.checked_mul(1usize << (10 * power)).ok_or_else(|| invalid(flag, value, "too large"));
+    }
+    let decimal: f64 = parse(flag, number)?;
+    let scaled = decimal * 1000f64.powi(power);
+    if !(scaled.is_finite() && scaled >= 0.0 && scaled < usize::MAX as f64) {
+        return Err(invalid(flag, value, "must be a positive number"));
+    }
+    Ok(scaled as usize)
 }
 
 fn parse<T: FromStr<Err: fmt::Display>>(flag: &str, value: &str) -> Result<T, ArgError> {
@@ -553,6 +921,180 @@ mod tests {
         }
     }
 
+    /// A value `flag` takes wherever the simulator reads it; `x` elsewhere.
+    fn sample(flag: &flags::Flag) -> String {
+        if let Some(choice) = flag.choices.first().filter(|_| flag.name() != "--quantization") {
+            return (*choice).to_owned();
+        }
+        let value = match flag.name() {
+            "--port" => "8001",
+            "--host" => "127.0.0.1",
+            "--speculative-config" => r#"{"method":"mtp","num_speculative_tokens":2}"#,
+            "--compilation-config" => r#"{"cudagraph_mode":"NONE"}"#,
+            "--quantization" => "fp8",
+            "--max-model-len" | "--context-length" => "4096",
+            "--max-num-batched-tokens" | "--chunked-prefill-size" => "8192",
+            "--gpu-memory-utilization" | "--mem-fraction-static" => "0.8",
+            "--max-cudagraph-capture-size" | "--cudagraph-capture-sizes" => "64",
+            name if name.contains("parallel-size")
+                || name.ends_with("seed")
+                || name.starts_with("--max-num")
+                || name.starts_with("--speculative-num")
+                || name == "--max-running-requests" =>
+            {
+                "2"
+            }
+            _ => "x",
+        };
+        value.to_owned()
+    }
+
+    /// The options the simulator models, by the name each engine's parser knows them by.
+    const MODELLED: [(EngineKind, &[&str]); 2] = [
+        (
+            EngineKind::Vllm,
+            &[
+                "--host",
+                "--port",
+                "--model",
+                "--served-model-name",
+                "--max-model-len",
+                "--max-num-seqs",
+                "--max-num-batched-tokens",
+                "--enable-chunked-prefill",
+                "--enable-prefix-caching",
+                "--kv-cache-dtype",
+                "--performance-mode",
+                "--speculative-config",
+                "--compilation-config",
+                "--max-cudagraph-capture-size",
+                "--cudagraph-capture-sizes",
+                "--async-scheduling",
+                "--reasoning-parser",
+                "--language-model-only",
+                "--enforce-eager",
+                "--gpu-memory-utilization",
+                "--tensor-parallel-size",
+                "--pipeline-parallel-size",
+                "--data-parallel-size",
+                "--quantization",
+                "--trust-remote-code",
+                "--seed",
+            ],
+        ),
+        (
+            EngineKind::Sglang,
+            &[
+                "--host",
+                "--port",
+                "--model-path",
+                "--served-model-name",
+                "--context-length",
+                "--max-running-requests",
+                "--chunked-prefill-size",
+                "--disable-radix-cache",
+                "--kv-cache-dtype",
+                "--disable-overlap-schedule",
+                "--speculative-algorithm",
+                "--speculative-num-steps",
+                "--speculative-num-draft-tokens",
+                "--reasoning-parser",
+                "--mem-fraction-static",
+                "--tensor-parallel-size",
+                "--pipeline-parallel-size",
+                "--data-parallel-size",
+                "--enable-dp-attention",
+                "--quantization",
+                "--trust-remote-code",
+                "--enable-metrics",
+                "--random-seed",
+            ],
+        ),
+    ];
+
+    #[test]
+    fn every_option_of_both_engines_is_taken_and_the_unmodelled_are_named() {
+        for (engine, modelled) in MODELLED {
+            let start = if engine == EngineKind::Vllm { "vllm serve m" } else { "sglang serve --model-path m" };
+            for name in modelled {
+                assert!(flags::table(engine).iter().any(|f| f.name() == *name), "{engine} has no {name}");
+            }
+            for flag in flags::table(engine).iter().filter(|f| f.name() != "--config") {
+                let value = match flag.kind {
+                    Kind::Switch | Kind::Bool => String::new(),
+                    _ => sample(flag),
+                };
+                // Every name of it, and the `--no-` form of a boolean.
+                let mut forms: Vec<String> = flag.names.iter().map(|n| format!("{n} {value}")).collect();
+                if flag.kind == Kind::Bool {
+                    forms.push(format!("--no-{}", &flag.name()[2..]));
+                }
+                for form in forms {
+                    let line = format!("{start} {form}");
+                    let c = parse_command_line_with_gpu(&args(&line), None).unwrap_or_else(|e| panic!("{line}: {e}"));
+                    // Modelled, it is read; else it is named as given, once.
+                    let expected: Vec<String> =
+                        if modelled.contains(&flag.name()) { Vec::new() } else { vec![form.trim_end().to_owned()] };
+                    assert_eq!(c.unmodelled, expected, "{line}");
+                }
+            }
+        }
+        let c = parse_command_line(&args("vllm serve m --block-size 32 --async-scheduling --dtype=bfloat16 -O3"))
+            .expect("vLLM takes them");
+        assert_eq!(c.unmodelled, ["--block-size 32", "--dtype bfloat16", "--optimization-level 3"]);
+        assert_eq!(c.async_scheduling, Some(true));
+    }
+
+    #[test]
+    fn options_are_read_as_each_engines_parser_reads_them() {
+        let vllm = |line: &str| parse_command_line(&args(&format!("vllm serve Qwen/Qwen3.5-9B {line}"))).expect(line);
+        // vLLM: underscores for dashes, human-readable counts, keys of a JSON option one by one.
+        let c = vllm("--max_num_seqs 64 --max-model-len 32k --max-num-batched-tokens=16K");
+        assert_eq!((c.max_num_seqs, c.max_model_len, c.max_num_batched_tokens), (64, 32_000, 16_384));
+        assert_eq!(vllm("--max-model-len 25.6k").max_model_len, 25_600);
+        let c = vllm("--speculative-config.method mtp --speculative-config.num_speculative_tokens 2");
+        assert_eq!(c.speculative_config, Some(serde_json::json!({"method": "mtp", "num_speculative_tokens": 2})));
+        // CUDA graphs: off, or up to a size (cut to one vLLM captures), or at the sizes given.
+        assert!(!vllm("-cc.cudagraph_mode=NONE").cuda_graphs);
+        assert!(!vllm(r#"--compilation-config {"cudagraph_mode":"NONE"}"#).cuda_graphs);
+        assert_eq!(vllm("--max-cudagraph-capture-size 100").max_capture_size, Some(100));
+        assert_eq!(vllm("--cudagraph-capture-sizes 8 16 48").capture_sizes, Some(vec![8, 16, 48]));
+        // FP8 weights quantised as they load run as an FP8 checkpoint's; other methods are named.
+        assert_eq!(vllm("-q fp8").model_shape().bytes_per_param, 1.0);
+        let awq = vllm("--quantization awq");
+        assert_eq!(
+            (awq.model_shape().bytes_per_param, awq.unmodelled.as_slice()),
+            (2.0, &["--quantization awq".to_owned()][..])
+        );
+        // Several served names: requests may use any.
+        let c = vllm("--served-model-name a b");
+        assert_eq!((c.served_model_name.as_str(), c.other_model_names.as_slice()), ("a", &["b".to_owned()][..]));
+        // Asynchronous scheduling: on unless turned off or the drafting method cannot.
+        assert!(vllm("").overlaps() && !vllm("--no-async-scheduling").overlaps());
+        assert_eq!(vllm("--no-async-scheduling").engine_costs().overlap, 0.0);
+        assert!(!vllm(r#"--speculative-config={"method":"ngram","num_speculative_tokens":3}"#).overlaps());
+        assert!(vllm(r#"--speculative-config={"method":"qwen3_5_mtp","num_speculative_tokens":1}"#).overlaps());
+        // Unchunked prefill: the default budget holds a whole context.
+        assert_eq!(vllm("--no-enable-chunked-prefill").max_num_batched_tokens, 32768);
+        assert!(!vllm("--no-enable-chunked-prefill").chunked_prefill);
+
+        let sglang = |line: &str| {
+            parse_command_line(&args(&format!("sglang serve --model-path Qwen/Qwen3.5-9B {line}"))).expect(line)
+        };
+        // SGLang's MTP: NEXTN, three draft tokens unless told, 48 requests, no overlap scheduler.
+        let c = sglang("--speculative-algorithm NEXTN");
+        assert_eq!(c.speculative_config, Some(serde_json::json!({"method": "mtp", "num_speculative_tokens": 3})));
+        assert_eq!((c.max_num_seqs, c.overlaps()), (48, false));
+        let c = sglang("--speculative-algorithm EAGLE --speculative-num-steps 2 --max-running-requests 64");
+        assert_eq!(c.speculative_config, Some(serde_json::json!({"method": "eagle", "num_speculative_tokens": 2})));
+        assert_eq!(c.max_num_seqs, 64);
+        assert!(!sglang("--disable-overlap-schedule").overlaps() && sglang("").overlaps());
+        // Data parallel attention shares the tensor-parallel GPUs.
+        assert_eq!(sglang("--tp 2 --dp-size 2 --enable-dp-attention").gpus_needed(), 2);
+        assert_eq!(sglang("--tp 2 --dp-size 2").gpus_needed(), 4);
+        assert_eq!(sglang("--tensor-parallel-size 4").tensor_parallel_size, 4);
+    }
+
     #[test]
     fn rejections() {
         check_err("vllm serve m --bogus 1", "unrecognized arguments: --bogus");
@@ -561,6 +1103,43 @@ mod tests {
         check_err("vllm serve -z 2 m", "unrecognized arguments: -z");
         check_err("sglang serve --model-path m -tp 2", "unrecognized arguments: -tp");
         check_err("sglang serve --model-path m --max-num-seqs 4", "unrecognized arguments: --max-num-seqs");
+        // vLLM's options SGLang does not have, and SGLang's own spelling of an FP8 cache.
+        for option in ["--max-num-batched-tokens 8192", "--enable-prefix-caching", "--seed 1", "--language-model-only"]
+        {
+            let line = format!("sglang serve --model-path m {option}");
+            let flag = option.split(' ').next().unwrap_or_default();
+            check_err(&line, &format!("unrecognized arguments: {flag}"));
+        }
+        check_err(
+            "sglang serve --model-path m --kv-cache-dtype fp8",
+            "argument --kv-cache-dtype: invalid choice: 'fp8' (choose from 'auto', 'fp8_e5m2', 'fp8_e4m3', 'bf16', 'bfloat16', 'fp4_e2m1')",
+        );
+        // argparse's abbreviations: one option, or an error naming them all.
+        check_err(
+            "sglang serve --model-path m --pp 2",
+            "ambiguous option: --pp could match --pp-size, --pp-max-micro-batch-size, --pp-async-batch-depth",
+        );
+        check_err(
+            "vllm serve m --max-num 8",
+            "ambiguous option: --max-num could match --max-num-batched-tokens, --max-num-seqs, --max-num-partial-prefills",
+        );
+        check_err(
+            "vllm serve m --config opts.yaml",
+            "argument --config: invalid value \"opts.yaml\": the simulator does not read a file of options: give them on the command line",
+        );
+        check_err("vllm serve m --served-model-name", "argument --served-model-name: expected at least one argument");
+        check_err(
+            "vllm serve m --max-model-len 1.5K",
+            "argument --max-model-len: invalid value \"1.5\": invalid digit found in string",
+        );
+        check_err(
+            "vllm serve m --block-size 7",
+            "argument --block-size: invalid choice: '7' (choose from '1', '8', '16', '32', '64', '128', '256')",
+        );
+        check_err(
+            "vllm serve m --no-trust-remote-code=1",
+            "argument --no-trust-remote-code: ignored explicit argument \"1\"",
+        );
         check_err(
             "vllm serve --port 1",
             "the following arguments are required: model (vllm serve MODEL or --model MODEL)",
@@ -578,7 +1157,7 @@ mod tests {
         );
         check_err(
             "vllm serve m --kv-cache-dtype int4",
-            "argument --kv-cache-dtype: invalid choice: 'int4' (choose from 'auto', 'bfloat16', 'fp8', 'fp8_e4m3', 'fp8_e5m2', 'fp8_inc')",
+            "argument --kv-cache-dtype: invalid choice: 'int4' (choose from 'auto', 'bfloat16', 'fp8', 'fp8_ds_mla', 'fp8_e4m3', 'fp8_e5m2', 'fp8_inc')",
         );
         check_err(
             "vllm serve m --performance-mode fast",

@@ -23,6 +23,7 @@ mod api;
 pub mod calibration;
 mod config;
 mod engine;
+pub mod flags;
 mod kv;
 pub mod profile;
 mod scheduler;

@@ -81,6 +81,14 @@ async fn run(config: SimConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {address}: is another server using the port?"))?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    if !config.unmodelled.is_empty() {
+        // The engine takes these; the simulator runs as if they were not given.
+        tracing::warn!(
+            "taken as {} takes them but not simulated (the run goes as without them): {}",
+            config.engine,
+            config.unmodelled.join(", ")
+        );
+    }
     tracing::info!(
         engine = %config.engine,
         model = %config.served_model_name,

@@ -457,9 +457,10 @@ impl CostModel {
 /// The acceptance probability of one draft token for a `--speculative-config` method.
 pub fn acceptance(c: &Coefficients, method: &str) -> f64 {
     match method {
-        "mtp" | "qwen3_next_mtp" | "deepseek_mtp" => c.acceptance_mtp,
+        // vLLM's model-specific MTP names (qwen3_5_mtp, deepseek_mtp...) are its `mtp`.
+        m if m == "mtp" || m.ends_with("_mtp") => c.acceptance_mtp,
         m if m.starts_with("eagle") => c.acceptance_eagle,
-        "ngram" => c.acceptance_ngram,
+        "ngram" | "[ngram]" => c.acceptance_ngram,
         _ => c.acceptance_other,
     }
 }

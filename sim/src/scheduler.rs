@@ -450,29 +450,36 @@ fn refusal(config: &SimConfig) -> Option<String> {
         })
     };
     let tp = config.tensor_parallel_size as usize;
+    let gpus = config.gpus_needed();
     let (tp_flag, seqs_flag, budget_flag, memory_flag) = if vllm {
         ("--tensor-parallel-size", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization")
     } else {
         ("--tp-size", "--max-running-requests", "--chunked-prefill-size", "--mem-fraction-static")
     };
-    if tp == 0 {
-        return refused("ParallelConfig", format!("{tp_flag} must be at least 1, got 0"));
+    let (pp_flag, dp_flag) =
+        if vllm { ("--pipeline-parallel-size", "--data-parallel-size") } else { ("--pp-size", "--dp-size") };
+    for (flag, size) in
+        [(tp_flag, tp as u32), (pp_flag, config.pipeline_parallel_size), (dp_flag, config.data_parallel_size)]
+    {
+        if size == 0 {
+            return refused("ParallelConfig", format!("{flag} must be at least 1, got 0"));
+        }
     }
     match config.visible_gpus {
         Some(0) => return Some("RuntimeError: No CUDA GPUs are available".to_owned()),
-        Some(visible) if tp > visible && vllm => {
+        Some(visible) if gpus > visible as u64 && vllm => {
             return refused(
                 "ParallelConfig",
                 format!(
-                    "World size ({tp}) is larger than the number of available GPUs ({visible}) in this node. If this \
-                     is intentional and you are using: - ray, set '--distributed-executor-backend ray'. - \
+                    "World size ({gpus}) is larger than the number of available GPUs ({visible}) in this node. If \
+                     this is intentional and you are using: - ray, set '--distributed-executor-backend ray'. - \
                      multiprocessing, set '--nnodes' appropriately."
                 ),
             );
         }
-        Some(visible) if tp > visible => {
+        Some(visible) if gpus > visible as u64 => {
             return Some(format!(
-                "RuntimeError: CUDA error: invalid device ordinal ({tp_flag} {tp} needs {tp} GPUs, {visible} visible)"
+                "RuntimeError: CUDA error: invalid device ordinal (the parallel sizes need {gpus} GPUs, {visible} visible)"
             ));
         }
         _ => {}
@@ -486,6 +493,17 @@ fn refusal(config: &SimConfig) -> Option<String> {
     if config.max_num_batched_tokens == 0 {
         return refused("SchedulerConfig", format!("{budget_flag} must be at least 1, got 0"));
     }
+    if vllm && !config.chunked_prefill && config.max_num_batched_tokens < config.max_model_len {
+        return refused(
+            "SchedulerConfig",
+            format!(
+                "max_num_batched_tokens ({}) is smaller than max_model_len ({}). This effectively limits the maximum \
+                 sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase \
+                 max_num_batched_tokens or decrease max_model_len.",
+                config.max_num_batched_tokens, config.max_model_len
+            ),
+        );
+    }
     if vllm && config.max_num_batched_tokens < config.max_num_seqs {
         return refused(
             "SchedulerConfig",
@@ -494,6 +512,22 @@ fn refusal(config: &SimConfig) -> Option<String> {
                 config.max_num_batched_tokens, config.max_num_seqs
             ),
         );
+    }
+    if vllm && config.async_scheduling == Some(true) && config.drafts_without_async() {
+        return refused(
+            "VllmConfig",
+            "Currently, async scheduling is only supported with EAGLE/MTP/Draft Model kind of speculative decoding."
+                .to_owned(),
+        );
+    }
+    if let (Some(max), Some(sizes)) = (config.max_capture_size, &config.capture_sizes) {
+        let largest = sizes.iter().copied().filter(|&s| s <= config.max_num_batched_tokens).max().unwrap_or(0);
+        if vllm && config.cuda_graphs && !config.enforce_eager && max != largest {
+            return Some(format!(
+                "ValueError: customized max_cudagraph_capture_size(={max}) should be consistent with the max value \
+                 of cudagraph_capture_sizes(={largest})"
+            ));
+        }
     }
     match config.gpu_memory_utilization {
         Some(f) if f > 1.0 && vllm => {
@@ -599,11 +633,25 @@ impl Scheduler {
 /// none with `--enforce-eager`. SGLang's graphs cover decode batches only; its fitted step
 /// overhead carries the rest.
 fn cuda_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> usize {
-    if config.enforce_eager {
+    if config.enforce_eager || !config.cuda_graphs {
         return 0;
     }
+    let budget = config.max_num_batched_tokens;
+    if let Some(sizes) = &config.capture_sizes {
+        // The sizes given, those within the token budget.
+        return sizes.iter().copied().filter(|&s| s <= budget).max().unwrap_or(0);
+    }
     let per_sequence = 1 + speculation.map_or(0, |s| s.tokens);
-    (2 * config.max_num_seqs * per_sequence).min(512).min(config.max_num_batched_tokens)
+    let largest = config.max_capture_size.unwrap_or((2 * config.max_num_seqs * per_sequence).min(512)).min(budget);
+    // vLLM captures 1, 2 and 4, then steps of 8 below 256 and of 16 from there: a limit between
+    // two sizes is cut to the one below.
+    match largest {
+        0 | 1 => largest,
+        2 | 3 => 2,
+        4..8 => 4,
+        8..256 => largest / 8 * 8,
+        _ => 256 + (largest - 256) / 16 * 16,
+    }
 }
 
 /// `--speculative-config`'s method and draft count, with the method's acceptance unless overridden.

@@ -180,20 +180,50 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
     let why = "Value error, World size (2) is larger than the number of available GPUs (1) in this node.";
     assert!(world.starts_with(&format!("{header} ParallelConfig\n  {why}")), "{world}");
     let sglang = refused("sglang serve --model-path Qwen/Qwen3.5-9B --tp-size 4", Some(2));
-    assert!(sglang.contains("invalid device ordinal (--tp-size 4 needs 4 GPUs, 2 visible)"), "{sglang}");
+    assert!(sglang.contains("invalid device ordinal (the parallel sizes need 4 GPUs, 2 visible)"), "{sglang}");
+    // Pipeline and data parallel ranks take GPUs too; SGLang's DP attention runs on its TP GPUs.
+    let world = refused(&format!("{vllm} -tp 2 --pipeline-parallel-size 2"), Some(2));
+    assert!(world.contains("World size (4) is larger than the number of available GPUs (2)"), "{world}");
+    assert!(refused(&format!("{vllm} -dp 2"), Some(1)).contains("World size (2)"));
+    let dp = |flags: &str| benchfleet_sim::SimConfig {
+        visible_gpus: Some(2),
+        ..config(&format!("sglang serve --model-path Qwen/Qwen3.5-9B --tp 2 --dp-size 2 {flags}"))
+    };
+    assert!(Scheduler::from_config(&dp("--enable-dp-attention")).is_ok());
+    assert!(matches!(Scheduler::from_config(&dp("")), Err(StartupError::Refused(_))));
     assert_eq!(refused(vllm, Some(0)), "RuntimeError: No CUDA GPUs are available");
     assert!(
         refused(&format!("{vllm} --tensor-parallel-size 0"), None)
             .contains("--tensor-parallel-size must be at least 1")
     );
-    // vLLM's budget must hold a decode of every sequence: its default (8192) too.
-    for (flags, budget, seqs) in [("--max-num-batched-tokens 512", 512, 1024), ("--max-num-seqs 16384", 8192, 16384)] {
+    // vLLM's budget must hold a decode of every sequence given: its default (8192) too. Its
+    // default sequence limit follows a smaller budget instead.
+    for (flags, budget, seqs) in
+        [("--max-num-batched-tokens 512 --max-num-seqs 1024", 512, 1024), ("--max-num-seqs 16384", 8192, 16384)]
+    {
         let why = format!("max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).");
         assert_eq!(
             refused(&format!("{vllm} {flags}"), None),
             format!("{header} SchedulerConfig\n  Value error, {why}")
         );
     }
+    let small = config(&format!("{vllm} --max-num-batched-tokens 512"));
+    assert_eq!((small.max_num_batched_tokens, small.max_num_seqs), (512, 512));
+    assert!(Scheduler::from_config(&small).is_ok());
+    // Unchunked, vLLM's prefill needs a budget of a whole context: its default rises to one.
+    let unchunked = config(&format!("{vllm} --no-enable-chunked-prefill"));
+    assert_eq!(unchunked.max_num_batched_tokens, 32768);
+    assert!(Scheduler::from_config(&unchunked).is_ok());
+    let short = refused(&format!("{vllm} --no-enable-chunked-prefill --max-num-batched-tokens 8k"), None);
+    assert!(short.contains("Value error, max_num_batched_tokens (8000) is smaller than max_model_len (32768)."));
+    // Asynchronous scheduling asked for beside a drafting method it cannot run with.
+    let ngram = r#"--speculative-config={"method":"ngram","num_speculative_tokens":3}"#;
+    assert!(Scheduler::from_config(&config(&format!("{vllm} {ngram}"))).is_ok());
+    let async_ngram = refused(&format!("{vllm} {ngram} --async-scheduling"), None);
+    assert!(async_ngram.contains("async scheduling is only supported with EAGLE/MTP/Draft Model"), "{async_ngram}");
+    // CUDA graph sizes given two ways must agree.
+    let graphs = refused(&format!("{vllm} --max-cudagraph-capture-size 64 --cudagraph-capture-sizes 8 16 32"), None);
+    assert!(graphs.contains("max_cudagraph_capture_size(=64) should be consistent"), "{graphs}");
     let memory = refused(&format!("{vllm} --gpu-memory-utilization 1.5"), None);
     assert!(memory.ends_with("CacheConfig\n  Value error, GPU memory utilization must be less than 1.0. Got 1.5."));
     // SGLang raises plain errors.
@@ -353,6 +383,12 @@ fn vllm_captures_cuda_graphs_up_to_twice_its_sequences_at_most_512_tokens() {
     let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
     assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 64 {mtp}")), 256);
     assert_eq!(graph(&format!("{ENGINE} --enforce-eager")), 0);
+    // Graphs off, or up to a size given (cut to the size below it that vLLM captures: steps of
+    // 8 under 256, of 16 from there), or at the sizes given within the budget.
+    assert_eq!(graph(&format!("{ENGINE} -cc.cudagraph_mode=NONE")), 0);
+    assert_eq!(graph(&format!("{ENGINE} --max-cudagraph-capture-size 100")), 96);
+    assert_eq!(graph(&format!("{ENGINE} --max-cudagraph-capture-size 1000")), 992);
+    assert_eq!(graph(&format!("{ENGINE} --cudagraph-capture-sizes 8 16 48 20000")), 48);
 }
 
 #[test]
@@ -363,12 +399,16 @@ fn enforce_eager_pays_the_launches_on_every_step_and_serves_slower() {
         eager.mean_tpot > graphs.mean_tpot && eager.total_token_throughput < graphs.total_token_throughput,
         "eager {eager:?} against graphs {graphs:?}"
     );
-    // SGLang's flag is another (`--disable-cuda-graph`), which the simulator does not take.
+    // SGLang's flag is another (`--disable-cuda-graph`), which the simulator takes but does not
+    // model: SGLang's fitted step overhead carries its graphs.
     let args: Vec<String> = "sglang serve --model-path m --enforce-eager".split(' ').map(String::from).collect();
     assert_eq!(
         parse_command_line_with_gpu(&args, None).err(),
         Some(benchfleet_sim::ArgError::Unrecognized("--enforce-eager".into()))
     );
+    let args: Vec<String> = "sglang serve --model-path m --disable-cuda-graph".split(' ').map(String::from).collect();
+    let sglang = parse_command_line_with_gpu(&args, None).expect("SGLang takes it");
+    assert_eq!(sglang.unmodelled, ["--disable-cuda-graph"]);
 }
 
 #[test]

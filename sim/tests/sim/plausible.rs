@@ -47,10 +47,13 @@ impl Line {
         let context = if self.sglang { "--context-length" } else { "--max-model-len" };
         words.push(format!("--sim-gpu {} {context} 8192", self.gpu));
         if self.kv_fp8 {
-            words.push("--kv-cache-dtype fp8".into());
+            words.push(if self.sglang { "--kv-cache-dtype fp8_e4m3" } else { "--kv-cache-dtype fp8" }.into());
         }
-        if self.prefix_caching {
-            words.push("--enable-prefix-caching".into());
+        // SGLang's radix cache is on unless turned off; vLLM leaves a hybrid model's off unless asked.
+        match (self.sglang, self.prefix_caching) {
+            (true, false) => words.push("--disable-radix-cache".into()),
+            (false, true) => words.push("--enable-prefix-caching".into()),
+            _ => {}
         }
         if let Some(seqs) = self.max_seqs {
             words.push(format!("{} {seqs}", if self.sglang { "--max-running-requests" } else { "--max-num-seqs" }));

@@ -1075,7 +1075,13 @@ fn parallel_gpus(kind: EngineKind, args: &[String]) -> Option<(String, u64)> {
             &["--pipeline-parallel-size", "-pp"],
             &["--data-parallel-size", "-dp"],
         ],
-        EngineKind::Sglang => &[&["--tp-size", "--tp"], &["--pp-size", "--pp"], &["--dp-size", "--dp"]],
+        // SGLang's long names and aliases, and the prefixes its parser takes for them (`--pp` is
+        // ambiguous there: it refuses it itself).
+        EngineKind::Sglang => &[
+            &["--tensor-parallel-size", "--tp-size", "--tp"],
+            &["--pipeline-parallel-size", "--pp-size"],
+            &["--data-parallel-size", "--dp-size", "--dp"],
+        ],
     };
     let dp_attention = kind == EngineKind::Sglang && args.iter().any(|a| a == "--enable-dp-attention");
     let (mut gpus, mut said) = (1u64, Vec::new());
@@ -1916,7 +1922,7 @@ profiles:
     fn the_greedy_example_is_valid() {
         let yaml = include_str!("../../../examples/greedy.yaml");
         let m = parse("greedy.yaml", yaml, &|_| Some(String::new())).expect("valid matrix");
-        assert_eq!((m.strategy, m.engines.len(), m.variants.len()), (Strategy::Greedy, 2, 2));
+        assert_eq!((m.strategy, m.engines.len(), m.variants.len()), (Strategy::Greedy, 2, 3));
     }
 
     #[test]
