@@ -12,6 +12,12 @@ pub enum EngineKind {
     Sglang,
 }
 
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl EngineKind {
     pub fn as_str(self) -> &'static str {
         match self {

@@ -25,6 +25,7 @@ pub mod convert;
 pub mod cost;
 pub mod digest;
 pub mod engine;
+pub mod flags;
 pub mod gpu;
 pub mod load;
 pub mod metrics;

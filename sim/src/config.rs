@@ -6,10 +6,11 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use crate::{
-    flags::{self, Kind},
-    profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape},
-};
+use benchfleet_core::flags::{self, Kind};
+
+pub use benchfleet_core::engine::EngineKind;
+
+use crate::profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape};
 
 /// The environment variable an agent sets to tell the simulator which GPU it stands in for.
 pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
@@ -67,22 +68,6 @@ pub fn help() -> String {
          a crash, a port in use); 2 for a command line the engine would refuse.\n",
     );
     out
-}
-
-/// Which engine's command line and defaults the simulator mimics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineKind {
-    Vllm,
-    Sglang,
-}
-
-impl fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            EngineKind::Vllm => "vllm",
-            EngineKind::Sglang => "sglang",
-        })
-    }
 }
 
 /// Everything the simulator was told, typed. Flags that only matter on a GPU
@@ -354,7 +339,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         faults: Faults { stall: Duration::from_secs(60), ..Faults::default() },
     };
     let mut given = Given::default();
-    let words: Vec<String> = rest.iter().map(|word| spelled(engine, word)).collect();
+    let words: Vec<String> = rest.iter().map(|word| flags::spelled(engine, word)).collect();
     let mut i = 0;
     while i < words.len() {
         let arg = words[i].as_str();
@@ -398,7 +383,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             (Kind::Value, None) => vec![one_value(&words, &mut i, name, inline)?],
             (Kind::Optional, None) => match inline {
                 Some(value) => vec![value.to_owned()],
-                None if words.get(i).is_some_and(|w| !looks_like_option(w)) => {
+                None if words.get(i).is_some_and(|w| !flags::looks_like_option(w)) => {
                     i += 1;
                     vec![words[i - 1].clone()]
                 }
@@ -408,7 +393,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
                 Some(value) => vec![value.to_owned()],
                 None => {
                     let start = i;
-                    while words.get(i).is_some_and(|w| !looks_like_option(w)) {
+                    while words.get(i).is_some_and(|w| !flags::looks_like_option(w)) {
                         i += 1;
                     }
                     if i == start {
@@ -463,39 +448,12 @@ struct Given {
     sglang_speculation: (Option<String>, Option<usize>, Option<usize>),
 }
 
-/// vLLM's spelling of an option: its parser takes `--max_num_seqs` for `--max-num-seqs` and
-/// `-O3` for `--optimization-level 3`.
-fn spelled(engine: EngineKind, word: &str) -> String {
-    if engine != EngineKind::Vllm {
-        return word.to_owned();
-    }
-    if let Some(level) = word.strip_prefix("-O").filter(|l| !l.is_empty()) {
-        return format!("--optimization-level={}", level.strip_prefix('=').unwrap_or(level));
-    }
-    match word.strip_prefix("--") {
-        Some(option) if !option.starts_with("sim-") => {
-            // Up to the first `.`: a JSON option's keys keep their underscores.
-            let (name, value) = option.split_once('=').map_or((option, None), |(n, v)| (n, Some(v)));
-            let (name, key) = name.split_once('.').map_or((name, None), |(n, k)| (n, Some(k)));
-            let name = name.replace('_', "-");
-            let name = key.map_or(name.clone(), |key| format!("{name}.{key}"));
-            value.map_or(format!("--{name}"), |value| format!("--{name}={value}"))
-        }
-        _ => word.to_owned(),
-    }
-}
-
-/// Whether argparse reads `word` as an option rather than a value: a dash, unless a negative number.
-fn looks_like_option(word: &str) -> bool {
-    word.starts_with('-') && word.len() > 1 && word.parse::<f64>().is_err()
-}
-
 /// The one value of `name`: given inline, else the next word.
 fn one_value(words: &[String], i: &mut usize, name: &str, inline: Option<&str>) -> Result<String, ArgError> {
     match inline {
         Some(value) => Ok(value.to_owned()),
         None => match words.get(*i) {
-            Some(word) if !looks_like_option(word) => {
+            Some(word) if !flags::looks_like_option(word) => {
                 *i += 1;
                 Ok(word.clone())
             }

@@ -23,7 +23,6 @@ mod api;
 pub mod calibration;
 mod config;
 mod engine;
-pub mod flags;
 mod kv;
 pub mod profile;
 mod scheduler;

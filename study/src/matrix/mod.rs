@@ -276,6 +276,7 @@ fn parse_as(
             spread.extend(greedy_combinations(&raw, &engines, &variants, &profiles));
         }
         cx.parallelism(&spread, &engines, &variants, top.gpus_per_job)?;
+        cx.engine_options(&engines, &variants, &mut warnings);
     }
     Ok(Matrix {
         name: raw.name,
@@ -942,6 +943,32 @@ impl Ctx<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The options of each engine's and variant's `args` that the engine's
+    /// parser would refuse (one it does not have, or a prefix of several):
+    /// warned of, not refused, as the engine may be a later release than
+    /// the one benchfleet knows. An external engine's args only describe it.
+    fn engine_options(&self, engines: &[EngineDef], variants: &[VariantDef], warnings: &mut Vec<String>) {
+        let started = || engines.iter().filter(|e| e.runtime != RuntimeKind::External);
+        let mut warn = |field: String, kind: EngineKind, args: &[String]| {
+            for problem in benchfleet_core::flags::refused(kind, args) {
+                let text = self
+                    .err(&field, format!("{problem}: the engine refuses it as it starts, unless its release has it"))
+                    .to_string();
+                if !warnings.contains(&text) {
+                    warnings.push(text);
+                }
+            }
+        };
+        for e in started() {
+            warn(format!("engines.{}.args", e.name), e.kind, &e.args);
+        }
+        for v in variants {
+            for e in started().filter(|e| v.applies_to(&e.name)) {
+                warn(format!("variants.{}.args", v.name), e.kind, &v.args);
+            }
+        }
     }
 
     /// Each configuration of `checked` against the job's GPUs: an engine
@@ -1897,6 +1924,39 @@ profiles:
         // The same as the grid builds for the same set.
         let grid = parse("m.yaml", GOOD, &hash).expect("valid matrix");
         assert_eq!(grid.configs[3], both);
+    }
+
+    #[test]
+    fn an_option_the_engine_would_refuse_is_warned_of_where_it_is_written() {
+        // GOOD's prefix caching applies to SGLang too, which has no such flag (its radix cache is on).
+        let m = parse("m.yaml", GOOD, &hash).expect("warned, not refused");
+        assert_eq!(
+            m.warnings,
+            ["m.yaml:9: variants.prefix-caching.args: sglang 0.5.9 has no option --enable-prefix-caching: the engine \
+              refuses it as it starts, unless its release has it"]
+        );
+        let only_vllm = GOOD.replace("[--enable-prefix-caching] }", "[--enable-prefix-caching], engines: [vllm] }");
+        assert!(parse("m.yaml", &only_vllm, &hash).expect("valid").warnings.is_empty());
+        // A typo, and an abbreviation SGLang's parser cannot resolve; vLLM's own spellings are its.
+        let typo = only_vllm
+            .replace(
+                "[--max-model-len=8192]",
+                "[--max_model_len=8192, -O3, --max-num-seq, '8', --enable-prefix-cashing]",
+            )
+            .replace("[--context-length=8192]", "[--context-length=8192, --pp, '1', --sim-speedup=4]");
+        let m = parse("m.yaml", &typo, &hash).expect("warned, not refused");
+        assert_eq!(m.warnings.len(), 2, "{:?}", m.warnings);
+        assert!(
+            m.warnings[0]
+                .starts_with("m.yaml:6: engines.vllm.args: vllm 0.17.1 has no option --enable-prefix-cashing:")
+        );
+        assert!(m.warnings[1].starts_with("m.yaml:7: engines.sglang.args: --pp could be any of --pp-size,"));
+        // An external engine started itself: its args only describe it.
+        let external = only_vllm.replace(
+            "  sglang: { args: [--context-length=8192] }",
+            "  sglang: { runtime: external, url: 'http://10.0.0.5:30000', args: [--context-length=8192, --made-up] }",
+        );
+        assert!(parse("m.yaml", &external, &hash).expect("valid").warnings.is_empty());
     }
 
     /// Every example matrix is one a new submission may be: the checks a

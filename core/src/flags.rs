@@ -1,13 +1,13 @@
 //! The engines' command-line options as their releases' argument parsers declare them (vLLM
 //! 0.17.1's `vllm serve`, SGLang 0.5.9's `sglang.launch_server`): every name and alias, whether
 //! it takes a value, and the values argparse allows where it restricts them. The simulator takes
-//! every one of them, so a matrix that runs on a GPU also runs here; [`crate::config`] models
-//! some and names the others at startup as not simulated.
+//! every one of them, so a matrix that runs on a GPU also runs there, and the matrix warns of an
+//! option the engine would refuse before anything runs.
 //!
 //! Read from each release's parser, not written from its docs; `--help` is left out (the
 //! simulator prints its own).
 
-use crate::config::EngineKind;
+use crate::engine::EngineKind;
 
 /// How an option takes its value, as argparse's action and `nargs` say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +86,68 @@ pub fn resolve(engine: EngineKind, option: &str) -> Resolved {
         [] => Resolved::Unknown,
         [(_, f, negated)] => Resolved::Found(f, *negated),
         many => Resolved::Ambiguous(many.iter().map(|(s, _, _)| s.clone()).collect()),
+    }
+}
+
+/// vLLM's spelling of an option: its parser takes `--max_num_seqs` for `--max-num-seqs` (up to
+/// the first `.`: a JSON option's keys keep theirs) and `-O3` for `--optimization-level 3`.
+/// The simulator's own `--sim-*` flags are left as written.
+pub fn spelled(engine: EngineKind, word: &str) -> String {
+    if engine != EngineKind::Vllm {
+        return word.to_owned();
+    }
+    if let Some(level) = word.strip_prefix("-O").filter(|l| !l.is_empty()) {
+        return format!("--optimization-level={}", level.strip_prefix('=').unwrap_or(level));
+    }
+    match word.strip_prefix("--") {
+        Some(option) if !option.starts_with("sim-") => {
+            let (name, value) = option.split_once('=').map_or((option, None), |(n, v)| (n, Some(v)));
+            let (name, key) = name.split_once('.').map_or((name, None), |(n, k)| (n, Some(k)));
+            let name = name.replace('_', "-");
+            let name = key.map_or(name.clone(), |key| format!("{name}.{key}"));
+            value.map_or(format!("--{name}"), |value| format!("--{name}={value}"))
+        }
+        _ => word.to_owned(),
+    }
+}
+
+/// Whether argparse reads `word` as an option rather than a value: a dash, unless a negative number.
+pub fn looks_like_option(word: &str) -> bool {
+    word.starts_with('-') && word.len() > 1 && word.parse::<f64>().is_err()
+}
+
+/// What in `args` (a matrix's, for `engine`) its parser would refuse: an option it does not
+/// have, or a prefix of several, each said once. Values are not read (a word after an option
+/// may be its value); the simulator's `--sim-*` flags are its own.
+pub fn refused(engine: EngineKind, args: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for word in args.iter().map(|w| spelled(engine, w)).filter(|w| looks_like_option(w)) {
+        let option = word.split_once('=').map_or(word.as_str(), |(name, _)| name);
+        if option.starts_with("--sim-") {
+            continue;
+        }
+        // vLLM's `--section.key`: the section is the option.
+        let option = match option.split_once('.') {
+            Some((section, _)) if engine == EngineKind::Vllm => section,
+            _ => option,
+        };
+        let problem = match resolve(engine, option) {
+            Resolved::Found(..) => continue,
+            Resolved::Ambiguous(matches) => format!("{option} could be any of {}", matches.join(", ")),
+            Resolved::Unknown => format!("{engine} {} has no option {option}", version(engine)),
+        };
+        if !out.contains(&problem) {
+            out.push(problem);
+        }
+    }
+    out
+}
+
+/// The release whose options [`table`] holds.
+pub fn version(engine: EngineKind) -> &'static str {
+    match engine {
+        EngineKind::Vllm => "0.17.1",
+        EngineKind::Sglang => "0.5.9",
     }
 }
 
@@ -653,3 +715,60 @@ pub const SGLANG: &[Flag] = &[
     flag(&["--enable-prefix-mm-cache"], Switch, &[]),
     flag(&["--forward-hooks"], Value, &[]),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn options_resolve_as_argparse_resolves_them() {
+        let found = |engine, option| match resolve(engine, option) {
+            Resolved::Found(flag, negated) => Some((flag.name(), negated)),
+            _ => None,
+        };
+        use EngineKind::{Sglang, Vllm};
+        assert_eq!(found(Vllm, "-tp"), Some(("--tensor-parallel-size", false)));
+        assert_eq!(found(Vllm, "--no-enable-prefix-caching"), Some(("--enable-prefix-caching", true)));
+        assert_eq!(found(Vllm, "--tensor-para"), Some(("--tensor-parallel-size", false)));
+        assert_eq!(found(Sglang, "--tp"), Some(("--tensor-parallel-size", false)));
+        // SGLang's booleans have no `--no-` form; an exact name wins over a longer one it prefixes.
+        assert_eq!(found(Sglang, "--no-disable-radix-cache"), None);
+        assert_eq!(found(Vllm, "--model"), Some(("--model", false)));
+        assert!(matches!(resolve(Sglang, "--pp"), Resolved::Ambiguous(m) if m.len() == 3));
+        assert_eq!(resolve(Vllm, "--bogus"), Resolved::Unknown);
+        // Short options are not abbreviated.
+        assert_eq!(resolve(Vllm, "-t"), Resolved::Unknown);
+    }
+
+    #[test]
+    fn vllm_spells_options_its_own_ways() {
+        assert_eq!(spelled(EngineKind::Vllm, "--max_num_seqs=8"), "--max-num-seqs=8");
+        assert_eq!(
+            spelled(EngineKind::Vllm, "--speculative_config.num_speculative_tokens"),
+            "--speculative-config.num_speculative_tokens"
+        );
+        assert_eq!(spelled(EngineKind::Vllm, "-O3"), "--optimization-level=3");
+        assert_eq!(spelled(EngineKind::Vllm, "--sim_gpu"), "--sim-gpu");
+        assert_eq!(spelled(EngineKind::Sglang, "--tp_size"), "--tp_size");
+        assert!(looks_like_option("--x") && !looks_like_option("-1") && !looks_like_option("-"));
+    }
+
+    #[test]
+    fn what_a_parser_would_refuse_is_said_once() {
+        let vllm =
+            refused(EngineKind::Vllm, &words("--max_num_seqs 8 -O3 -cc.mode=3 --sim-gpu H100 --bogus --bogus -1"));
+        assert_eq!(vllm, ["vllm 0.17.1 has no option --bogus"]);
+        let sglang = refused(EngineKind::Sglang, &words("--enable-prefix-caching --tp 2 --pp 2 --kv-cache-dtype fp8"));
+        assert_eq!(
+            sglang,
+            [
+                "sglang 0.5.9 has no option --enable-prefix-caching",
+                "--pp could be any of --pp-size, --pp-max-micro-batch-size, --pp-async-batch-depth",
+            ]
+        );
+    }
+}
