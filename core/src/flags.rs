@@ -116,23 +116,60 @@ pub fn looks_like_option(word: &str) -> bool {
     word.starts_with('-') && word.len() > 1 && word.parse::<f64>().is_err()
 }
 
+/// vLLM's options whose value is JSON, which its parser also takes one key at a time
+/// (`--compilation-config.cudagraph_mode NONE`).
+pub const JSON_OPTIONS: [&str; 22] = [
+    "--compilation-config",
+    "--attention-config",
+    "--kernel-config",
+    "--structured-outputs-config",
+    "--profiler-config",
+    "--eplb-config",
+    "--speculative-config",
+    "--kv-transfer-config",
+    "--kv-events-config",
+    "--ec-transfer-config",
+    "--weight-transfer-config",
+    "--additional-config",
+    "--hf-overrides",
+    "--model-loader-extra-config",
+    "--pooler-config",
+    "--limit-mm-per-prompt",
+    "--media-io-kwargs",
+    "--mm-processor-kwargs",
+    "--override-generation-config",
+    "--default-mm-loras",
+    "--pt-load-map-location",
+    "--default-chat-template-kwargs",
+];
+
 /// What in `args` (a matrix's, for `engine`) its parser would refuse: an option it does not
-/// have, or a prefix of several, each said once. Values are not read (a word after an option
-/// may be its value); the simulator's `--sim-*` flags are its own.
+/// have, a prefix of several, or a value outside an option's choices; each said once. The
+/// simulator's own `--sim-*` flags are its own.
 pub fn refused(engine: EngineKind, args: &[String]) -> Vec<String> {
+    let words: Vec<String> = args.iter().map(|w| spelled(engine, w)).collect();
     let mut out: Vec<String> = Vec::new();
-    for word in args.iter().map(|w| spelled(engine, w)).filter(|w| looks_like_option(w)) {
-        let option = word.split_once('=').map_or(word.as_str(), |(name, _)| name);
+    for (i, word) in words.iter().enumerate().filter(|(_, w)| looks_like_option(w)) {
+        let (option, inline) = word.split_once('=').map_or((word.as_str(), None), |(name, v)| (name, Some(v)));
         if option.starts_with("--sim-") {
             continue;
         }
         // vLLM's `--section.key`: the section is the option.
-        let option = match option.split_once('.') {
-            Some((section, _)) if engine == EngineKind::Vllm => section,
-            _ => option,
+        let (option, keyed) = match option.split_once('.') {
+            Some((section, _)) if engine == EngineKind::Vllm => (section, true),
+            _ => (option, false),
         };
         let problem = match resolve(engine, option) {
-            Resolved::Found(..) => continue,
+            Resolved::Found(flag, _) if flag.kind != Value || flag.choices.is_empty() || keyed => continue,
+            Resolved::Found(flag, _) => {
+                let value = inline.or_else(|| words.get(i + 1).map(String::as_str).filter(|w| !looks_like_option(w)));
+                match value {
+                    Some(value) if !flag.choices.contains(&value) => {
+                        format!("{option} {value} is not one of its values ({})", flag.choices.join(", "))
+                    }
+                    _ => continue,
+                }
+            }
             Resolved::Ambiguous(matches) => format!("{option} could be any of {}", matches.join(", ")),
             Resolved::Unknown => format!("{engine} {} has no option {option}", version(engine)),
         };
@@ -755,6 +792,10 @@ mod tests {
         assert_eq!(spelled(EngineKind::Vllm, "--sim_gpu"), "--sim-gpu");
         assert_eq!(spelled(EngineKind::Sglang, "--tp_size"), "--tp_size");
         assert!(looks_like_option("--x") && !looks_like_option("-1") && !looks_like_option("-"));
+        // Each JSON-valued option is one of vLLM's.
+        for option in JSON_OPTIONS {
+            assert!(matches!(resolve(EngineKind::Vllm, option), Resolved::Found(f, false) if f.name() == option));
+        }
     }
 
     #[test]
@@ -768,6 +809,7 @@ mod tests {
             [
                 "sglang 0.5.9 has no option --enable-prefix-caching",
                 "--pp could be any of --pp-size, --pp-max-micro-batch-size, --pp-async-batch-depth",
+                "--kv-cache-dtype fp8 is not one of its values (auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16, fp4_e2m1)",
             ]
         );
     }

@@ -115,9 +115,6 @@ pub struct SimConfig {
     /// vLLM's `--enable-chunked-prefill` (on unless `--no-enable-chunked-prefill`): off, a prompt
     /// is prefilled whole and the default budget holds a whole context.
     pub chunked_prefill: bool,
-    /// Whether `--max-num-batched-tokens` was given (vLLM refuses one under the context when
-    /// prefill is not chunked; its own default then covers it).
-    pub budget_given: bool,
     /// vLLM's `--async-scheduling` as given (`None`: on, unless the drafting method cannot).
     pub async_scheduling: Option<bool>,
     /// SGLang's overlap scheduler: off with `--disable-overlap-schedule` or speculative decoding.
@@ -319,7 +316,6 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         dp_attention: false,
         weights_fp8: false,
         chunked_prefill: true,
-        budget_given: false,
         async_scheduling: None,
         overlap_schedule: true,
         cuda_graphs: true,
@@ -357,7 +353,9 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             None => (arg, None),
         };
         if name.starts_with("--sim-") {
-            let value = one_value(&words, &mut i, name, inline);
+            // A switch takes no value: the word after it is the next argument.
+            let switch = SIM_FLAGS.iter().any(|(flag, sample, _)| *flag == name && sample.is_empty());
+            let value = if switch { Ok(String::new()) } else { one_value(&words, &mut i, name, inline) };
             sim_flag(&mut config, &mut given, name, inline, value)?;
             continue;
         }
@@ -366,6 +364,11 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             Some((option, key)) if engine == EngineKind::Vllm && !key.is_empty() => (option, Some(key)),
             _ => (name, None),
         };
+        if let Some(key) = key
+            && !flags::JSON_OPTIONS.iter().any(|o| flags::resolve(engine, option) == flags::resolve(engine, o))
+        {
+            return Err(invalid(option, key, "only a JSON-valued option takes keys one by one"));
+        }
         let (flag, negated) = match flags::resolve(engine, option) {
             flags::Resolved::Found(flag, negated) => (flag, negated),
             flags::Resolved::Ambiguous(matches) => {
@@ -650,7 +653,8 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     }
     if let (Some(algorithm), steps, draft_tokens) = given.sglang_speculation {
         // NEXTN is SGLang's name for a model's own MTP layers; EAGLE-family drafts take
-        // `--speculative-num-steps` tokens a step (3 unless given), n-gram drafts their draft tokens.
+        // `--speculative-num-steps` tokens a step (3 unless given, as SGLang picks for Qwen), n-gram
+        // drafts their draft tokens less one (SGLang's default: its longest match window, 12).
         let (method, tokens) = match algorithm.as_str() {
             "NEXTN" => ("mtp", steps.unwrap_or(3)),
             "EAGLE" | "EAGLE3" => ("eagle", steps.unwrap_or(3)),
@@ -668,7 +672,6 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     let sglang_speculating = engine == EngineKind::Sglang && config.speculative_config.is_some();
     let default_seqs = if sglang_speculating { 48 } else { costs.default_max_num_seqs };
     config.max_num_seqs = given.max_seqs.unwrap_or(default_seqs);
-    config.budget_given = matches!(given.budget, Some(Budget::Tokens(_)));
     config.max_num_batched_tokens = match given.budget {
         Some(Budget::Tokens(tokens)) => tokens,
         Some(Budget::Unchunked) => config.max_model_len.max(costs.default_max_num_batched_tokens),
@@ -1001,6 +1004,11 @@ mod tests {
             .expect("vLLM takes them");
         assert_eq!(c.unmodelled, ["--block-size 32", "--dtype bfloat16", "--optimization-level 3"]);
         assert_eq!(c.async_scheduling, Some(true));
+        // A simulator switch leaves the word after it alone: here, vLLM's model.
+        let c = parse_command_line(&args("vllm serve --sim-refuse-cache-reset Qwen/Qwen3-8B --kv-transfer-config.x 1"))
+            .expect("a switch, then the model");
+        assert_eq!((c.model.as_str(), c.faults.refuse_cache_reset), ("Qwen/Qwen3-8B", true));
+        assert_eq!(c.unmodelled, ["--kv-transfer-config.x 1"]);
     }
 
     #[test]
@@ -1093,6 +1101,10 @@ mod tests {
         check_err(
             "vllm serve m --block-size 7",
             "argument --block-size: invalid choice: '7' (choose from '1', '8', '16', '32', '64', '128', '256')",
+        );
+        check_err(
+            "vllm serve m --max-model-len.limit 3",
+            "argument --max-model-len: invalid value \"limit\": only a JSON-valued option takes keys one by one",
         );
         check_err(
             "vllm serve m --no-trust-remote-code=1",
