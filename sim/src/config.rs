@@ -47,13 +47,13 @@ pub fn help() -> String {
          benchfleet-sim sglang serve --model-path MODEL [SGLang flags] [--sim-* flags]\n  \
          benchfleet-sim python3 -m sglang.launch_server --model-path MODEL [...]\n  \
          benchfleet-sim sharegpt-like [CONVERSATIONS [SEED]]   a ShareGPT stand-in (JSON on stdout)\n\n\
-         The engines' own flags are taken as they take them (--flag value or --flag=value, an unambiguous\n\
-         prefix; vLLM 0.17.1's and SGLang 0.5.9's every option); one the engine would not know is an error,\n\
-         as it would be on a GPU. Those it does not simulate are named as it starts, and the run goes as\n\
-         without them. It serves the OpenAI API (/v1/completions,\n\
-         /v1/chat/completions, /v1/models), /health, /metrics (SGLang's with --enable-metrics), the engine's\n\
-         version (vLLM: GET /version, SGLang: GET /get_server_info) and its own cache reset\n\
-         (vLLM: POST /reset_prefix_cache, SGLang: POST /flush_cache).\n\nSimulator flags:\n",
+         Every option of vLLM 0.17.1's and SGLang 0.5.9's command lines is taken as they take it (--flag\n\
+         value, --flag=value, an unambiguous prefix); one the engine would not know is an error, as it would\n\
+         be on a GPU. Those it does not simulate are named as it starts, and the run goes as without them.\n\
+         It serves the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health, /metrics\n\
+         (SGLang's with --enable-metrics), the engine's version (vLLM: GET /version, SGLang: GET\n\
+         /get_server_info) and its own cache reset (vLLM: POST /reset_prefix_cache, SGLang: POST\n\
+         /flush_cache).\n\nSimulator flags:\n",
     );
     for (flag, sample, what) in SIM_FLAGS {
         let shown = if sample.is_empty() { flag.to_owned() } else { format!("{flag} {sample}") };

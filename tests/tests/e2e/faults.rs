@@ -38,6 +38,8 @@ fn free_port() -> u16 {
 pub(crate) struct Proc {
     child: Child,
     log: PathBuf,
+    /// An agent's pid files: what a killed agent left running is stopped with it.
+    pids: Option<PathBuf>,
 }
 
 impl Proc {
@@ -58,7 +60,7 @@ impl Proc {
             .stderr(out)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
-        Proc { child, log }
+        Proc { child, log, pids: None }
     }
 
     fn pid(&self) -> u32 {
@@ -107,12 +109,25 @@ impl Drop for Proc {
             self.signal(rustix::process::Signal::TERM);
             for _ in 0..100 {
                 if matches!(self.child.try_wait(), Ok(Some(_))) {
-                    return;
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
         self.kill9();
+        // A killed agent's engines and loadgen outlive it until an agent restarts in its work
+        // directory; none will once the test is over.
+        let Some(dir) = &self.pids else { return };
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            let mut words = text.split_whitespace().map(|w| w.parse::<u64>().ok());
+            if let (Some(Some(pid)), Some(Some(started))) = (words.next(), words.next())
+                && benchfleet_agent::procs::start_time(pid as u32) == Some(started)
+                && let Some(group) = rustix::process::Pid::from_raw(pid as i32)
+            {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+            }
+        }
     }
 }
 
@@ -202,7 +217,9 @@ pub(crate) fn agent(dir: &Path, name: &str, controller: &str, extra: &[&str]) ->
     args.extend(["--engine-ports".to_owned(), format!("{first}-{}", first + 39)]);
     args.extend(extra.iter().map(|s| s.to_string()));
     let n = std::fs::read_dir(dir).map_or(0, |d| d.count());
-    Proc::spawn(&bin("benchfleet-agent"), &args, dir.join(format!("agent-{name}-{n}.log")))
+    let mut agent = Proc::spawn(&bin("benchfleet-agent"), &args, dir.join(format!("agent-{name}-{n}.log")));
+    agent.pids = Some(work.join("pids"));
+    agent
 }
 
 /// A matrix of `groups` configurations of one simulated vLLM, one profile
