@@ -523,10 +523,13 @@ fn refusal(config: &SimConfig) -> Option<String> {
     if let (Some(max), Some(sizes)) = (config.max_capture_size, &config.capture_sizes) {
         let largest = sizes.iter().copied().filter(|&s| s <= config.max_num_batched_tokens).max().unwrap_or(0);
         if vllm && config.cuda_graphs && !config.enforce_eager && max != largest {
-            return Some(format!(
-                "ValueError: customized max_cudagraph_capture_size(={max}) should be consistent with the max value \
-                 of cudagraph_capture_sizes(={largest})"
-            ));
+            return refused(
+                "VllmConfig",
+                format!(
+                    "customized max_cudagraph_capture_size(={max}) should be consistent with the max value of \
+                     cudagraph_capture_sizes(={largest})"
+                ),
+            );
         }
     }
     match config.gpu_memory_utilization {
