@@ -143,6 +143,34 @@ pub const JSON_OPTIONS: [&str; 22] = [
     "--default-chat-template-kwargs",
 ];
 
+/// A count as vLLM reads one: `32768`, `32k` (thousands) or `32K` (binary thousands), and `m`,
+/// `g`, `t` likewise; a decimal takes a decimal suffix (`25.6k`), a binary one only a whole
+/// number. The error says what was wrong.
+pub fn human_count(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let Some(suffix) = text.chars().last().filter(char::is_ascii_alphabetic) else {
+        return text.parse().map_err(|err| format!("{err}"));
+    };
+    let power = match suffix.to_ascii_lowercase() {
+        'k' => 1,
+        'm' => 2,
+        'g' => 3,
+        't' => 4,
+        _ => return Err("expected a number, or one with a k, m, g or t suffix".to_owned()),
+    };
+    let number = &text[..text.len() - 1];
+    if suffix.is_ascii_uppercase() {
+        let whole: u64 = number.parse().map_err(|err| format!("{err}"))?;
+        return whole.checked_mul(1u64 << (10 * power)).ok_or_else(|| "too large".to_owned());
+    }
+    let decimal: f64 = number.parse().map_err(|err| format!("{err}"))?;
+    let scaled = decimal * 1000f64.powi(power);
+    if !(scaled.is_finite() && scaled >= 0.0 && scaled < u64::MAX as f64) {
+        return Err("must be a positive number".to_owned());
+    }
+    Ok(scaled as u64)
+}
+
 /// What in `args` (a matrix's, for `engine`) its parser would refuse: an option it does not
 /// have, a prefix of several, or a value outside an option's choices; each said once. The
 /// simulator's own `--sim-*` flags are its own.
@@ -792,6 +820,11 @@ mod tests {
         assert_eq!(spelled(EngineKind::Vllm, "--sim_gpu"), "--sim-gpu");
         assert_eq!(spelled(EngineKind::Sglang, "--tp_size"), "--tp_size");
         assert!(looks_like_option("--x") && !looks_like_option("-1") && !looks_like_option("-"));
+        // Counts as vLLM reads them.
+        for (text, count) in [("32768", 32768), ("32k", 32_000), ("32K", 32_768), ("25.6k", 25_600), ("1M", 1 << 20)] {
+            assert_eq!(human_count(text), Ok(count), "{text}");
+        }
+        assert!(human_count("1.5K").is_err() && human_count("8x").is_err() && human_count("-1").is_err());
         // Each JSON-valued option is one of vLLM's.
         for option in JSON_OPTIONS {
             assert!(matches!(resolve(EngineKind::Vllm, option), Resolved::Found(f, false) if f.name() == option));

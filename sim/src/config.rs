@@ -364,11 +364,6 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             Some((option, key)) if engine == EngineKind::Vllm && !key.is_empty() => (option, Some(key)),
             _ => (name, None),
         };
-        if let Some(key) = key
-            && !flags::JSON_OPTIONS.iter().any(|o| flags::resolve(engine, option) == flags::resolve(engine, o))
-        {
-            return Err(invalid(option, key, "only a JSON-valued option takes keys one by one"));
-        }
         let (flag, negated) = match flags::resolve(engine, option) {
             flags::Resolved::Found(flag, negated) => (flag, negated),
             flags::Resolved::Ambiguous(matches) => {
@@ -376,15 +371,19 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
             }
             flags::Resolved::Unknown => return Err(ArgError::Unrecognized(arg.into())),
         };
+        if let Some(key) = key
+            && !flags::JSON_OPTIONS.contains(&flag.name())
+        {
+            return Err(invalid(option, key, "only a JSON-valued option takes keys one by one"));
+        }
+        // A key can only follow a JSON option, which takes one value.
         let values = match (flag.kind, key) {
-            (Kind::Value, Some(_)) => vec![one_value(&words, &mut i, name, inline)?],
-            (_, Some(_)) => return Err(ArgError::Unrecognized(arg.into())),
-            (Kind::Switch | Kind::Bool, None) => match inline {
+            (Kind::Value, _) => vec![one_value(&words, &mut i, name, inline)?],
+            (Kind::Switch | Kind::Bool, _) => match inline {
                 Some(value) => return Err(ArgError::ValueOnSwitch { flag: name.into(), value: value.into() }),
                 None => Vec::new(),
             },
-            (Kind::Value, None) => vec![one_value(&words, &mut i, name, inline)?],
-            (Kind::Optional, None) => match inline {
+            (Kind::Optional, _) => match inline {
                 Some(value) => vec![value.to_owned()],
                 None if words.get(i).is_some_and(|w| !flags::looks_like_option(w)) => {
                     i += 1;
@@ -392,7 +391,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
                 }
                 None => Vec::new(),
             },
-            (Kind::Nargs, None) => match inline {
+            (Kind::Nargs, _) => match inline {
                 Some(value) => vec![value.to_owned()],
                 None => {
                     let start = i;
@@ -740,32 +739,10 @@ fn fraction(flag: &str, value: &str) -> Result<f64, ArgError> {
     Ok(number)
 }
 
-/// A count as vLLM reads one: `32768`, `32k` (thousands) or `32K` (binary thousands), and `m`,
-/// `g`, `t` likewise; a decimal may carry a decimal suffix (`25.6k`).
+/// A count as vLLM reads one ([`flags::human_count`]).
 fn human_number(flag: &str, value: &str) -> Result<usize, ArgError> {
-    let text = value.trim();
-    let Some(suffix) = text.chars().last().filter(char::is_ascii_alphabetic) else {
-        return parse(flag, text);
-    };
-    let power = match suffix.to_ascii_lowercase() {
-        'k' => 1,
-        'm' => 2,
-        'g' => 3,
-        't' => 4,
-        _ => return Err(invalid(flag, value, "expected a number, or one with a k, m, g or t suffix")),
-    };
-    let number = &text[..text.len() - 1];
-    if suffix.is_ascii_uppercase() {
-        // Binary suffixes take whole numbers.
-        let whole: usize = parse(flag, number)?;
-        return whole.checked_mul(1usize << (10 * power)).ok_or_else(|| invalid(flag, value, "too large"));
-    }
-    let decimal: f64 = parse(flag, number)?;
-    let scaled = decimal * 1000f64.powi(power);
-    if !(scaled.is_finite() && scaled >= 0.0 && scaled < usize::MAX as f64) {
-        return Err(invalid(flag, value, "must be a positive number"));
-    }
-    Ok(scaled as usize)
+    let count = flags::human_count(value).map_err(|reason| invalid(flag, value, reason))?;
+    usize::try_from(count).map_err(|err| invalid(flag, value, err))
 }
 
 fn parse<T: FromStr<Err: fmt::Display>>(flag: &str, value: &str) -> Result<T, ArgError> {
@@ -1096,7 +1073,7 @@ mod tests {
         check_err("vllm serve m --served-model-name", "argument --served-model-name: expected at least one argument");
         check_err(
             "vllm serve m --max-model-len 1.5K",
-            "argument --max-model-len: invalid value \"1.5\": invalid digit found in string",
+            "argument --max-model-len: invalid value \"1.5K\": invalid digit found in string",
         );
         check_err(
             "vllm serve m --block-size 7",

@@ -1151,18 +1151,7 @@ fn context_limit(c: &EngineConfig) -> Option<(&'static str, u64)> {
         EngineKind::Sglang => &["--context-length"],
     };
     let (flag, value) = last_value(&c.args, flags)?;
-    human_number(value.trim()).map(|n| (flag, n))
-}
-
-fn human_number(v: &str) -> Option<u64> {
-    let (digits, scale) = match v.char_indices().last() {
-        Some((i, 'k')) => (&v[..i], 1_000),
-        Some((i, 'K')) => (&v[..i], 1_024),
-        Some((i, 'm')) => (&v[..i], 1_000_000),
-        Some((i, 'M')) => (&v[..i], 1_048_576),
-        _ => (v, 1),
-    };
-    digits.parse::<u64>().ok().filter(|&n| n > 0).and_then(|n| n.checked_mul(scale))
+    benchfleet_core::flags::human_count(value).ok().filter(|&n| n > 0).map(|n| (flag, n))
 }
 
 /// A share written as a fraction from 0 to 1 (`0.01`) or a percentage
