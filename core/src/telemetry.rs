@@ -53,6 +53,9 @@ pub const SGLANG_SERIES: &[&str] = &[
     "sglang:num_requests_total",
 ];
 
+/// The gauges that are a share, not a count: over data-parallel replicas, their mean.
+const SHARES: &[&str] = &["vllm:kv_cache_usage_perc", "sglang:token_usage", "sglang:cache_hit_rate"];
+
 /// The series an engine of this kind ("vllm" or "sglang") is scraped for.
 pub fn engine_series(kind: &str) -> &'static [&'static str] {
     if kind == "sglang" { SGLANG_SERIES } else { VLLM_SERIES }
@@ -378,8 +381,12 @@ pub enum MetricsError {
 }
 
 /// The values of `names` in a Prometheus text: a counter's summed over its
-/// label sets (vLLM's request count per finish reason), a gauge's largest
-/// (SGLang's per rank). Names absent from the text are left out.
+/// label sets (vLLM's request count per finish reason, and per data-parallel
+/// engine). A gauge is read per data-parallel replica (vLLM's `engine` label,
+/// SGLang's `dp_rank`), its largest of the replica's label sets (SGLang's ranks
+/// of one replica report alike), and the replicas' summed: their requests
+/// running and waiting are the server's; a share (KV cache usage, prefix
+/// cache hit rate) is their mean. Names absent from the text are left out.
 pub fn read_metrics(text: &str, names: &[&str]) -> Result<Vec<(String, f64)>, MetricsError> {
     use prom_text_format_parser::ScrapeParseError;
     let scrape = prom_text_format_parser::Scrape::parse(text).map_err(|e| {
@@ -393,13 +400,28 @@ pub fn read_metrics(text: &str, names: &[&str]) -> Result<Vec<(String, f64)>, Me
     let mut out: Vec<(String, f64)> = Vec::new();
     for name in names {
         let Some(metric) = scrape.metrics.iter().find(|m| m.name == *name) else { continue };
-        let values: Vec<f64> = metric.samples.iter().filter_map(|s| s.value.value.parse::<f64>().ok()).collect();
+        let values: Vec<(Option<&str>, f64)> = metric
+            .samples
+            .iter()
+            .filter_map(|s| {
+                let replica = s.labels.iter().find(|l| l.key == "engine" || l.key == "dp_rank").map(|l| &*l.value);
+                Some((replica, s.value.value.parse::<f64>().ok()?))
+            })
+            .collect();
         if values.is_empty() {
             continue;
         }
         let value = match metric.kind {
-            prom_text_format_parser::Type::Counter => values.iter().sum(),
-            _ => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            prom_text_format_parser::Type::Counter => values.iter().map(|(_, v)| v).sum(),
+            _ => {
+                let mut replicas: BTreeMap<Option<&str>, f64> = BTreeMap::new();
+                for (replica, v) in values {
+                    let largest = replicas.entry(replica).or_insert(f64::NEG_INFINITY);
+                    *largest = largest.max(v);
+                }
+                let sum: f64 = replicas.values().sum();
+                if SHARES.contains(name) { sum / replicas.len() as f64 } else { sum }
+            }
         };
         out.push(((*name).to_owned(), value));
     }
@@ -875,10 +897,14 @@ mod tests {
     }
 
     #[test]
-    fn metrics_are_read_by_name_counters_summed_gauges_at_their_largest() {
+    fn metrics_are_read_by_name_counters_summed_gauges_per_replica() {
+        // Two data-parallel engines of vLLM: their requests add up, their KV cache usage is the mean.
         let text = "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n\
                     vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 3.0\n\
                     vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 5.0\n\
+                    # TYPE vllm:kv_cache_usage_perc gauge\n\
+                    vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.5\n\
+                    vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"1\"} 0.25\n\
                     # TYPE vllm:request_success_total counter\n\
                     vllm:request_success_total{finished_reason=\"length\"} 10.0\n\
                     vllm:request_success_total{finished_reason=\"stop\"} 2.0\n\
@@ -889,8 +915,24 @@ mod tests {
         let got = read_metrics(text, VLLM_SERIES).expect("parses");
         assert_eq!(
             got,
-            [("vllm:num_requests_running".to_owned(), 5.0), ("vllm:request_success_total".to_owned(), 12.0)]
+            [
+                ("vllm:num_requests_running".to_owned(), 8.0),
+                ("vllm:kv_cache_usage_perc".to_owned(), 0.375),
+                ("vllm:request_success_total".to_owned(), 12.0)
+            ]
         );
+        // SGLang's tensor-parallel ranks of one replica report alike (the largest is read), its
+        // data-parallel replicas add up.
+        let text = "# TYPE sglang:num_running_reqs gauge\n\
+                    sglang:num_running_reqs{tp_rank=\"0\",dp_rank=\"0\"} 4.0\n\
+                    sglang:num_running_reqs{tp_rank=\"1\",dp_rank=\"0\"} 4.0\n\
+                    sglang:num_running_reqs{tp_rank=\"0\",dp_rank=\"1\"} 6.0\n\
+                    sglang:num_running_reqs{tp_rank=\"1\",dp_rank=\"1\"} 6.0\n\
+                    # TYPE sglang:token_usage gauge\n\
+                    sglang:token_usage{tp_rank=\"0\"} 0.5\n\
+                    sglang:token_usage{tp_rank=\"1\"} 0.5\n";
+        let got = read_metrics(text, SGLANG_SERIES).expect("parses");
+        assert_eq!(got, [("sglang:num_running_reqs".to_owned(), 10.0), ("sglang:token_usage".to_owned(), 0.5)]);
         assert!(matches!(read_metrics("<html>404</html>", VLLM_SERIES), Err(MetricsError::Parse(_))));
         assert_eq!(
             read_metrics("# TYPE other gauge\nother 1\n", VLLM_SERIES),

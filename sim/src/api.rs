@@ -140,14 +140,66 @@ async fn server_info(State(state): State<Arc<AppState>>) -> Json<Value> {
 type MetricLine = (&'static str, &'static str, &'static str, f64);
 
 /// The series of the engine's `/metrics` that a benchmark reads, with the engine's names, types and
-/// labels, from the scheduler's state.
+/// labels, from the scheduler's state: one label set per data-parallel replica, as the engines
+/// label them (vLLM's `engine`, SGLang's `dp_rank` when it has several).
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let (stats, model) = (state.engine.stats(), &state.config.served_model_name);
-    let c = stats.counters;
+    let model = &state.config.served_model_name;
+    let replicas = state.engine.replica_stats();
     let mut text = String::new();
-    let (labels, series): (String, Vec<MetricLine>) = match state.config.engine {
+    let mut families: Vec<(MetricLine, Vec<(String, f64)>)> = Vec::new();
+    for (rank, stats) in replicas.iter().enumerate() {
+        let (labels, series) = engine_series(state.config.engine, model, rank, replicas.len(), stats);
+        for (i, line) in series.into_iter().enumerate() {
+            if rank == 0 {
+                families.push((line, Vec::new()));
+            }
+            families[i].1.push((labels.clone(), line.3));
+        }
+    }
+    for ((name, kind, help, _), samples) in families {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            // vLLM counts finished requests per finish reason; every simulated one runs to its length.
+            let reason = if name == "vllm:request_success_total" { ",finished_reason=\"length\"" } else { "" };
+            let _ = writeln!(text, "{name}{{{labels}{reason}}} {value:?}");
+        }
+    }
+    let stats = state.engine.stats();
+    // The simulator's own: how well its steps kept their deadlines.
+    let t = stats.timing;
+    let own: [MetricLine; 3] = [
+        ("benchfleet_sim:steps_total", "counter", "Engine steps run.", t.steps as f64),
+        (
+            "benchfleet_sim:step_late_seconds_total",
+            "counter",
+            "Lateness of the steps' wake-ups past their deadlines: the machine's delay, not the engine's.",
+            t.late.as_secs_f64(),
+        ),
+        (
+            "benchfleet_sim:late_steps_total",
+            "counter",
+            "Steps that woke more than 2 ms past their deadline.",
+            t.late_steps as f64,
+        ),
+    ];
+    for (name, kind, help, value) in own {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value:?}");
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// One replica's series: its labels, and each series' name, type, help and value.
+fn engine_series(
+    engine: crate::config::EngineKind,
+    model: &str,
+    rank: usize,
+    replicas: usize,
+    stats: &crate::engine::Stats,
+) -> (String, Vec<MetricLine>) {
+    let c = stats.counters;
+    let (labels, mut series): (String, Vec<MetricLine>) = match engine {
         crate::config::EngineKind::Vllm => (
-            format!("model_name={model:?},engine=\"0\""),
+            format!("model_name={model:?},engine=\"{rank}\""),
             vec![
                 (
                     "vllm:num_requests_running",
@@ -196,7 +248,10 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
                 c.prefix_cache_hits as f64 / c.prefix_cache_queries as f64
             };
             (
-                format!("model_name={model:?},engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\""),
+                {
+                    let dp = if replicas > 1 { format!(",dp_rank=\"{rank}\"") } else { String::new() };
+                    format!("model_name={model:?},engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"{dp}")
+                },
                 vec![
                     ("sglang:num_running_reqs", "gauge", "The number of running requests.", stats.running as f64),
                     (
@@ -236,39 +291,15 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
             )
         }
     };
-    for (name, kind, help, value) in series {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value:?}");
-    }
-    if state.config.engine == crate::config::EngineKind::Vllm {
-        // vLLM counts finished requests per finish reason; every simulated one runs to its length.
-        let (name, finished) = ("vllm:request_success_total", c.finished as f64);
-        let _ = writeln!(
-            text,
-            "# HELP {name} Count of successfully processed requests.\n# TYPE {name} counter\n\
-             {name}{{{labels},finished_reason=\"length\"}} {finished:?}"
-        );
-    }
-    // The simulator's own: how well its steps kept their deadlines.
-    let t = stats.timing;
-    let own: [MetricLine; 3] = [
-        ("benchfleet_sim:steps_total", "counter", "Engine steps run.", t.steps as f64),
-        (
-            "benchfleet_sim:step_late_seconds_total",
+    if engine == crate::config::EngineKind::Vllm {
+        series.push((
+            "vllm:request_success_total",
             "counter",
-            "Lateness of the steps' wake-ups past their deadlines: the machine's delay, not the engine's.",
-            t.late.as_secs_f64(),
-        ),
-        (
-            "benchfleet_sim:late_steps_total",
-            "counter",
-            "Steps that woke more than 2 ms past their deadline.",
-            t.late_steps as f64,
-        ),
-    ];
-    for (name, kind, help, value) in own {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value:?}");
+            "Count of successfully processed requests.",
+            c.finished as f64,
+        ));
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    (labels, series)
 }
 
 /// The largest request body the server reads.

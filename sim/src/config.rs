@@ -62,7 +62,7 @@ pub fn help() -> String {
     out.push_str(
         "\nEnvironment:\n  BENCHFLEET_SIM_GPU           the GPU simulated when --sim-gpu is not given\n  \
          BENCHFLEET_SIM_SPEED         run at this factor of the modelled speed (a slow host: 0.88)\n  \
-         CUDA_VISIBLE_DEVICES         the GPUs given, as CUDA lists them: a tensor-parallel size above their count\n                               fails at startup, as on a GPU (unset: as many as asked)\n  \
+         CUDA_VISIBLE_DEVICES         the GPUs given, as CUDA lists them: parallel sizes that need more fail at\n                               startup, as on a GPU (unset: as many as asked)\n  \
          RUST_LOG                     the log filter (default info)\n\n\
          Exit status: 0 after SIGINT or SIGTERM; 1 when the engine fails as a real one would (out of memory,\n\
          a crash, a port in use); 2 for a command line the engine would refuse.\n",
@@ -102,13 +102,18 @@ pub struct SimConfig {
     /// `--gpu-memory-utilization` / `--mem-fraction-static`; the engine's default when absent.
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
-    /// `--pipeline-parallel-size` and `--data-parallel-size` (SGLang's `--pp-size`, `--dp-size`):
-    /// counted against the GPUs given, not modelled beyond that (a step runs as one replica of
-    /// its tensor-parallel group).
+    /// `--pipeline-parallel-size` (SGLang's `--pp-size`): counted against the GPUs given, not
+    /// modelled beyond that (a step runs as one stage holding every layer).
     pub pipeline_parallel_size: u32,
+    /// `--data-parallel-size` (SGLang's `--dp-size`): that many replicas of the engine, each on
+    /// its own tensor-parallel GPUs with its own scheduler and KV cache, behind one server that
+    /// spreads the requests over them as [`SimConfig::routing`] says.
     pub data_parallel_size: u32,
-    /// SGLang's `--enable-dp-attention`: its data-parallel ranks share the tensor-parallel GPUs.
+    /// SGLang's `--enable-dp-attention`: its data-parallel ranks share the tensor-parallel GPUs
+    /// (run as one replica).
     pub dp_attention: bool,
+    /// How the server spreads requests over the data-parallel replicas.
+    pub routing: Routing,
     /// `--quantization fp8` (SGLang's `w8a8_fp8` too): a BF16 checkpoint's weights quantised to
     /// FP8 as they load, run as an FP8 checkpoint's.
     pub weights_fp8: bool,
@@ -221,8 +226,45 @@ impl SimConfig {
     /// The GPUs the engine spreads over: tensor x pipeline x data parallel (SGLang's data
     /// parallel attention shares the tensor-parallel GPUs).
     pub fn gpus_needed(&self) -> u64 {
-        let dp = if self.dp_attention { 1 } else { u64::from(self.data_parallel_size) };
-        u64::from(self.tensor_parallel_size) * u64::from(self.pipeline_parallel_size) * dp
+        u64::from(self.tensor_parallel_size) * u64::from(self.pipeline_parallel_size) * self.replicas() as u64
+    }
+
+    /// The engine replicas the server runs: `--data-parallel-size` of them, one with SGLang's
+    /// data-parallel attention.
+    pub fn replicas(&self) -> usize {
+        if self.dp_attention { 1 } else { self.data_parallel_size as usize }
+    }
+}
+
+/// How a data-parallel server picks the replica for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// The replica with the least `waiting_weight x waiting + running` requests, the first of
+    /// equals: vLLM's (a waiting request counts 4), SGLang's `--load-balance-method total_requests` (1).
+    LeastLoaded { waiting_weight: usize },
+    /// Each replica in turn: SGLang's default.
+    RoundRobin,
+}
+
+impl Routing {
+    pub fn of(engine: EngineKind) -> Routing {
+        match engine {
+            EngineKind::Vllm => Routing::LeastLoaded { waiting_weight: 4 },
+            EngineKind::Sglang => Routing::RoundRobin,
+        }
+    }
+
+    /// The replica for the next request, given each one's `(waiting, running)` requests and how
+    /// many requests have been routed before this one.
+    pub fn pick(self, loads: impl IntoIterator<Item = (usize, usize)>, routed: usize) -> usize {
+        let loads = loads.into_iter();
+        match self {
+            Routing::RoundRobin => routed % loads.count().max(1),
+            Routing::LeastLoaded { waiting_weight } => loads
+                .enumerate()
+                .min_by_key(|&(i, (waiting, running))| (waiting * waiting_weight + running, i))
+                .map_or(0, |(i, _)| i),
+        }
     }
 }
 
@@ -314,6 +356,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         pipeline_parallel_size: 1,
         data_parallel_size: 1,
         dp_attention: false,
+        routing: Routing::of(engine),
         weights_fp8: false,
         chunked_prefill: true,
         async_scheduling: None,
@@ -609,6 +652,12 @@ fn engine_flag(
         (_, "--tensor-parallel-size") => config.tensor_parallel_size = parse(name, &value())?,
         (_, "--pipeline-parallel-size") => config.pipeline_parallel_size = parse(name, &value())?,
         (_, "--data-parallel-size") => config.data_parallel_size = parse(name, &value())?,
+        (Sglang, "--load-balance-method") => match value().as_str() {
+            "auto" | "round_robin" => config.routing = Routing::RoundRobin,
+            "total_requests" => config.routing = Routing::LeastLoaded { waiting_weight: 1 },
+            // By tokens in flight, or by a disaggregated prefill's room: taken, not modelled.
+            _ => return Ok(false),
+        },
         (Sglang, "--enable-dp-attention") => config.dp_attention = true,
         (Vllm, "--quantization") | (Sglang, "--quantization") => {
             // FP8 weights quantised as the engine loads them run as an FP8 checkpoint does; other
@@ -941,6 +990,7 @@ mod tests {
                 "--tensor-parallel-size",
                 "--pipeline-parallel-size",
                 "--data-parallel-size",
+                "--load-balance-method",
                 "--enable-dp-attention",
                 "--quantization",
                 "--trust-remote-code",
@@ -949,6 +999,32 @@ mod tests {
             ],
         ),
     ];
+
+    #[test]
+    fn routing_picks_the_least_loaded_replica_or_each_in_turn() {
+        let vllm = Routing::of(EngineKind::Vllm);
+        // (waiting, running): a waiting request weighs four running ones; equals go to the first.
+        assert_eq!(vllm.pick([(1, 0), (0, 3)], 0), 1);
+        assert_eq!(vllm.pick([(1, 0), (0, 5)], 0), 0);
+        assert_eq!(vllm.pick([(0, 2), (0, 2), (0, 1)], 7), 2);
+        assert_eq!(vllm.pick([(0, 0), (0, 0)], 9), 0);
+        let fewest = Routing::LeastLoaded { waiting_weight: 1 };
+        assert_eq!(fewest.pick([(1, 0), (0, 3)], 0), 0);
+        let sglang = Routing::of(EngineKind::Sglang);
+        assert_eq!((0..5).map(|n| sglang.pick([(9, 9), (0, 0), (0, 0)], n)).collect::<Vec<_>>(), [0, 1, 2, 0, 1]);
+        assert_eq!(
+            parse_command_line(&args("sglang serve --model-path m --load-balance-method total_requests"))
+                .expect("valid")
+                .routing,
+            fewest
+        );
+        let c =
+            parse_command_line(&args("sglang serve --model-path m --load-balance-method total_tokens")).expect("valid");
+        assert_eq!(
+            (c.routing, c.unmodelled),
+            (Routing::RoundRobin, vec!["--load-balance-method total_tokens".to_owned()])
+        );
+    }
 
     #[test]
     fn every_option_of_both_engines_is_taken_and_the_unmodelled_are_named() {

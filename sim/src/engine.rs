@@ -13,7 +13,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -26,7 +29,10 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::scheduler::{Counters, Scheduler, SeqRequest};
+use crate::{
+    config::Routing,
+    scheduler::{Counters, Scheduler, SeqRequest},
+};
 
 /// Words the simulator "generates"; each starts with a space so their concatenation reads as text.
 const VOCAB: [&str; 16] = [
@@ -103,13 +109,31 @@ enum Command {
     ResetPrefixCache,
 }
 
-/// Cheap to clone; the loop ends once every handle is dropped and the batch is done.
+/// Cheap to clone; the loops end once every handle is dropped and their batches are done.
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
-    commands: mpsc::UnboundedSender<Command>,
-    stats: Arc<Mutex<Stats>>,
+    replicas: Arc<[Replica]>,
+    routing: Routing,
+    /// Requests routed so far (round robin's turn).
+    routed: Arc<AtomicUsize>,
     /// Cancelled when the engine dies, so the server stops too.
     pub dead: CancellationToken,
+}
+
+/// One data-parallel replica's loop, as the server sees it.
+#[derive(Debug)]
+struct Replica {
+    commands: mpsc::UnboundedSender<Command>,
+    stats: Arc<Mutex<Stats>>,
+    /// Requests sent to the loop that it has not taken in yet: waiting, to the router.
+    queued: Arc<AtomicUsize>,
+}
+
+impl Replica {
+    fn stats(&self) -> Stats {
+        // A poisoned lock only means a panicking writer; the last numbers are still worth showing.
+        *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl std::fmt::Debug for Command {
@@ -122,51 +146,105 @@ impl std::fmt::Debug for Command {
 }
 
 impl EngineHandle {
-    /// Queues a request; its words arrive on the returned channel, which closes after the last, or early
-    /// if the engine dies. Dropping the receiver cancels the request.
+    /// Queues a request on the replica the routing picks; its words arrive on the returned
+    /// channel, which closes after the last, or early if the engine dies. Dropping the receiver
+    /// cancels the request.
     pub fn submit(&self, request: Request) -> Result<mpsc::UnboundedReceiver<Output>, EngineStopped> {
+        let loads = self.replicas.iter().map(|r| {
+            let stats = r.stats();
+            (stats.waiting + r.queued.load(Ordering::Relaxed), stats.running)
+        });
+        let replica = &self.replicas[self.routing.pick(loads, self.routed.fetch_add(1, Ordering::Relaxed))];
         let (tokens, receiver) = mpsc::unbounded_channel();
-        self.commands.send(Command::Submit(request, tokens)).map_err(|_| EngineStopped)?;
+        replica.queued.fetch_add(1, Ordering::Relaxed);
+        if replica.commands.send(Command::Submit(request, tokens)).is_err() {
+            replica.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(EngineStopped);
+        }
         Ok(receiver)
     }
 
-    /// Empties the prefix cache at the next step boundary.
+    /// Empties every replica's prefix cache at its next step boundary.
     pub fn reset_prefix_cache(&self) -> Result<(), EngineStopped> {
-        self.commands.send(Command::ResetPrefixCache).map_err(|_| EngineStopped)
+        for replica in self.replicas.iter() {
+            replica.commands.send(Command::ResetPrefixCache).map_err(|_| EngineStopped)?;
+        }
+        Ok(())
     }
 
+    /// Each replica's state, in rank order.
+    pub fn replica_stats(&self) -> Vec<Stats> {
+        self.replicas.iter().map(Replica::stats).collect()
+    }
+
+    /// The replicas' requests, counters and step timing summed; the KV cache's usage is their mean.
     pub fn stats(&self) -> Stats {
-        // A poisoned lock only means a panicking writer; the last numbers are still worth showing.
-        *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        let mut total = Stats::default();
+        for replica in self.replicas.iter() {
+            let stats = replica.stats();
+            total.running += stats.running;
+            total.waiting += stats.waiting;
+            total.kv_usage += stats.kv_usage / self.replicas.len() as f64;
+            total.counters += stats.counters;
+            total.timing.steps += stats.timing.steps;
+            total.timing.late += stats.timing.late;
+            total.timing.late_steps += stats.timing.late_steps;
+        }
+        total
     }
 }
 
-/// Starts the engine loop on the current runtime. `speedup` divides every step time;
-/// `crash_after` kills the engine once that many requests have completed; `slowdown_pct_per_s`
-/// lengthens every step by that many percent per second since the first.
+/// Starts one engine loop per replica on the current runtime, requests spread over them by
+/// `routing`. `speedup` divides every step time; `crash_after` kills the engine once that many
+/// requests have completed (on all replicas together); `slowdown_pct_per_s` lengthens every
+/// step by that many percent per second since the first.
 pub fn start(
-    scheduler: Scheduler,
+    replicas: Vec<Scheduler>,
+    routing: Routing,
     speedup: f64,
     crash_after: Option<u64>,
     slowdown_pct_per_s: f64,
 ) -> (EngineHandle, JoinHandle<Result<(), EngineCrashed>>) {
-    let (commands, receiver) = mpsc::unbounded_channel();
-    let stats = Arc::new(Mutex::new(Stats::default()));
     let dead = CancellationToken::new();
-    let engine = EngineLoop {
-        scheduler,
-        sinks: HashMap::new(),
-        next_id: 0,
-        stats: stats.clone(),
-        speedup,
-        crash_after,
-        slowdown_pct_per_s,
-        first_step: None,
-        timing: Timing::default(),
-        arrived: Vec::new(),
-    };
-    let task = tokio::spawn(engine.run(receiver, dead.clone()));
-    (EngineHandle { commands, stats, dead }, task)
+    let completed = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    let mut tasks = Vec::new();
+    for scheduler in replicas {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let engine = EngineLoop {
+            scheduler,
+            sinks: HashMap::new(),
+            next_id: 0,
+            stats: stats.clone(),
+            queued: queued.clone(),
+            speedup,
+            crash_after,
+            completed: completed.clone(),
+            finished: 0,
+            slowdown_pct_per_s,
+            first_step: None,
+            timing: Timing::default(),
+            arrived: Vec::new(),
+        };
+        tasks.push(tokio::spawn(engine.run(receiver, dead.clone())));
+        handles.push(Replica { commands, stats, queued });
+    }
+    // The engine's result: the first replica's death, once every loop has ended.
+    let task = tokio::spawn(async move {
+        let mut result = Ok(());
+        for task in tasks {
+            match task.await {
+                Ok(Err(crashed)) if result.is_ok() => result = Err(crashed),
+                Ok(_) => {}
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => {}
+            }
+        }
+        result
+    });
+    (EngineHandle { replicas: handles.into(), routing, routed: Arc::new(AtomicUsize::new(0)), dead }, task)
 }
 
 /// Where a request's words go.
@@ -180,8 +258,12 @@ struct EngineLoop {
     sinks: HashMap<u64, Sink>,
     next_id: u64,
     stats: Arc<Mutex<Stats>>,
+    queued: Arc<AtomicUsize>,
     speedup: f64,
     crash_after: Option<u64>,
+    /// Requests completed on every replica, and on this one as last added to it.
+    completed: Arc<AtomicU64>,
+    finished: u64,
     slowdown_pct_per_s: f64,
     first_step: Option<Instant>,
     timing: Timing,
@@ -256,7 +338,10 @@ impl EngineLoop {
                     self.sinks.remove(&emission.id);
                 }
             }
-            let completed = self.scheduler.counters().finished;
+            let finished = self.scheduler.counters().finished;
+            let completed =
+                self.completed.fetch_add(finished - self.finished, Ordering::Relaxed) + finished - self.finished;
+            self.finished = finished;
             if self.crash_after.is_some_and(|limit| completed >= limit) {
                 return Err(EngineCrashed { completed });
             }
@@ -266,6 +351,7 @@ impl EngineLoop {
     fn handle(&mut self, command: Command) {
         match command {
             Command::Submit(request, tokens) => {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
                 self.next_id += 1;
                 let id = self.next_id;
                 self.sinks.insert(id, Sink { tokens, rng: ChaCha8Rng::seed_from_u64(request.seed) });
@@ -326,7 +412,7 @@ mod tests {
         )
         .expect("fits");
 
-        let (engine, _task) = start(Scheduler::from_config(&config).expect("fits"), 1.0, None, 0.0);
+        let (engine, _task) = start(Scheduler::replicas(&config).expect("fits"), config.routing, 1.0, None, 0.0);
         let request = |i: usize| Request {
             prompt_tokens: items[i].prompt_tokens,
             block_hashes: items[i].block_hashes.clone(),

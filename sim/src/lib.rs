@@ -49,9 +49,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let scheduler = Scheduler::from_config(&config)?;
-    let (engine, engine_task) =
-        engine::start(scheduler, config.speedup, config.faults.crash_after, config.faults.slowdown_pct_per_s);
+    let replicas = Scheduler::replicas(&config)?;
+    let (engine, engine_task) = engine::start(
+        replicas,
+        config.routing,
+        config.speedup,
+        config.faults.crash_after,
+        config.faults.slowdown_pct_per_s,
+    );
     let (stopping, dead) = (CancellationToken::new(), engine.dead.clone());
     let stop = stopping.clone();
     let shutdown = async move {

@@ -93,6 +93,19 @@ pub struct Counters {
     pub steps: u64,
 }
 
+impl std::ops::AddAssign for Counters {
+    /// Two replicas' counters as one engine's.
+    fn add_assign(&mut self, other: Counters) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.generation_tokens += other.generation_tokens;
+        self.prefix_cache_queries += other.prefix_cache_queries;
+        self.prefix_cache_hits += other.prefix_cache_hits;
+        self.preemptions += other.preemptions;
+        self.finished += other.finished;
+        self.steps += other.steps;
+    }
+}
+
 #[derive(Debug)]
 struct Seq {
     request: SeqRequest,
@@ -619,6 +632,21 @@ impl Scheduler {
         Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
+    }
+
+    /// The engine's data-parallel replicas ([`SimConfig::replicas`]), each a [`Scheduler::from_config`]
+    /// on its own GPUs; with step jitter, each draws its own.
+    pub fn replicas(config: &SimConfig) -> Result<Vec<Scheduler>, StartupError> {
+        (0..config.replicas())
+            .map(|i| {
+                let replica = Scheduler::from_config(config)?;
+                Ok(if i == 0 {
+                    replica
+                } else {
+                    replica.with_step_jitter(config.faults.step_jitter_pct, config.faults.seed.wrapping_add(i as u64))
+                })
+            })
+            .collect()
     }
 
     /// The step-time model this engine runs with.

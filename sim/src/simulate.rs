@@ -19,9 +19,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::{
-    config::SimConfig,
+    config::{Routing, SimConfig},
     kv::BLOCK_TOKENS,
-    scheduler::{Scheduler, SeqRequest, StartupError, Step, standard_normal},
+    scheduler::{Emission, Scheduler, SeqRequest, StartupError, Step, standard_normal},
 };
 
 /// One request of a workload.
@@ -104,10 +104,11 @@ impl Summary {
     }
 }
 
-/// Runs `workload` on a fresh engine built from `config`.
+/// Runs `workload` on a fresh engine built from `config`: its data-parallel replicas behind the
+/// server's routing ([`SimConfig::replicas`]).
 pub fn simulate(config: &SimConfig, workload: &Workload) -> Result<Vec<RequestTiming>, StartupError> {
-    let mut scheduler = Scheduler::from_config(config)?;
-    Ok(simulate_on(&mut scheduler, workload))
+    let mut replicas = Scheduler::replicas(config)?;
+    Ok(simulate_replicas(&mut replicas, config.routing, workload, |_| {}))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +129,32 @@ pub fn simulate_on(scheduler: &mut Scheduler, workload: &Workload) -> Vec<Reques
 pub fn simulate_observed(
     scheduler: &mut Scheduler,
     workload: &Workload,
+    observe: impl FnMut(&Step),
+) -> Vec<RequestTiming> {
+    simulate_replicas(std::slice::from_mut(scheduler), Routing::RoundRobin, workload, observe)
+}
+
+/// One replica's place on the virtual clock.
+#[derive(Default)]
+struct Clock {
+    /// Requests routed to it and not yet taken into a step, with when each was sent.
+    arrived: Vec<(SeqRequest, f64)>,
+    /// When the step in flight began and ends, and what it gives then.
+    step: Option<(f64, f64, Vec<Emission>)>,
+    /// An idle replica plans its next step at this time, with every request sent by then.
+    wake: Option<f64>,
+}
+
+/// Runs `workload` on `replicas`, each request routed as it is sent. Each replica steps on its
+/// own: the engines plan a step as they launch the one before it (vLLM's batch queue, SGLang's
+/// overlap loop), so the step a replica plans as one ends takes what had reached it by the time
+/// that one began, and what arrives while a step runs joins the step after the next; an idle
+/// replica plans at once with what has arrived. At one instant the steps that end go first
+/// (freeing their requests' client slots), then the sends, then the idle replicas' planning.
+pub fn simulate_replicas(
+    replicas: &mut [Scheduler],
+    routing: Routing,
+    workload: &Workload,
     mut observe: impl FnMut(&Step),
 ) -> Vec<RequestTiming> {
     let items = &workload.items;
@@ -143,68 +170,89 @@ pub fn simulate_observed(
     let mut free_slots: VecDeque<f64> = std::iter::repeat_n(0.0, cap.min(items.len())).collect();
     let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
     let mut timings: Vec<Option<RequestTiming>> = vec![None; items.len()];
-    let mut now = 0.0_f64;
-    // When the step that just ended began: the engines plan a step as they launch the one before
-    // it (vLLM's batch queue, SGLang's overlap loop), so the step planned now took in what had
-    // reached the engine by then. A request sent at that instant, into the slot of one the step
-    // before ended, reached it just after; what arrives while a step runs joins the step after
-    // the next. An idle engine plans at once with what has arrived.
-    let mut step_began = 0.0_f64;
+    let mut clocks: Vec<Clock> = replicas.iter().map(|_| Clock::default()).collect();
     let mut next_id = 0_u64;
-    loop {
-        let idle = scheduler.is_idle();
-        let planned = if idle { now } else { step_began };
-        while let (Some(&(item, scheduled)), Some(&free)) = (queue.front(), free_slots.front()) {
-            let sent = scheduled.max(free);
-            if sent > planned || (sent == planned && !idle) {
-                break;
-            }
-            queue.pop_front();
-            free_slots.pop_front();
-            let work = &items[item];
-            next_id += 1;
-            scheduler.add(SeqRequest {
-                id: next_id,
-                prompt_tokens: work.prompt_tokens,
-                block_hashes: work.block_hashes.clone(),
-                max_tokens: work.output_tokens.max(1),
-                seed: next_id,
-            });
-            in_flight.insert(next_id, InFlight { item, sent, first_token: None, tokens: 0 });
+    // Plans replica `r`'s next step at `now` with the requests sent before `horizon` (all of them when idle).
+    let mut plan = |replica: &mut Scheduler, clock: &mut Clock, now: f64, horizon: Option<f64>| {
+        let (taken, later) = std::mem::take(&mut clock.arrived)
+            .into_iter()
+            .partition::<Vec<_>, _>(|(_, sent)| horizon.is_none_or(|h| *sent < h));
+        clock.arrived = later;
+        for (request, _) in taken {
+            replica.add(request);
         }
-        let Some(step) = scheduler.step() else {
-            // Idle: on to the next request's arrival (an idle engine's clients all have a free slot).
-            match (queue.front(), free_slots.front()) {
-                (Some(&(_, scheduled)), Some(&free)) => {
-                    now = now.max(scheduled.max(free));
-                    continue;
-                }
-                _ => break,
-            }
+        clock.step = replica.step().map(|step| {
+            observe(&step);
+            (now, now + step.duration.as_secs_f64(), step.emissions)
+        });
+    };
+    loop {
+        let ending = (0..clocks.len())
+            .filter_map(|r| clocks[r].step.as_ref().map(|&(_, ends, _)| (ends, r)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let send = match (queue.front(), free_slots.front()) {
+            (Some(&(_, scheduled)), Some(&free)) => Some(scheduled.max(free)),
+            _ => None,
         };
-        observe(&step);
-        step_began = now;
-        now += step.duration.as_secs_f64();
-        for emission in step.emissions {
-            let Some(request) = in_flight.get_mut(&emission.id) else { continue };
-            if emission.tokens > 0 && request.first_token.is_none() {
-                request.first_token = Some(now);
+        let waking =
+            (0..clocks.len()).filter_map(|r| clocks[r].wake.map(|at| (at, r))).min_by(|a, b| a.0.total_cmp(&b.0));
+        let before = |t: f64, other: Option<f64>| other.is_none_or(|o| t <= o);
+        match (ending, send, waking) {
+            (Some((now, r)), send, waking) if before(now, send) && before(now, waking.map(|w| w.0)) => {
+                let (began, _, emissions) = clocks[r].step.take().expect("a step in flight");
+                for emission in emissions {
+                    let Some(request) = in_flight.get_mut(&emission.id) else { continue };
+                    if emission.tokens > 0 && request.first_token.is_none() {
+                        request.first_token = Some(now);
+                    }
+                    request.tokens += emission.tokens;
+                    if emission.finished || emission.failed {
+                        let done = *request;
+                        in_flight.remove(&emission.id);
+                        free_slots.push_back(now);
+                        let work = &items[done.item];
+                        timings[done.item] = Some(RequestTiming {
+                            sent: done.sent,
+                            first_token: done.first_token.unwrap_or(now),
+                            completed: now,
+                            prompt_tokens: work.prompt_tokens,
+                            output_tokens: done.tokens,
+                            failed: emission.failed,
+                        });
+                    }
+                }
+                if replicas[r].is_idle() {
+                    // With every request sent by now, this instant's sends too.
+                    clocks[r].wake = Some(now);
+                } else {
+                    plan(&mut replicas[r], &mut clocks[r], now, Some(began));
+                }
             }
-            request.tokens += emission.tokens;
-            if emission.finished || emission.failed {
-                let done = *request;
-                in_flight.remove(&emission.id);
-                free_slots.push_back(now);
-                let work = &items[done.item];
-                timings[done.item] = Some(RequestTiming {
-                    sent: done.sent,
-                    first_token: done.first_token.unwrap_or(now),
-                    completed: now,
+            (_, Some(sent), waking) if before(sent, waking.map(|w| w.0)) => {
+                let (item, _) = queue.pop_front().expect("a request to send");
+                free_slots.pop_front();
+                let work = &items[item];
+                next_id += 1;
+                let loads = replicas.iter().zip(&clocks).map(|(e, c)| (e.waiting() + c.arrived.len(), e.running()));
+                let r = routing.pick(loads, next_id as usize - 1);
+                let request = SeqRequest {
+                    id: next_id,
                     prompt_tokens: work.prompt_tokens,
-                    output_tokens: done.tokens,
-                    failed: emission.failed,
-                });
+                    block_hashes: work.block_hashes.clone(),
+                    max_tokens: work.output_tokens.max(1),
+                    seed: next_id,
+                };
+                clocks[r].arrived.push((request, sent));
+                if clocks[r].step.is_none() && clocks[r].wake.is_none() {
+                    clocks[r].wake = Some(sent);
+                }
+                in_flight.insert(next_id, InFlight { item, sent, first_token: None, tokens: 0 });
             }
+            (_, _, Some((now, r))) => {
+                clocks[r].wake = None;
+                plan(&mut replicas[r], &mut clocks[r], now, None);
+            }
+            _ => break,
         }
     }
     timings.into_iter().flatten().collect()

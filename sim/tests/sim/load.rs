@@ -426,3 +426,41 @@ fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
     assert_eq!(step(157).overhead, cost.engine.step_overhead + cost.engine.eager_step_overhead);
     assert!(cost.engine.eager_step_overhead > 0.0);
 }
+
+#[test]
+fn data_parallel_replicas_each_serve_a_share_and_add_up() {
+    // Saturated, two replicas serve twice one's clients in about one's time: twice the throughput.
+    let one = closed_loop(ENGINE, 256);
+    let two = closed_loop(&format!("{ENGINE} -dp 2"), 512);
+    let ratio = two.total_token_throughput / one.total_token_throughput;
+    assert!((1.9..=2.05).contains(&ratio), "two replicas: {ratio:.3}x one's throughput");
+    // Tensor parallelism splits each step over the GPUs, data parallelism runs a step per GPU:
+    // at saturation the second serves more (the steps' fixed costs are not split).
+    let (tp, dp) = (format!("{ENGINE} -tp 2"), format!("{ENGINE} -dp 2"));
+    assert!(closed_loop(&dp, 512).total_token_throughput > closed_loop(&tp, 512).total_token_throughput);
+
+    // How the server spreads the requests: SGLang's in turn, vLLM's to the least loaded (a
+    // waiting request counts four running ones), SGLang's `total_requests` to the fewest.
+    let workload = Workload { items: simulate::random(400, 512, 128, 7), arrival: Arrival::Closed { concurrency: 64 } };
+    let sglang = "sglang serve --model-path Qwen/Qwen3.5-9B --context-length 8192 --dp-size 2";
+    for (line, even) in [
+        (format!("{ENGINE} -dp 2"), false),
+        (sglang.to_owned(), true),
+        (format!("{sglang} --load-balance-method total_requests"), false),
+        (format!("{sglang} --load-balance-method round_robin"), true),
+    ] {
+        let config = config(&line);
+        let mut replicas = Scheduler::replicas(&config).expect("fits");
+        assert_eq!(replicas.len(), 2, "{line}");
+        let timings = simulate::simulate_replicas(&mut replicas, config.routing, &workload, |_| {});
+        assert_eq!(timings.len(), 400, "{line}");
+        let served: Vec<u64> = replicas.iter().map(|r| r.counters().finished).collect();
+        if even {
+            assert_eq!(served, [200, 200], "{line}");
+        } else {
+            assert!(served.iter().all(|&n| (180..=220).contains(&n)), "{line}: {served:?}");
+        }
+    }
+    // SGLang's data-parallel attention shares the tensor-parallel GPUs: one replica.
+    assert_eq!(config(&format!("{sglang} --tp 2 --enable-dp-attention")).replicas(), 1);
+}

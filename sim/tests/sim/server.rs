@@ -343,27 +343,39 @@ async fn series(sim: &Sim, kind: &str) -> std::collections::HashMap<String, f64>
 
 #[tokio::test]
 async fn metrics_of_both_engines_parse_and_move_under_load() {
-    for (command, kind, running, waiting, usage, generated) in [
-        (
-            "vllm serve m --max-num-seqs 4 --sim-speedup 2",
-            "vllm",
-            "vllm:num_requests_running",
-            "vllm:num_requests_waiting",
-            "vllm:kv_cache_usage_perc",
-            "vllm:generation_tokens_total",
-        ),
+    const VLLM: [&str; 4] = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
+    ];
+    const SGLANG: [&str; 4] =
+        ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:generation_tokens_total"];
+    // Four slots: on one engine, or on two data-parallel replicas of two, each labelled by its rank.
+    for (command, kind, [running, waiting, usage, generated], ranks) in [
+        ("vllm serve m --max-num-seqs 4 --sim-speedup 2", "vllm", VLLM, &["engine=\"0\""][..]),
+        ("vllm serve m --max-num-seqs 2 -dp 2 --sim-speedup 2", "vllm", VLLM, &["engine=\"0\"", "engine=\"1\""]),
         (
             "sglang serve --model-path m --max-running-requests 4 --enable-metrics --sim-speedup 2",
             "sglang",
-            "sglang:num_running_reqs",
-            "sglang:num_queue_reqs",
-            "sglang:token_usage",
-            "sglang:generation_tokens_total",
+            SGLANG,
+            &["tp_rank=\"0\""],
+        ),
+        (
+            "sglang serve --model-path m --max-running-requests 2 --dp-size 2 --enable-metrics --sim-speedup 2",
+            "sglang",
+            SGLANG,
+            &["dp_rank=\"0\"", "dp_rank=\"1\""],
         ),
     ] {
         let sim = start(command).await;
+        let text = sim.get("/metrics").await.1;
+        for rank in ranks {
+            assert!(text.lines().any(|l| l.starts_with(running) && l.contains(rank)), "{command}: {rank} in {text}");
+        }
+        assert_eq!(text.lines().filter(|l| l.starts_with(running)).count(), ranks.len(), "{command}: {text}");
         let idle = series(&sim, kind).await;
-        assert_eq!((idle[running], idle[waiting], idle[usage], idle[generated]), (0.0, 0.0, 0.0, 0.0), "{kind}");
+        assert_eq!((idle[running], idle[waiting], idle[usage], idle[generated]), (0.0, 0.0, 0.0, 0.0), "{command}");
         // Eight long requests on four slots: four run, four wait.
         let client = sim.client.clone();
         let url = format!("{}/v1/completions", sim.base);
@@ -386,15 +398,15 @@ async fn metrics_of_both_engines_parse_and_move_under_load() {
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("{kind}: requests never ran and waited at once"));
-        assert_eq!(busy[running] + busy[waiting], 8.0, "{kind}: {busy:?}");
-        assert!(busy[usage] > 0.0 && busy[usage] <= 1.0, "{kind}: {busy:?}");
+        .unwrap_or_else(|_| panic!("{command}: requests never ran and waited at once"));
+        assert_eq!(busy[running] + busy[waiting], 8.0, "{command}: {busy:?}");
+        assert!(busy[usage] > 0.0 && busy[usage] <= 1.0, "{command}: {busy:?}");
         for request in load {
             request.await.expect("no panic").expect("a reply");
         }
         let after = series(&sim, kind).await;
-        assert_eq!((after[running], after[waiting]), (0.0, 0.0), "{kind}");
-        assert_eq!(after[generated], 8.0 * 400.0, "{kind}");
+        assert_eq!((after[running], after[waiting]), (0.0, 0.0), "{command}");
+        assert_eq!(after[generated], 8.0 * 400.0, "{command}");
         // The simulator's own account of its steps' timing: two of the
         // eight ran 400 steps each, one after the other (four slots), and
         // no step woke before its deadline.
@@ -404,8 +416,8 @@ async fn metrics_of_both_engines_parse_and_move_under_load() {
         let values: std::collections::HashMap<String, f64> =
             benchfleet_core::telemetry::read_metrics(&text, &own).expect("parses").into_iter().collect();
         let (steps, late, seconds) = (values[own[0]], values[own[1]], values[own[2]]);
-        assert!(steps >= 800.0, "{kind}: {values:?}");
-        assert!(late <= steps && seconds >= 0.0, "{kind}: {values:?}");
+        assert!(steps >= 800.0, "{command}: {values:?}");
+        assert!(late <= steps && seconds >= 0.0, "{command}: {values:?}");
     }
 }
 
