@@ -114,6 +114,9 @@ pub struct SimConfig {
     pub dp_attention: bool,
     /// How the server spreads requests over the data-parallel replicas.
     pub routing: Routing,
+    /// What the engine's own processing of its options refuses, found as they were read (SGLang's
+    /// checks of its speculative options): the server fails with it as it starts.
+    pub refused: Option<String>,
     /// `--quantization fp8` (SGLang's `w8a8_fp8` too): a BF16 checkpoint's weights quantised to
     /// FP8 as they load, run as an FP8 checkpoint's.
     pub weights_fp8: bool,
@@ -357,6 +360,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         data_parallel_size: 1,
         dp_attention: false,
         routing: Routing::of(engine),
+        refused: None,
         weights_fp8: false,
         chunked_prefill: true,
         async_scheduling: None,
@@ -491,6 +495,8 @@ struct Given {
     compilation: serde_json::Map<String, serde_json::Value>,
     /// SGLang's `--speculative-algorithm`, `--speculative-num-steps` and `--speculative-num-draft-tokens`.
     sglang_speculation: (Option<String>, Option<usize>, Option<usize>),
+    /// SGLang's `--speculative-eagle-topk` was given (taken, not modelled).
+    eagle_topk: bool,
 }
 
 /// The one value of `name`: given inline, else the next word.
@@ -643,6 +649,11 @@ fn engine_flag(
         (Sglang, "--speculative-algorithm") => given.sglang_speculation.0 = Some(value()),
         (Sglang, "--speculative-num-steps") => given.sglang_speculation.1 = Some(parse(name, &value())?),
         (Sglang, "--speculative-num-draft-tokens") => given.sglang_speculation.2 = Some(parse(name, &value())?),
+        (Sglang, "--speculative-eagle-topk") => {
+            // Tree drafting is not modelled; SGLang's checks of it are.
+            given.eagle_topk = true;
+            return Ok(false);
+        }
         (_, "--reasoning-parser") => config.reasoning_parser = Some(value()),
         (Vllm, "--language-model-only") => config.language_model_only = on,
         (Vllm, "--enforce-eager") => config.enforce_eager = on,
@@ -700,6 +711,8 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
         config.speculative_config = Some(serde_json::Value::Object(spec));
     }
     if let (Some(algorithm), steps, draft_tokens) = given.sglang_speculation {
+        config.refused =
+            sglang_speculation_refused(&algorithm, steps, draft_tokens, given.eagle_topk, config.dp_attention);
         // NEXTN is SGLang's name for a model's own MTP layers; EAGLE-family drafts take
         // `--speculative-num-steps` tokens a step (3 unless given, as SGLang picks for Qwen), n-gram
         // drafts their draft tokens less one (SGLang's default: its longest match window, 12).
@@ -757,6 +770,27 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
         config.startup_delay = Duration::from_secs_f64(seconds);
     }
     Ok(())
+}
+
+/// What SGLang's checks of its speculative options refuse once they are parsed, in its words.
+fn sglang_speculation_refused(
+    algorithm: &str,
+    steps: Option<usize>,
+    draft_tokens: Option<usize>,
+    eagle_topk: bool,
+    dp_attention: bool,
+) -> Option<String> {
+    let eagle_family = matches!(algorithm, "NEXTN" | "EAGLE" | "EAGLE3" | "STANDALONE");
+    if dp_attention && matches!(algorithm, "STANDALONE" | "NGRAM") {
+        let name = algorithm.to_lowercase();
+        return Some(format!("ValueError: Currently {name} speculative decoding does not support dp attention."));
+    }
+    // SGLang picks the steps, top-k and draft tokens together, and asserts that none was given.
+    (eagle_family && steps.is_none() && (draft_tokens.is_some() || eagle_topk)).then(|| {
+        "AssertionError: assert self.speculative_eagle_topk is None and self.speculative_num_draft_tokens is None \
+         (SGLang chooses them with --speculative-num-steps when it is not given)"
+            .to_owned()
+    })
 }
 
 /// A step's token budget as given.

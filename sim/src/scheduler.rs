@@ -462,6 +462,9 @@ fn refusal(config: &SimConfig) -> Option<String> {
             format!("ValueError: {why}")
         })
     };
+    if let Some(why) = &config.refused {
+        return Some(why.clone());
+    }
     let tp = config.tensor_parallel_size as usize;
     let gpus = config.gpus_needed();
     let (tp_flag, seqs_flag, budget_flag, memory_flag) = if vllm {

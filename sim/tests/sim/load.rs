@@ -248,6 +248,25 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
     ] {
         assert!(refused(&line, None).contains(flag), "{line}");
     }
+    // SGLang's checks of its speculative options: EAGLE's draft tokens or top-k without its steps
+    // (SGLang chooses the three together), and drafts it cannot run beside DP attention.
+    let eagle = "sglang serve --model-path Qwen/Qwen3.5-9B --speculative-algorithm EAGLE";
+    for flags in ["--speculative-num-draft-tokens 4", "--speculative-eagle-topk 2"] {
+        assert!(refused(&format!("{eagle} {flags}"), None).starts_with("AssertionError: "), "{flags}");
+        let with_steps = config(&format!("{eagle} {flags} --speculative-num-steps 3"));
+        assert!(Scheduler::from_config(&with_steps).is_ok(), "{flags}");
+    }
+    assert!(Scheduler::from_config(&config(eagle)).is_ok());
+    let sglang = "sglang serve --model-path Qwen/Qwen3.5-9B --tp 2 --dp-size 2 --enable-dp-attention";
+    for algorithm in ["NGRAM", "STANDALONE"] {
+        let line = format!("{sglang} --speculative-algorithm {algorithm}");
+        let why = format!(
+            "ValueError: Currently {} speculative decoding does not support dp attention.",
+            algorithm.to_lowercase()
+        );
+        assert_eq!(refused(&line, None), why);
+    }
+    assert!(Scheduler::from_config(&config(&format!("{sglang} --speculative-algorithm NEXTN"))).is_ok());
     // As many GPUs as asked, or more, or an unset list (every GPU of the host): it starts.
     for visible in [Some(2), Some(8), None] {
         let config =
