@@ -62,7 +62,7 @@ pub fn help() -> String {
     out.push_str(
         "\nEnvironment:\n  BENCHFLEET_SIM_GPU           the GPU simulated when --sim-gpu is not given\n  \
          BENCHFLEET_SIM_SPEED         run at this factor of the modelled speed (a slow host: 0.88)\n  \
-         CUDA_VISIBLE_DEVICES         the GPUs given, as CUDA lists them: parallel sizes that need more fail at\n                               startup, as on a GPU (unset: as many as asked)\n  \
+         CUDA_VISIBLE_DEVICES         the GPUs given, as CUDA lists them: parallel sizes that need more fail at\n                               startup, as on a GPU (unset: the host's 16)\n  \
          RUST_LOG                     the log filter (default info)\n\n\
          Exit status: 0 after SIGINT or SIGTERM; 1 when the engine fails as a real one would (out of memory,\n\
          a crash, a port in use); 2 for a command line the engine would refuse.\n",
@@ -140,7 +140,7 @@ pub struct SimConfig {
     pub other_model_names: Vec<String>,
     /// The GPUs the engine was given, as `CUDA_VISIBLE_DEVICES` lists them (an agent sets it to
     /// the job's GPUs, simulated ones too); `None` when unset, as on a host whose every GPU is
-    /// visible: the simulator then has as many as `--tensor-parallel-size` asks.
+    /// visible: the simulated host then has [`HOST_GPUS`].
     pub visible_gpus: Option<usize>,
     pub trust_remote_code: bool,
     /// SGLang serves `/metrics` only with `--enable-metrics`; vLLM always does.
@@ -229,7 +229,9 @@ impl SimConfig {
     /// The GPUs the engine spreads over: tensor x pipeline x data parallel (SGLang's data
     /// parallel attention shares the tensor-parallel GPUs).
     pub fn gpus_needed(&self) -> u64 {
-        u64::from(self.tensor_parallel_size) * u64::from(self.pipeline_parallel_size) * self.replicas() as u64
+        u64::from(self.tensor_parallel_size)
+            .saturating_mul(u64::from(self.pipeline_parallel_size))
+            .saturating_mul(self.replicas() as u64)
     }
 
     /// The engine replicas the server runs: `--data-parallel-size` of them, one with SGLang's
@@ -300,6 +302,10 @@ pub enum ArgError {
 /// factor of its modelled speed (a staged slow host or GPU: 0.88 takes
 /// 1/0.88 of every step time).
 pub const SPEED_ENV: &str = "BENCHFLEET_SIM_SPEED";
+
+/// The GPUs of a simulated host where `CUDA_VISIBLE_DEVICES` is unset: as many as benchfleet's
+/// largest job takes (`hardware.gpus_per_job`).
+pub const HOST_GPUS: usize = 16;
 
 /// The GPUs a CUDA process may use, as CUDA reads the variable: the entries
 /// before the first empty or `-1` one (an empty value hides every GPU).

@@ -481,9 +481,9 @@ fn refusal(config: &SimConfig) -> Option<String> {
             return refused("ParallelConfig", format!("{flag} must be at least 1, got 0"));
         }
     }
-    match config.visible_gpus {
-        Some(0) => return Some("RuntimeError: No CUDA GPUs are available".to_owned()),
-        Some(visible) if gpus > visible as u64 && vllm => {
+    match config.visible_gpus.unwrap_or(crate::config::HOST_GPUS) {
+        0 => return Some("RuntimeError: No CUDA GPUs are available".to_owned()),
+        visible if gpus > visible as u64 && vllm => {
             return refused(
                 "ParallelConfig",
                 format!(
@@ -493,7 +493,7 @@ fn refusal(config: &SimConfig) -> Option<String> {
                 ),
             );
         }
-        Some(visible) if gpus > visible as u64 => {
+        visible if gpus > visible as u64 => {
             return Some(format!(
                 "RuntimeError: CUDA error: invalid device ordinal (the parallel sizes need {gpus} GPUs, {visible} visible)"
             ));

@@ -273,6 +273,13 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
             benchfleet_sim::SimConfig { visible_gpus: visible, ..config(&format!("{vllm} --tensor-parallel-size 2")) };
         assert!(Scheduler::from_config(&config).is_ok(), "{visible:?}");
     }
+    // Unset, the host has 16 (no more replicas are built than a host could run, however many asked).
+    assert!(Scheduler::replicas(&config(&format!("{vllm} -dp 16"))).is_ok_and(|r| r.len() == 16));
+    for sizes in ["-dp 17", "-dp 4294967295 -tp 4294967295 -pp 4294967295"] {
+        let why = refused(&format!("{vllm} {sizes}"), None);
+        assert!(why.contains("is larger than the number of available GPUs (16)"), "{why}");
+        assert!(matches!(Scheduler::replicas(&config(&format!("{vllm} {sizes}"))), Err(StartupError::Refused(_))));
+    }
 }
 
 #[test]
