@@ -709,7 +709,14 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     let engine = config.engine;
     let hybrid_in_vllm = engine == EngineKind::Vllm && config.model_shape().hybrid;
     config.enable_prefix_caching = given.prefix_caching.unwrap_or(!hybrid_in_vllm);
-    if let Some(spec) = given.speculative {
+    if let Some(mut spec) = given.speculative {
+        let method = spec.get("method").and_then(serde_json::Value::as_str).unwrap_or_default();
+        let own_layers = method == "mtp" || method.ends_with("_mtp");
+        if own_layers && config.model_shape().hybrid && !spec.contains_key("num_speculative_tokens") {
+            // Drafted by the model's own MTP layers, vLLM drafts as many tokens as they predict
+            // (`n_predict`): one in Qwen3.5 and Qwen3-Next.
+            spec.insert("num_speculative_tokens".into(), 1.into());
+        }
         let text = serde_json::Value::Object(spec.clone()).to_string();
         if spec.get("num_speculative_tokens").and_then(serde_json::Value::as_u64).is_none_or(|k| k == 0) {
             return Err(invalid("--speculative-config", &text, "num_speculative_tokens must be a positive integer"));
@@ -1113,6 +1120,11 @@ mod tests {
         assert_eq!(vllm("--max-model-len 25.6k").max_model_len, 25_600);
         let c = vllm("--speculative-config.method mtp --speculative-config.num_speculative_tokens 2");
         assert_eq!(c.speculative_config, Some(serde_json::json!({"method": "mtp", "num_speculative_tokens": 2})));
+        // The model's own MTP layers draft as many tokens as they predict unless told: one.
+        for given in [r#"--speculative-config {"method":"mtp"}"#, "--speculative-config.method qwen3_5_mtp"] {
+            let tokens = vllm(given).speculative_config.and_then(|s| s.get("num_speculative_tokens").cloned());
+            assert_eq!(tokens, Some(1.into()), "{given}");
+        }
         // CUDA graphs: off, or up to a size (cut to one vLLM captures), or at the sizes given.
         assert!(!vllm("-cc.cudagraph_mode=NONE").cuda_graphs);
         assert!(!vllm(r#"--compilation-config {"cudagraph_mode":"NONE"}"#).cuda_graphs);
@@ -1226,6 +1238,7 @@ mod tests {
             "vllm serve m --performance-mode fast",
             "argument --performance-mode: invalid choice: 'fast' (choose from 'balanced', 'interactivity', 'throughput')",
         );
+        // A model without MTP layers has no draft count of its own to default to.
         check_err(
             "vllm serve m --speculative-config={\"method\":\"mtp\"}",
             "argument --speculative-config: invalid value \"{\\\"method\\\":\\\"mtp\\\"}\": num_speculative_tokens must be a positive integer",
