@@ -21,7 +21,7 @@ pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
 pub const SIM_FLAGS: [(&str, &str, &str); 14] = [
     ("--sim-gpu", "H100", "the GPU simulated: H100 or H200 (else $BENCHFLEET_SIM_GPU, else H200)"),
     ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
-    ("--sim-speedup", "10", "divide every simulated step time, for quick demos and tests (1: real time)"),
+    ("--sim-speedup", "10", "divide every simulated step time, 0.001 to 1000, for quick demos and tests (1: real time)"),
     ("--sim-spec-acceptance", "0.7", "the speculative draft acceptance probability, instead of the method's"),
     ("--sim-fail-rate", "0.1", "the share of requests answered with HTTP 500"),
     ("--sim-crash-after", "100", "die once this many requests have completed"),
@@ -303,6 +303,9 @@ pub enum ArgError {
 /// 1/0.88 of every step time).
 pub const SPEED_ENV: &str = "BENCHFLEET_SIM_SPEED";
 
+/// The speeds `--sim-speedup` and [`SPEED_ENV`] may give, each.
+const SPEEDS: std::ops::RangeInclusive<f64> = 0.001..=1000.0;
+
 /// The GPUs of a simulated host where `CUDA_VISIBLE_DEVICES` is unset: as many as benchfleet's
 /// largest job takes (`hardware.gpus_per_job`).
 pub const HOST_GPUS: usize = 16;
@@ -320,13 +323,12 @@ pub fn parse_command_line(args: &[String]) -> Result<SimConfig, ArgError> {
     let mut config = parse_command_line_with_gpu(args, std::env::var(GPU_ENV).ok().as_deref())?;
     config.visible_gpus = std::env::var("CUDA_VISIBLE_DEVICES").ok().map(|devices| visible_gpus(&devices));
     if let Ok(text) = std::env::var(SPEED_ENV) {
-        let speed = text.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
-            ArgError::InvalidValue {
+        let speed =
+            text.trim().parse::<f64>().ok().filter(|f| SPEEDS.contains(f)).ok_or_else(|| ArgError::InvalidValue {
                 flag: SPEED_ENV.to_owned(),
                 value: text.clone(),
-                reason: "expected a speed factor above 0 (1: as modelled)".to_owned(),
-            }
-        })?;
+                reason: "expected a speed factor of 0.001 to 1000 (1: as modelled)".to_owned(),
+            })?;
         config.speedup *= speed;
     }
     Ok(config)
@@ -540,8 +542,8 @@ fn sim_flag(
         "--sim-speedup" => {
             let text = value?;
             config.speedup = parse(name, &text)?;
-            if !(config.speedup.is_finite() && config.speedup > 0.0) {
-                return Err(invalid(name, &text, "must be a positive number"));
+            if !SPEEDS.contains(&config.speedup) {
+                return Err(invalid(name, &text, "must be 0.001 to 1000"));
             }
         }
         "--sim-spec-acceptance" => config.spec_acceptance = Some(fraction(name, &value?)?),
@@ -563,8 +565,8 @@ fn sim_flag(
         "--sim-slowdown-pct-per-s" => {
             let text = value?;
             config.faults.slowdown_pct_per_s = parse(name, &text)?;
-            if !(config.faults.slowdown_pct_per_s.is_finite() && config.faults.slowdown_pct_per_s >= 0.0) {
-                return Err(invalid(name, &text, "must be 0 or more percent"));
+            if !(0.0..=1000.0).contains(&config.faults.slowdown_pct_per_s) {
+                return Err(invalid(name, &text, "must be 0 to 1000 percent"));
             }
         }
         _ => return Err(ArgError::Unrecognized(name.into())),
@@ -736,7 +738,14 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
             _ => ("ngram", draft_tokens.map_or(11, |d| d.saturating_sub(1))),
         };
         if tokens == 0 {
-            return Err(invalid("--speculative-num-steps", "0", "must be a positive integer"));
+            return Err(match method {
+                "ngram" => invalid(
+                    "--speculative-num-draft-tokens",
+                    &format!("{}", draft_tokens.unwrap_or(0)),
+                    "must be at least 2",
+                ),
+                _ => invalid("--speculative-num-steps", "0", "must be a positive integer"),
+            });
         }
         config.speculative_config = Some(serde_json::json!({ "method": method, "num_speculative_tokens": tokens }));
         // SGLang runs speculative decoding without its overlap scheduler, at 48 requests unless told.
@@ -1168,6 +1177,21 @@ mod tests {
 
     #[test]
     fn rejections() {
+        // Speeds and slowdowns that would take a step past what a clock can hold.
+        for speed in ["1e-300", "1e300", "0", "NaN"] {
+            check_err(
+                &format!("vllm serve m --sim-speedup {speed}"),
+                &format!("argument --sim-speedup: invalid value \"{speed}\": must be 0.001 to 1000"),
+            );
+        }
+        check_err(
+            "vllm serve m --sim-slowdown-pct-per-s 1e300",
+            "argument --sim-slowdown-pct-per-s: invalid value \"1e300\": must be 0 to 1000 percent",
+        );
+        check_err(
+            "sglang serve --model-path m --speculative-algorithm NGRAM --speculative-num-draft-tokens 1",
+            "argument --speculative-num-draft-tokens: invalid value \"1\": must be at least 2",
+        );
         check_err("vllm serve m --bogus 1", "unrecognized arguments: --bogus");
         check_err("vllm serve m --bogus=1", "unrecognized arguments: --bogus=1");
         check_err("vllm serve m extra", "unrecognized arguments: extra");

@@ -319,7 +319,9 @@ impl EngineLoop {
             self.publish();
             let since = self.first_step.get_or_insert(deadline).elapsed().as_secs_f64();
             let slower = 1.0 + self.slowdown_pct_per_s / 100.0 * since;
-            deadline += Duration::from_secs_f64(step.duration.as_secs_f64() * slower / self.speedup);
+            // At most a day: a degrading engine's steps grow without bound.
+            let wall = (step.duration.as_secs_f64() * slower / self.speedup).min(86_400.0);
+            deadline += Duration::from_secs_f64(wall);
             sleep_until(deadline).await;
             self.timing.add(Instant::now().saturating_duration_since(deadline));
             for emission in step.emissions {

@@ -608,7 +608,7 @@ impl Scheduler {
         let kv_bytes = usable - weights;
         let capacity = (kv_bytes / (kv_bytes_per_token * BLOCK_TOKENS as f64)) as usize;
         let speculation = speculation(config);
-        let longest = config.max_model_len + speculation.map_or(0, |s| s.tokens) + 1;
+        let longest = config.max_model_len.saturating_add(speculation.map_or(0, |s| s.tokens)).saturating_add(1);
         let cost = CostModel {
             coefficients: config.coefficients,
             gpu: config.gpu,
@@ -638,9 +638,10 @@ impl Scheduler {
     }
 
     /// The engine's data-parallel replicas ([`SimConfig::replicas`]), each a [`Scheduler::from_config`]
-    /// on its own GPUs; with step jitter, each draws its own.
+    /// on its own GPUs; with step jitter, each draws its own. Fails as one would (a data-parallel
+    /// size of 0 too).
     pub fn replicas(config: &SimConfig) -> Result<Vec<Scheduler>, StartupError> {
-        (0..config.replicas())
+        (0..config.replicas().max(1))
             .map(|i| {
                 let replica = Scheduler::from_config(config)?;
                 Ok(if i == 0 {

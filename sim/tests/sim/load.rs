@@ -273,6 +273,20 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
             benchfleet_sim::SimConfig { visible_gpus: visible, ..config(&format!("{vllm} --tensor-parallel-size 2")) };
         assert!(Scheduler::from_config(&config).is_ok(), "{visible:?}");
     }
+    // A data-parallel size of 0 is refused as the others are; a context or a draft no memory holds
+    // is refused as too large, however large.
+    assert!(matches!(
+        Scheduler::replicas(&config(&format!("{vllm} -dp 0"))),
+        Err(StartupError::Refused(why)) if why.contains("--data-parallel-size must be at least 1")
+    ));
+    let huge = usize::MAX;
+    for flags in [
+        format!("--max-model-len {huge}"),
+        format!(r#"--speculative-config {{"method":"mtp","num_speculative_tokens":{huge}}}"#),
+    ] {
+        let startup = Scheduler::from_config(&config(&format!("{vllm} {flags}")));
+        assert!(matches!(startup, Err(StartupError::KvCacheTooSmall { .. })), "{flags}: {startup:?}");
+    }
     // Unset, the host has 16 (no more replicas are built than a host could run, however many asked).
     assert!(Scheduler::replicas(&config(&format!("{vllm} -dp 16"))).is_ok_and(|r| r.len() == 16));
     for sizes in ["-dp 17", "-dp 4294967295 -tp 4294967295 -pp 4294967295"] {
