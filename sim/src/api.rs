@@ -446,11 +446,13 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
         return Err(bad_request("max_tokens must be at least 1"));
     }
     let limit = config.max_model_len;
-    if prompt_tokens + max_tokens > limit {
+    // Python's integers do not overflow; summed here, the largest count still passes the limit.
+    let requested =
+        u128::try_from(prompt_tokens).unwrap_or(u128::MAX) + u128::try_from(max_tokens).unwrap_or(u128::MAX);
+    if requested > limit as u128 {
         // vLLM's wording, so clients that recognise it behave the same here.
         return Err(bad_request(format!(
-            "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
-            prompt_tokens + max_tokens
+            "This model's maximum context length is {limit} tokens. However, you requested {requested} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion."
         )));
     }
     let fate = state.draw_fate();

@@ -21,7 +21,11 @@ pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
 pub const SIM_FLAGS: [(&str, &str, &str); 14] = [
     ("--sim-gpu", "H100", "the GPU simulated: H100 or H200 (else $BENCHFLEET_SIM_GPU, else H200)"),
     ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
-    ("--sim-speedup", "10", "divide every simulated step time, 0.001 to 1000, for quick demos and tests (1: real time)"),
+    (
+        "--sim-speedup",
+        "10",
+        "divide every simulated step time, 0.001 to 1000, for quick demos and tests (1: real time)",
+    ),
     ("--sim-spec-acceptance", "0.7", "the speculative draft acceptance probability, instead of the method's"),
     ("--sim-fail-rate", "0.1", "the share of requests answered with HTTP 500"),
     ("--sim-crash-after", "100", "die once this many requests have completed"),

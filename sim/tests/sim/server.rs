@@ -144,6 +144,10 @@ async fn errors_look_like_vllm() {
     assert_eq!(error["error"]["type"], "BadRequestError");
     assert_eq!(error["error"]["code"], 400);
     assert!(error["error"]["message"].as_str().expect("message").contains("maximum context length is 10"));
+    // However many tokens are asked for: the sum is checked whole.
+    let (status, body) = sim.post("/v1/completions", json!({"prompt": "w", "max_tokens": u64::MAX})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains(&format!("you requested {} tokens", u128::from(u64::MAX) + 1)), "{body}");
 
     let (status, body) = sim.post("/v1/completions", json!({"model": "other", "prompt": "hi"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
