@@ -986,7 +986,7 @@ impl Ctx<'_> {
         // An external engine is already running: its args say how, and start nothing.
         for c in checked.iter().filter(|c| c.runtime != RuntimeKind::External) {
             let Some((flags, needed)) = parallel_gpus(c.kind, &c.args) else { continue };
-            if needed <= u64::from(gpus_per_job) {
+            if (1..=u64::from(gpus_per_job)).contains(&needed) {
                 continue;
             }
             // The last of the engine and its variants to set a parallel size.
@@ -1003,14 +1003,15 @@ impl Ctx<'_> {
             } else {
                 ""
             };
-            return Err(self.err(
-                &field,
+            let why = if needed == 0 {
+                format!("{} sets a parallel size of 0 ({flags}): each must be at least 1", c.name)
+            } else {
                 format!(
-                    "{} asks for {needed} GPUs ({flags}) but a job gets {gpus_per_job} \
-                     (hardware.gpus_per_job): the engine would fail as it starts{hint}",
+                    "{} asks for {needed} GPUs ({flags}) but a job gets {gpus_per_job} (hardware.gpus_per_job)",
                     c.name
-                ),
-            ));
+                )
+            };
+            return Err(self.err(&field, format!("{why}: the engine would fail as it starts{hint}")));
         }
         Ok(())
     }
@@ -1116,7 +1117,8 @@ fn parallel_gpus(kind: EngineKind, args: &[String]) -> Option<(String, u64)> {
         let Some((flag, value)) = last_value(args, names) else { continue };
         let n = value.trim().parse::<u64>().ok()?;
         said.push(format!("{flag}={value}"));
-        if !(i == 2 && dp_attention) {
+        // A size of 0 is refused whichever GPUs it would share.
+        if !(i == 2 && dp_attention) || n == 0 {
             gpus = gpus.checked_mul(n)?;
         }
     }
@@ -1581,6 +1583,11 @@ profiles:
             &tp("--tensor-parallel-size=2, --pipeline-parallel-size=2"),
             "m.yaml:10: variants.tp.args: vllm+tp asks for 4 GPUs (--tensor-parallel-size=2 \
              --pipeline-parallel-size=2) but a job gets 2 (hardware.gpus_per_job): the engine would fail as it starts",
+        );
+        check_err(
+            &tp("-tp, '2', -dp, '0'"),
+            "m.yaml:10: variants.tp.args: vllm+tp sets a parallel size of 0 (-tp=2 -dp=0): each must be at least 1: \
+             the engine would fail as it starts",
         );
         check_err(
             &sglang.replace(", --enable-dp-attention", ""),
