@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     SimConfig,
-    engine::{EngineHandle, Output, Request},
+    engine::{EngineHandle, Output, Request, Stats},
     kv::BLOCK_TOKENS,
     simulate::block_hashes,
 };
@@ -144,7 +144,9 @@ type MetricLine = (&'static str, &'static str, &'static str, f64);
 /// label them (vLLM's `engine`, SGLang's `dp_rank` when it has several).
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let model = &state.config.served_model_name;
-    let replicas = state.engine.replica_stats();
+    // A data-parallel rank's state: its pipeline's batches in flight together.
+    let stages = state.config.pipeline_parallel_size.max(1) as usize;
+    let replicas: Vec<Stats> = state.engine.replica_stats().chunks(stages).map(Stats::sum).collect();
     let mut text = String::new();
     let mut families: Vec<(MetricLine, Vec<(String, f64)>)> = Vec::new();
     for (rank, stats) in replicas.iter().enumerate() {
@@ -194,7 +196,7 @@ fn engine_series(
     model: &str,
     rank: usize,
     replicas: usize,
-    stats: &crate::engine::Stats,
+    stats: &Stats,
 ) -> (String, Vec<MetricLine>) {
     let c = stats.counters;
     let (labels, mut series): (String, Vec<MetricLine>) = match engine {

@@ -106,8 +106,9 @@ pub struct SimConfig {
     /// `--gpu-memory-utilization` / `--mem-fraction-static`; the engine's default when absent.
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
-    /// `--pipeline-parallel-size` (SGLang's `--pp-size`): counted against the GPUs given, not
-    /// modelled beyond that (a step runs as one stage holding every layer).
+    /// `--pipeline-parallel-size` (SGLang's `--pp-size`): the layers split over that many stages,
+    /// which hold as many batches in flight, each through every stage in turn: a scheduler a batch,
+    /// each stepping through the whole model on one stage's GPUs, sharing the stages' KV cache.
     pub pipeline_parallel_size: u32,
     /// `--data-parallel-size` (SGLang's `--dp-size`): that many replicas of the engine, each on
     /// its own tensor-parallel GPUs with its own scheduler and KV cache, behind one server that
@@ -235,13 +236,19 @@ impl SimConfig {
     pub fn gpus_needed(&self) -> u64 {
         u64::from(self.tensor_parallel_size)
             .saturating_mul(u64::from(self.pipeline_parallel_size))
-            .saturating_mul(self.replicas() as u64)
+            .saturating_mul(self.data_replicas() as u64)
     }
 
-    /// The engine replicas the server runs: `--data-parallel-size` of them, one with SGLang's
+    /// The engine's data-parallel replicas: `--data-parallel-size` of them, one with SGLang's
     /// data-parallel attention.
-    pub fn replicas(&self) -> usize {
+    pub fn data_replicas(&self) -> usize {
         if self.dp_attention { 1 } else { self.data_parallel_size as usize }
+    }
+
+    /// The schedulers the server runs: one for each batch a replica's pipeline holds in flight
+    /// (`--pipeline-parallel-size` of them), in each data-parallel replica.
+    pub fn replicas(&self) -> usize {
+        self.data_replicas().saturating_mul(self.pipeline_parallel_size as usize)
     }
 }
 
@@ -754,6 +761,11 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
         config.speculative_config = Some(serde_json::json!({ "method": method, "num_speculative_tokens": tokens }));
         // SGLang runs speculative decoding without its overlap scheduler, at 48 requests unless told.
         config.overlap_schedule = false;
+    }
+    if config.pipeline_parallel_size > 1 && config.routing == Routing::RoundRobin {
+        // A pipeline's batches in flight take requests from the one queue: the next batch formed
+        // takes what waits, whichever data-parallel rank.
+        config.routing = Routing::LeastLoaded { waiting_weight: 1 };
     }
     let costs = config.engine_costs();
     let sglang_speculating = engine == EngineKind::Sglang && config.speculative_config.is_some();

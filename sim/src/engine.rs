@@ -172,19 +172,26 @@ impl EngineHandle {
         Ok(())
     }
 
-    /// Each replica's state, in rank order.
+    /// Each scheduler's state, in order (a data-parallel rank's pipeline batches together).
     pub fn replica_stats(&self) -> Vec<Stats> {
         self.replicas.iter().map(Replica::stats).collect()
     }
 
-    /// The replicas' requests, counters and step timing summed; the KV cache's usage is their mean.
+    /// The replicas' state as one engine's.
     pub fn stats(&self) -> Stats {
+        Stats::sum(&self.replica_stats())
+    }
+}
+
+impl Stats {
+    /// Several schedulers' state as one's: requests, counters and step timing summed, the KV
+    /// cache's usage their mean.
+    pub fn sum(all: &[Stats]) -> Stats {
         let mut total = Stats::default();
-        for replica in self.replicas.iter() {
-            let stats = replica.stats();
+        for stats in all {
             total.running += stats.running;
             total.waiting += stats.waiting;
-            total.kv_usage += stats.kv_usage / self.replicas.len() as f64;
+            total.kv_usage += stats.kv_usage / all.len() as f64;
             total.counters += stats.counters;
             total.timing.steps += stats.timing.steps;
             total.timing.late += stats.timing.late;

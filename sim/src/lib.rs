@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use api::ENGINE_VERSION;
 pub use config::{
-    ArgError, EngineKind, Faults, GPU_ENV, SIM_FLAGS, SimConfig, help, parse_command_line, parse_command_line_with_gpu,
+    ArgError, EngineKind, Faults, GPU_ENV, Routing, SIM_FLAGS, SimConfig, help, parse_command_line,
+    parse_command_line_with_gpu,
 };
 pub use engine::EngineCrashed;
 pub use scheduler::{Counters, Scheduler, StartupError, Step};

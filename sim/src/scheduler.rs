@@ -591,8 +591,10 @@ impl Scheduler {
         let model = config.model_shape();
         let engine = config.engine_costs();
         let tp = f64::from(config.tensor_parallel_size);
+        // A pipeline's stages hold the weights and the KV cache between them.
+        let gpus = tp * f64::from(config.pipeline_parallel_size);
         let fraction = config.gpu_memory_utilization.unwrap_or(engine.default_memory_fraction);
-        let usable = config.gpu.memory * tp * fraction - c.runtime_reserve * tp;
+        let usable = config.gpu.memory * gpus * fraction - c.runtime_reserve * gpus;
         let vision = if config.language_model_only { 1.0 - c.vision_encoder_fraction } else { 1.0 };
         let weights = model.weight_bytes() * vision;
         if weights >= usable {
@@ -630,9 +632,15 @@ impl Scheduler {
                 estimated_len: capacity.saturating_sub(cost.state_blocks()) * BLOCK_TOKENS,
             });
         }
-        let limits =
-            Limits { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens };
-        Ok(Scheduler::new(cost, limits, speculation, KvCache::new(capacity, config.enable_prefix_caching))
+        // Each batch in flight through a pipeline takes its share of the running sequences and of
+        // the cache (at least a longest request's), and a whole token budget: it is planned alone.
+        let stages = config.pipeline_parallel_size.max(1) as usize;
+        let limits = Limits {
+            max_num_seqs: config.max_num_seqs.div_ceil(stages),
+            max_num_batched_tokens: config.max_num_batched_tokens,
+        };
+        let share = (capacity / stages).max(blocks_for(longest) + cost.state_blocks());
+        Ok(Scheduler::new(cost, limits, speculation, KvCache::new(share, config.enable_prefix_caching))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
     }

@@ -1,7 +1,7 @@
 //! Behaviour under load, in virtual time: batching, queueing, prefix caching, speculative decoding, startup failures.
 
 use benchfleet_sim::{
-    Scheduler, StartupError, parse_command_line_with_gpu,
+    Routing, Scheduler, StartupError, parse_command_line_with_gpu,
     simulate::{self, Arrival, RequestTiming, Summary, Workload},
 };
 
@@ -503,4 +503,37 @@ fn data_parallel_replicas_each_serve_a_share_and_add_up() {
     }
     // SGLang's data-parallel attention shares the tensor-parallel GPUs: one replica.
     assert_eq!(config(&format!("{sglang} --tp 2 --enable-dp-attention")).replicas(), 1);
+}
+
+#[test]
+fn a_pipeline_holds_a_model_no_gpu_holds_and_keeps_a_batch_in_flight_a_stage() {
+    // 72B parameters in BF16 (144 GB) fit two H200s, not one.
+    let big = "vllm serve Qwen/Qwen2.5-72B --sim-gpu H200 --max-model-len 8192";
+    assert!(matches!(Scheduler::from_config(&config(big)), Err(StartupError::WeightsDoNotFit { .. })));
+    let (pp, tp) = (format!("{big} -pp 2"), format!("{big} -tp 2"));
+    assert_eq!(Scheduler::replicas(&config(&pp)).expect("fits two stages").len(), 2);
+    // A request alone passes every stage in turn: tensor parallelism decodes it faster.
+    let (pp_alone, tp_alone) = (closed_loop(&pp, 1).mean_tpot, closed_loop(&tp, 1).mean_tpot);
+    assert!(tp_alone < 0.75 * pp_alone, "tp {tp_alone} pp {pp_alone}");
+
+    // On a model one GPU holds: a request alone goes no faster through two stages than on one
+    // GPU; saturated, the two batches in flight serve about what two replicas do (the bubbles
+    // and the transfers between stages are not modelled).
+    let (one, two) = (ENGINE.to_owned(), format!("{ENGINE} -pp 2"));
+    let (alone, staged) = (closed_loop(&one, 1).mean_tpot, closed_loop(&two, 1).mean_tpot);
+    assert!((staged / alone - 1.0).abs() < 0.05, "one GPU {alone}, two stages {staged}");
+    let (replicas, pipeline) = (
+        closed_loop(&format!("{ENGINE} -dp 2"), 512).total_token_throughput,
+        closed_loop(&two, 512).total_token_throughput,
+    );
+    assert!((pipeline / replicas - 1.0).abs() < 0.1, "two replicas {replicas}, two stages {pipeline}");
+    // Its batches share the engine's sequence limit.
+    let limited = Scheduler::replicas(&config(&format!("{ENGINE} -pp 2 --max-num-seqs 8"))).expect("fits");
+    let workload = Workload { items: simulate::random(64, 512, 64, 7), arrival: Arrival::Closed { concurrency: 64 } };
+    let mut most = 0;
+    let mut limited = limited;
+    simulate::simulate_replicas(&mut limited, Routing::LeastLoaded { waiting_weight: 1 }, &workload, |step| {
+        most = most.max(step.emissions.len())
+    });
+    assert_eq!(most, 4, "8 sequences over two batches in flight");
 }

@@ -355,9 +355,11 @@ async fn metrics_of_both_engines_parse_and_move_under_load() {
     ];
     const SGLANG: [&str; 4] =
         ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:generation_tokens_total"];
-    // Four slots: on one engine, or on two data-parallel replicas of two, each labelled by its rank.
+    // Four slots: on one engine, on its pipeline's two batches in flight (one engine still), or on
+    // two data-parallel replicas of two, each labelled by its rank.
     for (command, kind, [running, waiting, usage, generated], ranks) in [
         ("vllm serve m --max-num-seqs 4 --sim-speedup 2", "vllm", VLLM, &["engine=\"0\""][..]),
+        ("vllm serve m --max-num-seqs 4 -pp 2 --sim-speedup 2", "vllm", VLLM, &["engine=\"0\""]),
         ("vllm serve m --max-num-seqs 2 -dp 2 --sim-speedup 2", "vllm", VLLM, &["engine=\"0\"", "engine=\"1\""]),
         (
             "sglang serve --model-path m --max-running-requests 4 --enable-metrics --sim-speedup 2",
