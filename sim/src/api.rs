@@ -144,9 +144,7 @@ type MetricLine = (&'static str, &'static str, &'static str, f64);
 /// label them (vLLM's `engine`, SGLang's `dp_rank` when it has several).
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let model = &state.config.served_model_name;
-    // A data-parallel rank's state: its pipeline's batches in flight together.
-    let stages = state.config.pipeline_parallel_size.max(1) as usize;
-    let replicas: Vec<Stats> = state.engine.replica_stats().chunks(stages).map(Stats::sum).collect();
+    let replicas = state.engine.replica_stats();
     let mut text = String::new();
     let mut families: Vec<(MetricLine, Vec<(String, f64)>)> = Vec::new();
     for (rank, stats) in replicas.iter().enumerate() {

@@ -107,8 +107,7 @@ pub struct SimConfig {
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel_size: u32,
     /// `--pipeline-parallel-size` (SGLang's `--pp-size`): the layers split over that many stages,
-    /// which hold as many batches in flight, each through every stage in turn: a scheduler a batch,
-    /// each stepping through the whole model on one stage's GPUs, sharing the stages' KV cache.
+    /// which hold as many batches in flight ([`crate::pipeline::Pipeline`]).
     pub pipeline_parallel_size: u32,
     /// `--data-parallel-size` (SGLang's `--dp-size`): that many replicas of the engine, each on
     /// its own tensor-parallel GPUs with its own scheduler and KV cache, behind one server that
@@ -243,12 +242,6 @@ impl SimConfig {
     /// data-parallel attention.
     pub fn data_replicas(&self) -> usize {
         if self.dp_attention { 1 } else { self.data_parallel_size as usize }
-    }
-
-    /// The schedulers the server runs: one for each batch a replica's pipeline holds in flight
-    /// (`--pipeline-parallel-size` of them), in each data-parallel replica.
-    pub fn replicas(&self) -> usize {
-        self.data_replicas().saturating_mul(self.pipeline_parallel_size as usize)
     }
 }
 
@@ -761,11 +754,6 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
         config.speculative_config = Some(serde_json::json!({ "method": method, "num_speculative_tokens": tokens }));
         // SGLang runs speculative decoding without its overlap scheduler, at 48 requests unless told.
         config.overlap_schedule = false;
-    }
-    if config.pipeline_parallel_size > 1 && config.routing == Routing::RoundRobin {
-        // A pipeline's batches in flight take requests from the one queue: the next batch formed
-        // takes what waits, whichever data-parallel rank.
-        config.routing = Routing::LeastLoaded { waiting_weight: 1 };
     }
     let costs = config.engine_costs();
     let sglang_speculating = engine == EngineKind::Sglang && config.speculative_config.is_some();

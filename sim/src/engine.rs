@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::Routing,
+    pipeline::Stepper,
     scheduler::{Counters, Scheduler, SeqRequest},
 };
 
@@ -205,8 +206,8 @@ impl Stats {
 /// `routing`. `speedup` divides every step time; `crash_after` kills the engine once that many
 /// requests have completed (on all replicas together); `slowdown_pct_per_s` lengthens every
 /// step by that many percent per second since the first.
-pub fn start(
-    replicas: Vec<Scheduler>,
+pub fn start<S: Stepper + Send + 'static>(
+    replicas: Vec<S>,
     routing: Routing,
     speedup: f64,
     crash_after: Option<u64>,
@@ -260,8 +261,8 @@ struct Sink {
     rng: ChaCha8Rng,
 }
 
-struct EngineLoop {
-    scheduler: Scheduler,
+struct EngineLoop<S> {
+    scheduler: S,
     sinks: HashMap<u64, Sink>,
     next_id: u64,
     stats: Arc<Mutex<Stats>>,
@@ -280,7 +281,7 @@ struct EngineLoop {
     arrived: Vec<SeqRequest>,
 }
 
-impl EngineLoop {
+impl<S: Stepper> EngineLoop<S> {
     async fn run(
         mut self,
         mut commands: mpsc::UnboundedReceiver<Command>,
@@ -421,7 +422,8 @@ mod tests {
         )
         .expect("fits");
 
-        let (engine, _task) = start(Scheduler::replicas(&config).expect("fits"), config.routing, 1.0, None, 0.0);
+        let replicas = crate::pipeline::Pipeline::replicas(&config).expect("fits");
+        let (engine, _task) = start(replicas, config.routing, 1.0, None, 0.0);
         let request = |i: usize| Request {
             prompt_tokens: items[i].prompt_tokens,
             block_hashes: items[i].block_hashes.clone(),

@@ -24,6 +24,7 @@ pub mod calibration;
 mod config;
 mod engine;
 mod kv;
+pub mod pipeline;
 pub mod profile;
 mod scheduler;
 pub mod simulate;
@@ -40,7 +41,7 @@ pub use config::{
     parse_command_line_with_gpu,
 };
 pub use engine::EngineCrashed;
-pub use scheduler::{Counters, Scheduler, StartupError, Step};
+pub use scheduler::{Counters, Scheduler, SeqRequest, StartupError, Step};
 
 /// Serves `config`'s simulated engine on `listener` until `shutdown` resolves, then lets in-flight
 /// requests finish. Fails at once with the engine's own message when the model does not fit
@@ -50,7 +51,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let replicas = Scheduler::replicas(&config)?;
+    let replicas = pipeline::Pipeline::replicas(&config)?;
     let (engine, engine_task) = engine::start(
         replicas,
         config.routing,

@@ -645,22 +645,6 @@ impl Scheduler {
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
     }
 
-    /// The engine's data-parallel replicas ([`SimConfig::replicas`]), each a [`Scheduler::from_config`]
-    /// on its own GPUs; with step jitter, each draws its own. Fails as one would (a data-parallel
-    /// size of 0 too).
-    pub fn replicas(config: &SimConfig) -> Result<Vec<Scheduler>, StartupError> {
-        (0..config.replicas().max(1))
-            .map(|i| {
-                let replica = Scheduler::from_config(config)?;
-                Ok(if i == 0 {
-                    replica
-                } else {
-                    replica.with_step_jitter(config.faults.step_jitter_pct, config.faults.seed.wrapping_add(i as u64))
-                })
-            })
-            .collect()
-    }
-
     /// The step-time model this engine runs with.
     pub fn cost(&self) -> &CostModel {
         &self.cost

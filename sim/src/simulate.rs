@@ -21,6 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::{
     config::{Routing, SimConfig},
     kv::BLOCK_TOKENS,
+    pipeline::{Pipeline, Stepper},
     scheduler::{Emission, Scheduler, SeqRequest, StartupError, Step, standard_normal},
 };
 
@@ -107,7 +108,7 @@ impl Summary {
 /// Runs `workload` on a fresh engine built from `config`: its data-parallel replicas behind the
 /// server's routing ([`SimConfig::replicas`]).
 pub fn simulate(config: &SimConfig, workload: &Workload) -> Result<Vec<RequestTiming>, StartupError> {
-    let mut replicas = Scheduler::replicas(config)?;
+    let mut replicas = Pipeline::replicas(config)?;
     Ok(simulate_replicas(&mut replicas, config.routing, workload, |_| {}))
 }
 
@@ -151,8 +152,8 @@ struct Clock {
 /// that one began, and what arrives while a step runs joins the step after the next; an idle
 /// replica plans at once with what has arrived. At one instant the steps that end go first
 /// (freeing their requests' client slots), then the sends, then the idle replicas' planning.
-pub fn simulate_replicas(
-    replicas: &mut [Scheduler],
+pub fn simulate_replicas<S: Stepper>(
+    replicas: &mut [S],
     routing: Routing,
     workload: &Workload,
     mut observe: impl FnMut(&Step),
@@ -173,7 +174,7 @@ pub fn simulate_replicas(
     let mut clocks: Vec<Clock> = replicas.iter().map(|_| Clock::default()).collect();
     let mut next_id = 0_u64;
     // Plans replica `r`'s next step at `now` with the requests sent before `horizon` (all of them when idle).
-    let mut plan = |replica: &mut Scheduler, clock: &mut Clock, now: f64, horizon: Option<f64>| {
+    let mut plan = |replica: &mut S, clock: &mut Clock, now: f64, horizon: Option<f64>| {
         let (taken, later) = std::mem::take(&mut clock.arrived)
             .into_iter()
             .partition::<Vec<_>, _>(|(_, sent)| horizon.is_none_or(|h| *sent < h));

@@ -1,7 +1,8 @@
 //! Behaviour under load, in virtual time: batching, queueing, prefix caching, speculative decoding, startup failures.
 
 use benchfleet_sim::{
-    Routing, Scheduler, StartupError, parse_command_line_with_gpu,
+    Scheduler, StartupError, parse_command_line_with_gpu,
+    pipeline::{Pipeline, Stepper},
     simulate::{self, Arrival, RequestTiming, Summary, Workload},
 };
 
@@ -276,7 +277,7 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
     // A data-parallel size of 0 is refused as the others are; a context or a draft no memory holds
     // is refused as too large, however large.
     assert!(matches!(
-        Scheduler::replicas(&config(&format!("{vllm} -dp 0"))),
+        Pipeline::replicas(&config(&format!("{vllm} -dp 0"))),
         Err(StartupError::Refused(why)) if why.contains("--data-parallel-size must be at least 1")
     ));
     let huge = usize::MAX;
@@ -288,11 +289,11 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
         assert!(matches!(startup, Err(StartupError::KvCacheTooSmall { .. })), "{flags}: {startup:?}");
     }
     // Unset, the host has 16 (no more replicas are built than a host could run, however many asked).
-    assert!(Scheduler::replicas(&config(&format!("{vllm} -dp 16"))).is_ok_and(|r| r.len() == 16));
+    assert!(Pipeline::replicas(&config(&format!("{vllm} -dp 16"))).is_ok_and(|r| r.len() == 16));
     for sizes in ["-dp 17", "-dp 4294967295 -tp 4294967295 -pp 4294967295"] {
         let why = refused(&format!("{vllm} {sizes}"), None);
         assert!(why.contains("is larger than the number of available GPUs (16)"), "{why}");
-        assert!(matches!(Scheduler::replicas(&config(&format!("{vllm} {sizes}"))), Err(StartupError::Refused(_))));
+        assert!(matches!(Pipeline::replicas(&config(&format!("{vllm} {sizes}"))), Err(StartupError::Refused(_))));
     }
 }
 
@@ -490,7 +491,7 @@ fn data_parallel_replicas_each_serve_a_share_and_add_up() {
         (format!("{sglang} --load-balance-method round_robin"), true),
     ] {
         let config = config(&line);
-        let mut replicas = Scheduler::replicas(&config).expect("fits");
+        let mut replicas = Pipeline::replicas(&config).expect("fits");
         assert_eq!(replicas.len(), 2, "{line}");
         let timings = simulate::simulate_replicas(&mut replicas, config.routing, &workload, |_| {});
         assert_eq!(timings.len(), 400, "{line}");
@@ -502,7 +503,7 @@ fn data_parallel_replicas_each_serve_a_share_and_add_up() {
         }
     }
     // SGLang's data-parallel attention shares the tensor-parallel GPUs: one replica.
-    assert_eq!(config(&format!("{sglang} --tp 2 --enable-dp-attention")).replicas(), 1);
+    assert_eq!(config(&format!("{sglang} --tp 2 --enable-dp-attention")).data_replicas(), 1);
 }
 
 #[test]
@@ -511,7 +512,8 @@ fn a_pipeline_holds_a_model_no_gpu_holds_and_keeps_a_batch_in_flight_a_stage() {
     let big = "vllm serve Qwen/Qwen2.5-72B --sim-gpu H200 --max-model-len 8192";
     assert!(matches!(Scheduler::from_config(&config(big)), Err(StartupError::WeightsDoNotFit { .. })));
     let (pp, tp) = (format!("{big} -pp 2"), format!("{big} -tp 2"));
-    assert_eq!(Scheduler::replicas(&config(&pp)).expect("fits two stages").len(), 2);
+    let replicas = Pipeline::replicas(&config(&pp)).expect("fits two stages");
+    assert_eq!((replicas.len(), replicas[0].batches().len()), (1, 2), "one replica, two batches in flight");
     // A request alone passes every stage in turn: tensor parallelism decodes it faster.
     let (pp_alone, tp_alone) = (closed_loop(&pp, 1).mean_tpot, closed_loop(&tp, 1).mean_tpot);
     assert!(tp_alone < 0.75 * pp_alone, "tp {tp_alone} pp {pp_alone}");
@@ -527,13 +529,37 @@ fn a_pipeline_holds_a_model_no_gpu_holds_and_keeps_a_batch_in_flight_a_stage() {
         closed_loop(&two, 512).total_token_throughput,
     );
     assert!((pipeline / replicas - 1.0).abs() < 0.1, "two replicas {replicas}, two stages {pipeline}");
-    // Its batches share the engine's sequence limit.
-    let limited = Scheduler::replicas(&config(&format!("{ENGINE} -pp 2 --max-num-seqs 8"))).expect("fits");
-    let workload = Workload { items: simulate::random(64, 512, 64, 7), arrival: Arrival::Closed { concurrency: 64 } };
-    let mut most = 0;
-    let mut limited = limited;
-    simulate::simulate_replicas(&mut limited, Routing::LeastLoaded { waiting_weight: 1 }, &workload, |step| {
-        most = most.max(step.emissions.len())
-    });
-    assert_eq!(most, 4, "8 sequences over two batches in flight");
+    // Its batches share the engine's sequence limit, and each takes the next request in turn.
+    let mut replicas = Pipeline::replicas(&config(&format!("{ENGINE} -pp 2 --max-num-seqs 8"))).expect("fits");
+    let pipeline = &mut replicas[0];
+    for (id, item) in (1..).zip(simulate::random(16, 64, 64, 7)) {
+        let request = benchfleet_sim::SeqRequest {
+            id,
+            prompt_tokens: item.prompt_tokens,
+            block_hashes: item.block_hashes,
+            max_tokens: item.output_tokens,
+            seed: id,
+        };
+        pipeline.add(request);
+    }
+    let round = pipeline.step().expect("a round");
+    let running: Vec<usize> = pipeline.batches().iter().map(Scheduler::running).collect();
+    assert_eq!((running, pipeline.waiting(), round.emissions.len()), (vec![4, 4], 8, 8));
+    // A round lasts as long as its slowest batch: a batch that prefills holds back one that decodes.
+    let mut lone = Pipeline::replicas(&config(&two)).expect("fits");
+    let long = simulate::random(1, 8192, 4, 9).remove(0);
+    let short = simulate::random(1, 16, 64, 8).remove(0);
+    let alone = simulate::simulate_replicas(
+        &mut Pipeline::replicas(&config(&two)).expect("fits"),
+        benchfleet_sim::Routing::RoundRobin,
+        &Workload { items: vec![short.clone()], arrival: Arrival::Closed { concurrency: 1 } },
+        |_| {},
+    )[0];
+    let beside = simulate::simulate_replicas(
+        &mut lone,
+        benchfleet_sim::Routing::RoundRobin,
+        &Workload { items: vec![short, long], arrival: Arrival::Closed { concurrency: 2 } },
+        |_| {},
+    )[0];
+    assert!(beside.first_token - beside.sent > 1.5 * (alone.first_token - alone.sent), "{alone:?} {beside:?}");
 }
