@@ -668,8 +668,9 @@ fn cuda_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> us
         // The sizes given, those within the token budget.
         return sizes.iter().copied().filter(|&s| s <= budget).max().unwrap_or(0);
     }
-    let per_sequence = 1 + speculation.map_or(0, |s| s.tokens);
-    let largest = config.max_capture_size.unwrap_or((2 * config.max_num_seqs * per_sequence).min(512)).min(budget);
+    let per_sequence = speculation.map_or(0, |s| s.tokens).saturating_add(1);
+    let twice = config.max_num_seqs.saturating_mul(2).saturating_mul(per_sequence);
+    let largest = config.max_capture_size.unwrap_or(twice.min(512)).min(budget);
     // vLLM captures 1, 2 and 4, then steps of 8 below 256 and of 16 from there: a limit between
     // two sizes is cut to the one below.
     match largest {
