@@ -571,6 +571,32 @@ pub async fn wait_until_serving(
 /// memory; runtimes that can tell (Docker) put it in the exit status.
 pub const OOM_KILLED: &str = "killed by the out-of-memory killer";
 
+/// The engines' own processing of their arguments after the parser
+/// (SGLang's `ServerArgs` checks, vLLM's `EngineArgs`): an exception raised
+/// there refuses the flags, as it would on every host. (vLLM's configuration
+/// classes are pydantic's: their refusals say `Value error, `.)
+const ARGUMENT_PROCESSING: [&str; 2] = ["sglang/srt/server_args.py\"", "vllm/engine/arg_utils.py\""];
+
+/// The exception line of the log's last traceback, when its innermost frame
+/// is the engine's processing of its arguments ([`ARGUMENT_PROCESSING`]): a
+/// check of a value that failed there, not something the host did.
+fn argument_refusal(log: &str) -> Option<String> {
+    // vLLM's processes prefix their lines: `(APIServer pid=1) `.
+    let unprefixed = |line: &str| match line.strip_prefix('(').and_then(|rest| rest.split_once(") ")) {
+        Some((_, text)) => text.to_owned(),
+        None => line.to_owned(),
+    };
+    let lines: Vec<String> = log.lines().map(unprefixed).collect();
+    let start = lines.iter().rposition(|l| l.contains("Traceback (most recent call last):"))?;
+    let rest = &lines[start + 1..];
+    let innermost = rest.iter().rposition(|l| l.trim_start().starts_with("File \""))?;
+    if !ARGUMENT_PROCESSING.iter().any(|file| rest[innermost].contains(file)) {
+        return None;
+    }
+    // The frame's source line and markers are indented; the exception's line is not.
+    rest[innermost + 1..].iter().find(|l| !l.is_empty() && !l.starts_with(' ')).map(|l| l.trim().to_owned())
+}
+
 /// Names the reason an engine exited during startup, from its exit status
 /// and its log.
 pub fn classify_exit(status: String, log: &str) -> EngineError {
@@ -597,6 +623,9 @@ pub fn classify_exit(status: String, log: &str) -> EngineError {
         "value error, ",
     ];
     if let Some(line) = last(&refused) {
+        return EngineError::BadFlag { message: line };
+    }
+    if let Some(line) = argument_refusal(log) {
         return EngineError::BadFlag { message: line };
     }
     if let Some(line) = last(&["out of memory", "outofmemory", "not enough memory", "kv cache"]) {
@@ -689,6 +718,36 @@ mod tests {
             "usage: launch_server.py\nlaunch_server.py: error: ambiguous option: --pp could match --pp-size, --pp-async-batch-depth",
             "the engine rejected its flags: launch_server.py: error: ambiguous option: --pp could match --pp-size, \
              --pp-async-batch-depth",
+        );
+        // What the engines' own checks of their arguments raise, after the parser: the innermost
+        // frame of the traceback is their argument processing.
+        check(
+            "Traceback (most recent call last):\n  File \"<frozen runpy>\", line 198, in _run_module_as_main\n  \
+             File \"/sgl-workspace/sglang/python/sglang/srt/server_args.py\", line 709, in __post_init__\n    \
+             self._handle_speculative_decoding()\n  \
+             File \"/sgl-workspace/sglang/python/sglang/srt/server_args.py\", line 2508, in _handle_speculative_decoding\n    \
+             raise ValueError(\n\
+             ValueError: Currently ngram speculative decoding does not support dp attention.\n[shutting down]",
+            "the engine rejected its flags: ValueError: Currently ngram speculative decoding does not support dp \
+             attention.",
+        );
+        check(
+            "(APIServer pid=1) Traceback (most recent call last):\n\
+             (APIServer pid=1)   File \"/usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py\", line 1499, in create_engine_config\n\
+             (APIServer pid=1)     raise ValueError(\"...\")\n\
+             (APIServer pid=1)     ^^^^^^^^^^^^^^^^\n\
+             (APIServer pid=1) ValueError: --kv-sharing-fast-prefill requires a model with shared layers",
+            "the engine rejected its flags: ValueError: --kv-sharing-fast-prefill requires a model with shared layers",
+        );
+        // A traceback that passed through the argument processing but failed deeper (the model's
+        // config could not be fetched) is the host's or the network's, not the flags'.
+        check(
+            "Traceback (most recent call last):\n  \
+             File \"/sgl-workspace/sglang/python/sglang/srt/server_args.py\", line 2397, in _handle_speculative_decoding\n    \
+             model_arch = self.get_model_config().hf_config.architectures[0]\n  \
+             File \"/usr/lib/python3/dist-packages/huggingface_hub/file_download.py\", line 1484, in hf_hub_download\n\
+             OSError: We couldn't connect to 'https://huggingface.co'",
+            "the engine exited during startup (exit status: 2): OSError: We couldn't connect to 'https://huggingface.co'",
         );
         check("loading\nsegfault", "the engine exited during startup (exit status: 2): segfault");
         assert_eq!(

@@ -459,11 +459,11 @@ fn refusal(config: &SimConfig) -> Option<String> {
                 "pydantic_core._pydantic_core.ValidationError: 1 validation error for {section}\n  Value error, {why}"
             )
         } else {
-            format!("ValueError: {why}")
+            server_args_error(&format!("ValueError: {why}"))
         })
     };
     if let Some(why) = &config.refused {
-        return Some(why.clone());
+        return Some(server_args_error(why));
     }
     let tp = config.tensor_parallel_size as usize;
     let gpus = config.gpus_needed();
@@ -557,6 +557,15 @@ fn refusal(config: &SimConfig) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// An exception SGLang's `ServerArgs` checks raise, as its log ends: the traceback's innermost
+/// frame in `server_args.py`, then the exception, which the agent reads as flags refused.
+fn server_args_error(exception: &str) -> String {
+    format!(
+        "Traceback (most recent call last):\n  File \"/sgl-workspace/sglang/python/sglang/srt/server_args.py\", in \
+         __post_init__\n{exception}"
+    )
 }
 
 fn out_of_memory(engine: EngineKind) -> &'static str {

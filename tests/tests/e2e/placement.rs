@@ -92,7 +92,8 @@ async fn a_dry_run_shows_where_each_group_would_go_and_stores_nothing() -> anyho
 /// The agent lists an engine's GPUs, simulated ones too, in
 /// `CUDA_VISIBLE_DEVICES`, and the simulator counts them as an engine
 /// counts its devices: tensor parallelism over more than it was given fails
-/// at startup, with vLLM's validation error, as a flag the engine refuses.
+/// at startup, with vLLM's validation error, as a flag the engine refuses (and
+/// so does what SGLang's checks of its arguments raise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_engine_gets_the_jobs_gpus_and_no_more() -> anyhow::Result<()> {
     use benchfleet_agent::engine::{EngineError, EngineRuntime, ProcessRuntime, wait_until_serving};
@@ -122,6 +123,23 @@ async fn a_simulated_engine_gets_the_jobs_gpus_and_no_more() -> anyhow::Result<(
         "{refused}"
     );
     one.stop().await;
+    // SGLang's checks of its arguments raise from its ServerArgs: flags refused too.
+    let sglang = EngineLaunch {
+        kind: "sglang".into(),
+        args: ["--tp", "2", "--dp-size", "2", "--enable-dp-attention", "--speculative-algorithm", "NGRAM"]
+            .map(String::from)
+            .to_vec(),
+        ..launch(2)
+    };
+    let mut ngram = runtime.start(&sglang).await?;
+    let refused =
+        wait_until_serving(ngram.as_mut(), "Qwen/Qwen3.5-9B", wait).await.expect_err("NGRAM beside DP attention");
+    assert!(
+        matches!(&refused, EngineError::BadFlag { message }
+            if message == "ValueError: Currently ngram speculative decoding does not support dp attention."),
+        "{refused}"
+    );
+    ngram.stop().await;
     let mut two = runtime.start(&launch(2)).await?;
     let serving = wait_until_serving(two.as_mut(), "Qwen/Qwen3.5-9B", wait).await;
     two.stop().await;
