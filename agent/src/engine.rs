@@ -573,28 +573,67 @@ pub const OOM_KILLED: &str = "killed by the out-of-memory killer";
 
 /// The engines' own processing of their arguments after the parser
 /// (SGLang's `ServerArgs` checks, vLLM's `EngineArgs`): an exception raised
-/// there refuses the flags, as it would on every host. (vLLM's configuration
-/// classes are pydantic's: their refusals say `Value error, `.)
+/// there refuses the flags, as it would on every host of the kind (a few of
+/// their checks read the GPU, such as an attention backend only one
+/// generation has: on a mixed fleet those fail on that generation's hosts).
+/// vLLM's configuration classes are pydantic's: their refusals say
+/// `Value error, `.
 const ARGUMENT_PROCESSING: [&str; 2] = ["sglang/srt/server_args.py\"", "vllm/engine/arg_utils.py\""];
 
 /// The exception line of the log's last traceback, when its innermost frame
 /// is the engine's processing of its arguments ([`ARGUMENT_PROCESSING`]): a
 /// check of a value that failed there, not something the host did.
 fn argument_refusal(log: &str) -> Option<String> {
-    // vLLM's processes prefix their lines: `(APIServer pid=1) `.
-    let unprefixed = |line: &str| match line.strip_prefix('(').and_then(|rest| rest.split_once(") ")) {
-        Some((_, text)) => text.to_owned(),
-        None => line.to_owned(),
+    // An exception raised while handling another, or because of it, may carry a failure of the
+    // host's (a download) into the argument processing: not read as the flags'.
+    if log.contains("The above exception was the direct cause")
+        || log.contains("During handling of the above exception")
+    {
+        return None;
+    }
+    // vLLM's processes prefix their lines, coloured on a terminal: `(APIServer pid=1) `.
+    let unprefixed = |line: &str| {
+        let plain = without_ansi(line);
+        match plain.strip_prefix('(').and_then(|rest| rest.split_once(") ")) {
+            Some((_, text)) => text.to_owned(),
+            None => plain,
+        }
     };
     let lines: Vec<String> = log.lines().map(unprefixed).collect();
     let start = lines.iter().rposition(|l| l.contains("Traceback (most recent call last):"))?;
-    let rest = &lines[start + 1..];
-    let innermost = rest.iter().rposition(|l| l.trim_start().starts_with("File \""))?;
-    if !ARGUMENT_PROCESSING.iter().any(|file| rest[innermost].contains(file)) {
-        return None;
+    // The traceback's frames and their source lines are indented; its exception's line, which
+    // ends it, is not.
+    let mut innermost = None;
+    for line in &lines[start + 1..] {
+        if line.trim_start().starts_with("File \"") {
+            innermost = Some(line);
+        } else if !line.is_empty() && !line.starts_with(' ') {
+            let file = innermost?;
+            return ARGUMENT_PROCESSING.iter().any(|f| file.contains(f)).then(|| line.trim().to_owned());
+        }
     }
-    // The frame's source line and markers are indented; the exception's line is not.
-    rest[innermost + 1..].iter().find(|l| !l.is_empty() && !l.starts_with(' ')).map(|l| l.trim().to_owned())
+    None
+}
+
+/// `line` without its ANSI escape sequences (a terminal's colours).
+fn without_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: `ESC [` parameters, then a final byte from `@` to `~`.
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Names the reason an engine exited during startup, from its exit status
@@ -748,6 +787,26 @@ mod tests {
              File \"/usr/lib/python3/dist-packages/huggingface_hub/file_download.py\", line 1484, in hf_hub_download\n\
              OSError: We couldn't connect to 'https://huggingface.co'",
             "the engine exited during startup (exit status: 2): OSError: We couldn't connect to 'https://huggingface.co'",
+        );
+        // Coloured prefixes are read through; a traceback raised while handling another is not
+        // the flags' (the first may be the host's), nor is a frame after the exception's line.
+        check(
+            "\x1b[1;36m(APIServer pid=1)\x1b[0;0m Traceback (most recent call last):\n\
+             \x1b[1;36m(APIServer pid=1)\x1b[0;0m   File \"/v/vllm/engine/arg_utils.py\", line 9, in create_engine_config\n\
+             \x1b[1;36m(APIServer pid=1)\x1b[0;0m ValueError: bad value",
+            "the engine rejected its flags: ValueError: bad value",
+        );
+        check(
+            "Traceback (most recent call last):\n  File \"/h/huggingface_hub/file_download.py\", line 1, in get\n\
+             OSError: no network\n\nThe above exception was the direct cause of the following exception:\n\n\
+             Traceback (most recent call last):\n  File \"/s/sglang/srt/server_args.py\", line 2, in __post_init__\n\
+             ValueError: failed to load config",
+            "the engine exited during startup (exit status: 2): ValueError: failed to load config",
+        );
+        check(
+            "Traceback (most recent call last):\n  File \"/p/sglang/srt/model_runner.py\", line 3, in load\n\
+             RuntimeError: CUDA error\nFatal Python error: Aborted\n  File \"/s/sglang/srt/server_args.py\", line 4 in f",
+            "the engine exited during startup (exit status: 2):   File \"/s/sglang/srt/server_args.py\", line 4 in f",
         );
         check("loading\nsegfault", "the engine exited during startup (exit status: 2): segfault");
         assert_eq!(

@@ -14,7 +14,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, OnceLock,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
@@ -115,8 +115,9 @@ enum Command {
 pub struct EngineHandle {
     replicas: Arc<[Replica]>,
     routing: Routing,
-    /// Requests routed so far (round robin's turn).
-    routed: Arc<AtomicUsize>,
+    /// Requests routed so far (round robin's turn), held while one is routed: two requests
+    /// routed at once see each other's queueing.
+    routed: Arc<Mutex<usize>>,
     /// Cancelled when the engine dies, so the server stops too.
     pub dead: CancellationToken,
 }
@@ -151,13 +152,18 @@ impl EngineHandle {
     /// channel, which closes after the last, or early if the engine dies. Dropping the receiver
     /// cancels the request.
     pub fn submit(&self, request: Request) -> Result<mpsc::UnboundedReceiver<Output>, EngineStopped> {
-        let loads = self.replicas.iter().map(|r| {
-            let stats = r.stats();
-            (stats.waiting + r.queued.load(Ordering::Relaxed), stats.running)
-        });
-        let replica = &self.replicas[self.routing.pick(loads, self.routed.fetch_add(1, Ordering::Relaxed))];
+        let replica = {
+            let mut routed = self.routed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let loads = self.replicas.iter().map(|r| {
+                let stats = r.stats();
+                (stats.waiting + r.queued.load(Ordering::Relaxed), stats.running)
+            });
+            let replica = &self.replicas[self.routing.pick(loads, *routed)];
+            *routed += 1;
+            replica.queued.fetch_add(1, Ordering::Relaxed);
+            replica
+        };
         let (tokens, receiver) = mpsc::unbounded_channel();
-        replica.queued.fetch_add(1, Ordering::Relaxed);
         if replica.commands.send(Command::Submit(request, tokens)).is_err() {
             replica.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(EngineStopped);
@@ -213,8 +219,10 @@ pub fn start<S: Stepper + Send + 'static>(
     crash_after: Option<u64>,
     slowdown_pct_per_s: f64,
 ) -> (EngineHandle, JoinHandle<Result<(), EngineCrashed>>) {
+    assert!(!replicas.is_empty(), "an engine runs at least one replica");
     let dead = CancellationToken::new();
     let completed = Arc::new(AtomicU64::new(0));
+    let first_step = Arc::new(OnceLock::new());
     let mut handles = Vec::new();
     let mut tasks = Vec::new();
     for scheduler in replicas {
@@ -232,7 +240,7 @@ pub fn start<S: Stepper + Send + 'static>(
             completed: completed.clone(),
             finished: 0,
             slowdown_pct_per_s,
-            first_step: None,
+            first_step: first_step.clone(),
             timing: Timing::default(),
             arrived: Vec::new(),
         };
@@ -252,7 +260,7 @@ pub fn start<S: Stepper + Send + 'static>(
         }
         result
     });
-    (EngineHandle { replicas: handles.into(), routing, routed: Arc::new(AtomicUsize::new(0)), dead }, task)
+    (EngineHandle { replicas: handles.into(), routing, routed: Arc::new(Mutex::new(0)), dead }, task)
 }
 
 /// Where a request's words go.
@@ -273,7 +281,8 @@ struct EngineLoop<S> {
     completed: Arc<AtomicU64>,
     finished: u64,
     slowdown_pct_per_s: f64,
-    first_step: Option<Instant>,
+    /// When the engine's first step began, on any replica: a degrading engine slows from then.
+    first_step: Arc<OnceLock<Instant>>,
     timing: Timing,
     /// Requests that reached the engine while its last step ran. The engines plan a step as they
     /// launch the one before it (vLLM's batch queue, SGLang's overlap loop), so these join the
@@ -325,7 +334,7 @@ impl<S: Stepper> EngineLoop<S> {
             }
             let Some(step) = self.scheduler.step() else { continue };
             self.publish();
-            let since = self.first_step.get_or_insert(deadline).elapsed().as_secs_f64();
+            let since = self.first_step.get_or_init(|| deadline).elapsed().as_secs_f64();
             let slower = 1.0 + self.slowdown_pct_per_s / 100.0 * since;
             // At most a day: a degrading engine's steps grow without bound.
             let wall = (step.duration.as_secs_f64() * slower / self.speedup).min(86_400.0);

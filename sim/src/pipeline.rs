@@ -5,8 +5,9 @@
 //! with its share of the stages' KV cache and of the sequence limit) and passes every stage in
 //! turn, so a step of it takes the whole model at one stage's speed. A stage passes a batch on
 //! only when it is free, so the batches advance together: a round, in which each batch moves one
-//! step, lasts as long as its slowest batch's step (the pipeline's bubbles when they differ). The
-//! transfers between stages are not modelled.
+//! step, lasts as long as its slowest batch's step (the pipeline's bubbles when they differ). Not
+//! modelled: the transfers between stages, and the engine's one scheduler and cache behind the
+//! batches (here a request stays in the batch it joined, each batch caches its own prefixes).
 
 use crate::{
     config::SimConfig,
@@ -76,8 +77,8 @@ impl Pipeline {
         (0..config.data_replicas().max(1))
             .map(|_| {
                 let batches = (0..stages)
-                    .map(|_| {
-                        let batch = Scheduler::from_config(config)?;
+                    .map(|b| {
+                        let batch = Scheduler::batch_of(config, b)?;
                         seed += 1;
                         Ok(if seed == 1 {
                             batch

@@ -591,8 +591,15 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 impl Scheduler {
     /// The engine a configuration describes: its step-time model, and a KV cache sized from GPU
     /// memory, weights and `--kv-cache-dtype`. Fails as the engine would when its checks refuse a value
-    /// or the model does not fit.
+    /// or the model does not fit. With pipeline parallelism this is one batch in flight of a
+    /// replica's pipeline, with its share of the cache and sequences:
+    /// [`crate::pipeline::Pipeline::replicas`] builds the whole engine.
     pub fn from_config(config: &SimConfig) -> Result<Scheduler, StartupError> {
+        Scheduler::batch_of(config, 0)
+    }
+
+    /// Batch `batch` of a pipeline's batches in flight ([`Scheduler::from_config`]'s is the first).
+    pub(crate) fn batch_of(config: &SimConfig, batch: usize) -> Result<Scheduler, StartupError> {
         if let Some(why) = refusal(config) {
             return Err(StartupError::Refused(why));
         }
@@ -642,13 +649,17 @@ impl Scheduler {
             });
         }
         // Each batch in flight through a pipeline takes its share of the running sequences and of
-        // the cache (at least a longest request's), and a whole token budget: it is planned alone.
+        // the cache, and a whole token budget: it is planned alone. A share holds at least one
+        // longest request, which the whole cache does (with many stages and a context that
+        // barely fits, the shares then add up to more than the cache: the engine's one cache
+        // is not modelled).
         let stages = config.pipeline_parallel_size.max(1) as usize;
+        let share_of = |total: usize| total / stages + usize::from(batch < total % stages);
         let limits = Limits {
-            max_num_seqs: config.max_num_seqs.div_ceil(stages),
+            max_num_seqs: share_of(config.max_num_seqs).max(1),
             max_num_batched_tokens: config.max_num_batched_tokens,
         };
-        let share = (capacity / stages).max(blocks_for(longest) + cost.state_blocks());
+        let share = share_of(capacity).max(blocks_for(longest) + cost.state_blocks());
         Ok(Scheduler::new(cost, limits, speculation, KvCache::new(share, config.enable_prefix_caching))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))

@@ -106,7 +106,7 @@ impl Summary {
 }
 
 /// Runs `workload` on a fresh engine built from `config`: its data-parallel replicas behind the
-/// server's routing ([`SimConfig::replicas`]).
+/// server's routing ([`Pipeline::replicas`]).
 pub fn simulate(config: &SimConfig, workload: &Workload) -> Result<Vec<RequestTiming>, StartupError> {
     let mut replicas = Pipeline::replicas(config)?;
     Ok(simulate_replicas(&mut replicas, config.routing, workload, |_| {}))
@@ -159,6 +159,10 @@ pub fn simulate_replicas<S: Stepper>(
     mut observe: impl FnMut(&Step),
 ) -> Vec<RequestTiming> {
     let items = &workload.items;
+    if replicas.is_empty() {
+        // No engine to answer: no request completes.
+        return Vec::new();
+    }
     let (rate, cap) = match workload.arrival {
         Arrival::Rate { rate, max_concurrency } => (rate, max_concurrency.unwrap_or(usize::MAX)),
         Arrival::Closed { concurrency } => (f64::INFINITY, concurrency.max(1)),

@@ -1119,7 +1119,7 @@ fn parallel_gpus(kind: EngineKind, args: &[String]) -> Option<(String, u64)> {
         said.push(format!("{flag}={value}"));
         // A size of 0 is refused whichever GPUs it would share.
         if !(i == 2 && dp_attention) || n == 0 {
-            gpus = gpus.checked_mul(n)?;
+            gpus = gpus.saturating_mul(n);
         }
     }
     (!said.is_empty()).then(|| (said.join(" "), gpus))
