@@ -446,7 +446,7 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
         return Err(bad_request("max_tokens must be at least 1"));
     }
     let limit = config.max_model_len;
-    // Python's integers do not overflow; summed here, the largest count still passes the limit.
+    // Summed wide, as the engine's Python integers are: no count a client sends wraps under the limit.
     let requested =
         u128::try_from(prompt_tokens).unwrap_or(u128::MAX) + u128::try_from(max_tokens).unwrap_or(u128::MAX);
     if requested > limit as u128 {

@@ -179,7 +179,7 @@ impl EngineHandle {
         Ok(())
     }
 
-    /// Each scheduler's state, in order (a data-parallel rank's pipeline batches together).
+    /// Each data-parallel replica's state, in rank order.
     pub fn replica_stats(&self) -> Vec<Stats> {
         self.replicas.iter().map(Replica::stats).collect()
     }
@@ -247,7 +247,8 @@ pub fn start<S: Stepper + Send + 'static>(
         tasks.push(tokio::spawn(engine.run(receiver, dead.clone())));
         handles.push(Replica { commands, stats, queued });
     }
-    // The engine's result: the first replica's death, once every loop has ended.
+    // The engine's result once every loop has ended: a replica's death (the lowest rank's when
+    // several died).
     let task = tokio::spawn(async move {
         let mut result = Ok(());
         for task in tasks {

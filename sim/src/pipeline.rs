@@ -69,28 +69,20 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// The engine's data-parallel replicas ([`SimConfig::data_replicas`]), each a pipeline of
-    /// [`Scheduler::from_config`] batches on its own GPUs; with step jitter, each batch draws its
-    /// own. Fails as one batch would (a parallel size of 0 too).
+    /// batches on its own GPUs; with step jitter, each batch draws its own (the first as
+    /// `--sim-seed` says). Fails as one batch would (a parallel size of 0 too).
     pub fn replicas(config: &SimConfig) -> Result<Vec<Pipeline>, StartupError> {
         let stages = config.pipeline_parallel_size.max(1) as usize;
-        let mut seed = 0_u64;
-        (0..config.data_replicas().max(1))
-            .map(|_| {
-                let batches = (0..stages)
-                    .map(|b| {
-                        let batch = Scheduler::batch_of(config, b)?;
-                        seed += 1;
-                        Ok(if seed == 1 {
-                            batch
-                        } else {
-                            let seed = config.faults.seed.wrapping_add(seed - 1);
-                            batch.with_step_jitter(config.faults.step_jitter_pct, seed)
-                        })
-                    })
-                    .collect::<Result<Vec<_>, StartupError>>()?;
-                Ok(Pipeline { batches })
+        let replicas = config.data_replicas().max(1);
+        let (jitter, seed) = (config.faults.step_jitter_pct, config.faults.seed);
+        let mut batches = (0..replicas.saturating_mul(stages))
+            .map(|i| {
+                let batch = Scheduler::batch_of(config, i % stages)?;
+                Ok(if i == 0 { batch } else { batch.with_step_jitter(jitter, seed.wrapping_add(i as u64)) })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StartupError>>()?
+            .into_iter();
+        Ok((0..replicas).map(|_| Pipeline { batches: batches.by_ref().take(stages).collect() }).collect())
     }
 
     /// Each batch in flight, in order.
