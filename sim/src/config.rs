@@ -131,10 +131,12 @@ pub struct SimConfig {
     pub async_scheduling: Option<bool>,
     /// SGLang's overlap scheduler: off with `--disable-overlap-schedule` or speculative decoding.
     pub overlap_schedule: bool,
-    /// CUDA graphs at all: vLLM's `--compilation-config '{"cudagraph_mode": "NONE"}'` turns them off.
+    /// CUDA graphs at all: vLLM's `--compilation-config '{"cudagraph_mode": "NONE"}'` and SGLang's
+    /// `--disable-cuda-graph` turn them off.
     pub cuda_graphs: bool,
     /// vLLM's `--max-cudagraph-capture-size` and `--cudagraph-capture-sizes` (or the same keys of
-    /// `--compilation-config`), when given.
+    /// `--compilation-config`), in tokens; SGLang's `--cuda-graph-max-bs` and `--cuda-graph-bs`,
+    /// in sequences; when given.
     pub max_capture_size: Option<usize>,
     pub capture_sizes: Option<Vec<usize>>,
     /// The engine options taken as the engine takes them but not modelled, as given: the server
@@ -656,6 +658,11 @@ fn engine_flag(
             let sizes = values.iter().map(|v| parse::<usize>(name, v)).collect::<Result<Vec<_>, _>>()?;
             given.compilation.insert("cudagraph_capture_sizes".into(), sizes.into());
         }
+        (Sglang, "--cuda-graph-max-bs") => config.max_capture_size = Some(parse(name, &value())?),
+        (Sglang, "--cuda-graph-bs") => {
+            config.capture_sizes = Some(values.iter().map(|v| parse::<usize>(name, v)).collect::<Result<_, _>>()?);
+        }
+        (Sglang, "--disable-cuda-graph") => config.cuda_graphs = false,
         (Vllm, "--async-scheduling") => config.async_scheduling = Some(on),
         (Sglang, "--disable-overlap-schedule") => config.overlap_schedule = false,
         (Sglang, "--speculative-algorithm") => given.sglang_speculation.0 = Some(value()),
@@ -784,12 +791,14 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     {
         config.cuda_graphs = false;
     }
-    let size = |v: &serde_json::Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
-    config.max_capture_size = compilation.get("max_cudagraph_capture_size").and_then(size);
-    config.capture_sizes = compilation
-        .get("cudagraph_capture_sizes")
-        .and_then(serde_json::Value::as_array)
-        .map(|sizes| sizes.iter().filter_map(size).collect());
+    if engine == EngineKind::Vllm {
+        let size = |v: &serde_json::Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
+        config.max_capture_size = compilation.get("max_cudagraph_capture_size").and_then(size);
+        config.capture_sizes = compilation
+            .get("cudagraph_capture_sizes")
+            .and_then(serde_json::Value::as_array)
+            .map(|sizes| sizes.iter().filter_map(size).collect());
+    }
     if given.startup_from_model {
         let seconds =
             config.model_shape().weight_bytes() / config.coefficients.load_bandwidth + config.coefficients.load_warmup;
@@ -983,6 +992,7 @@ mod tests {
             "--max-num-batched-tokens" | "--chunked-prefill-size" => "8192",
             "--gpu-memory-utilization" | "--mem-fraction-static" => "0.8",
             "--max-cudagraph-capture-size" | "--cudagraph-capture-sizes" => "64",
+            "--cuda-graph-max-bs" | "--cuda-graph-bs" => "64",
             name if name.contains("parallel-size")
                 || name.ends_with("seed")
                 || name.starts_with("--max-num")
@@ -1042,6 +1052,9 @@ mod tests {
                 "--disable-radix-cache",
                 "--kv-cache-dtype",
                 "--disable-overlap-schedule",
+                "--cuda-graph-max-bs",
+                "--cuda-graph-bs",
+                "--disable-cuda-graph",
                 "--speculative-algorithm",
                 "--speculative-num-steps",
                 "--speculative-num-draft-tokens",

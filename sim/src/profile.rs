@@ -8,7 +8,7 @@
 //! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: the engine's asynchronous scheduling)
 //! cpu  = engine step overhead + engine per-token overhead × decode query tokens
 //!        (× the mixed-step factor when the step also prefills)
-//!      + eager launches                                   (a step over the largest CUDA graph)
+//!      + eager launches                                   (a step no captured CUDA graph covers)
 //! gpu  = kernel boundaries (a fixed GPU time per step)
 //!      + multimodal inputs (a fixed GPU time per step)     (vLLM without --language-model-only)
 //!      + (draft cost + draft cost per sequence × decoding sequences) × k   (speculative decoding only)
@@ -114,6 +114,10 @@ pub struct Coefficients {
     pub load_warmup: f64,
     /// Per-GPU efficiency of tensor parallelism (all-reduce between GPUs).
     pub tensor_parallel_efficiency: f64,
+    /// The CPU-side cost of a step no captured CUDA graph replays ([`CostModel::graphs`]): its
+    /// kernels are launched one by one. Seconds per step. The same model's kernels in either
+    /// engine: fitted to vLLM's steps past its graphs (no report ran SGLang past its own).
+    pub eager_step_overhead: f64,
     /// Cost of one draft token of speculative decoding per step (the MTP head is one layer), seconds:
     /// a fixed part (the draft head's weights read and its kernels launched) and a part per decoding
     /// sequence (the head's forward pass, its sampling and the draft's bookkeeping), so drafting is
@@ -173,6 +177,7 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
+    eager_step_overhead: 0.01377301,
     draft_cost: 4.171907e-3,
     draft_cost_per_sequence: 9.560425e-5,
     kernel_boundaries: 9.117862e-4,
@@ -191,7 +196,6 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.9,
         mixed_token_factor: 2.38262,
-        eager_step_overhead: 0.01377301,
         overlap: 0.9140145,
     },
     sglang: EngineCosts {
@@ -201,7 +205,6 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         default_max_num_batched_tokens: 8192,
         default_memory_fraction: 0.88,
         mixed_token_factor: 1.0,
-        eager_step_overhead: 0.0,
         overlap: 0.6332584,
     },
     throughput_step_factor: 1.0,
@@ -227,10 +230,6 @@ pub struct EngineCosts {
     /// piecewise, launching its attention (and the linear-attention layers' prefill kernels)
     /// layer by layer (`FULL_AND_PIECEWISE`, its default).
     pub mixed_token_factor: f64,
-    /// The CPU-side cost of a step with more tokens than the largest CUDA graph the engine
-    /// captured ([`CostModel::cuda_graph_tokens`]): no graph replays it, so its kernels are launched
-    /// one by one. Seconds per step; 0 for SGLang, whose fitted step overhead carries its graphs.
-    pub eager_step_overhead: f64,
     /// The share of the CPU-side overheads hidden behind the GPU's work: vLLM's asynchronous
     /// scheduling (on by default since 0.14) and SGLang's overlap scheduler plan step `n + 1` and
     /// process the outputs of step `n - 1` while the GPU runs step `n`.
@@ -319,6 +318,13 @@ pub struct StepWork {
     pub draft_tokens: usize,
 }
 
+impl StepWork {
+    /// The sequences decoding in the step.
+    pub fn decoding_sequences(&self) -> usize {
+        self.decode_tokens / self.draft_tokens.saturating_add(1)
+    }
+}
+
 /// The step-time model of one engine configuration on one GPU group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
@@ -335,10 +341,32 @@ pub struct CostModel {
     pub hybrid_prefix_caching: bool,
     /// vLLM accepting multimodal inputs (no `--language-model-only`): embeddings outside the graph.
     pub multimodal_inputs: bool,
-    /// The most tokens a step may hold and still replay a captured CUDA graph (vLLM: twice
+    /// Which steps replay a captured CUDA graph; the others pay
+    /// [`Coefficients::eager_step_overhead`].
+    pub graphs: Graphs,
+}
+
+/// Which steps an engine's captured CUDA graphs cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Graphs {
+    /// vLLM: a step of at most this many tokens, prefill chunks and decodes together (twice
     /// `--max-num-seqs` × `1 + k` query tokens, at most 512 and within the token budget; 0 with
     /// `--enforce-eager`).
-    pub cuda_graph_tokens: usize,
+    Tokens(usize),
+    /// SGLang: a step decoding at most this many sequences (`--cuda-graph-max-bs`; 0 with
+    /// `--disable-cuda-graph`). Its prefills run without a graph whatever their size, which its
+    /// fitted step overhead carries, so a step that only prefills pays nothing more.
+    DecodeBatch(usize),
+}
+
+impl Graphs {
+    /// Whether `work` replays a captured graph.
+    pub fn cover(self, work: &StepWork) -> bool {
+        match self {
+            Graphs::Tokens(tokens) => work.prefill_tokens + work.decode_tokens <= tokens,
+            Graphs::DecodeBatch(sequences) => work.decoding_sequences() <= sequences,
+        }
+    }
 }
 
 /// A step's duration by part, seconds: what [`CostModel::step_time`] adds up.
@@ -397,7 +425,7 @@ impl CostModel {
         let attention_flops =
             c.attention_flops_per_kv_byte * self.model.kv_bytes_per_token_bf16() * work.prefill_attention_pairs;
         let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
-        let sequences = (work.decode_tokens / (1 + work.draft_tokens)) as f64;
+        let sequences = work.decoding_sequences() as f64;
         let state = 2.0 * self.state_bytes() * sequences;
         let state_saving =
             if self.hybrid_prefix_caching { c.hybrid_prefix_cache_cost * work.prefill_tokens as f64 } else { 0.0 };
@@ -411,8 +439,7 @@ impl CostModel {
         };
         let multimodal = if self.multimodal_inputs { c.multimodal_inputs_cost } else { 0.0 };
         let dequant = if self.kv_fp8 { c.kv_fp8_dequant_cost * work.decode_context_tokens as f64 } else { 0.0 };
-        let graphed = work.prefill_tokens + work.decode_tokens <= self.cuda_graph_tokens;
-        let eager = if graphed { 0.0 } else { self.engine.eager_step_overhead };
+        let eager = if self.graphs.cover(work) { 0.0 } else { c.eager_step_overhead };
         StepParts {
             overhead: self.engine.step_overhead + eager,
             tokens: self.engine.decode_token_overhead
@@ -512,7 +539,7 @@ mod tests {
             kv_fp8: false,
             hybrid_prefix_caching: false,
             multimodal_inputs: true,
-            cuda_graph_tokens: 512,
+            graphs: Graphs::Tokens(512),
         }
     }
 

@@ -32,7 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::{
     config::{EngineKind, SimConfig},
     kv::{BLOCK_TOKENS, KvCache, blocks_for},
-    profile::{self, CostModel, StepWork},
+    profile::{self, CostModel, Graphs, StepWork},
 };
 
 /// What the scheduler needs to know about a request.
@@ -637,7 +637,7 @@ impl Scheduler {
             kv_fp8,
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
             multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
-            cuda_graph_tokens: cuda_graph_tokens(config, speculation),
+            graphs: graphs(config, speculation),
         };
         if capacity < blocks_for(longest) + cost.state_blocks() {
             return Err(StartupError::KvCacheTooSmall {
@@ -675,14 +675,18 @@ impl Scheduler {
     }
 }
 
-/// The largest step vLLM captures a CUDA graph for: twice `--max-num-seqs` query tokens (`1 + k`
-/// a sequence with speculative decoding), at most 512, and no more than the step's token budget;
-/// none with `--enforce-eager`. SGLang's graphs cover decode batches only; its fitted step
-/// overhead carries the rest.
-fn cuda_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> usize {
-    if config.enforce_eager || !config.cuda_graphs {
-        return 0;
+/// The steps the engine's captured CUDA graphs cover; none with `--enforce-eager` or graphs off.
+fn graphs(config: &SimConfig, speculation: Option<Speculation>) -> Graphs {
+    let on = config.cuda_graphs && !config.enforce_eager;
+    match config.engine {
+        EngineKind::Vllm => Graphs::Tokens(if on { vllm_graph_tokens(config, speculation) } else { 0 }),
+        EngineKind::Sglang => Graphs::DecodeBatch(if on { sglang_graph_batch(config, speculation) } else { 0 }),
     }
+}
+
+/// The largest step vLLM captures a CUDA graph for: twice `--max-num-seqs` query tokens (`1 + k`
+/// a sequence with speculative decoding), at most 512, and no more than the step's token budget.
+fn vllm_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> usize {
     let budget = config.max_num_batched_tokens;
     if let Some(sizes) = &config.capture_sizes {
         // The sizes given, those within the token budget.
@@ -699,6 +703,37 @@ fn cuda_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> us
         4..8 => 4,
         8..256 => largest / 8 * 8,
         _ => 256 + (largest - 256) / 16 * 16,
+    }
+}
+
+/// The largest decode batch SGLang 0.5.9 captures a CUDA graph for: the largest of
+/// `--cuda-graph-bs` when given, else the largest size it captures up to `--cuda-graph-max-bs`,
+/// whose default on an H100 or H200 (between 60 and 160 GB) is 256, and 512 from 4-way tensor
+/// parallelism.
+fn sglang_graph_batch(config: &SimConfig, speculation: Option<Speculation>) -> usize {
+    if let Some(sizes) = &config.capture_sizes {
+        return sizes.iter().copied().max().unwrap_or(0);
+    }
+    let default = if config.tensor_parallel_size < 4 { 256 } else { 512 };
+    let max = config.max_capture_size.unwrap_or(default);
+    // The sizes SGLang captures (`_generate_cuda_graph_batch_sizes`), finer below 64 with
+    // speculative decoding: a limit between two of them is cut to the one below.
+    let floor = |n: usize, step: usize, from: usize| from + (n - from) / step * step;
+    match (speculation.is_some(), max) {
+        (false, 0..=1) => max,
+        (false, 2..=3) => 2,
+        (false, 4..=7) => 4,
+        (false, 8..=11) => 8,
+        (false, 12..=15) => 12,
+        (false, 16..=271) => floor(max, 8, 16).min(256),
+        (false, 272..=511) => floor(max, 16, 272),
+        (false, _) => floor(max, 32, 512),
+        (true, 0..=8) => max,
+        (true, 9) => 8,
+        (true, 10..=39) => floor(max, 2, 10).min(32),
+        (true, 40..=71) => floor(max, 4, 40).min(64),
+        (true, 72..=271) => floor(max, 8, 72).min(256),
+        (true, _) => floor(max, 16, 272),
     }
 }
 

@@ -3,6 +3,7 @@
 use benchfleet_sim::{
     Scheduler, StartupError, parse_command_line_with_gpu,
     pipeline::{Pipeline, Stepper},
+    profile::{Graphs, StepWork},
     simulate::{self, Arrival, RequestTiming, Summary, Workload},
 };
 
@@ -424,53 +425,110 @@ fn sharegpt_like_writes_the_stand_in_and_refuses_what_it_cannot_count() {
 
 #[test]
 fn vllm_captures_cuda_graphs_up_to_twice_its_sequences_at_most_512_tokens() {
-    let graph = |line: &str| Scheduler::from_config(&config(line)).expect("fits").cost().cuda_graph_tokens;
-    assert_eq!(graph(ENGINE), 512);
-    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 128")), 256);
-    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 128 --max-num-batched-tokens 200")), 200);
+    let graph = |line: &str| Scheduler::from_config(&config(line)).expect("fits").cost().graphs;
+    assert_eq!(graph(ENGINE), Graphs::Tokens(512));
+    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 128")), Graphs::Tokens(256));
+    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 128 --max-num-batched-tokens 200")), Graphs::Tokens(200));
     // A sequence with k draft tokens is 1 + k query tokens.
     let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
-    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 64 {mtp}")), 256);
-    assert_eq!(graph(&format!("{ENGINE} --enforce-eager")), 0);
+    assert_eq!(graph(&format!("{ENGINE} --max-num-seqs 64 {mtp}")), Graphs::Tokens(256));
+    assert_eq!(graph(&format!("{ENGINE} --enforce-eager")), Graphs::Tokens(0));
     // Graphs off, or up to a size given (cut to the size below it that vLLM captures: steps of
     // 8 under 256, of 16 from there), or at the sizes given within the budget.
-    assert_eq!(graph(&format!("{ENGINE} -cc.cudagraph_mode=NONE")), 0);
-    assert_eq!(graph(&format!("{ENGINE} --max-cudagraph-capture-size 100")), 96);
-    assert_eq!(graph(&format!("{ENGINE} --max-cudagraph-capture-size 1000")), 992);
-    assert_eq!(graph(&format!("{ENGINE} --cudagraph-capture-sizes 8 16 48 20000")), 48);
+    assert_eq!(graph(&format!("{ENGINE} -cc.cudagraph_mode=NONE")), Graphs::Tokens(0));
+    assert_eq!(graph(&format!("{ENGINE} --max-cudagraph-capture-size 100")), Graphs::Tokens(96));
+    assert_eq!(graph(&format!("{ENGINE} --max-cudagraph-capture-size 1000")), Graphs::Tokens(992));
+    assert_eq!(graph(&format!("{ENGINE} --cudagraph-capture-sizes 8 16 48 20000")), Graphs::Tokens(48));
 }
 
+const SGLANG: &str = "sglang serve --model-path Qwen/Qwen3.5-9B --context-length 8192";
+
 #[test]
-fn enforce_eager_pays_the_launches_on_every_step_and_serves_slower() {
-    let graphs = closed_loop(ENGINE, 8);
-    let eager = closed_loop(&format!("{ENGINE} --enforce-eager"), 8);
-    assert!(
-        eager.mean_tpot > graphs.mean_tpot && eager.total_token_throughput < graphs.total_token_throughput,
-        "eager {eager:?} against graphs {graphs:?}"
-    );
-    // SGLang's flag is another (`--disable-cuda-graph`), which the simulator takes but does not
-    // model: SGLang's fitted step overhead carries its graphs.
-    let args: Vec<String> = "sglang serve --model-path m --enforce-eager".split(' ').map(String::from).collect();
+fn sglang_captures_decode_batches_up_to_its_graphs_largest_batch() {
+    let graph = |line: &str| Scheduler::from_config(&config(line)).expect("fits").cost().graphs;
+    // SGLang 0.5.9 on an H100 or H200: 256 sequences below 4-way tensor parallelism, 512 from it.
+    assert_eq!(graph(SGLANG), Graphs::DecodeBatch(256));
+    assert_eq!(graph(&format!("{SGLANG} --sim-gpu H100 --tp-size 2")), Graphs::DecodeBatch(256));
+    assert_eq!(graph(&format!("{SGLANG} --tp-size 4")), Graphs::DecodeBatch(512));
+    // A limit given is cut to the largest size SGLang captures under it (steps of 8 to 256, of 16
+    // to 512 and of 32 past it; finer below 64 with speculative decoding).
+    for (max, largest) in [(1, 1), (3, 2), (13, 12), (100, 96), (270, 256), (300, 288), (512, 512), (600, 576)] {
+        assert_eq!(graph(&format!("{SGLANG} --cuda-graph-max-bs {max}")), Graphs::DecodeBatch(largest), "{max}");
+    }
+    let nextn = "--speculative-algorithm NEXTN --speculative-num-steps 1";
+    for (max, largest) in [(9, 8), (33, 32), (47, 44), (70, 64), (100, 96), (300, 288)] {
+        let line = format!("{SGLANG} {nextn} --cuda-graph-max-bs {max}");
+        assert_eq!(graph(&line), Graphs::DecodeBatch(largest), "{max} with speculative decoding");
+    }
+    // The sizes given set the largest; `--disable-cuda-graph` captures none.
+    assert_eq!(graph(&format!("{SGLANG} --cuda-graph-bs 1 8 160 --cuda-graph-max-bs 512")), Graphs::DecodeBatch(160));
+    assert_eq!(graph(&format!("{SGLANG} --disable-cuda-graph")), Graphs::DecodeBatch(0));
+    let taken = config(&format!("{SGLANG} --disable-cuda-graph --cuda-graph-max-bs 64"));
+    assert!(taken.unmodelled.is_empty(), "{:?}", taken.unmodelled);
+    // vLLM's spelling is not SGLang's.
+    let args: Vec<String> = format!("{SGLANG} --enforce-eager").split(' ').map(String::from).collect();
     assert_eq!(
         parse_command_line_with_gpu(&args, None).err(),
         Some(benchfleet_sim::ArgError::Unrecognized("--enforce-eager".into()))
     );
-    let args: Vec<String> = "sglang serve --model-path m --disable-cuda-graph".split(' ').map(String::from).collect();
-    let sglang = parse_command_line_with_gpu(&args, None).expect("SGLang takes it");
-    assert_eq!(sglang.unmodelled, ["--disable-cuda-graph"]);
+}
+
+#[test]
+fn enforce_eager_pays_the_launches_on_every_step_and_serves_slower() {
+    for (graphs, eager) in [
+        (ENGINE.to_owned(), format!("{ENGINE} --enforce-eager")),
+        (SGLANG.to_owned(), format!("{SGLANG} --disable-cuda-graph")),
+    ] {
+        let (graphs, eager) = (closed_loop(&graphs, 8), closed_loop(&eager, 8));
+        assert!(
+            eager.mean_tpot > graphs.mean_tpot && eager.total_token_throughput < graphs.total_token_throughput,
+            "eager {eager:?} against graphs {graphs:?}"
+        );
+    }
 }
 
 #[test]
 fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
     let engine = Scheduler::from_config(&config(&format!("{ENGINE} --max-num-seqs 128"))).expect("fits");
     let cost = engine.cost();
-    let step = |prefill_tokens: usize| {
-        cost.step_parts(&benchfleet_sim::profile::StepWork { prefill_tokens, decode_tokens: 100, ..Default::default() })
-    };
+    let eager = cost.coefficients.eager_step_overhead;
+    assert!(eager > 0.0);
+    let step =
+        |prefill_tokens: usize| cost.step_parts(&StepWork { prefill_tokens, decode_tokens: 100, ..Default::default() });
     // 256 tokens replay a graph; 257 do not.
     assert_eq!(step(156).overhead, cost.engine.step_overhead);
-    assert_eq!(step(157).overhead, cost.engine.step_overhead + cost.engine.eager_step_overhead);
-    assert!(cost.engine.eager_step_overhead > 0.0);
+    assert_eq!(step(157).overhead, cost.engine.step_overhead + eager);
+
+    // SGLang's graphs count decoding sequences, whatever is prefilled beside them (its prefills
+    // run without a graph at any size: its fitted step overhead carries them).
+    let engine = Scheduler::from_config(&config(&format!("{SGLANG} --max-running-requests 512"))).expect("fits");
+    let cost = engine.cost();
+    let step = |prefill_tokens: usize, decode_tokens: usize, draft_tokens: usize| {
+        cost.step_parts(&StepWork { prefill_tokens, decode_tokens, draft_tokens, ..Default::default() }).overhead
+    };
+    assert_eq!(step(8192, 0, 0), cost.engine.step_overhead);
+    assert_eq!(step(8192, 256, 0), cost.engine.step_overhead);
+    assert_eq!(step(0, 257, 0), cost.engine.step_overhead + eager);
+    // With 3 draft tokens, 1024 query tokens are 256 sequences.
+    assert_eq!(step(0, 1024, 3), cost.engine.step_overhead);
+}
+
+#[test]
+fn sglang_past_its_graphs_gains_less_from_more_running_requests() {
+    // 512 clients of random 512/128: 256 running requests decode within the graphs; 512 decode
+    // past them, launching every step's kernels, unless the graphs are captured that far.
+    let run = |flags: &str| closed_loop(&format!("{SGLANG} --sim-gpu H100 {flags}"), 512);
+    let (r256, r512) = (run("--max-running-requests 256"), run("--max-running-requests 512"));
+    let graphed = run("--max-running-requests 512 --cuda-graph-max-bs 512");
+    assert!(
+        graphed.total_token_throughput > r512.total_token_throughput,
+        "graphs to 512: {graphed:?} against {r512:?}"
+    );
+    let (gain, graphed_gain) = (
+        r512.total_token_throughput / r256.total_token_throughput,
+        graphed.total_token_throughput / r256.total_token_throughput,
+    );
+    assert!(graphed_gain - gain > 0.03, "512 running: {gain:.3}x 256's, {graphed_gain:.3}x with graphs to 512");
 }
 
 #[test]
