@@ -10,7 +10,7 @@
 //! `calibration::HOLD_OUT`, to go on from a committed fit without it), prints each improvement of
 //! the loss, then the fitted coefficients (to copy into `sim/src/profile.rs`, or into
 //! `calibration::HOLD_OUT` for a fit without a study) and every row's figures under them. `ROUNDS`
-//! caps the rounds (default 40).
+//! caps the rounds (default 40); `KNOBS=SGLang` fits only the knobs whose names hold the word.
 
 use benchfleet_sim::{
     calibration::{self, Study},
@@ -69,7 +69,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let fitted = calibration::fit(start, &studies, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
+    // `KNOBS=SGLang` fits only the knobs whose names hold the word, the others as they start.
+    let only = std::env::var("KNOBS").unwrap_or_default();
+    let fitted_knobs: Vec<_> = calibration::knobs().into_iter().filter(|k| k.name.contains(&only)).collect();
+    if fitted_knobs.is_empty() {
+        eprintln!("no knob's name holds KNOBS={only:?}");
+        std::process::exit(2);
+    }
+    let fitted = calibration::fit(start, &studies, &fitted_knobs, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
     let knobs = calibration::knobs();
     println!("{fitted:?}");
     for knob in &knobs {

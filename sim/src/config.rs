@@ -131,6 +131,10 @@ pub struct SimConfig {
     pub async_scheduling: Option<bool>,
     /// SGLang's overlap scheduler: off with `--disable-overlap-schedule` or speculative decoding.
     pub overlap_schedule: bool,
+    /// A step decodes the running sequences beside its prefill chunks: vLLM's always do, SGLang's
+    /// with `--enable-mixed-chunk`. Else (SGLang's default) a step prefills alone whenever a prompt
+    /// can be prefilled, and the running sequences decode in the steps between.
+    pub mixed_batches: bool,
     /// CUDA graphs at all: vLLM's `--compilation-config '{"cudagraph_mode": "NONE"}'` and SGLang's
     /// `--disable-cuda-graph` turn them off.
     pub cuda_graphs: bool,
@@ -379,6 +383,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         chunked_prefill: true,
         async_scheduling: None,
         overlap_schedule: true,
+        mixed_batches: engine == EngineKind::Vllm,
         cuda_graphs: true,
         max_capture_size: None,
         capture_sizes: None,
@@ -665,6 +670,7 @@ fn engine_flag(
         (Sglang, "--disable-cuda-graph") => config.cuda_graphs = false,
         (Vllm, "--async-scheduling") => config.async_scheduling = Some(on),
         (Sglang, "--disable-overlap-schedule") => config.overlap_schedule = false,
+        (Sglang, "--enable-mixed-chunk") => config.mixed_batches = true,
         (Sglang, "--speculative-algorithm") => given.sglang_speculation.0 = Some(value()),
         (Sglang, "--speculative-num-steps") => given.sglang_speculation.1 = Some(parse(name, &value())?),
         (Sglang, "--speculative-num-draft-tokens") => given.sglang_speculation.2 = Some(parse(name, &value())?),
@@ -1052,6 +1058,7 @@ mod tests {
                 "--disable-radix-cache",
                 "--kv-cache-dtype",
                 "--disable-overlap-schedule",
+                "--enable-mixed-chunk",
                 "--cuda-graph-max-bs",
                 "--cuda-graph-bs",
                 "--disable-cuda-graph",

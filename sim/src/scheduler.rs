@@ -17,6 +17,10 @@
 //!    than `max_num_seqs` sequences, budget is left, and the KV cache can hold
 //!    the whole prompt: a request waits when it is full. Prompt blocks found in
 //!    the prefix cache are not computed again;
+//!    SGLang (unless `--enable-mixed-chunk`) plans the two apart: a step that can
+//!    prefill (a chunk left of a prompt, or a waiting request that fits) does
+//!    only that, and the running sequences decode in a step of their own when
+//!    nothing can be prefilled ([`Limits::mixed`]);
 //! 3. the step's duration is [`CostModel::step_time`] of the planned work; a
 //!    sequence whose prefill completes samples its first token in that step, a
 //!    decoding one emits one token plus the accepted draft tokens.
@@ -48,11 +52,15 @@ pub struct SeqRequest {
     pub seed: u64,
 }
 
-/// Scheduler limits: `--max-num-seqs` and `--max-num-batched-tokens`.
+/// Scheduler limits: `--max-num-seqs` and `--max-num-batched-tokens`, and how a step is composed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Whether a step decodes the running sequences beside its prefill chunks (vLLM's, and
+    /// SGLang's with `--enable-mixed-chunk`), or prefills alone whenever it has a prompt to
+    /// prefill, the running sequences decoding in the steps between (SGLang's default).
+    pub mixed: bool,
 }
 
 /// Speculative decoding: `tokens` drafts per step, each accepted with `acceptance` if the ones before it were.
@@ -269,6 +277,101 @@ impl Scheduler {
     }
 
     /// Plans and applies the next step; `None` when there is nothing to do.
+    /// Plans the running sequences' part of a step: their decodes (`1 + k` tokens and the KV blocks
+    /// for them, preempting the newest sequence when the cache is full) and the next chunks of
+    /// those still prefilling, as `phase` allows.
+    fn plan_running(
+        &mut self,
+        phase: Phase,
+        draft: usize,
+        budget: &mut usize,
+        work: &mut StepWork,
+        plan: &mut Vec<(usize, usize)>,
+    ) {
+        let mut index = 0;
+        while index < self.running.len() {
+            let seq = &self.running[index];
+            if seq.decoding() {
+                if !phase.decodes || *budget < 1 + draft {
+                    index += 1;
+                    continue;
+                }
+                let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
+                let extra = needed.saturating_sub(seq.blocks());
+                if !self.kv.allocate(extra) {
+                    // Preempt the newest sequence; if that is this one, it waits too.
+                    let last = self.running.len() - 1;
+                    self.preempt(last);
+                    plan.retain(|(i, _)| *i < last);
+                    if last == index {
+                        break;
+                    }
+                    continue;
+                }
+                self.running[index].anonymous += extra;
+                let seq = &self.running[index];
+                *budget -= 1 + draft;
+                work.decode_tokens += 1 + draft;
+                work.draft_tokens = draft;
+                work.decode_context_tokens += seq.request.prompt_tokens + seq.generated;
+                plan.push((index, 0));
+            } else if phase.prefills && *budget > 0 {
+                let chunk = (seq.target - seq.computed).min(*budget);
+                *budget -= chunk;
+                add_prefill(work, seq.computed, chunk);
+                plan.push((index, chunk));
+            }
+            index += 1;
+        }
+    }
+
+    /// Admits waiting requests, first come first served, while the batch has room for another
+    /// sequence, budget is left and the KV cache holds the request; each prefills its first chunk
+    /// in this step. A request that can never fit ends at once, in a step of its own (returned).
+    fn admit(
+        &mut self,
+        draft: usize,
+        budget: &mut usize,
+        work: &mut StepWork,
+        plan: &mut Vec<(usize, usize)>,
+    ) -> Option<Step> {
+        while *budget > 0 && self.running.len() < self.limits.max_num_seqs {
+            let Some(seq) = self.waiting.front() else { break };
+            let hashes = &seq.request.block_hashes;
+            let hit_blocks = self.kv.cached_prefix(hashes).min(hashes.len());
+            let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
+            let anonymous = needed.saturating_sub(hit_blocks);
+            if !self.kv.allocate(anonymous) {
+                if self.running.is_empty() && self.kv.available() == self.kv.capacity() {
+                    // It can never fit; the API's length check should have refused it.
+                    let seq = self.waiting.pop_front()?;
+                    return Some(Step {
+                        duration: Duration::ZERO,
+                        emissions: vec![Emission { id: seq.request.id, tokens: 0, finished: true, failed: false }],
+                        work: *work,
+                    });
+                }
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let shared = seq.request.block_hashes[..hit_blocks].to_vec();
+            self.kv.share(&shared);
+            // vLLM always computes at least the prompt's last token, to sample from it.
+            let hit_tokens = (hit_blocks * BLOCK_TOKENS).min(seq.target - 1);
+            self.counters.prefix_cache_queries += seq.target as u64;
+            self.counters.prefix_cache_hits += hit_tokens as u64;
+            seq.computed = hit_tokens;
+            seq.anonymous = anonymous;
+            seq.hashed = shared;
+            let chunk = (seq.target - seq.computed).min(*budget);
+            *budget -= chunk;
+            add_prefill(work, seq.computed, chunk);
+            plan.push((self.running.len(), chunk));
+            self.running.push(seq);
+        }
+        None
+    }
+
     pub fn step(&mut self) -> Option<Step> {
         if self.is_idle() {
             return None;
@@ -287,76 +390,14 @@ impl Scheduler {
         let mut work = StepWork::default();
         // (index in running, prefill chunk); a chunk of 0 is a decode.
         let mut plan: Vec<(usize, usize)> = Vec::new();
-
-        let mut index = 0;
-        while index < self.running.len() {
-            let seq = &self.running[index];
-            if seq.decoding() {
-                if budget < 1 + draft {
-                    index += 1;
-                    continue;
-                }
-                let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
-                let extra = needed.saturating_sub(seq.blocks());
-                if !self.kv.allocate(extra) {
-                    // Preempt the newest sequence; if that is this one, it waits too.
-                    let last = self.running.len() - 1;
-                    self.preempt(last);
-                    plan.retain(|(i, _)| *i < last);
-                    if last == index {
-                        break;
-                    }
-                    continue;
-                }
-                self.running[index].anonymous += extra;
-                let seq = &self.running[index];
-                budget -= 1 + draft;
-                work.decode_tokens += 1 + draft;
-                work.draft_tokens = draft;
-                work.decode_context_tokens += seq.request.prompt_tokens + seq.generated;
-                plan.push((index, 0));
-            } else if budget > 0 {
-                let chunk = (seq.target - seq.computed).min(budget);
-                budget -= chunk;
-                add_prefill(&mut work, seq.computed, chunk);
-                plan.push((index, chunk));
-            }
-            index += 1;
+        // SGLang, unmixed: a step prefills alone when it can, and decodes when it cannot.
+        let decodes = self.limits.mixed;
+        self.plan_running(Phase { decodes, prefills: true }, draft, &mut budget, &mut work, &mut plan);
+        if let Some(never_fits) = self.admit(draft, &mut budget, &mut work, &mut plan) {
+            return Some(never_fits);
         }
-
-        while budget > 0 && self.running.len() < self.limits.max_num_seqs {
-            let Some(seq) = self.waiting.front() else { break };
-            let hashes = &seq.request.block_hashes;
-            let hit_blocks = self.kv.cached_prefix(hashes).min(hashes.len());
-            let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
-            let anonymous = needed.saturating_sub(hit_blocks);
-            if !self.kv.allocate(anonymous) {
-                if self.running.is_empty() && self.kv.available() == self.kv.capacity() {
-                    // It can never fit; the API's length check should have refused it.
-                    let seq = self.waiting.pop_front()?;
-                    return Some(Step {
-                        duration: Duration::ZERO,
-                        emissions: vec![Emission { id: seq.request.id, tokens: 0, finished: true, failed: false }],
-                        work,
-                    });
-                }
-                break;
-            }
-            let Some(mut seq) = self.waiting.pop_front() else { break };
-            let shared = seq.request.block_hashes[..hit_blocks].to_vec();
-            self.kv.share(&shared);
-            // vLLM always computes at least the prompt's last token, to sample from it.
-            let hit_tokens = (hit_blocks * BLOCK_TOKENS).min(seq.target - 1);
-            self.counters.prefix_cache_queries += seq.target as u64;
-            self.counters.prefix_cache_hits += hit_tokens as u64;
-            seq.computed = hit_tokens;
-            seq.anonymous = anonymous;
-            seq.hashed = shared;
-            let chunk = (seq.target - seq.computed).min(budget);
-            budget -= chunk;
-            add_prefill(&mut work, seq.computed, chunk);
-            plan.push((self.running.len(), chunk));
-            self.running.push(seq);
+        if !decodes && plan.is_empty() {
+            self.plan_running(Phase { decodes: true, prefills: false }, draft, &mut budget, &mut work, &mut plan);
         }
 
         if draft > 0 && self.spec_failure_batch.is_some_and(|batch| self.running.len() > batch) {
@@ -412,6 +453,13 @@ impl Scheduler {
         self.counters.steps += 1;
         Some(Step { duration, emissions, work })
     }
+}
+
+/// Which of the running sequences' work a step plans.
+#[derive(Debug, Clone, Copy)]
+struct Phase {
+    decodes: bool,
+    prefills: bool,
 }
 
 /// Adds a prefill chunk of `chunk` tokens after `computed` ones: its tokens, and its attention over
@@ -658,6 +706,7 @@ impl Scheduler {
         let limits = Limits {
             max_num_seqs: share_of(config.max_num_seqs).max(1),
             max_num_batched_tokens: config.max_num_batched_tokens,
+            mixed: config.mixed_batches,
         };
         let share = share_of(capacity).max(blocks_for(longest) + cost.state_blocks());
         Ok(Scheduler::new(cost, limits, speculation, KvCache::new(share, config.enable_prefix_caching))

@@ -531,6 +531,56 @@ fn sglang_past_its_graphs_gains_less_from_more_running_requests() {
     assert!(graphed_gain - gain > 0.03, "512 running: {gain:.3}x 256's, {graphed_gain:.3}x with graphs to 512");
 }
 
+/// A request of `prompt` tokens and `output` to generate.
+fn request(id: u64, prompt: usize, output: usize) -> benchfleet_sim::SeqRequest {
+    benchfleet_sim::SeqRequest { id, prompt_tokens: prompt, block_hashes: Vec::new(), max_tokens: output, seed: id }
+}
+
+#[test]
+fn sglang_prefills_alone_and_decodes_between_unless_its_chunks_are_mixed() {
+    // Two requests decoding, then a third arrives.
+    let steps = |line: &str| {
+        let mut engine = Scheduler::from_config(&config(line)).expect("fits");
+        engine.add(request(1, 100, 50));
+        engine.add(request(2, 100, 50));
+        engine.step().expect("the prompts");
+        engine.add(request(3, 3000, 50));
+        let work = |engine: &mut Scheduler| {
+            let w = engine.step().expect("a step").work;
+            (w.prefill_tokens, w.decode_tokens)
+        };
+        [work(&mut engine), work(&mut engine)]
+    };
+    // SGLang's default: the prompt alone, the running requests waiting a step; then all three decode.
+    assert_eq!(steps(SGLANG), [(3000, 0), (0, 3)]);
+    // Its chunks mixed, and vLLM's always: the prompt beside the decodes.
+    assert_eq!(steps(&format!("{SGLANG} --enable-mixed-chunk")), [(3000, 2), (0, 3)]);
+    assert_eq!(steps(ENGINE), [(3000, 2), (0, 3)]);
+    // A prompt longer than the budget prefills chunk by chunk, the decodes waiting for the last.
+    let mut engine = Scheduler::from_config(&config(&format!("{SGLANG} --chunked-prefill-size 1024"))).expect("fits");
+    engine.add(request(1, 100, 50));
+    engine.step().expect("the prompt");
+    engine.add(request(2, 2500, 50));
+    let decoded: Vec<usize> = (0..4).map(|_| engine.step().expect("a step").work.decode_tokens).collect();
+    assert_eq!(decoded, [0, 0, 0, 2]);
+    // A request that cannot be admitted (the sequence limit reached) does not hold the decodes up.
+    let mut engine = Scheduler::from_config(&config(&format!("{SGLANG} --max-running-requests 1"))).expect("fits");
+    engine.add(request(1, 100, 50));
+    engine.step().expect("the prompt");
+    engine.add(request(2, 100, 50));
+    assert_eq!(engine.step().expect("a step").work.decode_tokens, 1);
+
+    // Under a steady stream, a prompt waits for no decode step (a shorter time to its first
+    // token), and every decode waits for the prompts (a longer time per output token).
+    let workload = Workload {
+        items: simulate::random(400, 1024, 128, 7),
+        arrival: Arrival::Rate { rate: 8.0, max_concurrency: None },
+    };
+    let run = |line: &str| Summary::of(&simulate::simulate(&config(line), &workload).expect("fits"));
+    let (alone, mixed) = (run(SGLANG), run(&format!("{SGLANG} --enable-mixed-chunk")));
+    assert!(alone.mean_ttft < mixed.mean_ttft && alone.mean_tpot > mixed.mean_tpot, "{alone:?} against {mixed:?}");
+}
+
 #[test]
 fn data_parallel_replicas_each_serve_a_share_and_add_up() {
     // Saturated, two replicas serve twice one's clients in about one's time: twice the throughput.

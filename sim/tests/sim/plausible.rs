@@ -58,13 +58,13 @@ impl Line {
         if let Some(seqs) = self.max_seqs {
             words.push(format!("{} {seqs}", if self.sglang { "--max-running-requests" } else { "--max-num-seqs" }));
         }
-        if !self.sglang {
-            if let Some(mode) = self.mode {
-                words.push(format!("--performance-mode {mode}"));
-            }
-            if self.eager {
-                words.push("--enforce-eager".into());
-            }
+        if !self.sglang
+            && let Some(mode) = self.mode
+        {
+            words.push(format!("--performance-mode {mode}"));
+        }
+        if self.eager {
+            words.push(if self.sglang { "--disable-cuda-graph" } else { "--enforce-eager" }.into());
         }
         words.join(" ")
     }
