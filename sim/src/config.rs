@@ -105,6 +105,10 @@ pub struct SimConfig {
     pub enforce_eager: bool,
     /// `--gpu-memory-utilization` / `--mem-fraction-static`; the engine's default when absent.
     pub gpu_memory_utilization: Option<f64>,
+    /// vLLM's `--kv-cache-memory-bytes`: the KV cache's bytes per GPU, whatever the memory fraction.
+    pub kv_cache_memory_bytes: Option<usize>,
+    /// SGLang's `--max-total-tokens`: at most this many tokens in its KV pool.
+    pub max_total_tokens: Option<usize>,
     pub tensor_parallel_size: u32,
     /// `--pipeline-parallel-size` (SGLang's `--pp-size`): the layers split over that many stages,
     /// which hold as many batches in flight ([`crate::pipeline::Pipeline`]).
@@ -373,6 +377,8 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         language_model_only: false,
         enforce_eager: false,
         gpu_memory_utilization: None,
+        kv_cache_memory_bytes: None,
+        max_total_tokens: None,
         tensor_parallel_size: 1,
         pipeline_parallel_size: 1,
         data_parallel_size: 1,
@@ -682,6 +688,11 @@ fn engine_flag(
         (_, "--reasoning-parser") => config.reasoning_parser = Some(value()),
         (Vllm, "--language-model-only") => config.language_model_only = on,
         (Vllm, "--enforce-eager") => config.enforce_eager = on,
+        // 0 is vLLM's "not given": it profiles the memory as without it.
+        (Vllm, "--kv-cache-memory-bytes") => {
+            config.kv_cache_memory_bytes = Some(human_number(name, &value())?).filter(|&bytes| bytes > 0);
+        }
+        (Sglang, "--max-total-tokens") => config.max_total_tokens = Some(parse(name, &value())?),
         (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
             config.gpu_memory_utilization = Some(parse(name, &value())?);
         }
@@ -999,6 +1010,8 @@ mod tests {
             "--gpu-memory-utilization" | "--mem-fraction-static" => "0.8",
             "--max-cudagraph-capture-size" | "--cudagraph-capture-sizes" => "64",
             "--cuda-graph-max-bs" | "--cuda-graph-bs" => "64",
+            "--kv-cache-memory-bytes" => "8G",
+            "--max-total-tokens" => "100000",
             name if name.contains("parallel-size")
                 || name.ends_with("seed")
                 || name.starts_with("--max-num")
@@ -1037,6 +1050,7 @@ mod tests {
                 "--language-model-only",
                 "--enforce-eager",
                 "--gpu-memory-utilization",
+                "--kv-cache-memory-bytes",
                 "--tensor-parallel-size",
                 "--pipeline-parallel-size",
                 "--data-parallel-size",
@@ -1067,6 +1081,7 @@ mod tests {
                 "--speculative-num-draft-tokens",
                 "--reasoning-parser",
                 "--mem-fraction-static",
+                "--max-total-tokens",
                 "--tensor-parallel-size",
                 "--pipeline-parallel-size",
                 "--data-parallel-size",

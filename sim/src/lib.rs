@@ -47,11 +47,20 @@ pub use scheduler::{Counters, Scheduler, SeqRequest, StartupError, Step};
 /// requests finish. Fails at once with the engine's own message when the model does not fit
 /// ([`StartupError`]), and with [`EngineCrashed`] when `--sim-crash-after` kills the engine.
 pub async fn serve(
-    config: SimConfig,
+    mut config: SimConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let replicas = pipeline::Pipeline::replicas(&config)?;
+    // SGLang starts with a KV pool smaller than its context, and takes requests its pool holds.
+    let pool = replicas.iter().map(pipeline::Pipeline::max_request_tokens).min().unwrap_or(0);
+    if pool < config.max_model_len {
+        tracing::warn!(
+            "the KV cache holds {pool} tokens: requests are limited to them, not --context-length {}",
+            config.max_model_len
+        );
+        config.max_model_len = pool;
+    }
     let (engine, engine_task) = engine::start(
         replicas,
         config.routing,

@@ -89,6 +89,11 @@ impl Pipeline {
     pub fn batches(&self) -> &[Scheduler] {
         &self.batches
     }
+
+    /// The most tokens a request may hold here: what its smallest batch's cache holds.
+    pub fn max_request_tokens(&self) -> usize {
+        self.batches.iter().map(Scheduler::max_request_tokens).min().unwrap_or(0)
+    }
 }
 
 impl Stepper for Pipeline {

@@ -153,6 +153,8 @@ pub struct Scheduler {
     jitter: Option<(f64, ChaCha8Rng)>,
     /// KV blocks a running sequence's recurrent state takes (a hybrid model's), held while it runs.
     state_blocks: usize,
+    /// SGLang's `--max-total-tokens`, when given: its token pool's size, which bounds a request.
+    token_pool: Option<usize>,
 }
 
 /// A standard normal from two uniforms (Box-Muller).
@@ -179,6 +181,7 @@ impl Scheduler {
             spec_state_corrupt: false,
             jitter: None,
             state_blocks,
+            token_pool: None,
         }
     }
 
@@ -206,6 +209,12 @@ impl Scheduler {
 
     /// Models the reports' speculative-decoding failure at high load: once a step with speculative
     /// decoding runs more than `batch` sequences, every request not yet running fails.
+    /// SGLang's `--max-total-tokens`: a request holds at most this many tokens.
+    pub fn with_token_pool(mut self, tokens: Option<usize>) -> Scheduler {
+        self.token_pool = tokens;
+        self
+    }
+
     pub fn with_spec_failure(mut self, batch: Option<usize>) -> Scheduler {
         self.spec_failure_batch = batch;
         self
@@ -341,8 +350,12 @@ impl Scheduler {
             let hit_blocks = self.kv.cached_prefix(hashes).min(hashes.len());
             let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
             let anonymous = needed.saturating_sub(hit_blocks);
-            if !self.kv.allocate(anonymous) {
-                if self.running.is_empty() && self.kv.available() == self.kv.capacity() {
+            // Longer than SGLang's token pool holds: the API's length check refuses it first.
+            let too_long = self
+                .token_pool
+                .is_some_and(|pool| seq.request.prompt_tokens.saturating_add(seq.request.max_tokens) >= pool);
+            if too_long || !self.kv.allocate(anonymous) {
+                if too_long || (self.running.is_empty() && self.kv.available() == self.kv.capacity()) {
                     // It can never fit; the API's length check should have refused it.
                     let seq = self.waiting.pop_front()?;
                     return Some(Step {
@@ -490,6 +503,13 @@ pub enum StartupError {
         available_gib: f64,
         estimated_len: usize,
     },
+    /// vLLM's `--kv-cache-memory-bytes` asks for more than the GPUs hold beside the weights: vLLM
+    /// skips its memory profile and allocates what it was told, which CUDA cannot.
+    #[error(
+        "{}. Tried to allocate {asked_gib:.2} GiB for the KV cache (--kv-cache-memory-bytes, per GPU, on {gpus} GPUs); {free_gib:.2} GiB is free beside the weights",
+        out_of_memory(EngineKind::Vllm)
+    )]
+    KvCacheDoesNotFit { asked_gib: f64, free_gib: f64, gpus: u64 },
     /// A value the engine's own checks refuse once its flags are parsed (too many GPUs asked,
     /// a token budget under the sequences, a memory fraction above 1).
     #[error("{0}")]
@@ -657,7 +677,11 @@ impl Scheduler {
         let tp = f64::from(config.tensor_parallel_size);
         // A pipeline's stages hold the weights and the KV cache between them.
         let gpus = tp * f64::from(config.pipeline_parallel_size);
-        let fraction = config.gpu_memory_utilization.unwrap_or(engine.default_memory_fraction);
+        // vLLM's `--kv-cache-memory-bytes` sizes the cache itself, whatever the memory fraction.
+        let fraction = match config.kv_cache_memory_bytes {
+            Some(_) => 1.0,
+            None => config.gpu_memory_utilization.unwrap_or(engine.default_memory_fraction),
+        };
         let usable = config.gpu.memory * gpus * fraction - c.runtime_reserve * gpus;
         let vision = if config.language_model_only { 1.0 - c.vision_encoder_fraction } else { 1.0 };
         let weights = model.weight_bytes() * vision;
@@ -671,10 +695,20 @@ impl Scheduler {
         }
         let kv_fp8 = config.kv_cache_dtype.starts_with("fp8");
         let kv_bytes_per_token = model.kv_bytes_per_token_bf16() * if kv_fp8 { 0.5 } else { 1.0 };
-        let kv_bytes = usable - weights;
-        let capacity = (kv_bytes / (kv_bytes_per_token * BLOCK_TOKENS as f64)) as usize;
+        let mut kv_bytes = usable - weights;
+        if let Some(per_gpu) = config.kv_cache_memory_bytes {
+            let asked = per_gpu as f64 * gpus;
+            if asked > kv_bytes {
+                return Err(StartupError::KvCacheDoesNotFit {
+                    asked_gib: asked / GIB,
+                    free_gib: kv_bytes / GIB,
+                    gpus: gpus as u64,
+                });
+            }
+            kv_bytes = asked;
+        }
         let speculation = speculation(config);
-        let longest = config.max_model_len.saturating_add(speculation.map_or(0, |s| s.tokens)).saturating_add(1);
+        let mut longest = config.max_model_len.saturating_add(speculation.map_or(0, |s| s.tokens)).saturating_add(1);
         let cost = CostModel {
             coefficients: config.coefficients,
             gpu: config.gpu,
@@ -687,6 +721,21 @@ impl Scheduler {
             multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
             graphs: graphs(config, speculation),
         };
+        let mut capacity = (kv_bytes / (kv_bytes_per_token * BLOCK_TOKENS as f64)) as usize;
+        if let Some(tokens) = config.max_total_tokens {
+            // SGLang's `--max-total-tokens` caps its token pool; the states keep a pool of their own
+            // (here one cache, so tokens may use the room of states not running: not modelled).
+            let states = config.max_num_seqs.saturating_mul(cost.state_blocks());
+            capacity = capacity.min((tokens / BLOCK_TOKENS).saturating_add(states));
+        }
+        // The tokens a request may hold: the cache's beside its state, within SGLang's pool.
+        let pool_tokens = (capacity.saturating_sub(cost.state_blocks()) * BLOCK_TOKENS)
+            .min(config.max_total_tokens.map_or(usize::MAX, |tokens| tokens / BLOCK_TOKENS * BLOCK_TOKENS));
+        if config.engine == EngineKind::Sglang && pool_tokens > 1 {
+            // SGLang serves a context its pool cannot hold: it takes requests of up to the pool's
+            // tokens, less one ([`Scheduler::max_request_tokens`]).
+            longest = longest.min(pool_tokens);
+        }
         if capacity < blocks_for(longest) + cost.state_blocks() {
             return Err(StartupError::KvCacheTooSmall {
                 engine: config.engine,
@@ -710,6 +759,7 @@ impl Scheduler {
         };
         let share = share_of(capacity).max(blocks_for(longest) + cost.state_blocks());
         Ok(Scheduler::new(cost, limits, speculation, KvCache::new(share, config.enable_prefix_caching))
+            .with_token_pool(config.max_total_tokens.map(|tokens| tokens.min(pool_tokens)))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
     }
@@ -721,6 +771,14 @@ impl Scheduler {
 
     pub fn kv_capacity_tokens(&self) -> usize {
         self.kv.capacity() * BLOCK_TOKENS
+    }
+
+    /// The most tokens (prompt and output) a request may hold: what the cache holds beside one
+    /// sequence's recurrent state, less one. SGLang starts with a pool smaller than its context
+    /// and serves requests of up to this (its `max_req_len`); vLLM refuses to start instead.
+    pub fn max_request_tokens(&self) -> usize {
+        let cache = self.kv.capacity().saturating_sub(self.state_blocks) * BLOCK_TOKENS;
+        cache.min(self.token_pool.unwrap_or(usize::MAX)).saturating_sub(1)
     }
 }
 

@@ -167,6 +167,42 @@ fn configurations_that_cannot_fit_fail_at_startup_like_the_engine() {
 }
 
 #[test]
+fn the_cache_is_sized_as_told_where_the_engines_take_a_size() {
+    let gib = 1024.0 * 1024.0 * 1024.0;
+    let capacity = |line: &str| Scheduler::from_config(&config(line)).expect("fits").kv_capacity_tokens();
+    let per_token = |line: &str| Scheduler::from_config(&config(line)).expect("fits").cost().kv_bytes_per_token;
+    // vLLM's `--kv-cache-memory-bytes`: the cache's bytes per GPU, whatever the memory fraction.
+    let h100 = "vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 --max-model-len 8192";
+    for (flags, gpus) in [("--kv-cache-memory-bytes 4G", 1.0), ("--kv-cache-memory-bytes 4G -tp 2", 2.0)] {
+        let line = format!("{h100} {flags} --gpu-memory-utilization 0.5");
+        let tokens = capacity(&line) as f64;
+        let expected = 4.0 * gib * gpus / per_token(&line);
+        assert!((tokens / expected - 1.0).abs() < 0.01, "{flags}: {tokens} tokens, {expected} expected");
+    }
+    // More than the GPU holds beside the weights is CUDA's out of memory, as vLLM allocates it.
+    let err = Scheduler::from_config(&config(&format!("{h100} --kv-cache-memory-bytes 70G"))).expect_err("too much");
+    assert!(matches!(err, StartupError::KvCacheDoesNotFit { gpus: 1, .. }), "{err:?}");
+    assert!(err.to_string().starts_with("torch.OutOfMemoryError: CUDA out of memory"), "{err}");
+
+    // SGLang's `--max-total-tokens` caps its token pool; a pool smaller than the context still
+    // starts, and takes requests of up to the pool's tokens.
+    let sglang = "sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H100 --context-length 32768";
+    let free = Scheduler::from_config(&config(sglang)).expect("fits");
+    assert!(free.max_request_tokens() >= 32768, "{}", free.max_request_tokens());
+    let capped = Scheduler::from_config(&config(&format!("{sglang} --max-total-tokens 20000"))).expect("starts");
+    assert_eq!(capped.max_request_tokens(), 19_999);
+    assert!(capped.kv_capacity_tokens() < free.kv_capacity_tokens());
+    // One request of the pool's size runs; a longer one never fits and ends at once.
+    let run = |prompt: usize| {
+        let items = simulate::random(1, prompt, 16, 3);
+        let workload = Workload { items, arrival: Arrival::Closed { concurrency: 1 } };
+        simulate::simulate(&config(&format!("{sglang} --max-total-tokens 20000")), &workload).expect("starts")[0]
+    };
+    assert_eq!(run(19_000).output_tokens, 16);
+    assert!(run(25_000).completed == run(25_000).sent, "{:?}", run(25_000));
+}
+
+#[test]
 fn values_the_engine_refuses_fail_at_startup_in_its_words() {
     let refused = |line: &str, visible: Option<usize>| {
         let config = benchfleet_sim::SimConfig { visible_gpus: visible, ..config(line) };

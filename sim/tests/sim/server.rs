@@ -252,6 +252,16 @@ async fn past_its_failure_batch_speculative_decoding_fails_requests_with_the_eng
 }
 
 #[tokio::test]
+async fn sglang_with_a_pool_smaller_than_its_context_serves_what_the_pool_holds() {
+    let sim = start("sglang serve --model-path Qwen/Qwen3.5-9B --context-length 32768 --max-total-tokens 2000").await;
+    let (status, body) = sim.post("/v1/completions", json!({"prompt": "w ".repeat(2500), "max_tokens": 4})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("maximum context length is 1999 tokens"), "{body}");
+    let (status, body) = sim.post("/v1/completions", json!({"prompt": "w ".repeat(1000), "max_tokens": 4})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
 async fn a_model_that_does_not_fit_fails_at_startup() {
     let sim = start("vllm serve Qwen/Qwen3-235B-A22B --sim-gpu H100").await;
     let err = sim.task.await.expect("no panic").expect_err("out of memory");
