@@ -128,8 +128,9 @@ pub struct SimConfig {
     /// `--quantization fp8` (SGLang's `w8a8_fp8` too): a BF16 checkpoint's weights quantised to
     /// FP8 as they load, run as an FP8 checkpoint's.
     pub weights_fp8: bool,
-    /// vLLM's `--enable-chunked-prefill` (on unless `--no-enable-chunked-prefill`): off, a prompt
-    /// is prefilled whole and the default budget holds a whole context.
+    /// vLLM's `--enable-chunked-prefill` (on unless `--no-enable-chunked-prefill`), SGLang's unless
+    /// `--chunked-prefill-size -1`: off, a prompt is prefilled whole and the default budget holds
+    /// a whole context.
     pub chunked_prefill: bool,
     /// vLLM's `--async-scheduling` as given (`None`: on, unless the drafting method cannot).
     pub async_scheduling: Option<bool>,
@@ -785,7 +786,10 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     config.max_num_seqs = given.max_seqs.unwrap_or(default_seqs);
     config.max_num_batched_tokens = match given.budget {
         Some(Budget::Tokens(tokens)) => tokens,
-        Some(Budget::Unchunked) => config.max_model_len.max(costs.default_max_num_batched_tokens),
+        Some(Budget::Unchunked) => {
+            config.chunked_prefill = false;
+            config.max_model_len.max(costs.default_max_num_batched_tokens)
+        }
         None if engine == EngineKind::Vllm => {
             // vLLM: unchunked, at least a whole context; never more than its sequences can hold.
             let mut budget = costs.default_max_num_batched_tokens;

@@ -41,7 +41,7 @@ pub use config::{
     parse_command_line_with_gpu,
 };
 pub use engine::EngineCrashed;
-pub use scheduler::{Counters, Scheduler, SeqRequest, StartupError, Step};
+pub use scheduler::{Counters, Scheduler, SeqRequest, StartupError, Step, default_memory_fraction};
 
 /// Serves `config`'s simulated engine on `listener` until `shutdown` resolves, then lets in-flight
 /// requests finish. Fails at once with the engine's own message when the model does not fit

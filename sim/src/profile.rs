@@ -187,14 +187,13 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
     default_params_b: 8.0,
-    // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens, 90% of memory), and SGLang 0.5.9,
+    // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens), and SGLang 0.5.9,
     // whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running.
     vllm: EngineCosts {
         step_overhead: 5.749220e-3,
         decode_token_overhead: 9.000397e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
-        default_memory_fraction: 0.9,
         mixed_token_factor: 2.38262,
         overlap: 0.9140145,
     },
@@ -203,7 +202,6 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         decode_token_overhead: 1.714221e-4,
         default_max_num_seqs: 128,
         default_max_num_batched_tokens: 8192,
-        default_memory_fraction: 0.88,
         mixed_token_factor: 1.0,
         overlap: 0.791573,
     },
@@ -223,8 +221,6 @@ pub struct EngineCosts {
     pub default_max_num_seqs: usize,
     /// Default token budget per step (`--max-num-batched-tokens` / `--chunked-prefill-size`).
     pub default_max_num_batched_tokens: usize,
-    /// Default fraction of GPU memory the engine may use.
-    pub default_memory_fraction: f64,
     /// The per-token overhead of a step that mixes prefill chunks with decodes, over a pure decode
     /// step's: vLLM replays a pure decode batch as one full CUDA graph, and runs a mixed one
     /// piecewise, launching its attention (and the linear-attention layers' prefill kernels)

@@ -680,9 +680,12 @@ impl Scheduler {
         // vLLM's `--kv-cache-memory-bytes` sizes the cache itself, whatever the memory fraction.
         let fraction = match config.kv_cache_memory_bytes {
             Some(_) => 1.0,
-            None => config.gpu_memory_utilization.unwrap_or(engine.default_memory_fraction),
+            None => config.gpu_memory_utilization.unwrap_or_else(|| default_memory_fraction(config)),
         };
-        let usable = config.gpu.memory * gpus * fraction - c.runtime_reserve * gpus;
+        // vLLM's fraction holds the activations and graphs too; SGLang's is the weights' and the
+        // KV pool's alone, its default leaving room for the rest (`sglang_mem_fraction_static`).
+        let reserve = if config.engine == EngineKind::Vllm { c.runtime_reserve } else { 0.0 };
+        let usable = config.gpu.memory * gpus * fraction - reserve * gpus;
         let vision = if config.language_model_only { 1.0 - c.vision_encoder_fraction } else { 1.0 };
         let weights = model.weight_bytes() * vision;
         if weights >= usable {
@@ -780,6 +783,49 @@ impl Scheduler {
         let cache = self.kv.capacity().saturating_sub(self.state_blocks) * BLOCK_TOKENS;
         cache.min(self.token_pool.unwrap_or(usize::MAX)).saturating_sub(1)
     }
+}
+
+/// The share of each GPU's memory the engine takes where `--gpu-memory-utilization` or
+/// `--mem-fraction-static` is not given: vLLM's 0.9, SGLang's by its rule.
+pub fn default_memory_fraction(config: &SimConfig) -> f64 {
+    match config.engine {
+        EngineKind::Vllm => 0.9,
+        EngineKind::Sglang => sglang_mem_fraction_static(config),
+    }
+}
+
+/// SGLang 0.5.9's `mem_fraction_static` where it is not given (`_handle_gpu_memory_settings`):
+/// the GPU's memory less what it reserves for activations (1.5 MB a token of a prefill chunk, or
+/// of `--max-prefill-tokens` unchunked, at least 2048), CUDA graphs (2 MB a batch size up to the
+/// largest), the parallel ranks and a draft model, at least 10 GB on a GPU of more than 60 GB;
+/// then, for a model with a vision encoder, 0.95 times a factor for the encoder's size against
+/// a ViT-L/14's (Qwen3.5's: 27 layers of 1152, 0.958).
+fn sglang_mem_fraction_static(config: &SimConfig) -> f64 {
+    let mib = config.gpu.memory / (1024.0 * 1024.0);
+    let tokens = if config.chunked_prefill { config.max_num_batched_tokens } else { 16384 };
+    let graphs = match &config.capture_sizes {
+        Some(sizes) => sizes.iter().copied().max().unwrap_or(0),
+        None => config.max_capture_size.unwrap_or(if config.tensor_parallel_size < 4 { 256 } else { 512 }),
+    } as f64;
+    let (tp, pp) = (f64::from(config.tensor_parallel_size), f64::from(config.pipeline_parallel_size));
+    let mut reserved = 512.0 + tokens.max(2048) as f64 * 1.5 + graphs * 2.0 + tp * pp / 8.0 * 1024.0;
+    if config.dp_attention {
+        let dp = f64::from(config.data_parallel_size);
+        reserved += graphs * dp * 3.0 + if graphs > 300.0 { graphs * dp * 1.5 } else { 0.0 };
+    }
+    if mib > 60.0 * 1024.0 {
+        reserved = reserved.max(10.0 * 1024.0);
+    }
+    let method = config.speculative_config.as_ref().and_then(|s| s.get("method")).and_then(|m| m.as_str());
+    reserved += match method {
+        Some("draft_model") => 6.0 * 1024.0,
+        Some("ngram") | None => 0.0,
+        Some(_) => 2.0 * 1024.0,
+    };
+    let fraction = ((mib - reserved) / mib * 1000.0).round() / 1000.0;
+    // The vision encoder: 27 layers of 1152 against 24 of 1024, 0.1 less a doubling, within 0.8-1.05.
+    let complexity: f64 = 27.0 * 1152.0 * 1152.0 / (24.0 * 1024.0 * 1024.0);
+    fraction * 0.95 * (1.0 - 0.1 * (complexity - 1.0)).clamp(0.8, 1.05)
 }
 
 /// The steps the engine's captured CUDA graphs cover; none with `--enforce-eager` or graphs off.

@@ -261,6 +261,20 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
         (EngineKind::Sglang, None),
     ] {
         let e = EngineCosts::of(&COEFFICIENTS, engine, mode);
+        // The default memory fraction on each GPU (SGLang's depends on it), for Qwen3.5-9B.
+        let fractions: Vec<String> = GPUS
+            .iter()
+            .map(|gpu| {
+                let line = match engine {
+                    EngineKind::Vllm => "vllm serve Qwen/Qwen3.5-9B",
+                    EngineKind::Sglang => "sglang serve --model-path Qwen/Qwen3.5-9B",
+                };
+                let args: Vec<String> = line.split(' ').map(String::from).collect();
+                let config =
+                    benchfleet_sim::parse_command_line_with_gpu(&args, Some(gpu.name)).expect("a command line");
+                format!("{:.3} ({})", benchfleet_sim::default_memory_fraction(&config), gpu.name)
+            })
+            .collect();
         let _ = writeln!(
             doc,
             "| {engine} {} | {:.3} ms | {:.4} ms | {} | {} | {} |",
@@ -269,7 +283,7 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
             e.decode_token_overhead * 1e3,
             e.default_max_num_seqs,
             e.default_max_num_batched_tokens,
-            e.default_memory_fraction
+            fractions.join(", ")
         );
     }
     let _ = writeln!(

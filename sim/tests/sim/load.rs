@@ -203,6 +203,40 @@ fn the_cache_is_sized_as_told_where_the_engines_take_a_size() {
 }
 
 #[test]
+fn sglang_leaves_room_by_its_rule_for_what_its_prefills_graphs_and_drafts_take() {
+    let sglang = "sglang serve --model-path Qwen/Qwen3.5-9B --context-length 8192";
+    let fraction = |flags: &str| benchfleet_sim::default_memory_fraction(&config(&format!("{sglang} {flags}")));
+    // SGLang 0.5.9 reserves at least 10 GB beside the weights and the pool on these GPUs, then
+    // takes 0.95 x 0.958 of the rest for Qwen3.5's vision encoder.
+    let vision = 0.95 * (1.0 - 0.1 * (27.0 * 1152.0 * 1152.0 / (24.0 * 1024.0 * 1024.0) - 1.0));
+    let mib = |gpu: &str| benchfleet_sim::profile::gpu(gpu).expect("known").memory / (1024.0 * 1024.0);
+    let expected = |gpu: &str, reserved: f64| ((mib(gpu) - reserved) / mib(gpu) * 1000.0).round() / 1000.0 * vision;
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    // 512 + 8192 x 1.5 + 256 x 2 + 128 MB = 13440 MB by default; a 16k chunk adds 12 GB, graphs
+    // to 512 sequences half a GB, an MTP draft 2 GB.
+    assert!(close(fraction("--sim-gpu H100"), expected("H100", 13440.0)), "{}", fraction("--sim-gpu H100"));
+    assert!(close(fraction(""), expected("H200", 13440.0)));
+    assert!(close(fraction("--chunked-prefill-size 16384"), expected("H200", 25728.0)));
+    assert!(close(fraction("--cuda-graph-max-bs 512"), expected("H200", 13952.0)));
+    let nextn = "--speculative-algorithm NEXTN --speculative-num-steps 1";
+    assert!(close(fraction(nextn), expected("H200", 13440.0 + 2048.0)));
+    // Unchunked, it reserves for its largest prefill batch (16384 tokens); a small chunk, the 10 GB.
+    assert!(close(fraction("--chunked-prefill-size -1"), expected("H200", 25728.0)));
+    assert!(close(fraction("--chunked-prefill-size 1024"), expected("H200", 10240.0)));
+    // So a larger chunk leaves a smaller pool, and a fraction given is taken as given.
+    let pool = |flags: &str| {
+        Scheduler::from_config(&config(&format!("{sglang} --sim-gpu H100 {flags}"))).expect("fits").kv_capacity_tokens()
+    };
+    assert!(pool("--chunked-prefill-size 16384") < pool(""));
+    assert!(pool("--mem-fraction-static 0.9") > pool(""));
+    assert_eq!(
+        pool("--mem-fraction-static 0.9 --chunked-prefill-size 16384"),
+        pool("--mem-fraction-static 0.9"),
+        "a fraction given is SGLang's weights and pool, whatever the chunk"
+    );
+}
+
+#[test]
 fn values_the_engine_refuses_fail_at_startup_in_its_words() {
     let refused = |line: &str, visible: Option<usize>| {
         let config = benchfleet_sim::SimConfig { visible_gpus: visible, ..config(line) };
