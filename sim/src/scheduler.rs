@@ -207,14 +207,14 @@ impl Scheduler {
         time.mul_f64((*sigma * standard_normal(rng) - *sigma * *sigma / 2.0).exp())
     }
 
-    /// Models the reports' speculative-decoding failure at high load: once a step with speculative
-    /// decoding runs more than `batch` sequences, every request not yet running fails.
     /// SGLang's `--max-total-tokens`: a request holds at most this many tokens.
     pub fn with_token_pool(mut self, tokens: Option<usize>) -> Scheduler {
         self.token_pool = tokens;
         self
     }
 
+    /// Models the reports' speculative-decoding failure at high load: once a step with speculative
+    /// decoding runs more than `batch` sequences, every request not yet running fails.
     pub fn with_spec_failure(mut self, batch: Option<usize>) -> Scheduler {
         self.spec_failure_batch = batch;
         self
