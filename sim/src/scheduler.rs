@@ -734,18 +734,24 @@ impl Scheduler {
         // The tokens a request may hold: the cache's beside its state, within SGLang's pool.
         let pool_tokens = (capacity.saturating_sub(cost.state_blocks()) * BLOCK_TOKENS)
             .min(config.max_total_tokens.map_or(usize::MAX, |tokens| tokens / BLOCK_TOKENS * BLOCK_TOKENS));
-        if config.engine == EngineKind::Sglang && pool_tokens > 1 {
-            // SGLang serves a context its pool cannot hold: it takes requests of up to the pool's
-            // tokens, less one ([`Scheduler::max_request_tokens`]).
-            longest = longest.min(pool_tokens);
-        }
-        if capacity < blocks_for(longest) + cost.state_blocks() {
+        // SGLang serves a context its pool cannot hold: it takes requests of up to the pool's tokens,
+        // less one ([`Scheduler::max_request_tokens`]), and refuses to start only when that leaves
+        // no prompt room (its `max_req_input_len`, 5 tokens fewer, must be positive).
+        let context = longest;
+        let too_small = match config.engine {
+            EngineKind::Sglang => {
+                longest = longest.min(pool_tokens);
+                pool_tokens <= 6
+            }
+            EngineKind::Vllm => capacity < blocks_for(longest) + cost.state_blocks(),
+        };
+        if too_small {
             return Err(StartupError::KvCacheTooSmall {
                 engine: config.engine,
                 max_model_len: config.max_model_len,
-                needed_gib: (longest as f64 * kv_bytes_per_token + cost.state_bytes()) / GIB,
-                available_gib: kv_bytes / GIB,
-                estimated_len: capacity.saturating_sub(cost.state_blocks()) * BLOCK_TOKENS,
+                needed_gib: (context as f64 * kv_bytes_per_token + cost.state_bytes()) / GIB,
+                available_gib: kv_bytes.min(pool_tokens as f64 * kv_bytes_per_token + cost.state_bytes()) / GIB,
+                estimated_len: pool_tokens,
             });
         }
         // Each batch in flight through a pipeline takes its share of the running sequences and of

@@ -199,6 +199,12 @@ fn the_cache_is_sized_as_told_where_the_engines_take_a_size() {
         simulate::simulate(&config(&format!("{sglang} --max-total-tokens 20000")), &workload).expect("starts")[0]
     };
     assert_eq!(run(19_000).output_tokens, 16);
+    // A pool that leaves no prompt room (SGLang's `max_req_input_len`, 6 tokens fewer) does not start.
+    for tokens in [0, 6] {
+        let line = format!("{sglang} --max-total-tokens {tokens}");
+        let err = Scheduler::from_config(&config(&line)).expect_err("no room");
+        assert!(err.to_string().starts_with("RuntimeError: Not enough memory"), "{tokens}: {err}");
+    }
     assert!(run(25_000).completed == run(25_000).sent, "{:?}", run(25_000));
 }
 
