@@ -191,7 +191,7 @@ impl EngineHandle {
 }
 
 impl Stats {
-    /// Several schedulers' state as one's: requests, counters and step timing summed, the KV
+    /// Several replicas' state as one's: requests, counters and step timing summed, the KV
     /// cache's usage their mean.
     pub fn sum(all: &[Stats]) -> Stats {
         let mut total = Stats::default();

@@ -809,10 +809,7 @@ pub fn default_memory_fraction(config: &SimConfig) -> f64 {
 fn sglang_mem_fraction_static(config: &SimConfig) -> f64 {
     let mib = config.gpu.memory / (1024.0 * 1024.0);
     let tokens = if config.chunked_prefill { config.max_num_batched_tokens } else { 16384 };
-    let graphs = match &config.capture_sizes {
-        Some(sizes) => sizes.iter().copied().max().unwrap_or(0),
-        None => config.max_capture_size.unwrap_or(if config.tensor_parallel_size < 4 { 256 } else { 512 }),
-    } as f64;
+    let graphs = sglang_cuda_graph_max_bs(config) as f64;
     let (tp, pp) = (f64::from(config.tensor_parallel_size), f64::from(config.pipeline_parallel_size));
     let mut reserved = 512.0 + tokens.max(2048) as f64 * 1.5 + graphs * 2.0 + tp * pp / 8.0 * 1024.0;
     if config.dp_attention {
@@ -865,16 +862,23 @@ fn vllm_graph_tokens(config: &SimConfig, speculation: Option<Speculation>) -> us
     }
 }
 
-/// The largest decode batch SGLang 0.5.9 captures a CUDA graph for: the largest of
-/// `--cuda-graph-bs` when given, else the largest size it captures up to `--cuda-graph-max-bs`,
-/// whose default on an H100 or H200 (between 60 and 160 GB) is 256, and 512 from 4-way tensor
-/// parallelism.
-fn sglang_graph_batch(config: &SimConfig, speculation: Option<Speculation>) -> usize {
-    if let Some(sizes) = &config.capture_sizes {
-        return sizes.iter().copied().max().unwrap_or(0);
+/// SGLang 0.5.9's `cuda_graph_max_bs`: the largest of `--cuda-graph-bs` when given, else
+/// `--cuda-graph-max-bs`, whose default on an H100 or H200 (between 60 and 160 GB) is 256, and
+/// 512 from 4-way tensor parallelism.
+fn sglang_cuda_graph_max_bs(config: &SimConfig) -> usize {
+    match &config.capture_sizes {
+        Some(sizes) => sizes.iter().copied().max().unwrap_or(0),
+        None => config.max_capture_size.unwrap_or(if config.tensor_parallel_size < 4 { 256 } else { 512 }),
     }
-    let default = if config.tensor_parallel_size < 4 { 256 } else { 512 };
-    let max = config.max_capture_size.unwrap_or(default);
+}
+
+/// The largest decode batch SGLang captures a CUDA graph for: [`sglang_cuda_graph_max_bs`], the
+/// sizes given as they are, a limit cut to the largest size SGLang captures under it.
+fn sglang_graph_batch(config: &SimConfig, speculation: Option<Speculation>) -> usize {
+    let max = sglang_cuda_graph_max_bs(config);
+    if config.capture_sizes.is_some() {
+        return max;
+    }
     // The sizes SGLang captures (`_generate_cuda_graph_batch_sizes`), finer below 64 with
     // speculative decoding: a limit between two of them is cut to the one below.
     let floor = |n: usize, step: usize, from: usize| from + (n - from) / step * step;
