@@ -87,8 +87,14 @@ pub struct SimConfig {
     pub port: u16,
     /// `--max-model-len` / `--context-length`; default 32768.
     pub max_model_len: usize,
-    /// `--max-num-seqs` / `--max-running-requests`; default the engine's (vLLM 1024, SGLang 128 on Qwen3.5).
+    /// `--max-num-seqs` / `--max-running-requests`; default the engine's: vLLM's 1024, SGLang's
+    /// 4096, which it lowers as it starts, from its pools (`Scheduler::max_num_seqs`).
     pub max_num_seqs: usize,
+    /// The sequence limit was given, or set by SGLang's speculative decoding (48): SGLang's
+    /// `max_running_requests` is then set, which sizes its state pool without its radix cache.
+    pub max_num_seqs_given: bool,
+    /// SGLang's pool of a hybrid model's recurrent states, kept apart from its KV pool.
+    pub state_pool: StatePool,
     /// Token budget of one engine step (prefill chunks plus decodes); default 8192, 16384 in throughput mode.
     pub max_num_batched_tokens: usize,
     /// On by default, as in vLLM's V1 engine and SGLang's radix cache, except in vLLM for a hybrid
@@ -174,6 +180,24 @@ pub struct SimConfig {
     /// The step-time model's numbers: [`COEFFICIENTS`] unless a calibration fit sets others.
     pub coefficients: Coefficients,
     pub faults: Faults,
+}
+
+/// SGLang's pool of a hybrid model's linear-attention states (its mamba pool), as its options set it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatePool {
+    /// `--max-mamba-cache-size`: the states it holds; else sized by the ratio below.
+    pub size: Option<usize>,
+    /// `--mamba-full-memory-ratio` (0.9): the states' memory against the KV pool's.
+    pub full_memory_ratio: f64,
+    /// `--mamba-scheduler-strategy extra_buffer`: more states kept a running request (SGLang's
+    /// default, `auto`, is `no_buffer`).
+    pub extra_buffer: bool,
+}
+
+impl Default for StatePool {
+    fn default() -> StatePool {
+        StatePool { size: None, full_memory_ratio: 0.9, extra_buffer: false }
+    }
 }
 
 /// Failures on request, for testing the rest of the system (`--sim-*` flags).
@@ -369,6 +393,8 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         port: if engine == EngineKind::Vllm { 8000 } else { 30000 },
         max_model_len: 32768,
         max_num_seqs: 0,
+        max_num_seqs_given: false,
+        state_pool: StatePool::default(),
         max_num_batched_tokens: 0,
         enable_prefix_caching: true,
         kv_cache_dtype: "auto".into(),
@@ -694,6 +720,15 @@ fn engine_flag(
             config.kv_cache_memory_bytes = Some(human_number(name, &value())?).filter(|&bytes| bytes > 0);
         }
         (Sglang, "--max-total-tokens") => config.max_total_tokens = Some(parse(name, &value())?),
+        (Sglang, "--max-mamba-cache-size") => config.state_pool.size = Some(parse(name, &value())?),
+        (Sglang, "--mamba-full-memory-ratio") => {
+            let ratio: f64 = parse(name, &value())?;
+            if !(ratio > 0.0 && ratio.is_finite()) {
+                return Err(invalid(name, &value(), "must be a positive number"));
+            }
+            config.state_pool.full_memory_ratio = ratio;
+        }
+        (Sglang, "--mamba-scheduler-strategy") => config.state_pool.extra_buffer = value() == "extra_buffer",
         (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
             config.gpu_memory_utilization = Some(parse(name, &value())?);
         }
@@ -784,6 +819,7 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     let sglang_speculating = engine == EngineKind::Sglang && config.speculative_config.is_some();
     let default_seqs = if sglang_speculating { 48 } else { costs.default_max_num_seqs };
     config.max_num_seqs = given.max_seqs.unwrap_or(default_seqs);
+    config.max_num_seqs_given = given.max_seqs.is_some() || sglang_speculating;
     config.max_num_batched_tokens = match given.budget {
         Some(Budget::Tokens(tokens)) => tokens,
         Some(Budget::Unchunked) => {
@@ -971,7 +1007,7 @@ mod tests {
         assert_eq!((c.max_num_batched_tokens, c.gpu.name), (2048, "H200"), "the flag wins over the environment");
         let c =
             parse_command_line(&args("sglang serve --model-path m --disable-radix-cache")).expect("valid command line");
-        assert_eq!((c.max_num_seqs, c.enable_prefix_caching), (128, false));
+        assert_eq!((c.max_num_seqs, c.enable_prefix_caching), (4096, false));
         let c =
             parse_command_line(&args("vllm serve Qwen/Qwen3.5-9B --sim-startup-ms model")).expect("valid command line");
         // 18 GB at 2 GB/s, plus 20 s of warm-up.
@@ -1016,6 +1052,8 @@ mod tests {
             "--cuda-graph-max-bs" | "--cuda-graph-bs" => "64",
             "--kv-cache-memory-bytes" => "8G",
             "--max-total-tokens" => "100000",
+            "--max-mamba-cache-size" => "600",
+            "--mamba-full-memory-ratio" => "1.5",
             name if name.contains("parallel-size")
                 || name.ends_with("seed")
                 || name.starts_with("--max-num")
@@ -1086,6 +1124,9 @@ mod tests {
                 "--reasoning-parser",
                 "--mem-fraction-static",
                 "--max-total-tokens",
+                "--max-mamba-cache-size",
+                "--mamba-full-memory-ratio",
+                "--mamba-scheduler-strategy",
                 "--tensor-parallel-size",
                 "--pipeline-parallel-size",
                 "--data-parallel-size",

@@ -61,6 +61,15 @@ pub async fn serve(
         );
         config.max_model_len = pool;
     }
+    // SGLang's pools set how many requests it runs, which its server info gives.
+    if let Some(replica) = replicas.first() {
+        config.max_num_seqs = replica.max_num_seqs();
+        let tokens: usize = replica.batches().iter().map(Scheduler::kv_capacity_tokens).sum();
+        tracing::info!(
+            "a replica's KV cache holds {tokens} tokens; at most {} requests run at once",
+            config.max_num_seqs
+        );
+    }
     let (engine, engine_task) = engine::start(
         replicas,
         config.routing,

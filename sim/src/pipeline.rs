@@ -90,6 +90,11 @@ impl Pipeline {
         &self.batches
     }
 
+    /// The most requests running here at once: its batches' limits together.
+    pub fn max_num_seqs(&self) -> usize {
+        self.batches.iter().map(Scheduler::max_num_seqs).sum()
+    }
+
     /// The most tokens a request may hold here: what its smallest batch's cache holds.
     pub fn max_request_tokens(&self) -> usize {
         self.batches.iter().map(Scheduler::max_request_tokens).min().unwrap_or(0)

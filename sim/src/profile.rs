@@ -96,10 +96,13 @@ pub struct Coefficients {
     pub attention_flops_per_kv_byte: f64,
     /// Dequantising an FP8 KV cache in the attention kernels: seconds per context token a decode reads.
     pub kv_fp8_dequant_cost: f64,
-    /// Bytes of recurrent state per sequence per square root of the billions of parameters: Qwen3.5's
-    /// linear-attention layers read and write each decoding sequence's state every step, in BF16
-    /// whatever the weights' or the KV cache's type, so FP8 does not shrink it; a running
-    /// sequence's state also takes room in the KV cache's pool.
+    /// Bytes of recurrent state per sequence per square root of the billions of parameters, as a
+    /// decode step moves it: Qwen3.5's linear-attention layers read and write each decoding
+    /// sequence's state every step, whatever the weights' or the KV cache's type, so FP8 does not
+    /// shrink it. Fitted: for the 9B it comes to the architecture's own state (50 MB against 51.5),
+    /// for the 35B-A3B to 1.5 times it, standing for per-sequence work of its experts the model
+    /// lacks. The memory a state holds is the architecture's where the simulator knows it
+    /// ([`ModelShape::linear_layers`]), else this.
     pub state_bytes_per_sqrt_b: f64,
     /// vLLM's prefix caching on a hybrid model (experimental, off unless `--enable-prefix-caching`)
     /// saves each sequence's recurrent state at every cached block boundary: seconds per prefilled token.
@@ -165,13 +168,13 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     mfu_max_dense: 0.7269489,
     mfu_max_moe: 0.2939452,
     mfu_half_tokens: 103.3751,
-    fp8_linear_gain: 0.5902701,
+    fp8_linear_gain: 0.6652701,
     attention_efficiency: 0.5,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
     kv_fp8_dequant_cost: 4.505969e-8,
     state_bytes_per_sqrt_b: 1.677014e+07,
-    hybrid_prefix_cache_cost: 3.277962e-6,
+    hybrid_prefix_cache_cost: 3.377962e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
@@ -187,8 +190,9 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
     default_params_b: 8.0,
-    // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens), and SGLang 0.5.9,
-    // whose state pool for Qwen3.5's linear-attention layers keeps about 128 requests running.
+    // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens), and SGLang 0.5.9, whose
+    // default of 2048-4096 requests its pools lower as it starts (a hybrid model's state pool to
+    // about 140 on these GPUs: `Scheduler::max_num_seqs`).
     vllm: EngineCosts {
         step_overhead: 5.749220e-3,
         decode_token_overhead: 9.000397e-5,
@@ -198,12 +202,12 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         overlap: 0.9140145,
     },
     sglang: EngineCosts {
-        step_overhead: 0.01201204,
+        step_overhead: 0.01251079,
         decode_token_overhead: 1.714221e-4,
-        default_max_num_seqs: 128,
+        default_max_num_seqs: 4096,
         default_max_num_batched_tokens: 8192,
         mixed_token_factor: 1.0,
-        overlap: 0.791573,
+        overlap: 0.804073,
     },
     throughput_step_factor: 1.0,
     throughput_token_factor: 0.9820207,
@@ -264,7 +268,16 @@ pub struct ModelShape {
     /// A hybrid of linear-attention and attention layers (Qwen3.5, Qwen3-Next): each sequence
     /// carries a recurrent state, and vLLM leaves prefix caching off unless asked.
     pub hybrid: bool,
+    /// The linear-attention layers of a hybrid model whose architecture the simulator knows (three
+    /// in four of Qwen3.5's and Qwen3-Next's: 24 of the 4B's and 9B's 32, 30 of the 35B-A3B's 40,
+    /// 36 of Qwen3-Next-80B-A3B's 48), each holding [`LINEAR_LAYER_STATE_BYTES`] a sequence.
+    pub linear_layers: Option<u32>,
 }
+
+/// A Qwen3.5 or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value heads
+/// of 128 x 128 in FP32 (SGLang's and vLLM's default state type) and a convolution window of 3 x
+/// 8192 channels (16 key heads, 16 query heads and 32 value heads of 128) in BF16.
+pub const LINEAR_LAYER_STATE_BYTES: f64 = (32 * 128 * 128 * 4 + 3 * 8192 * 2) as f64;
 
 impl ModelShape {
     pub fn from_name(name: &str) -> ModelShape {
@@ -277,11 +290,19 @@ impl ModelShape {
         let active = parts.iter().find_map(|p| p.strip_prefix('A').and_then(billions));
         let total = total.unwrap_or(COEFFICIENTS.default_params_b);
         let fp8 = parts.iter().any(|p| matches!(*p, "FP8" | "INT8" | "W8A8"));
+        let (qwen35, next) = (upper.starts_with("QWEN3.5"), upper.starts_with("QWEN3-NEXT"));
+        let linear_layers = match (qwen35, next, total, active) {
+            (true, _, 4.0 | 9.0, None) => Some(24),
+            (true, _, 35.0, Some(3.0)) => Some(30),
+            (_, true, 80.0, Some(3.0)) => Some(36),
+            _ => None,
+        };
         ModelShape {
             total_params: total * 1e9,
             active_params: active.unwrap_or(total).min(total) * 1e9,
             bytes_per_param: if fp8 { 1.0 } else { 2.0 },
-            hybrid: upper.starts_with("QWEN3.5") || upper.starts_with("QWEN3-NEXT"),
+            hybrid: qwen35 || next,
+            linear_layers,
         }
     }
 
@@ -422,7 +443,7 @@ impl CostModel {
             c.attention_flops_per_kv_byte * self.model.kv_bytes_per_token_bf16() * work.prefill_attention_pairs;
         let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
         let sequences = work.decoding_sequences() as f64;
-        let state = 2.0 * self.state_bytes() * sequences;
+        let state = 2.0 * self.state_step_bytes() * sequences;
         let state_saving =
             if self.hybrid_prefix_caching { c.hybrid_prefix_cache_cost * work.prefill_tokens as f64 } else { 0.0 };
         let bandwidth = self.gpu.bandwidth * scale * c.bandwidth_efficiency;
@@ -449,8 +470,18 @@ impl CostModel {
         }
     }
 
-    /// A hybrid model's recurrent state per sequence, bytes (0 for a transformer).
+    /// The memory a hybrid model's recurrent state holds a sequence, bytes (0 for a transformer):
+    /// its architecture's ([`ModelShape::linear_layers`]), else [`CostModel::state_step_bytes`].
     pub fn state_bytes(&self) -> f64 {
+        match self.model.linear_layers {
+            Some(layers) if self.model.hybrid => f64::from(layers) * LINEAR_LAYER_STATE_BYTES,
+            _ => self.state_step_bytes(),
+        }
+    }
+
+    /// A hybrid model's recurrent state per sequence as a decode step reads it and writes it back,
+    /// bytes each way (0 for a transformer): fitted, [`Coefficients::state_bytes_per_sqrt_b`].
+    pub fn state_step_bytes(&self) -> f64 {
         if !self.model.hybrid {
             return 0.0;
         }
@@ -592,7 +623,7 @@ mod tests {
         // ...but not the decodes' KV cache and recurrent state, read by kernels of their own.
         let reads = m.step_parts(&decodes).attention;
         let bandwidth = m.gpu.bandwidth * COEFFICIENTS.bandwidth_efficiency;
-        let bytes = m.kv_bytes_per_token * decodes.decode_context_tokens as f64 + 2.0 * m.state_bytes() * 512.0;
+        let bytes = m.kv_bytes_per_token * decodes.decode_context_tokens as f64 + 2.0 * m.state_step_bytes() * 512.0;
         assert!((reads - bytes / bandwidth).abs() < 1e-9, "{reads} s for {bytes} bytes");
         assert!(beside.gpu() - alone.gpu() >= reads, "{beside:?} against {alone:?}: the decodes' {reads} s hidden");
     }

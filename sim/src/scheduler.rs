@@ -510,6 +510,12 @@ pub enum StartupError {
         out_of_memory(EngineKind::Vllm)
     )]
     KvCacheDoesNotFit { asked_gib: f64, free_gib: f64, gpus: u64 },
+    /// SGLang's state pool for a hybrid model holds no running request beside the states its
+    /// radix cache keeps.
+    #[error(
+        "RuntimeError: Not enough memory for the state pool: {states} states of {state_gib:.3} GiB leave no running request ({per_request} states a request). Please set --max-mamba-cache-size or --mamba-full-memory-ratio higher, or increase --mem-fraction-static"
+    )]
+    StatesDoNotFit { states: usize, per_request: usize, state_gib: f64 },
     /// A value the engine's own checks refuse once its flags are parsed (too many GPUs asked,
     /// a token budget under the sequences, a memory fraction above 1).
     #[error("{0}")]
@@ -724,16 +730,22 @@ impl Scheduler {
             multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
             graphs: graphs(config, speculation),
         };
-        let mut capacity = (kv_bytes / (kv_bytes_per_token * BLOCK_TOKENS as f64)) as usize;
-        if let Some(tokens) = config.max_total_tokens {
-            // SGLang's `--max-total-tokens` caps its token pool; the states keep a pool of their own
-            // (here one cache, so tokens may use the room of states not running: not modelled).
-            let states = config.max_num_seqs.saturating_mul(cost.state_blocks());
-            capacity = capacity.min((tokens / BLOCK_TOKENS).saturating_add(states));
+        // vLLM keeps a hybrid model's recurrent states in its KV cache, a sequence's state taking
+        // blocks beside its tokens; SGLang keeps them in a pool of their own, and its pools set how
+        // many requests it runs.
+        let (mut max_num_seqs, mut state_blocks) = (config.max_num_seqs, cost.state_blocks());
+        if config.engine == EngineKind::Sglang {
+            (kv_bytes, max_num_seqs) = sglang_pools(config, &cost, kv_bytes, speculation)?;
+            state_blocks = 0;
         }
-        // The tokens a request may hold: the cache's beside its state, within SGLang's pool.
-        let pool_tokens = (capacity.saturating_sub(cost.state_blocks()) * BLOCK_TOKENS)
-            .min(config.max_total_tokens.map_or(usize::MAX, |tokens| tokens / BLOCK_TOKENS * BLOCK_TOKENS));
+        let mut capacity = (kv_bytes.max(0.0) / (kv_bytes_per_token * BLOCK_TOKENS as f64)) as usize;
+        if let Some(tokens) = config.max_total_tokens {
+            // SGLang's `--max-total-tokens` caps its KV pool.
+            capacity = capacity.min(tokens / BLOCK_TOKENS);
+        }
+        // The tokens a request may hold: the cache's beside its state.
+        let pool_tokens = capacity.saturating_sub(state_blocks) * BLOCK_TOKENS;
+        let state_bytes = if state_blocks == 0 { 0.0 } else { cost.state_bytes() };
         // SGLang serves a context its pool cannot hold: it takes requests of up to the pool's tokens,
         // less one ([`Scheduler::max_request_tokens`]), and refuses to start only when that leaves
         // no prompt room (its `max_req_input_len`, 5 tokens fewer, must be positive).
@@ -743,14 +755,14 @@ impl Scheduler {
                 longest = longest.min(pool_tokens);
                 pool_tokens <= 6
             }
-            EngineKind::Vllm => capacity < blocks_for(longest) + cost.state_blocks(),
+            EngineKind::Vllm => capacity < blocks_for(longest) + state_blocks,
         };
         if too_small {
             return Err(StartupError::KvCacheTooSmall {
                 engine: config.engine,
                 max_model_len: config.max_model_len,
-                needed_gib: (context as f64 * kv_bytes_per_token + cost.state_bytes()) / GIB,
-                available_gib: kv_bytes.min(pool_tokens as f64 * kv_bytes_per_token + cost.state_bytes()) / GIB,
+                needed_gib: (context as f64 * kv_bytes_per_token + state_bytes) / GIB,
+                available_gib: kv_bytes.max(0.0).min(pool_tokens as f64 * kv_bytes_per_token + state_bytes) / GIB,
                 estimated_len: pool_tokens,
             });
         }
@@ -762,12 +774,15 @@ impl Scheduler {
         let stages = config.pipeline_parallel_size.max(1) as usize;
         let share_of = |total: usize| total / stages + usize::from(batch < total % stages);
         let limits = Limits {
-            max_num_seqs: share_of(config.max_num_seqs).max(1),
+            max_num_seqs: share_of(max_num_seqs).max(1),
             max_num_batched_tokens: config.max_num_batched_tokens,
             mixed: config.mixed_batches,
         };
-        let share = share_of(capacity).max(blocks_for(longest) + cost.state_blocks());
-        Ok(Scheduler::new(cost, limits, speculation, KvCache::new(share, config.enable_prefix_caching))
+        let share = share_of(capacity).max(blocks_for(longest) + state_blocks);
+        let mut scheduler =
+            Scheduler::new(cost, limits, speculation, KvCache::new(share, config.enable_prefix_caching));
+        scheduler.state_blocks = state_blocks;
+        Ok(scheduler
             .with_token_pool(config.max_total_tokens.map(|tokens| tokens.min(pool_tokens)))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
@@ -776,6 +791,12 @@ impl Scheduler {
     /// The step-time model this engine runs with.
     pub fn cost(&self) -> &CostModel {
         &self.cost
+    }
+
+    /// The most sequences this scheduler runs at once: the limit given, or the engine's default,
+    /// as its pools lower it (SGLang's state pool, [`Scheduler::from_config`]).
+    pub fn max_num_seqs(&self) -> usize {
+        self.limits.max_num_seqs
     }
 
     pub fn kv_capacity_tokens(&self) -> usize {
@@ -789,6 +810,59 @@ impl Scheduler {
         let cache = self.kv.capacity().saturating_sub(self.state_blocks) * BLOCK_TOKENS;
         cache.min(self.token_pool.unwrap_or(usize::MAX)).saturating_sub(1)
     }
+}
+
+/// SGLang's pools in `rest`, the bytes its memory fraction leaves beside the weights, and the
+/// requests it runs: the KV pool's bytes and the sequence limit. A hybrid model's recurrent states
+/// take a pool of their own first (`handle_max_mamba_cache`): `--max-mamba-cache-size` states,
+/// else the sequence limit's without the radix cache when it is set, else what
+/// `--mamba-full-memory-ratio` (0.9) of the KV pool's memory holds; speculative decoding keeps
+/// each running request's states for its draft tokens besides. The KV pool has the rest. The
+/// limit (`init_memory_pool`) is the one given, else 512 requests a context's worth of the KV
+/// pool's tokens, within 2048-4096, and no more than a third of the states with the radix cache
+/// (which keeps cached prefixes' states too; fewer with `--mamba-scheduler-strategy
+/// extra_buffer`), all of them without.
+fn sglang_pools(
+    config: &SimConfig,
+    cost: &CostModel,
+    rest: f64,
+    speculation: Option<Speculation>,
+) -> Result<(f64, usize), StartupError> {
+    let state = cost.state_bytes();
+    let mut kv_bytes = rest;
+    let mut held = usize::MAX;
+    if state > 0.0 {
+        let pool = config.state_pool;
+        if let Some(s) = speculation {
+            kv_bytes -= state * config.max_num_seqs as f64 * (s.tokens + 1) as f64;
+        }
+        let states = match pool.size {
+            Some(size) => size,
+            None if !config.enable_prefix_caching && config.max_num_seqs_given => config.max_num_seqs,
+            None => {
+                let ratio = pool.full_memory_ratio;
+                (kv_bytes.max(0.0) * ratio / (1.0 + ratio) / state) as usize
+            }
+        };
+        kv_bytes -= states as f64 * state;
+        let per_request = match (config.enable_prefix_caching, pool.extra_buffer, speculation) {
+            (false, _, _) => 1,
+            (true, false, _) => 3,
+            (true, true, None) => 5,
+            (true, true, Some(_)) => 4,
+        };
+        held = states / per_request;
+        if held == 0 {
+            return Err(StartupError::StatesDoNotFit { states, per_request, state_gib: state / GIB });
+        }
+    }
+    let tokens = kv_bytes.max(0.0) / cost.kv_bytes_per_token;
+    let asked = if config.max_num_seqs_given {
+        config.max_num_seqs
+    } else {
+        ((tokens / config.max_model_len.max(1) as f64 * 512.0) as usize).clamp(2048, 4096)
+    };
+    Ok((kv_bytes, asked.min(held)))
 }
 
 /// The share of each GPU's memory the engine takes where `--gpu-memory-utilization` or

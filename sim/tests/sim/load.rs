@@ -243,6 +243,89 @@ fn sglang_leaves_room_by_its_rule_for_what_its_prefills_graphs_and_drafts_take()
 }
 
 #[test]
+fn sglang_runs_as_many_requests_as_its_state_pool_holds() {
+    // SGLang 0.5.9 keeps a hybrid model's recurrent states in a pool of their own, sized before
+    // its KV pool: by default 0.9/1.9 of the memory both share, a running request holding a third
+    // of the states with the radix cache on.
+    let sglang = "sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H100";
+    let engine = |flags: &str| Scheduler::from_config(&config(&format!("{sglang} {flags}"))).expect("fits");
+    let running = |flags: &str| engine(flags).max_num_seqs();
+    let state = engine("").cost().state_bytes();
+    let pool_states = |flags: &str| {
+        // The states are what the shared memory held less the KV pool left.
+        let shared = engine(&format!("--disable-radix-cache --max-running-requests 1 {flags}"));
+        let kv = |e: &Scheduler| e.kv_capacity_tokens() as f64 * e.cost().kv_bytes_per_token;
+        ((kv(&shared) + state - kv(&engine(flags))) / state).round() as usize
+    };
+    let default = running("");
+    assert!((100..200).contains(&default), "about 140 requests on an H100, got {default}");
+    let states = pool_states("");
+    assert_eq!(default, states / 3, "{states} states");
+    // A larger limit runs no more; a smaller one is taken.
+    assert_eq!(running("--max-running-requests 512"), default);
+    assert_eq!(running("--max-running-requests 64"), 64);
+    // The states' share of the memory, or their number, set the limit, at the KV pool's cost.
+    let (more, more_states) = (running("--mamba-full-memory-ratio 2"), pool_states("--mamba-full-memory-ratio 2"));
+    assert_eq!(more, more_states / 3);
+    // 2/3 of the memory against 0.9/1.9.
+    assert!((more_states as f64 / states as f64 - (2.0 / 3.0) / (0.9 / 1.9)).abs() < 0.01, "{more_states}");
+    assert!(engine("--mamba-full-memory-ratio 2").kv_capacity_tokens() < engine("").kv_capacity_tokens());
+    assert_eq!(running("--max-mamba-cache-size 600"), 200);
+    assert_eq!(running("--max-mamba-cache-size 600 --mamba-scheduler-strategy extra_buffer"), 120);
+    // Without the radix cache a request holds one state: three times the requests, or the limit
+    // given, whose states alone are kept.
+    assert_eq!(running("--disable-radix-cache"), states);
+    assert_eq!(running("--disable-radix-cache --max-running-requests 300"), 300);
+    assert!(
+        engine("--disable-radix-cache --max-running-requests 300").kv_capacity_tokens()
+            > engine("--disable-radix-cache").kv_capacity_tokens()
+    );
+    // More memory, more states: an H200 runs more.
+    let h200 = Scheduler::from_config(&config("sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H200"))
+        .expect("fits")
+        .max_num_seqs();
+    assert!(h200 > default, "{h200} on an H200 against {default}");
+    // Speculative decoding runs 48 unless told, its draft tokens' states taken from the KV pool.
+    let nextn = "--speculative-algorithm NEXTN --speculative-num-steps 3";
+    assert_eq!(running(nextn), 48);
+    assert!(
+        engine(nextn).kv_capacity_tokens() < engine(&format!("{nextn} --max-running-requests 8")).kv_capacity_tokens()
+    );
+    // A transformer has no states: 512 requests a context of its pool, within 2048-4096.
+    let transformer = |flags: &str| {
+        Scheduler::from_config(&config(&format!("sglang serve --model-path Qwen/Qwen3-8B --sim-gpu H100 {flags}")))
+            .expect("fits")
+            .max_num_seqs()
+    };
+    assert_eq!(transformer(""), 4096);
+    assert_eq!(transformer("--mem-fraction-static 0.22 --context-length 131072"), 2048);
+    assert_eq!(transformer("--max-running-requests 8"), 8);
+    // vLLM keeps the states in its KV cache, and runs what it is told.
+    let vllm = Scheduler::from_config(&config("vllm serve Qwen/Qwen3.5-9B --sim-gpu H100")).expect("fits");
+    assert_eq!(vllm.max_num_seqs(), 1024);
+
+    // Too few states for a request, or too many for the memory, and SGLang does not start.
+    match Scheduler::from_config(&config(&format!("{sglang} --max-mamba-cache-size 2"))) {
+        Err(err @ StartupError::StatesDoNotFit { states: 2, per_request: 3, .. }) => {
+            assert!(err.to_string().contains("--max-mamba-cache-size"), "{err}")
+        }
+        other => panic!("{other:?}"),
+    }
+    for states in ["100000", "18446744073709551615"] {
+        assert!(matches!(
+            Scheduler::from_config(&config(&format!("{sglang} --max-mamba-cache-size {states}"))),
+            Err(StartupError::KvCacheTooSmall { .. })
+        ));
+    }
+    for ratio in ["0", "-1", "nan", "inf"] {
+        let line = format!("{sglang} --mamba-full-memory-ratio {ratio}");
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        let err = parse_command_line_with_gpu(&args, None).expect_err(&line).to_string();
+        assert!(err.contains("--mamba-full-memory-ratio") && err.contains("positive"), "{line}: {err}");
+    }
+}
+
+#[test]
 fn values_the_engine_refuses_fail_at_startup_in_its_words() {
     let refused = |line: &str, visible: Option<usize>| {
         let config = benchfleet_sim::SimConfig { visible_gpus: visible, ..config(line) };
@@ -577,7 +660,9 @@ fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
 
     // SGLang's graphs count decoding sequences, whatever is prefilled beside them (its prefills
     // run without a graph at any size: its fitted step overhead carries them).
-    let engine = Scheduler::from_config(&config(&format!("{SGLANG} --max-running-requests 512"))).expect("fits");
+    let engine = Scheduler::from_config(&config(&format!("{SGLANG} --max-running-requests 512 --disable-radix-cache")))
+        .expect("fits");
+    assert_eq!(engine.max_num_seqs(), 512);
     let cost = engine.cost();
     let step = |prefill_tokens: usize, decode_tokens: usize, draft_tokens: usize| {
         cost.step_parts(&StepWork { prefill_tokens, decode_tokens, draft_tokens, ..Default::default() }).overhead
@@ -592,8 +677,9 @@ fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
 #[test]
 fn sglang_past_its_graphs_gains_less_from_more_running_requests() {
     // 512 clients of random 512/128: 256 running requests decode within the graphs; 512 decode
-    // past them, launching every step's kernels, unless the graphs are captured that far.
-    let run = |flags: &str| closed_loop(&format!("{SGLANG} --sim-gpu H100 {flags}"), 512);
+    // past them, launching every step's kernels, unless the graphs are captured that far. Without
+    // the radix cache, the state pool holds the requests asked for.
+    let run = |flags: &str| closed_loop(&format!("{SGLANG} --sim-gpu H100 --disable-radix-cache {flags}"), 512);
     let (r256, r512) = (run("--max-running-requests 256"), run("--max-running-requests 512"));
     let graphed = run("--max-running-requests 512 --cuda-graph-max-bs 512");
     assert!(
