@@ -545,6 +545,17 @@ mod tests {
             ModelShape::from_name("Qwen/Qwen3.5-9B").hybrid && ModelShape::from_name("Qwen/Qwen3-Next-80B-A3B").hybrid
         );
         assert!(!ModelShape::from_name("Qwen/Qwen3-8B").hybrid && !ModelShape::from_name("m").hybrid);
+        // The linear-attention layers of the architectures known; others keep the fitted state.
+        let layers = |name: &str| ModelShape::from_name(name).linear_layers;
+        assert_eq!(layers("Qwen/Qwen3.5-9B-FP8"), Some(24));
+        assert_eq!(layers("Qwen/Qwen3.5-35B-A3B-FP8"), Some(30));
+        assert_eq!(layers("Qwen/Qwen3-Next-80B-A3B-Instruct"), Some(36));
+        assert_eq!((layers("Qwen/Qwen3.5-27B"), layers("Qwen/Qwen3-8B")), (None, None));
+        let (nine, moe) = (model("Qwen/Qwen3.5-9B", "H100"), model("Qwen/Qwen3.5-35B-A3B", "H200"));
+        assert!((nine.state_bytes() / 1e6 - 51.5).abs() < 0.1 && (moe.state_bytes() / 1e6 - 64.4).abs() < 0.1);
+        let fitted = model("Qwen/Qwen3.5-27B", "H100");
+        assert_eq!(fitted.state_bytes(), fitted.state_step_bytes());
+        assert_eq!(model("Qwen/Qwen3-8B", "H100").state_bytes(), 0.0);
     }
 
     #[test]
