@@ -815,8 +815,8 @@ impl Scheduler {
 /// SGLang's pools in `rest`, the bytes its memory fraction leaves beside the weights, and the
 /// requests it runs: the KV pool's bytes and the sequence limit. A hybrid model's recurrent states
 /// take a pool of their own first (`handle_max_mamba_cache`): `--max-mamba-cache-size` states,
-/// else the sequence limit's without the radix cache when it is set, else what
-/// `--mamba-full-memory-ratio` (0.9) of the KV pool's memory holds; speculative decoding keeps
+/// else the sequence limit's without the radix cache when it is set, else as many as take
+/// `--mamba-full-memory-ratio` (0.9) times the KV pool's memory; speculative decoding keeps
 /// each running request's states for its draft tokens besides. The KV pool has the rest. The
 /// limit (`init_memory_pool`) is the one given, else 512 requests a context's worth of the KV
 /// pool's tokens, within 2048-4096, and no more than a third of the states with the radix cache
