@@ -192,11 +192,14 @@ pub struct StatePool {
     /// `--mamba-scheduler-strategy extra_buffer`: more states kept a running request (SGLang's
     /// default, `auto`, is `no_buffer`).
     pub extra_buffer: bool,
+    /// `--mamba-ssm-dtype bfloat16` or `float16`: the states' matrices in 16 bits (Qwen3.5's
+    /// config keeps them in FP32).
+    pub ssm_16bit: bool,
 }
 
 impl Default for StatePool {
     fn default() -> StatePool {
-        StatePool { size: None, full_memory_ratio: 0.9, extra_buffer: false }
+        StatePool { size: None, full_memory_ratio: 0.9, extra_buffer: false, ssm_16bit: false }
     }
 }
 
@@ -729,6 +732,7 @@ fn engine_flag(
             config.state_pool.full_memory_ratio = ratio;
         }
         (Sglang, "--mamba-scheduler-strategy") => config.state_pool.extra_buffer = value() == "extra_buffer",
+        (Sglang, "--mamba-ssm-dtype") => config.state_pool.ssm_16bit = value() != "float32",
         (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
             config.gpu_memory_utilization = Some(parse(name, &value())?);
         }
@@ -1127,6 +1131,7 @@ mod tests {
                 "--max-mamba-cache-size",
                 "--mamba-full-memory-ratio",
                 "--mamba-scheduler-strategy",
+                "--mamba-ssm-dtype",
                 "--tensor-parallel-size",
                 "--pipeline-parallel-size",
                 "--data-parallel-size",

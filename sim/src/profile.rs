@@ -361,7 +361,14 @@ pub struct CostModel {
     /// Which steps replay a captured CUDA graph; the others pay
     /// [`Coefficients::eager_step_overhead`].
     pub graphs: Graphs,
+    /// SGLang's `--mamba-ssm-dtype bfloat16` or `float16`: the linear-attention layers' state
+    /// matrices in 16 bits rather than FP32, which shrinks a state to [`HALF_STATE`] of its size.
+    pub state_16bit: bool,
 }
+
+/// A Qwen3.5 linear-attention layer's state with its matrices in 16 bits, against FP32: its
+/// convolution window (BF16 either way) stays.
+pub const HALF_STATE: f64 = (32 * 128 * 128 * 2 + 3 * 8192 * 2) as f64 / LINEAR_LAYER_STATE_BYTES;
 
 /// Which steps an engine's captured CUDA graphs cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -474,7 +481,7 @@ impl CostModel {
     /// its architecture's ([`ModelShape::linear_layers`]), else [`CostModel::state_step_bytes`].
     pub fn state_bytes(&self) -> f64 {
         match self.model.linear_layers {
-            Some(layers) if self.model.hybrid => f64::from(layers) * LINEAR_LAYER_STATE_BYTES,
+            Some(layers) if self.model.hybrid => f64::from(layers) * LINEAR_LAYER_STATE_BYTES * self.state_scale(),
             _ => self.state_step_bytes(),
         }
     }
@@ -485,7 +492,11 @@ impl CostModel {
         if !self.model.hybrid {
             return 0.0;
         }
-        self.coefficients.state_bytes_per_sqrt_b * (self.model.total_params / 1e9).sqrt()
+        self.coefficients.state_bytes_per_sqrt_b * (self.model.total_params / 1e9).sqrt() * self.state_scale()
+    }
+
+    fn state_scale(&self) -> f64 {
+        if self.state_16bit { HALF_STATE } else { 1.0 }
     }
 
     /// KV blocks of [`crate::kv::BLOCK_TOKENS`] tokens that one sequence's recurrent state takes:
@@ -578,6 +589,7 @@ mod tests {
             hybrid_prefix_caching: false,
             multimodal_inputs: true,
             graphs: Graphs::Tokens(512),
+            state_16bit: false,
         }
     }
 

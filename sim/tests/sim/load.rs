@@ -280,6 +280,14 @@ fn sglang_runs_as_many_requests_as_its_state_pool_holds() {
         engine("--disable-radix-cache --max-running-requests 300").kv_capacity_tokens()
             > engine("--disable-radix-cache").kv_capacity_tokens()
     );
+    // States of 16-bit matrices are about half the size: twice the requests, and less to move a step.
+    let half = engine("--mamba-ssm-dtype bfloat16");
+    let ratio = half.cost().state_bytes() / state;
+    assert!((ratio - 0.5115).abs() < 1e-3, "{ratio}");
+    assert!(half.max_num_seqs() as f64 > 1.9 * default as f64, "{} against {default}", half.max_num_seqs());
+    assert_eq!(running("--mamba-ssm-dtype float32"), default);
+    let decode = StepWork { decode_tokens: 100, decode_context_tokens: 100 * 1000, ..Default::default() };
+    assert!(half.cost().step_parts(&decode).attention < engine("").cost().step_parts(&decode).attention);
     // More memory, more states: an H200 runs more.
     let h200 = Scheduler::from_config(&config("sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H200"))
         .expect("fits")
