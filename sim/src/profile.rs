@@ -192,7 +192,7 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     default_params_b: 8.0,
     // vLLM 0.17 on an H100/H200 (1024 sequences, 8192 tokens), and SGLang 0.5.9, whose
     // default of 2048-4096 requests its pools lower as it starts (a hybrid model's state pool to
-    // about 140 on these GPUs: `Scheduler::max_num_seqs`).
+    // 143 for Qwen3.5-9B on an H100, 324 on an H200: `Scheduler::max_num_seqs`).
     vllm: EngineCosts {
         step_overhead: 5.749220e-3,
         decode_token_overhead: 9.000397e-5,
@@ -275,9 +275,15 @@ pub struct ModelShape {
 }
 
 /// A Qwen3.5 or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value heads
-/// of 128 x 128 in FP32 (SGLang's and vLLM's default state type) and a convolution window of 3 x
-/// 8192 channels (16 key heads, 16 query heads and 32 value heads of 128) in BF16.
-pub const LINEAR_LAYER_STATE_BYTES: f64 = (32 * 128 * 128 * 4 + 3 * 8192 * 2) as f64;
+/// of 128 x 128 in FP32 (as Qwen3.5's config sets it, SGLang's default) and a convolution window.
+pub const LINEAR_LAYER_STATE_BYTES: f64 = (STATE_MATRIX_ELEMENTS * 4 + CONV_WINDOW_BYTES) as f64;
+
+/// The elements of a linear-attention layer's state matrices: 32 value heads of 128 x 128.
+const STATE_MATRIX_ELEMENTS: usize = 32 * 128 * 128;
+
+/// A linear-attention layer's convolution window: 3 x 8192 channels (16 key heads, 16 query heads
+/// and 32 value heads of 128) in BF16, whatever the matrices' type.
+const CONV_WINDOW_BYTES: usize = 3 * 8192 * 2;
 
 impl ModelShape {
     pub fn from_name(name: &str) -> ModelShape {
@@ -367,8 +373,8 @@ pub struct CostModel {
 }
 
 /// A Qwen3.5 linear-attention layer's state with its matrices in 16 bits, against FP32: its
-/// convolution window (BF16 either way) stays.
-pub const HALF_STATE: f64 = (32 * 128 * 128 * 2 + 3 * 8192 * 2) as f64 / LINEAR_LAYER_STATE_BYTES;
+/// convolution window stays.
+pub const HALF_STATE: f64 = (STATE_MATRIX_ELEMENTS * 2 + CONV_WINDOW_BYTES) as f64 / LINEAR_LAYER_STATE_BYTES;
 
 /// Which steps an engine's captured CUDA graphs cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

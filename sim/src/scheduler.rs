@@ -167,8 +167,15 @@ impl Scheduler {
     /// What a request fails with once speculative decoding's state is corrupt (`--sim-spec-failure-batch`).
     pub const FAILURE: &str = "EngineCore encountered an issue: the speculative decoding state is corrupt after the batch passed its size (--sim-spec-failure-batch)";
 
-    pub fn new(cost: CostModel, limits: Limits, speculation: Option<Speculation>, kv: KvCache) -> Scheduler {
-        let state_blocks = cost.state_blocks();
+    /// A scheduler over `kv`, a running sequence's state taking `state_blocks` of it besides its
+    /// tokens (vLLM's; 0 where the states keep a pool of their own, as SGLang's do).
+    pub fn new(
+        cost: CostModel,
+        limits: Limits,
+        speculation: Option<Speculation>,
+        kv: KvCache,
+        state_blocks: usize,
+    ) -> Scheduler {
         Scheduler {
             cost,
             limits,
@@ -729,7 +736,7 @@ impl Scheduler {
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
             multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
             graphs: graphs(config, speculation),
-            state_16bit: config.engine == EngineKind::Sglang && config.state_pool.ssm_16bit,
+            state_16bit: config.state_pool.ssm_16bit,
         };
         // vLLM keeps a hybrid model's recurrent states in its KV cache, a sequence's state taking
         // blocks beside its tokens; SGLang keeps them in a pool of their own, and its pools set how
@@ -780,10 +787,8 @@ impl Scheduler {
             mixed: config.mixed_batches,
         };
         let share = share_of(capacity).max(blocks_for(longest) + state_blocks);
-        let mut scheduler =
-            Scheduler::new(cost, limits, speculation, KvCache::new(share, config.enable_prefix_caching));
-        scheduler.state_blocks = state_blocks;
-        Ok(scheduler
+        let kv = KvCache::new(share, config.enable_prefix_caching);
+        Ok(Scheduler::new(cost, limits, speculation, kv, state_blocks)
             .with_token_pool(config.max_total_tokens.map(|tokens| tokens.min(pool_tokens)))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
