@@ -10,7 +10,7 @@ use benchfleet_core::flags::{self, Kind};
 
 pub use benchfleet_core::engine::EngineKind;
 
-use crate::profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape};
+use crate::profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape, StateTypes};
 
 /// The environment variable an agent sets to tell the simulator which GPU it stands in for.
 pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
@@ -95,6 +95,8 @@ pub struct SimConfig {
     pub max_num_seqs_given: bool,
     /// SGLang's pool of a hybrid model's recurrent states, kept apart from its KV pool.
     pub state_pool: StatePool,
+    /// The types a hybrid model's recurrent states are kept in (either engine).
+    pub state_types: StateTypes,
     /// Token budget of one engine step (prefill chunks plus decodes); default 8192, 16384 in throughput mode.
     pub max_num_batched_tokens: usize,
     /// On by default, as in vLLM's V1 engine and SGLang's radix cache, except in vLLM for a hybrid
@@ -192,14 +194,11 @@ pub struct StatePool {
     /// `--mamba-scheduler-strategy extra_buffer`: more states kept a running request (SGLang's
     /// default, `auto`, is `no_buffer`).
     pub extra_buffer: bool,
-    /// `--mamba-ssm-dtype bfloat16` or `float16`: the states' matrices in 16 bits (Qwen3.5's
-    /// config keeps them in FP32).
-    pub ssm_16bit: bool,
 }
 
 impl Default for StatePool {
     fn default() -> StatePool {
-        StatePool { size: None, full_memory_ratio: 0.9, extra_buffer: false, ssm_16bit: false }
+        StatePool { size: None, full_memory_ratio: 0.9, extra_buffer: false }
     }
 }
 
@@ -398,6 +397,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         max_num_seqs: 0,
         max_num_seqs_given: false,
         state_pool: StatePool::default(),
+        state_types: StateTypes::default(),
         max_num_batched_tokens: 0,
         enable_prefix_caching: true,
         kv_cache_dtype: "auto".into(),
@@ -732,7 +732,10 @@ fn engine_flag(
             config.state_pool.full_memory_ratio = ratio;
         }
         (Sglang, "--mamba-scheduler-strategy") => config.state_pool.extra_buffer = value() == "extra_buffer",
-        (Sglang, "--mamba-ssm-dtype") => config.state_pool.ssm_16bit = value() != "float32",
+        // Qwen3.5's config keeps the state matrices in FP32, and vLLM's `auto` follows it.
+        (Sglang, "--mamba-ssm-dtype") => config.state_types.matrices_16bit = value() != "float32",
+        (Vllm, "--mamba-ssm-cache-dtype") => config.state_types.matrices_16bit = value() == "float16",
+        (Vllm, "--mamba-cache-dtype") => config.state_types.conv_fp32 = value() == "float32",
         (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
             config.gpu_memory_utilization = Some(parse(name, &value())?);
         }
@@ -1095,6 +1098,8 @@ mod tests {
                 "--reasoning-parser",
                 "--language-model-only",
                 "--enforce-eager",
+                "--mamba-cache-dtype",
+                "--mamba-ssm-cache-dtype",
                 "--gpu-memory-utilization",
                 "--kv-cache-memory-bytes",
                 "--tensor-parallel-size",

@@ -282,7 +282,7 @@ pub const LINEAR_LAYER_STATE_BYTES: f64 = (STATE_MATRIX_ELEMENTS * 4 + CONV_WIND
 const STATE_MATRIX_ELEMENTS: usize = 32 * 128 * 128;
 
 /// A linear-attention layer's convolution window: 3 x 8192 channels (16 key heads, 16 query heads
-/// and 32 value heads of 128) in BF16, whatever the matrices' type.
+/// and 32 value heads of 128) in BF16, whatever the matrices' type ([`StateTypes`]).
 const CONV_WINDOW_BYTES: usize = 3 * 8192 * 2;
 
 impl ModelShape {
@@ -367,14 +367,31 @@ pub struct CostModel {
     /// Which steps replay a captured CUDA graph; the others pay
     /// [`Coefficients::eager_step_overhead`].
     pub graphs: Graphs,
-    /// SGLang's `--mamba-ssm-dtype bfloat16` or `float16`: the linear-attention layers' state
-    /// matrices in 16 bits rather than FP32, which shrinks a state to [`HALF_STATE`] of its size.
-    pub state_16bit: bool,
+    /// The types the linear-attention layers' states are kept in, as the engine's options set them.
+    pub state_types: StateTypes,
 }
 
-/// A Qwen3.5 linear-attention layer's state with its matrices in 16 bits, against FP32: its
-/// convolution window stays.
-pub const HALF_STATE: f64 = (STATE_MATRIX_ELEMENTS * 2 + CONV_WINDOW_BYTES) as f64 / LINEAR_LAYER_STATE_BYTES;
+/// The types a hybrid model's linear-attention states are kept in. The default is Qwen3.5's: its
+/// config keeps the state matrices in FP32 (`mamba_ssm_dtype`), which vLLM and SGLang both follow
+/// unless told otherwise, and the convolution window in the model's BF16.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateTypes {
+    /// The matrices in 16 bits: vLLM's `--mamba-ssm-cache-dtype float16`, SGLang's
+    /// `--mamba-ssm-dtype bfloat16` or `float16`.
+    pub matrices_16bit: bool,
+    /// The convolution window in FP32: vLLM's `--mamba-cache-dtype float32`.
+    pub conv_fp32: bool,
+}
+
+impl StateTypes {
+    /// A Qwen3.5 linear-attention layer's state in these types against its default: about half
+    /// with 16-bit matrices (0.5115, the window staying), 1.02 with an FP32 window.
+    pub fn fraction(self) -> f64 {
+        let matrices = STATE_MATRIX_ELEMENTS * if self.matrices_16bit { 2 } else { 4 };
+        let window = CONV_WINDOW_BYTES * if self.conv_fp32 { 2 } else { 1 };
+        (matrices + window) as f64 / LINEAR_LAYER_STATE_BYTES
+    }
+}
 
 /// Which steps an engine's captured CUDA graphs cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -487,7 +504,9 @@ impl CostModel {
     /// its architecture's ([`ModelShape::linear_layers`]), else [`CostModel::state_step_bytes`].
     pub fn state_bytes(&self) -> f64 {
         match self.model.linear_layers {
-            Some(layers) if self.model.hybrid => f64::from(layers) * LINEAR_LAYER_STATE_BYTES * self.state_scale(),
+            Some(layers) if self.model.hybrid => {
+                f64::from(layers) * LINEAR_LAYER_STATE_BYTES * self.state_types.fraction()
+            }
             _ => self.state_step_bytes(),
         }
     }
@@ -498,11 +517,7 @@ impl CostModel {
         if !self.model.hybrid {
             return 0.0;
         }
-        self.coefficients.state_bytes_per_sqrt_b * (self.model.total_params / 1e9).sqrt() * self.state_scale()
-    }
-
-    fn state_scale(&self) -> f64 {
-        if self.state_16bit { HALF_STATE } else { 1.0 }
+        self.coefficients.state_bytes_per_sqrt_b * (self.model.total_params / 1e9).sqrt() * self.state_types.fraction()
     }
 
     /// KV blocks of [`crate::kv::BLOCK_TOKENS`] tokens that one sequence's recurrent state takes:
@@ -595,7 +610,7 @@ mod tests {
             hybrid_prefix_caching: false,
             multimodal_inputs: true,
             graphs: Graphs::Tokens(512),
-            state_16bit: false,
+            state_types: StateTypes::default(),
         }
     }
 

@@ -736,7 +736,7 @@ impl Scheduler {
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
             multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
             graphs: graphs(config, speculation),
-            state_16bit: config.state_pool.ssm_16bit,
+            state_types: config.state_types,
         };
         // vLLM keeps a hybrid model's recurrent states in its KV cache, a sequence's state taking
         // blocks beside its tokens; SGLang keeps them in a pool of their own, and its pools set how

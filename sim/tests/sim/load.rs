@@ -532,6 +532,50 @@ fn a_hybrid_models_recurrent_state_bounds_the_running_batch() {
         (blocks / (state + 4)..=blocks / (state + 2)).contains(&hybrid),
         "{hybrid} running in {blocks} blocks, {state} of state each"
     );
+    // vLLM keeps the state matrices in FP32, as Qwen3.5's config asks, unless told 16 bits: about
+    // half a state, so about twice the sequences in the same blocks.
+    let (half, half_state, half_blocks) =
+        most_running(&format!("vllm serve Qwen/Qwen3.5-9B {memory} --mamba-ssm-cache-dtype float16"));
+    assert_eq!(half_blocks, blocks);
+    assert!((half_state as f64 / state as f64 - 0.5115).abs() < 0.02, "{half_state} blocks against {state}");
+    assert!(half as f64 > 1.6 * hybrid as f64, "{half} running against {hybrid}");
+    for same in ["--mamba-ssm-cache-dtype auto", "--mamba-ssm-cache-dtype float32", "--mamba-cache-dtype float16"] {
+        assert_eq!(most_running(&format!("vllm serve Qwen/Qwen3.5-9B {memory} {same}")).0, hybrid, "{same}");
+    }
+}
+
+#[test]
+fn a_recurrent_state_is_the_size_its_types_make_it() {
+    let state = |flags: &str| {
+        let engine = Scheduler::from_config(&config(&format!("vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 {flags}")))
+            .expect("fits");
+        let decode = StepWork { decode_tokens: 100, decode_context_tokens: 100 * 1000, ..Default::default() };
+        (engine.cost().state_bytes(), engine.cost().step_parts(&decode).attention)
+    };
+    let (fp32, fp32_step) = state("");
+    // 24 linear-attention layers of 32 value heads of 128 x 128 in FP32 and a BF16 window.
+    assert!((fp32 / 1e6 - 51.5).abs() < 0.1, "{fp32}");
+    // 16-bit matrices: about half, and less for a decode step to read and write.
+    let (half, half_step) = state("--mamba-ssm-cache-dtype float16");
+    assert!((half / fp32 - 0.5115).abs() < 1e-3, "{half}");
+    assert!(half_step < fp32_step);
+    // An FP32 convolution window: its 48 KiB a layer twice over.
+    let (wide, _) = state("--mamba-cache-dtype float32");
+    assert!((wide - fp32 - 24.0 * 3.0 * 8192.0 * 2.0).abs() < 1.0, "{wide}");
+    // Both together; and the same types from SGLang's option.
+    let (both, _) = state("--mamba-ssm-cache-dtype float16 --mamba-cache-dtype float32");
+    assert!((both - half - 24.0 * 3.0 * 8192.0 * 2.0).abs() < 1.0, "{both}");
+    let sglang = Scheduler::from_config(&config(
+        "sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H100 --mamba-ssm-dtype bfloat16",
+    ))
+    .expect("fits");
+    assert_eq!(sglang.cost().state_bytes(), half);
+    // A transformer has no state, whatever the option says.
+    let transformer = Scheduler::from_config(&config(
+        "vllm serve Qwen/Qwen3-8B --sim-gpu H100 --mamba-ssm-cache-dtype float16 --mamba-cache-dtype float32",
+    ))
+    .expect("fits");
+    assert_eq!(transformer.cost().state_bytes(), 0.0);
 }
 
 #[test]
