@@ -11,6 +11,8 @@
 //! the loss, then the fitted coefficients (to copy into `sim/src/profile.rs`, or into
 //! `calibration::HOLD_OUT` for a fit without a study) and every row's figures under them. `ROUNDS`
 //! caps the rounds (default 40); `KNOBS=SGLang` fits only the knobs whose names hold the word.
+//! `-- breakdown` fits nothing: it prints where each row's engine time goes under the committed
+//! coefficients, and its replay's duration, mean TTFT, latency and steps beside the report's duration.
 
 use benchfleet_sim::{
     calibration::{self, Study},
@@ -19,8 +21,8 @@ use benchfleet_sim::{
 
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("breakdown") {
-        // Where each row's engine time goes under the committed coefficients, seconds, and how full
-        // its decode batches ran.
+        // Where each row's engine time goes under the committed coefficients, seconds, how full
+        // its decode batches ran, and its replay's duration and steps.
         for (i, row) in calibration::rows().iter().enumerate() {
             let b = calibration::breakdown(row, &COEFFICIENTS);
             let p = b.parts;
@@ -37,6 +39,12 @@ fn main() {
                 b.mean_decode_batch,
                 b.preemptions,
                 row.args
+            );
+            // The replay's own clock beside the report's, and how many steps it took to get there.
+            let published = row.duration.map_or("-".into(), |d| format!("{d:.2} s"));
+            println!(
+                "   duration {:.2} s (published {published}) mean TTFT {:.2} s latency {:.2} s steps {} prefilling {}",
+                b.summary.duration, b.summary.mean_ttft, b.summary.mean_latency, b.steps, b.prefill_steps
             );
         }
         return;

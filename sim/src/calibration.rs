@@ -309,7 +309,7 @@ pub fn simulate_row(row: &Row, coefficients: &Coefficients) -> Simulated {
 }
 
 /// Where a row's engine time goes, and how full its batches ran.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Breakdown {
     /// Each part summed over the steps, the linear layers' side (compute or memory) counted only
     /// where it bound the step.
@@ -318,6 +318,11 @@ pub struct Breakdown {
     pub mean_decode_batch: f64,
     /// Sequences preempted for want of KV cache room.
     pub preemptions: u64,
+    /// The steps, and those that prefilled (vLLM's mix decodes into them).
+    pub steps: u64,
+    pub prefill_steps: u64,
+    /// The replay's own figures (duration, mean TTFT and latency), to set beside the report's block.
+    pub summary: Summary,
 }
 
 /// Replays `row` (in its first order) and says where its engine time went.
@@ -327,11 +332,14 @@ pub fn breakdown(row: &Row, coefficients: &Coefficients) -> Breakdown {
     let cost = *scheduler.cost();
     let mut sum = StepParts::default();
     let (mut busy, mut batch_time) = (0.0, 0.0);
-    simulate::simulate_observed(&mut scheduler, &row.profile.workload(), |step| {
+    let (mut steps, mut prefill_steps) = (0, 0);
+    let timings = simulate::simulate_observed(&mut scheduler, &row.profile.workload(), |step| {
         let parts = cost.step_parts(&step.work);
         if step.duration.is_zero() {
             return;
         }
+        steps += 1;
+        prefill_steps += u64::from(step.work.prefill_tokens > 0);
         let seconds = step.duration.as_secs_f64();
         let sequences = step.work.decoding_sequences();
         busy += seconds;
@@ -350,6 +358,9 @@ pub fn breakdown(row: &Row, coefficients: &Coefficients) -> Breakdown {
         parts: sum,
         mean_decode_batch: if busy > 0.0 { batch_time / busy } else { 0.0 },
         preemptions: scheduler.counters().preemptions,
+        steps,
+        prefill_steps,
+        summary: Summary::of(&timings),
     }
 }
 
