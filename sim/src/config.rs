@@ -107,7 +107,7 @@ pub struct SimConfig {
     pub speculative_config: Option<serde_json::Value>,
     /// When set, chat streams start with `reasoning_content` deltas.
     pub reasoning_parser: Option<String>,
-    /// Skips the vision encoder, whose memory then goes to the KV cache.
+    /// Skips a multimodal model's vision encoder, whose memory then goes to the KV cache.
     pub language_model_only: bool,
     /// vLLM's `--enforce-eager`: no CUDA graphs, every step's kernels launched one by one.
     pub enforce_eager: bool,

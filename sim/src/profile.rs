@@ -109,7 +109,8 @@ pub struct Coefficients {
     pub hybrid_prefix_cache_cost: f64,
     /// GPU memory that is neither weights nor KV cache (activations, CUDA graphs, allocator), bytes.
     pub runtime_reserve: f64,
-    /// Fraction of the weights the vision encoder holds; `--language-model-only` frees its memory.
+    /// Fraction of a multimodal model's weights its vision encoder holds; `--language-model-only`
+    /// frees its memory.
     pub vision_encoder_fraction: f64,
     /// Loading weights from local disk, bytes/s, plus a fixed warm-up (compile, CUDA graphs):
     /// what `--sim-startup-ms model` waits.
@@ -133,7 +134,7 @@ pub struct Coefficients {
     /// is on the GPU's timeline, so the engines' asynchronous scheduling does not hide it, and it
     /// weighs on a small batch's short step where a large batch's long one hides it in the roofline.
     pub kernel_boundaries: f64,
-    /// vLLM serving a multimodal model (the simulator's models all carry a vision encoder) looks
+    /// vLLM serving a multimodal model ([`ModelShape::multimodal`]) looks
     /// each step's token embeddings up eagerly, outside the CUDA graph, and feeds the graph their
     /// vectors (`inputs_embeds`), so that image features could be merged in; `--language-model-only`
     /// turns multimodal inputs off and the graph takes the token ids. Seconds per step, GPU side.
@@ -272,6 +273,10 @@ pub struct ModelShape {
     /// in four of Qwen3.5's and Qwen3-Next's: 24 of the 4B's and 9B's 32, 30 of the 35B-A3B's 40,
     /// 36 of Qwen3-Next-80B-A3B's 48), each holding [`LINEAR_LAYER_STATE_BYTES`] a sequence.
     pub linear_layers: Option<u32>,
+    /// The model takes images as well as text, and carries a vision encoder: its name says so
+    /// ([`ModelShape::from_name`]). vLLM then looks each step's embeddings up outside the CUDA
+    /// graph unless `--language-model-only`, which also frees the encoder's memory.
+    pub multimodal: bool,
 }
 
 /// A Qwen3.5 or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value heads
@@ -303,12 +308,17 @@ impl ModelShape {
             (_, true, 80.0, Some(3.0)) => Some(36),
             _ => None,
         };
+        // Every Qwen3.5 takes images; elsewhere the families and suffixes that mark a vision model.
+        let vision_family = ["LLAMA-4", "PIXTRAL", "LLAVA", "INTERNVL", "OMNI"].iter().any(|f| upper.contains(f))
+            || parts.iter().any(|p| p.starts_with("VL"))
+            || (upper.starts_with("GEMMA-3") && !upper.starts_with("GEMMA-3-1B") && !upper.starts_with("GEMMA-3-270M"));
         ModelShape {
             total_params: total * 1e9,
             active_params: active.unwrap_or(total).min(total) * 1e9,
             bytes_per_param: if fp8 { 1.0 } else { 2.0 },
             hybrid: qwen35 || next,
             linear_layers,
+            multimodal: qwen35 || vision_family,
         }
     }
 
@@ -562,6 +572,34 @@ mod tests {
             (total_b, active_b, bytes),
             "{name}"
         );
+    }
+
+    #[test]
+    fn a_name_says_whether_the_model_takes_images() {
+        for name in [
+            "Qwen/Qwen3.5-9B",
+            "Qwen/Qwen3.5-35B-A3B-FP8",
+            "Qwen/Qwen2.5-VL-7B-Instruct",
+            "Qwen/Qwen3-VL-30B-A3B-Instruct",
+            "Qwen/Qwen2.5-Omni-7B",
+            "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+            "google/gemma-3-27b-it",
+            "mistralai/Pixtral-12B-2409",
+            "llava-hf/llava-1.5-7b-hf",
+            "OpenGVLab/InternVL3-8B",
+        ] {
+            assert!(ModelShape::from_name(name).multimodal, "{name}");
+        }
+        for name in [
+            "Qwen/Qwen3-8B",
+            "Qwen/Qwen3-Next-80B-A3B-Instruct",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "google/gemma-3-1b-it",
+            "deepseek-ai/DeepSeek-V3",
+            "m",
+        ] {
+            assert!(!ModelShape::from_name(name).multimodal, "{name}");
+        }
     }
 
     #[test]

@@ -699,7 +699,7 @@ impl Scheduler {
         // KV pool's alone, its default leaving room for the rest (`sglang_mem_fraction_static`).
         let reserve = if config.engine == EngineKind::Vllm { c.runtime_reserve } else { 0.0 };
         let usable = config.gpu.memory * gpus * fraction - reserve * gpus;
-        let vision = if config.language_model_only { 1.0 - c.vision_encoder_fraction } else { 1.0 };
+        let vision = if config.language_model_only && model.multimodal { 1.0 - c.vision_encoder_fraction } else { 1.0 };
         let weights = model.weight_bytes() * vision;
         if weights >= usable {
             return Err(StartupError::WeightsDoNotFit {
@@ -734,7 +734,7 @@ impl Scheduler {
             kv_bytes_per_token,
             kv_fp8,
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
-            multimodal_inputs: config.engine == EngineKind::Vllm && !config.language_model_only,
+            multimodal_inputs: config.engine == EngineKind::Vllm && model.multimodal && !config.language_model_only,
             graphs: graphs(config, speculation),
             state_types: config.state_types,
         };
@@ -884,8 +884,8 @@ pub fn default_memory_fraction(config: &SimConfig) -> f64 {
 /// the GPU's memory less what it reserves for activations (1.5 MB a token of a prefill chunk, or
 /// of `--max-prefill-tokens` unchunked, at least 2048), CUDA graphs (2 MB a batch size up to the
 /// largest), the parallel ranks and a draft model, at least 10 GB on a GPU of more than 60 GB;
-/// then, for a model with a vision encoder, 0.95 times a factor for the encoder's size against
-/// a ViT-L/14's (Qwen3.5's: 27 layers of 1152, 0.958).
+/// then, for a model with a vision encoder ([`crate::profile::ModelShape::multimodal`]), 0.95 times a factor for
+/// the encoder's size against a ViT-L/14's (Qwen3.5's: 27 layers of 1152, 0.958).
 fn sglang_mem_fraction_static(config: &SimConfig) -> f64 {
     let mib = config.gpu.memory / (1024.0 * 1024.0);
     let tokens = if config.chunked_prefill { config.max_num_batched_tokens } else { 16384 };
@@ -906,8 +906,15 @@ fn sglang_mem_fraction_static(config: &SimConfig) -> f64 {
         Some(_) => 2.0 * 1024.0,
     };
     let fraction = ((mib - reserved) / mib * 1000.0).round() / 1000.0;
-    // The vision encoder: 27 layers of 1152 against 24 of 1024, 0.1 less a doubling, within 0.8-1.05.
-    let complexity: f64 = 27.0 * 1152.0 * 1152.0 / (24.0 * 1024.0 * 1024.0);
+    let model = config.model_shape();
+    if !model.multimodal {
+        return fraction;
+    }
+    // The vision encoder against a ViT-L/14 (24 layers of 1024), 0.1 less a doubling, within
+    // 0.8-1.05: Qwen3.5's (the hybrid that takes images) 27 layers of 1152; another model's taken
+    // as the baseline's, SGLang's own default where a config does not say, as the simulator knows
+    // no other encoder.
+    let complexity: f64 = if model.hybrid { 27.0 * 1152.0 * 1152.0 / (24.0 * 1024.0 * 1024.0) } else { 1.0 };
     fraction * 0.95 * (1.0 - 0.1 * (complexity - 1.0)).clamp(0.8, 1.05)
 }
 

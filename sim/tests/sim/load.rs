@@ -229,6 +229,14 @@ fn sglang_leaves_room_by_its_rule_for_what_its_prefills_graphs_and_drafts_take()
     // Unchunked, it reserves for its largest prefill batch (16384 tokens); a small chunk, the 10 GB.
     assert!(close(fraction("--chunked-prefill-size -1"), expected("H200", 25728.0)));
     assert!(close(fraction("--chunked-prefill-size 1024"), expected("H200", 10240.0)));
+    // Only a model with a vision encoder gives up the factor: a text model none, another vision
+    // model's encoder taken as SGLang's baseline ViT-L/14 (0.95).
+    let other = |model: &str| {
+        let line = format!("sglang serve --model-path {model} --context-length 8192 --cuda-graph-max-bs 256");
+        benchfleet_sim::default_memory_fraction(&config(&line))
+    };
+    assert!(close(other("Qwen/Qwen3-8B"), expected("H200", 13440.0) / vision));
+    assert!(close(other("Qwen/Qwen2.5-VL-7B-Instruct"), expected("H200", 13440.0) / vision * 0.95));
     // So a larger chunk leaves a smaller pool, and a fraction given is taken as given.
     let pool = |flags: &str| {
         Scheduler::from_config(&config(&format!("{sglang} --sim-gpu H100 {flags}"))).expect("fits").kv_capacity_tokens()
@@ -541,6 +549,32 @@ fn a_hybrid_models_recurrent_state_bounds_the_running_batch() {
     assert!(half as f64 > 1.6 * hybrid as f64, "{half} running against {hybrid}");
     for same in ["--mamba-ssm-cache-dtype auto", "--mamba-ssm-cache-dtype float32", "--mamba-cache-dtype float16"] {
         assert_eq!(most_running(&format!("vllm serve Qwen/Qwen3.5-9B {memory} {same}")).0, hybrid, "{same}");
+    }
+}
+
+#[test]
+fn language_model_only_frees_a_vision_encoder_only_where_the_model_has_one() {
+    // Without it, vLLM serving a model that takes images looks each step's embeddings up outside
+    // the CUDA graph and holds the encoder's weights; a text-only model has neither to give up.
+    let engine = |line: &str| Scheduler::from_config(&config(line)).expect("fits");
+    let step = StepWork { decode_tokens: 8, decode_context_tokens: 8 * 1000, ..Default::default() };
+    for (model, multimodal) in [
+        ("Qwen/Qwen3.5-9B", true),
+        ("Qwen/Qwen2.5-VL-7B-Instruct", true),
+        ("google/gemma-3-27b-it", true),
+        ("meta-llama/Llama-3.1-8B-Instruct", false),
+        ("Qwen/Qwen3-8B", false),
+        ("google/gemma-3-1b-it", false),
+    ] {
+        let with = engine(&format!("vllm serve {model} --sim-gpu H200"));
+        let without = engine(&format!("vllm serve {model} --sim-gpu H200 --language-model-only"));
+        let (kv, time) = (with.kv_capacity_tokens(), with.cost().step_time(&step));
+        let (kv_only, time_only) = (without.kv_capacity_tokens(), without.cost().step_time(&step));
+        if multimodal {
+            assert!(kv_only > kv && time_only < time, "{model}: {kv_only} > {kv} tokens, {time_only:?} < {time:?}");
+        } else {
+            assert_eq!((kv_only, time_only), (kv, time), "{model}");
+        }
     }
 }
 
