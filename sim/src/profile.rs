@@ -310,7 +310,7 @@ impl ModelShape {
         };
         // Every Qwen3.5 takes images; elsewhere the families and suffixes that mark a vision model.
         let vision_family = ["LLAMA-4", "PIXTRAL", "LLAVA", "INTERNVL", "OMNI"].iter().any(|f| upper.contains(f))
-            || parts.iter().any(|p| p.starts_with("VL"))
+            || parts.iter().any(|p| p.strip_prefix("VL").is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit())))
             || (upper.starts_with("GEMMA-3") && !upper.starts_with("GEMMA-3-1B") && !upper.starts_with("GEMMA-3-270M"));
         ModelShape {
             total_params: total * 1e9,
@@ -587,6 +587,7 @@ mod tests {
             "mistralai/Pixtral-12B-2409",
             "llava-hf/llava-1.5-7b-hf",
             "OpenGVLab/InternVL3-8B",
+            "deepseek-ai/deepseek-vl2-small",
         ] {
             assert!(ModelShape::from_name(name).multimodal, "{name}");
         }
@@ -596,6 +597,7 @@ mod tests {
             "meta-llama/Llama-3.1-70B-Instruct",
             "google/gemma-3-1b-it",
             "deepseek-ai/DeepSeek-V3",
+            "vllm-test-model",
             "m",
         ] {
             assert!(!ModelShape::from_name(name).multimodal, "{name}");
