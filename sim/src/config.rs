@@ -552,6 +552,8 @@ struct Given {
     sglang_speculation: (Option<String>, Option<usize>, Option<usize>),
     /// SGLang's `--speculative-eagle-topk` was given (taken, not modelled).
     eagle_topk: bool,
+    /// vLLM's `--mamba-ssm-cache-dtype` and `--mamba-cache-dtype`, resolved against the model.
+    mamba_dtypes: (Option<String>, Option<String>),
 }
 
 /// The one value of `name`: given inline, else the next word.
@@ -732,10 +734,9 @@ fn engine_flag(
             config.state_pool.full_memory_ratio = ratio;
         }
         (Sglang, "--mamba-scheduler-strategy") => config.state_pool.extra_buffer = value() == "extra_buffer",
-        // Qwen3.5's config keeps the state matrices in FP32, and vLLM's `auto` follows it.
         (Sglang, "--mamba-ssm-dtype") => config.state_types.matrices_16bit = value() != "float32",
-        (Vllm, "--mamba-ssm-cache-dtype") => config.state_types.matrices_16bit = value() == "float16",
-        (Vllm, "--mamba-cache-dtype") => config.state_types.conv_fp32 = value() == "float32",
+        (Vllm, "--mamba-ssm-cache-dtype") => given.mamba_dtypes.0 = Some(value()),
+        (Vllm, "--mamba-cache-dtype") => given.mamba_dtypes.1 = Some(value()),
         (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
             config.gpu_memory_utilization = Some(parse(name, &value())?);
         }
@@ -770,6 +771,20 @@ fn engine_flag(
     Ok(true)
 }
 
+/// The types vLLM 0.17.1 keeps a linear-attention state in (`MambaStateDtypeCalculator`): the
+/// convolution window in `--mamba-cache-dtype` (`auto`: the model's BF16), the matrices in
+/// `--mamba-ssm-cache-dtype`, whose `auto` is what the model's config asks (Qwen3.5's: FP32, SGLang's
+/// default too), else the window's type (Qwen3-Next: BF16).
+fn vllm_state_types(model: &ModelShape, ssm: Option<&str>, conv: Option<&str>) -> StateTypes {
+    let conv_fp32 = conv == Some("float32");
+    let matrices_16bit = match ssm {
+        Some("float16") => true,
+        Some("float32") => false,
+        _ => !model.config_fp32_states && !conv_fp32,
+    };
+    StateTypes { matrices_16bit, conv_fp32 }
+}
+
 /// Whether the simulator models what a compilation config sets: CUDA graphs off, or their sizes.
 fn compilation_modelled(compilation: &serde_json::Map<String, serde_json::Value>) -> bool {
     compilation
@@ -781,6 +796,10 @@ fn compilation_modelled(compilation: &serde_json::Map<String, serde_json::Value>
 fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     let engine = config.engine;
     let hybrid_in_vllm = engine == EngineKind::Vllm && config.model_shape().hybrid;
+    if engine == EngineKind::Vllm {
+        config.state_types =
+            vllm_state_types(&config.model_shape(), given.mamba_dtypes.0.as_deref(), given.mamba_dtypes.1.as_deref());
+    }
     config.enable_prefix_caching = given.prefix_caching.unwrap_or(!hybrid_in_vllm);
     if let Some(mut spec) = given.speculative {
         let method = spec.get("method").and_then(serde_json::Value::as_str).unwrap_or_default();

@@ -277,6 +277,9 @@ pub struct ModelShape {
     /// ([`ModelShape::from_name`]). vLLM then looks each step's embeddings up outside the CUDA
     /// graph unless `--language-model-only`, which also frees the encoder's memory.
     pub multimodal: bool,
+    /// The model's config asks for a linear-attention state's matrices in FP32 (`mamba_ssm_dtype`,
+    /// Qwen3.5's); Qwen3-Next's says nothing, so vLLM keeps them in the window's type.
+    pub config_fp32_states: bool,
 }
 
 /// A Qwen3.5 or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value heads
@@ -319,6 +322,7 @@ impl ModelShape {
             hybrid: qwen35 || next,
             linear_layers,
             multimodal: qwen35 || vision_family,
+            config_fp32_states: qwen35,
         }
     }
 

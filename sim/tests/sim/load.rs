@@ -604,6 +604,17 @@ fn a_recurrent_state_is_the_size_its_types_make_it() {
     ))
     .expect("fits");
     assert_eq!(sglang.cost().state_bytes(), half);
+    // Qwen3-Next's config asks no type: vLLM keeps its matrices in the window's, BF16 unless the
+    // window is FP32, where SGLang keeps FP32 (36 layers of the 80B-A3B on two H200s).
+    let next = |line: &str| {
+        let line = format!("{line} Qwen/Qwen3-Next-80B-A3B-Instruct --sim-gpu H200 --tensor-parallel-size 2");
+        Scheduler::from_config(&config(&line)).expect("fits").cost().state_bytes() / 36.0
+    };
+    let layer = 32.0 * 128.0 * 128.0 * 4.0 + 3.0 * 8192.0 * 2.0;
+    assert!((next("sglang serve --model-path") - layer).abs() < 1.0);
+    assert!((next("vllm serve") / layer - 0.5115).abs() < 1e-3);
+    assert!((next("vllm serve --mamba-ssm-cache-dtype float32") - layer).abs() < 1.0);
+    assert!((next("vllm serve --mamba-cache-dtype float32") - layer - 3.0 * 8192.0 * 2.0).abs() < 1.0);
     // A transformer has no state, whatever the option says.
     let transformer = Scheduler::from_config(&config(
         "vllm serve Qwen/Qwen3-8B --sim-gpu H100 --mamba-ssm-cache-dtype float16 --mamba-cache-dtype float32",
