@@ -390,8 +390,9 @@ pub struct CostModel {
 /// unless told otherwise, and the convolution window in the model's BF16.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateTypes {
-    /// The matrices in 16 bits: vLLM's `--mamba-ssm-cache-dtype float16`, SGLang's
-    /// `--mamba-ssm-dtype bfloat16` or `float16`.
+    /// The matrices in 16 bits: vLLM's `--mamba-ssm-cache-dtype float16` (and its default for a
+    /// model whose config names no type, Qwen3-Next), SGLang's `--mamba-ssm-dtype bfloat16` or
+    /// `float16`.
     pub matrices_16bit: bool,
     /// The convolution window in FP32: vLLM's `--mamba-cache-dtype float32`.
     pub conv_fp32: bool,
