@@ -97,6 +97,8 @@ pub struct SimConfig {
     pub state_pool: StatePool,
     /// The types a hybrid model's recurrent states are kept in (either engine).
     pub state_types: StateTypes,
+    /// vLLM's `--block-size`, tokens (16 unless given).
+    pub block_size: Option<usize>,
     /// Token budget of one engine step (prefill chunks plus decodes); default 8192, 16384 in throughput mode.
     pub max_num_batched_tokens: usize,
     /// On by default, as in vLLM's V1 engine and SGLang's radix cache, except in vLLM for a hybrid
@@ -239,6 +241,18 @@ impl SimConfig {
             shape.bytes_per_param = 1.0;
         }
         shape
+    }
+
+    /// vLLM's `--block-size` in the simulator's 16-token blocks: a sequence holds whole blocks,
+    /// and prefix caching shares only whole ones. 1 (16 tokens) otherwise: SGLang, a block of
+    /// fewer tokens, or a hybrid model (vLLM sizes its block to the state's page).
+    pub fn page_blocks(&self) -> usize {
+        match self.block_size {
+            Some(size) if self.engine == EngineKind::Vllm && !self.model_shape().hybrid => {
+                (size / crate::kv::BLOCK_TOKENS).max(1)
+            }
+            _ => 1,
+        }
     }
 
     /// The engine's costs in its mode, without the overlap of scheduling and the GPU where the
@@ -398,6 +412,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
         max_num_seqs_given: false,
         state_pool: StatePool::default(),
         state_types: StateTypes::default(),
+        block_size: None,
         max_num_batched_tokens: 0,
         enable_prefix_caching: true,
         kv_cache_dtype: "auto".into(),
@@ -735,6 +750,13 @@ fn engine_flag(
         }
         (Sglang, "--mamba-scheduler-strategy") => config.state_pool.extra_buffer = value() == "extra_buffer",
         (Sglang, "--mamba-ssm-dtype") => config.state_types.matrices_16bit = value() != "float32",
+        // The simulator's blocks are 16 tokens: 1 and 8 are taken at 16 (not modelled), and a hybrid
+        // model's block is the one vLLM sizes to its state's page, which the simulator does not.
+        (Vllm, "--block-size") => {
+            let size: usize = parse(name, &value())?;
+            config.block_size = Some(size);
+            return Ok(size >= crate::kv::BLOCK_TOKENS);
+        }
         (Vllm, "--mamba-ssm-cache-dtype") => given.mamba_dtypes.0 = Some(value()),
         (Vllm, "--mamba-cache-dtype") => given.mamba_dtypes.1 = Some(value()),
         (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
@@ -1062,7 +1084,8 @@ mod tests {
 
     /// A value `flag` takes wherever the simulator reads it; `x` elsewhere.
     fn sample(flag: &flags::Flag) -> String {
-        if let Some(choice) = flag.choices.first().filter(|_| flag.name() != "--quantization") {
+        if let Some(choice) = flag.choices.first().filter(|_| !matches!(flag.name(), "--quantization" | "--block-size"))
+        {
             return (*choice).to_owned();
         }
         let value = match flag.name() {
@@ -1077,6 +1100,7 @@ mod tests {
             "--max-cudagraph-capture-size" | "--cudagraph-capture-sizes" => "64",
             "--cuda-graph-max-bs" | "--cuda-graph-bs" => "64",
             "--kv-cache-memory-bytes" => "8G",
+            "--block-size" => "32",
             "--max-total-tokens" => "100000",
             "--max-mamba-cache-size" => "600",
             "--mamba-full-memory-ratio" => "1.5",
@@ -1119,6 +1143,7 @@ mod tests {
                 "--enforce-eager",
                 "--mamba-cache-dtype",
                 "--mamba-ssm-cache-dtype",
+                "--block-size",
                 "--gpu-memory-utilization",
                 "--kv-cache-memory-bytes",
                 "--tensor-parallel-size",
@@ -1222,9 +1247,9 @@ mod tests {
                 }
             }
         }
-        let c = parse_command_line(&args("vllm serve m --block-size 32 --async-scheduling --dtype=bfloat16 -O3"))
+        let c = parse_command_line(&args("vllm serve m --block-size 8 --async-scheduling --dtype=bfloat16 -O3"))
             .expect("vLLM takes them");
-        assert_eq!(c.unmodelled, ["--block-size 32", "--dtype bfloat16", "--optimization-level 3"]);
+        assert_eq!(c.unmodelled, ["--block-size 8", "--dtype bfloat16", "--optimization-level 3"]);
         assert_eq!(c.async_scheduling, Some(true));
         // A simulator switch leaves the word after it alone: here, vLLM's model.
         let c = parse_command_line(&args("vllm serve --sim-refuse-cache-reset Qwen/Qwen3-8B --kv-transfer-config.x 1"))

@@ -153,8 +153,16 @@ pub struct Scheduler {
     jitter: Option<(f64, ChaCha8Rng)>,
     /// KV blocks a running sequence's recurrent state takes (a hybrid model's), held while it runs.
     state_blocks: usize,
+    /// The engine's block in [`BLOCK_TOKENS`] blocks (vLLM's `--block-size` over 16): a sequence
+    /// holds whole blocks of it, and only whole ones are cached and shared.
+    page_blocks: usize,
     /// SGLang's `--max-total-tokens`, when given: its token pool's size, which bounds a request.
     token_pool: Option<usize>,
+}
+
+/// `blocks` less a partial engine block of `page_blocks`: what prefix caching finds and shares.
+fn whole_pages(blocks: usize, page_blocks: usize) -> usize {
+    blocks - blocks % page_blocks
 }
 
 /// A standard normal from two uniforms (Box-Muller).
@@ -188,13 +196,21 @@ impl Scheduler {
             spec_state_corrupt: false,
             jitter: None,
             state_blocks,
+            page_blocks: 1,
             token_pool: None,
         }
     }
 
+    /// The engine's block as `blocks` of the simulator's [`BLOCK_TOKENS`]-token ones (vLLM's
+    /// `--block-size` over 16).
+    pub fn with_page_blocks(mut self, blocks: usize) -> Scheduler {
+        self.page_blocks = blocks.max(1);
+        self
+    }
+
     /// KV blocks a sequence of `tokens` holds: its tokens' and, for a hybrid model, its state's.
     fn blocks_needed(&self, tokens: usize) -> usize {
-        blocks_for(tokens) + self.state_blocks
+        blocks_for(tokens).next_multiple_of(self.page_blocks) + self.state_blocks
     }
 
     /// Each step's time times a log-normal factor of mean 1 and standard deviation `pct` percent
@@ -354,7 +370,7 @@ impl Scheduler {
         while *budget > 0 && self.running.len() < self.limits.max_num_seqs {
             let Some(seq) = self.waiting.front() else { break };
             let hashes = &seq.request.block_hashes;
-            let hit_blocks = self.kv.cached_prefix(hashes).min(hashes.len());
+            let hit_blocks = whole_pages(self.kv.cached_prefix(hashes).min(hashes.len()), self.page_blocks);
             let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
             let anonymous = needed.saturating_sub(hit_blocks);
             // Longer than SGLang's token pool holds: the API's length check refuses it first.
@@ -429,6 +445,7 @@ impl Scheduler {
         }
         let duration = self.step_time(&work);
         let mut emissions = Vec::with_capacity(plan.len());
+        let page_blocks = self.page_blocks;
         for &(index, chunk) in &plan {
             let seq = &mut self.running[index];
             let tokens = if chunk > 0 {
@@ -438,7 +455,7 @@ impl Scheduler {
                 }
                 if self.kv.prefix_caching() {
                     // The prompt's full blocks are computed now: later requests can share them.
-                    let full_blocks = seq.request.prompt_tokens / BLOCK_TOKENS;
+                    let full_blocks = whole_pages(seq.request.prompt_tokens / BLOCK_TOKENS, page_blocks);
                     let fresh: Vec<u64> =
                         seq.request.block_hashes.iter().take(full_blocks).skip(seq.hashed.len()).copied().collect();
                     let fresh = &fresh[..fresh.len().min(seq.anonymous)];
@@ -758,12 +775,13 @@ impl Scheduler {
         // less one ([`Scheduler::max_request_tokens`]), and refuses to start only when that leaves
         // no prompt room (its `max_req_input_len`, 5 tokens fewer, must be positive).
         let context = longest;
+        let page_blocks = config.page_blocks();
         let too_small = match config.engine {
             EngineKind::Sglang => {
                 longest = longest.min(pool_tokens);
                 pool_tokens <= 6
             }
-            EngineKind::Vllm => capacity < blocks_for(longest) + state_blocks,
+            EngineKind::Vllm => capacity < blocks_for(longest).next_multiple_of(page_blocks) + state_blocks,
         };
         if too_small {
             return Err(StartupError::KvCacheTooSmall {
@@ -786,9 +804,10 @@ impl Scheduler {
             max_num_batched_tokens: config.max_num_batched_tokens,
             mixed: config.mixed_batches,
         };
-        let share = share_of(capacity).max(blocks_for(longest) + state_blocks);
+        let share = share_of(capacity).max(blocks_for(longest).next_multiple_of(page_blocks) + state_blocks);
         let kv = KvCache::new(share, config.enable_prefix_caching);
         Ok(Scheduler::new(cost, limits, speculation, kv, state_blocks)
+            .with_page_blocks(page_blocks)
             .with_token_pool(config.max_total_tokens.map(|tokens| tokens.min(pool_tokens)))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))

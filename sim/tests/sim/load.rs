@@ -553,6 +553,57 @@ fn a_hybrid_models_recurrent_state_bounds_the_running_batch() {
 }
 
 #[test]
+fn vllm_shares_and_holds_whole_blocks_of_its_block_size() {
+    // 64 prompts in 4 groups sharing 80 tokens, then 48 of their own; sent one at a time so each
+    // finds its group's prefix cached.
+    let workload =
+        Workload { items: simulate::shared_prefix(64, 4, 80, 48, 16), arrival: Arrival::Closed { concurrency: 1 } };
+    let run = |flags: &str| {
+        let line = format!("vllm serve Qwen/Qwen3-8B --sim-gpu H100 --max-model-len 4096 {flags}");
+        let mut engine = Scheduler::from_config(&config(&line)).expect("fits");
+        simulate::simulate_on(&mut engine, &workload);
+        let capacity = engine.kv_capacity_tokens();
+        (engine.counters().prefix_cache_hits, capacity)
+    };
+    // The 60 prompts after each group's first find the shared tokens in whole blocks: 80 in
+    // blocks of 16, 64 in blocks of 32 or 64, none in blocks of 128 (the prompt's 128 tokens are
+    // all one block, computed at least in its last token).
+    let (hits_16, capacity) = run("");
+    assert_eq!(hits_16, 60 * 80);
+    assert_eq!(run("--block-size 16"), (hits_16, capacity));
+    assert_eq!(run("--block-size 32").0, 60 * 64);
+    assert_eq!(run("--block-size 64").0, 60 * 64);
+    assert_eq!(run("--block-size 128").0, 0);
+    // The cache holds as many tokens, in whole blocks.
+    assert_eq!(run("--block-size 64").1, capacity);
+    // A block of fewer than 16 tokens is taken at 16, and a hybrid model's is vLLM's own.
+    assert_eq!(run("--block-size 8").0, hits_16);
+    let hybrid = |flags: &str| {
+        let line = format!("vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 --enable-prefix-caching {flags}");
+        let mut engine = Scheduler::from_config(&config(&line)).expect("fits");
+        simulate::simulate_on(&mut engine, &workload);
+        engine.counters().prefix_cache_hits
+    };
+    assert_eq!(hybrid("--block-size 128"), hybrid(""));
+    // A sequence holds whole blocks: one of 268 tokens holds 272 in blocks of 16 and 512 in blocks
+    // of 256, so a cache of about 20000 tokens runs all 64 at once in the one and about 39 in the other.
+    let full = |flags: &str| {
+        let line = format!(
+            "vllm serve Qwen/Qwen3-8B --sim-gpu H100 --max-model-len 4096 --kv-cache-memory-bytes 232M {flags}"
+        );
+        let mut engine = Scheduler::from_config(&config(&line)).expect("fits");
+        let workload =
+            Workload { items: simulate::random(64, 260, 8, 5), arrival: Arrival::Closed { concurrency: 64 } };
+        let mut most = 0;
+        simulate::simulate_observed(&mut engine, &workload, |step| most = most.max(step.emissions.len()));
+        most
+    };
+    let (whole, small) = (full("--block-size 256"), full(""));
+    assert_eq!(small, 64);
+    assert!((36..=42).contains(&whole), "{whole} running in blocks of 256");
+}
+
+#[test]
 fn language_model_only_frees_a_vision_encoder_only_where_the_model_has_one() {
     // Without it, vLLM serving a model that takes images looks each step's embeddings up outside
     // the CUDA graph and holds the encoder's weights; a text-only model has neither to give up.
