@@ -750,8 +750,8 @@ fn engine_flag(
         }
         (Sglang, "--mamba-scheduler-strategy") => config.state_pool.extra_buffer = value() == "extra_buffer",
         (Sglang, "--mamba-ssm-dtype") => config.state_types.matrices_16bit = value() != "float32",
-        // The simulator's blocks are 16 tokens: 1 and 8 are taken at 16 (not modelled), and a hybrid
-        // model's block is the one vLLM sizes to its state's page, which the simulator does not.
+        // The simulator's blocks are 16 tokens: 1 and 8 are taken at 16 (not modelled); a hybrid
+        // model's block is the one vLLM sizes to its state's page (`finish` names it).
         (Vllm, "--block-size") => {
             let size: usize = parse(name, &value())?;
             config.block_size = Some(size);
@@ -821,6 +821,11 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     if engine == EngineKind::Vllm {
         config.state_types =
             vllm_state_types(&config.model_shape(), given.mamba_dtypes.0.as_deref(), given.mamba_dtypes.1.as_deref());
+        // A hybrid model's block is the one vLLM sizes to its state's page, not the one given:
+        // taken, and named as not modelled (a block under 16 tokens already is).
+        if let Some(size) = config.block_size.filter(|&size| hybrid_in_vllm && size >= crate::kv::BLOCK_TOKENS) {
+            config.unmodelled.push(format!("--block-size {size}"));
+        }
     }
     config.enable_prefix_caching = given.prefix_caching.unwrap_or(!hybrid_in_vllm);
     if let Some(mut spec) = given.speculative {

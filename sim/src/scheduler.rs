@@ -903,8 +903,8 @@ pub fn default_memory_fraction(config: &SimConfig) -> f64 {
 /// the GPU's memory less what it reserves for activations (1.5 MB a token of a prefill chunk, or
 /// of `--max-prefill-tokens` unchunked, at least 2048), CUDA graphs (2 MB a batch size up to the
 /// largest), the parallel ranks and a draft model, at least 10 GB on a GPU of more than 60 GB;
-/// then, for a model with a vision encoder ([`crate::profile::ModelShape::multimodal`]), 0.95 times a factor for
-/// the encoder's size against a ViT-L/14's (Qwen3.5's: 27 layers of 1152, 0.958).
+/// then, for a model with a vision encoder ([`crate::profile::ModelShape::multimodal`]), 0.95
+/// times a factor for the encoder's size against a ViT-L/14's (Qwen3.5's: 27 layers of 1152, 0.958).
 fn sglang_mem_fraction_static(config: &SimConfig) -> f64 {
     let mib = config.gpu.memory / (1024.0 * 1024.0);
     let tokens = if config.chunked_prefill { config.max_num_batched_tokens } else { 16384 };

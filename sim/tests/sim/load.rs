@@ -585,6 +585,8 @@ fn vllm_shares_and_holds_whole_blocks_of_its_block_size() {
         engine.counters().prefix_cache_hits
     };
     assert_eq!(hybrid("--block-size 128"), hybrid(""));
+    assert_eq!(config("vllm serve Qwen/Qwen3.5-9B --block-size 128").unmodelled, ["--block-size 128"]);
+    assert!(config("vllm serve Qwen/Qwen3-8B --block-size 128").unmodelled.is_empty());
     // A sequence holds whole blocks: one of 268 tokens holds 272 in blocks of 16 and 512 in blocks
     // of 256, so a cache of about 20000 tokens runs all 64 at once in the one and about 39 in the other.
     let full = |flags: &str| {
