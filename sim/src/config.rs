@@ -10,7 +10,7 @@ use benchfleet_core::flags::{self, Kind};
 
 pub use benchfleet_core::engine::EngineKind;
 
-use crate::profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, ModelShape, StateTypes};
+use crate::profile::{self, COEFFICIENTS, Coefficients, EngineCosts, Gpu, HybridBlock, ModelShape, StateTypes};
 
 /// The environment variable an agent sets to tell the simulator which GPU it stands in for.
 pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
@@ -243,16 +243,39 @@ impl SimConfig {
         shape
     }
 
-    /// vLLM's `--block-size` in the simulator's 16-token blocks: a sequence holds whole blocks,
-    /// and prefix caching shares only whole ones. 1 (16 tokens) otherwise: SGLang, a block of
-    /// fewer tokens, or a hybrid model (vLLM sizes its block to the state's page).
+    /// vLLM's block in the simulator's 16-token blocks: a sequence holds whole blocks, and prefix
+    /// caching shares only whole ones. A hybrid model's is the one vLLM sizes to its state
+    /// ([`SimConfig::vllm_hybrid_block`]), a transformer's its `--block-size`. 1 (16 tokens)
+    /// otherwise: SGLang, a block of fewer tokens, or a hybrid whose architecture the simulator
+    /// does not know.
     pub fn page_blocks(&self) -> usize {
-        match self.block_size {
-            Some(size) if self.engine == EngineKind::Vllm && !self.model_shape().hybrid => {
-                (size / crate::kv::BLOCK_TOKENS).max(1)
-            }
+        if self.engine != EngineKind::Vllm {
+            return 1;
+        }
+        match (self.vllm_hybrid_block(), self.block_size) {
+            (Some(block), _) => block.tokens / crate::kv::BLOCK_TOKENS,
+            (None, Some(size)) if !self.model_shape().hybrid => (size / crate::kv::BLOCK_TOKENS).max(1),
             _ => 1,
         }
+    }
+
+    /// The block vLLM gives this hybrid model ([`ModelShape::vllm_hybrid_block`]); `None` for
+    /// SGLang, a transformer, or a hybrid whose architecture the simulator does not know.
+    pub fn vllm_hybrid_block(&self) -> Option<HybridBlock> {
+        if self.engine != EngineKind::Vllm {
+            return None;
+        }
+        self.model_shape().vllm_hybrid_block(
+            self.state_types,
+            self.kv_fp8(),
+            self.tensor_parallel_size,
+            self.block_size,
+        )
+    }
+
+    /// `--kv-cache-dtype fp8` (or `fp8_e4m3`, `fp8_e5m2`): a KV cache of one byte an element.
+    pub fn kv_fp8(&self) -> bool {
+        self.kv_cache_dtype.starts_with("fp8")
     }
 
     /// The engine's costs in its mode, without the overlap of scheduling and the GPU where the
@@ -751,7 +774,7 @@ fn engine_flag(
         (Sglang, "--mamba-scheduler-strategy") => config.state_pool.extra_buffer = value() == "extra_buffer",
         (Sglang, "--mamba-ssm-dtype") => config.state_types.matrices_16bit = value() != "float32",
         // The simulator's blocks are 16 tokens: 1 and 8 are taken at 16 (not modelled); a hybrid
-        // model's block is the one vLLM sizes to its state's page (`finish` names it).
+        // model's block is the one vLLM sizes to its state (`SimConfig::vllm_hybrid_block`).
         (Vllm, "--block-size") => {
             let size: usize = parse(name, &value())?;
             config.block_size = Some(size);
@@ -821,9 +844,13 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
     if engine == EngineKind::Vllm {
         config.state_types =
             vllm_state_types(&config.model_shape(), given.mamba_dtypes.0.as_deref(), given.mamba_dtypes.1.as_deref());
-        // A hybrid model's block is the one vLLM sizes to its state's page, not the one given:
-        // taken, and named as not modelled (a block under 16 tokens already is).
-        if let Some(size) = config.block_size.filter(|&size| hybrid_in_vllm && size >= crate::kv::BLOCK_TOKENS) {
+        // A hybrid model's block is the one vLLM sizes to its state, or a larger one given; where
+        // the simulator does not know the architecture, the option is named as not modelled (a
+        // block under 16 tokens already is).
+        let unknown = config.vllm_hybrid_block().is_none();
+        if let Some(size) =
+            config.block_size.filter(|&size| hybrid_in_vllm && unknown && size >= crate::kv::BLOCK_TOKENS)
+        {
             config.unmodelled.push(format!("--block-size {size}"));
         }
     }

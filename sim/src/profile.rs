@@ -273,6 +273,10 @@ pub struct ModelShape {
     /// in four of Qwen3.5's and Qwen3-Next's: 24 of the 4B's and 9B's 32, 30 of the 35B-A3B's 40,
     /// 36 of Qwen3-Next-80B-A3B's 48), each holding [`LINEAR_LAYER_STATE_BYTES`] a sequence.
     pub linear_layers: Option<u32>,
+    /// The KV heads of each attention layer of such a model (of [`ATTENTION_HEAD_DIM`]): 4 in
+    /// Qwen3.5-4B and -9B, 2 in the 35B-A3B and Qwen3-Next-80B-A3B. vLLM sizes its block by them
+    /// ([`ModelShape::vllm_hybrid_block`]).
+    pub attention_kv_heads: Option<u32>,
     /// The model takes images as well as text, and carries a vision encoder: its name says so
     /// ([`ModelShape::from_name`]). vLLM then looks each step's embeddings up outside the CUDA
     /// graph unless `--language-model-only`, which also frees the encoder's memory.
@@ -293,6 +297,20 @@ const STATE_MATRIX_ELEMENTS: usize = 32 * 128 * 128;
 /// and 32 value heads of 128) in BF16, whatever the matrices' type ([`StateTypes`]).
 const CONV_WINDOW_BYTES: usize = 3 * 8192 * 2;
 
+/// The head size of Qwen3.5's and Qwen3-Next's attention layers.
+pub const ATTENTION_HEAD_DIM: usize = 256;
+
+/// The block vLLM gives a hybrid model ([`ModelShape::vllm_hybrid_block`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HybridBlock {
+    /// Tokens an attention layer's block holds: a sequence holds whole blocks, and prefix caching
+    /// finds, shares and (vLLM's `align` mode) prefills up to whole ones.
+    pub tokens: usize,
+    /// The bytes of one layer's block on all the ranks: each linear-attention layer's state takes
+    /// one, padded to it.
+    pub layer_bytes: f64,
+}
+
 impl ModelShape {
     pub fn from_name(name: &str) -> ModelShape {
         let base = name.rsplit('/').next().unwrap_or(name);
@@ -305,11 +323,11 @@ impl ModelShape {
         let total = total.unwrap_or(COEFFICIENTS.default_params_b);
         let fp8 = parts.iter().any(|p| matches!(*p, "FP8" | "INT8" | "W8A8"));
         let (qwen35, next) = (upper.starts_with("QWEN3.5"), upper.starts_with("QWEN3-NEXT"));
-        let linear_layers = match (qwen35, next, total, active) {
-            (true, _, 4.0 | 9.0, None) => Some(24),
-            (true, _, 35.0, Some(3.0)) => Some(30),
-            (_, true, 80.0, Some(3.0)) => Some(36),
-            _ => None,
+        let (linear_layers, attention_kv_heads) = match (qwen35, next, total, active) {
+            (true, _, 4.0 | 9.0, None) => (Some(24), Some(4)),
+            (true, _, 35.0, Some(3.0)) => (Some(30), Some(2)),
+            (_, true, 80.0, Some(3.0)) => (Some(36), Some(2)),
+            _ => (None, None),
         };
         // Every Qwen3.5 takes images; elsewhere the families and suffixes that mark a vision model.
         let vision_family = ["LLAMA-4", "PIXTRAL", "LLAVA", "INTERNVL", "OMNI"].iter().any(|f| upper.contains(f))
@@ -321,6 +339,7 @@ impl ModelShape {
             bytes_per_param: if fp8 { 1.0 } else { 2.0 },
             hybrid: qwen35 || next,
             linear_layers,
+            attention_kv_heads,
             multimodal: qwen35 || vision_family,
             config_fp32_states: qwen35,
         }
@@ -328,6 +347,28 @@ impl ModelShape {
 
     pub fn weight_bytes(&self) -> f64 {
         self.total_params * self.bytes_per_param
+    }
+
+    /// The block vLLM 0.17 gives this hybrid model (`HybridAttentionMambaModelConfig`), where the
+    /// simulator knows its architecture: an attention layer's block must hold at least a
+    /// linear-attention layer's state, so it is the fewest multiple of 16 tokens whose KV bytes
+    /// (per rank: `tensor_parallel` splits the state and the KV heads, at least one each) reach
+    /// the state's, or the `asked` `--block-size` where that is larger; the state is padded to the
+    /// block. 528 tokens for Qwen3.5-9B and 1056 for the 35B-A3B in BF16.
+    pub fn vllm_hybrid_block(
+        &self,
+        types: StateTypes,
+        kv_fp8: bool,
+        tensor_parallel: u32,
+        asked: Option<usize>,
+    ) -> Option<HybridBlock> {
+        let heads = self.attention_kv_heads.filter(|_| self.hybrid && self.linear_layers.is_some())?;
+        let ranks = tensor_parallel.max(1);
+        let token_bytes = 2 * (heads / ranks).max(1) as usize * ATTENTION_HEAD_DIM * if kv_fp8 { 1 } else { 2 };
+        let state = LINEAR_LAYER_STATE_BYTES * types.fraction() / f64::from(ranks);
+        let least = 16 * (state / (16 * token_bytes) as f64).ceil() as usize;
+        let tokens = asked.filter(|&asked| asked > least).unwrap_or(least);
+        Some(HybridBlock { tokens, layer_bytes: (tokens * token_bytes) as f64 * f64::from(ranks) })
     }
 
     /// BF16 KV bytes per token; see [`Coefficients::kv_bytes_per_token_per_sqrt_b`].
@@ -383,6 +424,9 @@ pub struct CostModel {
     pub graphs: Graphs,
     /// The types the linear-attention layers' states are kept in, as the engine's options set them.
     pub state_types: StateTypes,
+    /// vLLM pads each linear-attention layer's state to its attention block's bytes
+    /// ([`HybridBlock::layer_bytes`]); 0 where nothing pads it (SGLang, a transformer).
+    pub state_layer_page: f64,
 }
 
 /// The types a hybrid model's linear-attention states are kept in. The default is Qwen3.5's: its
@@ -516,11 +560,12 @@ impl CostModel {
     }
 
     /// The memory a hybrid model's recurrent state holds a sequence, bytes (0 for a transformer):
-    /// its architecture's ([`ModelShape::linear_layers`]), else [`CostModel::state_step_bytes`].
+    /// its architecture's ([`ModelShape::linear_layers`], each layer padded to
+    /// [`CostModel::state_layer_page`]), else [`CostModel::state_step_bytes`].
     pub fn state_bytes(&self) -> f64 {
         match self.model.linear_layers {
             Some(layers) if self.model.hybrid => {
-                f64::from(layers) * LINEAR_LAYER_STATE_BYTES * self.state_types.fraction()
+                f64::from(layers) * (LINEAR_LAYER_STATE_BYTES * self.state_types.fraction()).max(self.state_layer_page)
             }
             _ => self.state_step_bytes(),
         }
@@ -656,6 +701,7 @@ mod tests {
             multimodal_inputs: true,
             graphs: Graphs::Tokens(512),
             state_types: StateTypes::default(),
+            state_layer_page: 0.0,
         }
     }
 

@@ -158,6 +158,40 @@ pub struct Scheduler {
     page_blocks: usize,
     /// SGLang's `--max-total-tokens`, when given: its token pool's size, which bounds a request.
     token_pool: Option<usize>,
+    /// vLLM caching a hybrid model's prefixes: prompts are prefilled in whole blocks.
+    aligned: Option<AlignedChunks>,
+}
+
+/// vLLM's `align` mode of prefix caching on a hybrid model (`mamba_cache_mode`, its mode for
+/// Qwen3.5 and Qwen3-Next, whose states it can save only where a step ends): a chunk that does not
+/// finish a prompt is cut to whole blocks, and one that passes the prompt's last block boundary
+/// ends there, so the state there is saved (`_mamba_block_aligned_split`). A chunk cut to nothing
+/// waits: a running sequence for the next step, a waiting request with every one behind it.
+#[derive(Debug, Clone, Copy)]
+struct AlignedChunks {
+    /// The block, tokens ([`crate::profile::HybridBlock::tokens`]).
+    block: usize,
+    /// Speculative decoding by EAGLE or MTP drops the last matched block of a cached prefix, so
+    /// the last boundary that counts is one block earlier.
+    prune_last: bool,
+}
+
+impl AlignedChunks {
+    /// The chunk, of at most `chunk` tokens, that a sequence of `target` tokens with `computed`
+    /// of them prefilled takes.
+    fn cut(self, target: usize, computed: usize, chunk: usize) -> usize {
+        let mut last = target - target % self.block;
+        if self.prune_last {
+            last = last.saturating_sub(self.block);
+        }
+        if computed + chunk < last {
+            chunk - chunk % self.block
+        } else if computed < last && last < computed + chunk {
+            last - computed
+        } else {
+            chunk
+        }
+    }
 }
 
 /// `blocks` less a partial engine block of `page_blocks`: what prefix caching finds and shares.
@@ -198,13 +232,27 @@ impl Scheduler {
             state_blocks,
             page_blocks: 1,
             token_pool: None,
+            aligned: None,
         }
+    }
+
+    /// The next prefill chunk of a sequence of `target` tokens with `computed` prefilled, within
+    /// `budget`: the rest of it, as [`AlignedChunks`] cuts it where it applies; 0 when it must wait.
+    fn next_chunk(&self, target: usize, computed: usize, budget: usize) -> usize {
+        let chunk = (target - computed).min(budget);
+        self.aligned.map_or(chunk, |aligned| aligned.cut(target, computed, chunk))
     }
 
     /// The engine's block as `blocks` of the simulator's [`BLOCK_TOKENS`]-token ones (vLLM's
     /// `--block-size` over 16).
     pub fn with_page_blocks(mut self, blocks: usize) -> Scheduler {
         self.page_blocks = blocks.max(1);
+        self
+    }
+
+    /// vLLM's `align` mode on a hybrid model with prefix caching ([`AlignedChunks`]).
+    fn with_aligned_chunks(mut self, aligned: Option<AlignedChunks>) -> Scheduler {
+        self.aligned = aligned;
         self
     }
 
@@ -348,10 +396,12 @@ impl Scheduler {
                 work.decode_context_tokens += seq.request.prompt_tokens + seq.generated;
                 plan.push((index, 0));
             } else if phase.prefills && *budget > 0 {
-                let chunk = (seq.target - seq.computed).min(*budget);
-                *budget -= chunk;
-                add_prefill(work, seq.computed, chunk);
-                plan.push((index, chunk));
+                let chunk = self.next_chunk(seq.target, seq.computed, *budget);
+                if chunk > 0 {
+                    *budget -= chunk;
+                    add_prefill(work, seq.computed, chunk);
+                    plan.push((index, chunk));
+                }
             }
             index += 1;
         }
@@ -371,6 +421,12 @@ impl Scheduler {
             let Some(seq) = self.waiting.front() else { break };
             let hashes = &seq.request.block_hashes;
             let hit_blocks = whole_pages(self.kv.cached_prefix(hashes).min(hashes.len()), self.page_blocks);
+            // vLLM always computes at least the prompt's last token, to sample from it.
+            let hit_tokens = (hit_blocks * BLOCK_TOKENS).min(seq.target - 1);
+            let chunk = self.next_chunk(seq.target, hit_tokens, *budget);
+            if chunk == 0 {
+                break;
+            }
             let needed = self.blocks_needed(seq.request.prompt_tokens + seq.generated + 1 + draft);
             let anonymous = needed.saturating_sub(hit_blocks);
             // Longer than SGLang's token pool holds: the API's length check refuses it first.
@@ -392,14 +448,11 @@ impl Scheduler {
             let Some(mut seq) = self.waiting.pop_front() else { break };
             let shared = seq.request.block_hashes[..hit_blocks].to_vec();
             self.kv.share(&shared);
-            // vLLM always computes at least the prompt's last token, to sample from it.
-            let hit_tokens = (hit_blocks * BLOCK_TOKENS).min(seq.target - 1);
             self.counters.prefix_cache_queries += seq.target as u64;
             self.counters.prefix_cache_hits += hit_tokens as u64;
             seq.computed = hit_tokens;
             seq.anonymous = anonymous;
             seq.hashed = shared;
-            let chunk = (seq.target - seq.computed).min(*budget);
             *budget -= chunk;
             add_prefill(work, seq.computed, chunk);
             plan.push((self.running.len(), chunk));
@@ -726,7 +779,7 @@ impl Scheduler {
                 usable_gib: usable.max(0.0) / GIB,
             });
         }
-        let kv_fp8 = config.kv_cache_dtype.starts_with("fp8");
+        let kv_fp8 = config.kv_fp8();
         let kv_bytes_per_token = model.kv_bytes_per_token_bf16() * if kv_fp8 { 0.5 } else { 1.0 };
         let mut kv_bytes = usable - weights;
         if let Some(per_gpu) = config.kv_cache_memory_bytes {
@@ -754,6 +807,7 @@ impl Scheduler {
             multimodal_inputs: config.engine == EngineKind::Vllm && model.multimodal && !config.language_model_only,
             graphs: graphs(config, speculation),
             state_types: config.state_types,
+            state_layer_page: config.vllm_hybrid_block().map_or(0.0, |block| block.layer_bytes),
         };
         // vLLM keeps a hybrid model's recurrent states in its KV cache, a sequence's state taking
         // blocks beside its tokens; SGLang keeps them in a pool of their own, and its pools set how
@@ -808,6 +862,7 @@ impl Scheduler {
         let kv = KvCache::new(share, config.enable_prefix_caching);
         Ok(Scheduler::new(cost, limits, speculation, kv, state_blocks)
             .with_page_blocks(page_blocks)
+            .with_aligned_chunks(aligned_chunks(config))
             .with_token_pool(config.max_total_tokens.map(|tokens| tokens.min(pool_tokens)))
             .with_spec_failure(config.faults.spec_failure_batch)
             .with_step_jitter(config.faults.step_jitter_pct, config.faults.seed))
@@ -1007,6 +1062,16 @@ fn sglang_graph_batch(config: &SimConfig, speculation: Option<Speculation>) -> u
 }
 
 /// `--speculative-config`'s method and draft count, with the method's acceptance unless overridden.
+/// vLLM's `align` mode where it applies: a hybrid model whose block the simulator knows, with
+/// prefix caching.
+fn aligned_chunks(config: &SimConfig) -> Option<AlignedChunks> {
+    let block = config.vllm_hybrid_block().filter(|_| config.enable_prefix_caching)?;
+    let method = config.speculative_config.as_ref().and_then(|spec| spec.get("method")?.as_str().map(str::to_owned));
+    let prune_last = speculation(config).is_some()
+        && method.is_some_and(|m| matches!(m.as_str(), "eagle" | "eagle3" | "mtp") || m.ends_with("_mtp"));
+    Some(AlignedChunks { block: block.tokens, prune_last })
+}
+
 fn speculation(config: &SimConfig) -> Option<Speculation> {
     let spec = config.speculative_config.as_ref()?;
     let tokens = usize::try_from(spec.get("num_speculative_tokens")?.as_u64()?).ok()?;

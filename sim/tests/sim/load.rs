@@ -534,10 +534,11 @@ fn a_hybrid_models_recurrent_state_bounds_the_running_batch() {
     assert_eq!((transformer, no_state), (512, 0));
     let (hybrid, state, blocks) = most_running(&format!("vllm serve Qwen/Qwen3.5-9B {memory}"));
     assert!(state > 0, "a hybrid model's state takes blocks");
-    // Each sequence holds its state and two to four blocks of tokens (32 prompt, 16 output).
+    // Each sequence holds its state and one of vLLM's blocks of 528 tokens (33 of 16) for its 32
+    // prompt and 16 output tokens.
     assert!(hybrid < 512, "{hybrid} running");
     assert!(
-        (blocks / (state + 4)..=blocks / (state + 2)).contains(&hybrid),
+        (blocks / (state + 33) - 1..=blocks / (state + 33)).contains(&hybrid),
         "{hybrid} running in {blocks} blocks, {state} of state each"
     );
     // vLLM keeps the state matrices in FP32, as Qwen3.5's config asks, unless told 16 bits: about
@@ -585,7 +586,9 @@ fn vllm_shares_and_holds_whole_blocks_of_its_block_size() {
         engine.counters().prefix_cache_hits
     };
     assert_eq!(hybrid("--block-size 128"), hybrid(""));
-    assert_eq!(config("vllm serve Qwen/Qwen3.5-9B --block-size 128").unmodelled, ["--block-size 128"]);
+    assert!(config("vllm serve Qwen/Qwen3.5-9B --block-size 128").unmodelled.is_empty());
+    // A hybrid model whose architecture the simulator does not know has a block it cannot size.
+    assert_eq!(config("vllm serve Qwen/Qwen3.5-27B --block-size 128").unmodelled, ["--block-size 128"]);
     assert!(config("vllm serve Qwen/Qwen3-8B --block-size 128").unmodelled.is_empty());
     // A sequence holds whole blocks: one of 268 tokens holds 272 in blocks of 16 and 512 in blocks
     // of 256, so a cache of about 20000 tokens runs all 64 at once in the one and about 39 in the other.
@@ -603,6 +606,66 @@ fn vllm_shares_and_holds_whole_blocks_of_its_block_size() {
     let (whole, small) = (full("--block-size 256"), full(""));
     assert_eq!(small, 64);
     assert!((36..=42).contains(&whole), "{whole} running in blocks of 256");
+}
+
+#[test]
+fn vllm_sizes_a_hybrid_models_block_to_its_state() {
+    // An attention block holds at least a linear-attention layer's state (2146304 bytes in FP32):
+    // Qwen3.5-9B's 4 KV heads of 256 take 4 KiB a token in BF16, so 528 tokens.
+    let block = |line: &str| config(line).vllm_hybrid_block().map(|block| block.tokens);
+    assert_eq!(block("vllm serve Qwen/Qwen3.5-9B"), Some(528));
+    assert_eq!(block("vllm serve Qwen/Qwen3.5-9B --kv-cache-dtype fp8"), Some(1056));
+    assert_eq!(block("vllm serve Qwen/Qwen3.5-9B --mamba-ssm-cache-dtype float16"), Some(272));
+    // A smaller block asked is raised to it.
+    assert_eq!(block("vllm serve Qwen/Qwen3.5-9B --block-size 256"), Some(528));
+    // The 35B-A3B's 2 KV heads take 2 KiB; on 8 GPUs each rank holds an eighth of a state and one
+    // KV head, 1 KiB a token.
+    assert_eq!(block("vllm serve Qwen/Qwen3.5-35B-A3B-FP8"), Some(1056));
+    assert_eq!(block("vllm serve Qwen/Qwen3.5-35B-A3B --tensor-parallel-size 8"), Some(272));
+    // Nothing for SGLang, a transformer, or a hybrid whose architecture the simulator lacks.
+    for line in ["sglang serve --model-path Qwen/Qwen3.5-9B", "vllm serve Qwen/Qwen3-8B", "vllm serve Qwen/Qwen3.5-27B"]
+    {
+        assert_eq!(block(line), None, "{line}");
+    }
+
+    // Prefix caching finds only whole blocks: 60 prompts after their groups' first share 600
+    // tokens, one block's worth of them found; 500 shared tokens are less than a block.
+    let hits = |shared: usize| {
+        let workload = Workload {
+            items: simulate::shared_prefix(64, 4, shared, 48, 16),
+            arrival: Arrival::Closed { concurrency: 1 },
+        };
+        let line = "vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 --max-model-len 4096 --enable-prefix-caching";
+        let mut engine = Scheduler::from_config(&config(line)).expect("fits");
+        simulate::simulate_on(&mut engine, &workload);
+        engine.counters().prefix_cache_hits
+    };
+    assert_eq!(hits(600), 60 * 528);
+    assert_eq!(hits(500), 0);
+
+    // With prefix caching vLLM saves the state only where a step ends (its `align` mode), so a
+    // prompt is prefilled up to its last block boundary first, and a chunk that does not end the
+    // prompt is cut to whole blocks: a request waits for a step with a block's budget.
+    let prefills = |flags: &str| {
+        let line = format!("vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 --max-model-len 4096 {flags}");
+        let mut engine = Scheduler::from_config(&config(&line)).expect("fits");
+        let workload = Workload { items: simulate::random(2, 1034, 4, 1), arrival: Arrival::Closed { concurrency: 2 } };
+        let mut chunks = Vec::new();
+        simulate::simulate_observed(&mut engine, &workload, |step| {
+            if step.work.prefill_tokens > 0 {
+                chunks.push(step.work.prefill_tokens);
+            }
+        });
+        chunks
+    };
+    assert_eq!(prefills(""), [2068]);
+    assert_eq!(prefills("--enable-prefix-caching"), [1056, 1012]);
+    assert_eq!(prefills("--max-num-batched-tokens 600"), [600, 600, 599, 269]);
+    assert_eq!(prefills("--enable-prefix-caching --max-num-batched-tokens 600"), [528, 506, 528, 506]);
+    // MTP drops a cached prefix's last block, so the boundary that counts is one block earlier:
+    // here none.
+    let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
+    assert_eq!(prefills(&format!("--enable-prefix-caching {mtp}")), [2068]);
 }
 
 #[test]
@@ -639,35 +702,40 @@ fn a_recurrent_state_is_the_size_its_types_make_it() {
         let decode = StepWork { decode_tokens: 100, decode_context_tokens: 100 * 1000, ..Default::default() };
         (engine.cost().state_bytes(), engine.cost().step_parts(&decode).attention)
     };
+    // 24 linear-attention layers of 32 value heads of 128 x 128 and a window of 3 x 8192, each
+    // padded to vLLM's block ([`vllm_sizes_a_hybrid_models_block_to_its_state`]): 528 tokens of
+    // 4 KiB of KV (4 heads of 256, keys and values in BF16) hold a layer's 2146304 bytes in FP32.
     let (fp32, fp32_step) = state("");
-    // 24 linear-attention layers of 32 value heads of 128 x 128 in FP32 and a BF16 window.
-    assert!((fp32 / 1e6 - 51.5).abs() < 0.1, "{fp32}");
-    // 16-bit matrices: about half, and less for a decode step to read and write.
+    assert_eq!(fp32, 24.0 * 528.0 * 4096.0);
+    // 16-bit matrices: 1097728 bytes a layer, in 272 tokens' worth; less for a step to move.
     let (half, half_step) = state("--mamba-ssm-cache-dtype float16");
-    assert!((half / fp32 - 0.5115).abs() < 1e-3, "{half}");
+    assert_eq!(half, 24.0 * 272.0 * 4096.0);
     assert!(half_step < fp32_step);
-    // An FP32 convolution window: its 48 KiB a layer twice over.
-    let (wide, _) = state("--mamba-cache-dtype float32");
-    assert!((wide - fp32 - 24.0 * 3.0 * 8192.0 * 2.0).abs() < 1.0, "{wide}");
-    // Both together; and the same types from SGLang's option.
-    let (both, _) = state("--mamba-ssm-cache-dtype float16 --mamba-cache-dtype float32");
-    assert!((both - half - 24.0 * 3.0 * 8192.0 * 2.0).abs() < 1.0, "{both}");
-    let sglang = Scheduler::from_config(&config(
-        "sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H100 --mamba-ssm-dtype bfloat16",
-    ))
-    .expect("fits");
-    assert_eq!(sglang.cost().state_bytes(), half);
+    // An FP32 convolution window: its 48 KiB a layer twice over, 2195456 bytes in 544 tokens'.
+    assert_eq!(state("--mamba-cache-dtype float32").0, 24.0 * 544.0 * 4096.0);
+    // Both together: 1146880 bytes in 288 tokens'.
+    assert_eq!(state("--mamba-ssm-cache-dtype float16 --mamba-cache-dtype float32").0, 24.0 * 288.0 * 4096.0);
+    // SGLang keeps the states in a pool of their own, unpadded: 51.5 MB, and 0.5115 of it with
+    // 16-bit matrices.
+    let sglang = |flags: &str| {
+        let line = format!("sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H100 {flags}");
+        Scheduler::from_config(&config(&line)).expect("fits").cost().state_bytes()
+    };
+    let layer = 32.0 * 128.0 * 128.0 * 4.0 + 3.0 * 8192.0 * 2.0;
+    assert_eq!(sglang(""), 24.0 * layer);
+    assert!((sglang("--mamba-ssm-dtype bfloat16") / sglang("") - 0.5115).abs() < 1e-3);
     // Qwen3-Next's config asks no type: vLLM keeps its matrices in the window's, BF16 unless the
-    // window is FP32, where SGLang keeps FP32 (36 layers of the 80B-A3B on two H200s).
+    // window is FP32, where SGLang keeps FP32 (36 layers of the 80B-A3B on two H200s). Each rank
+    // holds half a state and one of the two KV heads: 1 KiB of KV a token.
     let next = |line: &str| {
         let line = format!("{line} Qwen/Qwen3-Next-80B-A3B-Instruct --sim-gpu H200 --tensor-parallel-size 2");
         Scheduler::from_config(&config(&line)).expect("fits").cost().state_bytes() / 36.0
     };
-    let layer = 32.0 * 128.0 * 128.0 * 4.0 + 3.0 * 8192.0 * 2.0;
-    assert!((next("sglang serve --model-path") - layer).abs() < 1.0);
-    assert!((next("vllm serve") / layer - 0.5115).abs() < 1e-3);
-    assert!((next("vllm serve --mamba-ssm-cache-dtype float32") - layer).abs() < 1.0);
-    assert!((next("vllm serve --mamba-cache-dtype float32") - layer - 3.0 * 8192.0 * 2.0).abs() < 1.0);
+    assert_eq!(next("sglang serve --model-path"), layer);
+    assert_eq!(next("vllm serve"), 2.0 * 544.0 * 1024.0);
+    assert_eq!(next("vllm serve --mamba-ssm-cache-dtype float32"), 2.0 * 1056.0 * 1024.0);
+    // 2195456 bytes, 1072 tokens' exactly: nothing to pad.
+    assert_eq!(next("vllm serve --mamba-cache-dtype float32"), layer + 3.0 * 8192.0 * 2.0);
     // A transformer has no state, whatever the option says.
     let transformer = Scheduler::from_config(&config(
         "vllm serve Qwen/Qwen3-8B --sim-gpu H100 --mamba-ssm-cache-dtype float16 --mamba-cache-dtype float32",
