@@ -780,6 +780,10 @@ fn engine_flag(
             config.block_size = Some(size);
             return Ok(size >= crate::kv::BLOCK_TOKENS);
         }
+        // Qwen3.5's and Qwen3-Next's mode follows prefix caching whatever is asked: `none` without
+        // it, `align` with it (`all` falls back to it: vLLM 0.17 supports it on neither). A
+        // transformer has no state to cache.
+        (Vllm, "--mamba-cache-mode") => {}
         (Vllm, "--mamba-ssm-cache-dtype") => given.mamba_dtypes.0 = Some(value()),
         (Vllm, "--mamba-cache-dtype") => given.mamba_dtypes.1 = Some(value()),
         (Vllm, "--gpu-memory-utilization") | (Sglang, "--mem-fraction-static") => {
@@ -1175,6 +1179,7 @@ mod tests {
                 "--enforce-eager",
                 "--mamba-cache-dtype",
                 "--mamba-ssm-cache-dtype",
+                "--mamba-cache-mode",
                 "--block-size",
                 "--gpu-memory-utilization",
                 "--kv-cache-memory-bytes",

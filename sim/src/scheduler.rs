@@ -671,6 +671,11 @@ fn refusal(config: &SimConfig) -> Option<String> {
             ),
         );
     }
+    if vllm && config.model_shape().hybrid && config.enable_prefix_caching && !config.chunked_prefill {
+        // vLLM caches a hybrid model's prefixes in its `align` mode, which prefills in whole blocks
+        // (`MambaModelConfig.verify_and_update_config`).
+        return Some("AssertionError: Chunked prefill is required for mamba cache mode 'align'.".to_owned());
+    }
     if vllm && config.max_num_batched_tokens < config.max_num_seqs {
         return refused(
             "SchedulerConfig",

@@ -369,6 +369,17 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
     assert!(Scheduler::from_config(&dp("--enable-dp-attention")).is_ok());
     assert!(matches!(Scheduler::from_config(&dp("")), Err(StartupError::Refused(_))));
     assert_eq!(refused(vllm, Some(0)), "RuntimeError: No CUDA GPUs are available");
+    // vLLM caches a hybrid model's prefixes in its `align` mode, which needs chunked prefill.
+    let unchunked = "--max-model-len 8192 --no-enable-chunked-prefill";
+    assert_eq!(
+        refused(&format!("{vllm} {unchunked} --enable-prefix-caching"), None),
+        "AssertionError: Chunked prefill is required for mamba cache mode 'align'."
+    );
+    for starts in
+        [format!("{vllm} {unchunked}"), format!("vllm serve Qwen/Qwen3-8B {unchunked} --enable-prefix-caching")]
+    {
+        assert!(Scheduler::from_config(&config(&starts)).is_ok(), "{starts}");
+    }
     assert!(
         refused(&format!("{vllm} --tensor-parallel-size 0"), None)
             .contains("--tensor-parallel-size must be at least 1")
@@ -662,6 +673,10 @@ fn vllm_sizes_a_hybrid_models_block_to_its_state() {
     assert_eq!(prefills("--enable-prefix-caching"), [1056, 1012]);
     assert_eq!(prefills("--max-num-batched-tokens 600"), [600, 600, 599, 269]);
     assert_eq!(prefills("--enable-prefix-caching --max-num-batched-tokens 600"), [528, 506, 528, 506]);
+    // The mode follows prefix caching whatever is asked.
+    assert_eq!(prefills("--enable-prefix-caching --mamba-cache-mode all"), [1056, 1012]);
+    assert_eq!(prefills("--mamba-cache-mode align"), [2068]);
+    assert!(config("vllm serve Qwen/Qwen3.5-9B --mamba-cache-mode all").unmodelled.is_empty());
     // MTP drops a cached prefix's last block, so the boundary that counts is one block earlier:
     // here none.
     let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
