@@ -68,6 +68,10 @@ pub struct Limits {
 pub struct Speculation {
     pub tokens: usize,
     pub acceptance: f64,
+    /// vLLM drafting from the model's hidden states (EAGLE, EAGLE3, MTP) recomputes the last block
+    /// of a cached prefix for them: prefix caching drops the last block it finds
+    /// (`FullAttentionManager.find_longest_cache_hit`).
+    pub drops_cached_block: bool,
 }
 
 /// Tokens a request got from one step.
@@ -171,17 +175,15 @@ pub struct Scheduler {
 struct AlignedChunks {
     /// The block, tokens ([`crate::profile::HybridBlock::tokens`]).
     block: usize,
-    /// Speculative decoding by EAGLE or MTP drops the last matched block of a cached prefix, so
-    /// the last boundary that counts is one block earlier.
-    prune_last: bool,
 }
 
 impl AlignedChunks {
     /// The chunk, of at most `chunk` tokens, that a sequence of `target` tokens with `computed`
-    /// of them prefilled takes.
-    fn cut(self, target: usize, computed: usize, chunk: usize) -> usize {
+    /// of them prefilled takes. With `drops_cached_block` ([`Speculation::drops_cached_block`])
+    /// the last boundary that counts is one block earlier.
+    fn cut(self, target: usize, computed: usize, chunk: usize, drops_cached_block: bool) -> usize {
         let mut last = target - target % self.block;
-        if self.prune_last {
+        if drops_cached_block {
             last = last.saturating_sub(self.block);
         }
         if computed + chunk < last {
@@ -240,7 +242,12 @@ impl Scheduler {
     /// `budget`: the rest of it, as [`AlignedChunks`] cuts it where it applies; 0 when it must wait.
     fn next_chunk(&self, target: usize, computed: usize, budget: usize) -> usize {
         let chunk = (target - computed).min(budget);
-        self.aligned.map_or(chunk, |aligned| aligned.cut(target, computed, chunk))
+        self.aligned.map_or(chunk, |aligned| aligned.cut(target, computed, chunk, self.drops_cached_block()))
+    }
+
+    /// [`Speculation::drops_cached_block`].
+    fn drops_cached_block(&self) -> bool {
+        self.speculation.is_some_and(|s| s.drops_cached_block)
     }
 
     /// The engine's block as `blocks` of the simulator's [`BLOCK_TOKENS`]-token ones (vLLM's
@@ -420,7 +427,10 @@ impl Scheduler {
         while *budget > 0 && self.running.len() < self.limits.max_num_seqs {
             let Some(seq) = self.waiting.front() else { break };
             let hashes = &seq.request.block_hashes;
-            let hit_blocks = whole_pages(self.kv.cached_prefix(hashes).min(hashes.len()), self.page_blocks);
+            let mut hit_blocks = whole_pages(self.kv.cached_prefix(hashes).min(hashes.len()), self.page_blocks);
+            if self.drops_cached_block() {
+                hit_blocks = hit_blocks.saturating_sub(self.page_blocks);
+            }
             // vLLM always computes at least the prompt's last token, to sample from it.
             let hit_tokens = (hit_blocks * BLOCK_TOKENS).min(seq.target - 1);
             let chunk = self.next_chunk(seq.target, hit_tokens, *budget);
@@ -1066,17 +1076,14 @@ fn sglang_graph_batch(config: &SimConfig, speculation: Option<Speculation>) -> u
     }
 }
 
-/// `--speculative-config`'s method and draft count, with the method's acceptance unless overridden.
 /// vLLM's `align` mode where it applies: a hybrid model whose block the simulator knows, with
 /// prefix caching.
 fn aligned_chunks(config: &SimConfig) -> Option<AlignedChunks> {
     let block = config.vllm_hybrid_block().filter(|_| config.enable_prefix_caching)?;
-    let method = config.speculative_config.as_ref().and_then(|spec| spec.get("method")?.as_str().map(str::to_owned));
-    let prune_last = speculation(config).is_some()
-        && method.is_some_and(|m| matches!(m.as_str(), "eagle" | "eagle3" | "mtp") || m.ends_with("_mtp"));
-    Some(AlignedChunks { block: block.tokens, prune_last })
+    Some(AlignedChunks { block: block.tokens })
 }
 
+/// `--speculative-config`'s method and draft count, with the method's acceptance unless overridden.
 fn speculation(config: &SimConfig) -> Option<Speculation> {
     let spec = config.speculative_config.as_ref()?;
     let tokens = usize::try_from(spec.get("num_speculative_tokens")?.as_u64()?).ok()?;
@@ -1084,5 +1091,7 @@ fn speculation(config: &SimConfig) -> Option<Speculation> {
     (tokens > 0).then(|| Speculation {
         tokens,
         acceptance: config.spec_acceptance.unwrap_or(profile::acceptance(&config.coefficients, method)),
+        drops_cached_block: config.engine == EngineKind::Vllm
+            && (matches!(method, "eagle" | "eagle3" | "mtp") || method.ends_with("_mtp")),
     })
 }

@@ -588,6 +588,13 @@ fn vllm_shares_and_holds_whole_blocks_of_its_block_size() {
     assert_eq!(run("--block-size 128").0, 0);
     // The cache holds as many tokens, in whole blocks.
     assert_eq!(run("--block-size 64").1, capacity);
+    // Drafting from the model's hidden states (EAGLE, MTP), vLLM recomputes the last block found:
+    // 64 of the 80 tokens in blocks of 16, and none in blocks of 64. An n-gram draft finds all.
+    let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
+    assert_eq!(run(mtp).0, 60 * 64);
+    assert_eq!(run(&format!("{mtp} --block-size 64")).0, 0);
+    let ngram = r#"--speculative-config {"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4}"#;
+    assert_eq!(run(ngram).0, hits_16);
     // A block of fewer than 16 tokens is taken at 16, and a hybrid model's is vLLM's own.
     assert_eq!(run("--block-size 8").0, hits_16);
     let hybrid = |flags: &str| {
