@@ -278,12 +278,17 @@ impl SimConfig {
         self.kv_cache_dtype.starts_with("fp8")
     }
 
-    /// The engine's costs in its mode, without the overlap of scheduling and the GPU where the
-    /// engine runs without it.
+    /// The engine's costs in its mode, with the overlap of scheduling and the GPU its loop gives.
+    /// vLLM without asynchronous scheduling hides nothing. SGLang's fitted overlap is its loop's
+    /// without the overlap scheduler, as the reports' runs had it (Qwen3.5 with the radix cache,
+    /// [`SimConfig::overlaps`]); with the scheduler it hides what vLLM's asynchronous scheduling,
+    /// the same design, hides, or that, whichever is more (no report ran it).
     pub fn engine_costs(&self) -> EngineCosts {
         let mut costs = EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref());
-        if !self.overlaps() {
-            costs.overlap = 0.0;
+        match (self.engine, self.overlaps()) {
+            (EngineKind::Vllm, false) => costs.overlap = 0.0,
+            (EngineKind::Sglang, true) => costs.overlap = costs.overlap.max(self.coefficients.vllm.overlap),
+            _ => {}
         }
         costs
     }
@@ -899,6 +904,18 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
         // SGLang runs speculative decoding without its overlap scheduler, at 48 requests unless told.
         config.overlap_schedule = false;
     }
+    if engine == EngineKind::Sglang {
+        // SGLang 0.5.9 caches a Qwen3.5 or Qwen3-Next prefix's states in its radix cache only
+        // between steps unless `--mamba-scheduler-strategy extra_buffer` keeps them a buffer
+        // (`_handle_mamba_radix_cache`): its overlap scheduler goes, or with speculative decoding,
+        // which it cannot cache beside, the radix cache. Pipeline stages run without it too.
+        let no_buffer = config.model_shape().hybrid && config.enable_prefix_caching && !config.state_pool.extra_buffer;
+        if no_buffer && config.speculative_config.is_some() {
+            config.enable_prefix_caching = false;
+        } else if no_buffer || config.pipeline_parallel_size > 1 {
+            config.overlap_schedule = false;
+        }
+    }
     let costs = config.engine_costs();
     let sglang_speculating = engine == EngineKind::Sglang && config.speculative_config.is_some();
     let default_seqs = if sglang_speculating { 48 } else { costs.default_max_num_seqs };
@@ -1343,7 +1360,29 @@ mod tests {
         let c = sglang("--speculative-algorithm EAGLE --speculative-num-steps 2 --max-running-requests 64");
         assert_eq!(c.speculative_config, Some(serde_json::json!({"method": "eagle", "num_speculative_tokens": 2})));
         assert_eq!(c.max_num_seqs, 64);
-        assert!(!sglang("--disable-overlap-schedule").overlaps() && sglang("").overlaps());
+        // Qwen3.5's states, cached in the radix cache between steps, take the overlap scheduler
+        // away unless a buffer keeps them; beside drafts, SGLang drops the radix cache instead.
+        assert!(!sglang("").overlaps() && sglang("").enable_prefix_caching);
+        assert!(sglang("--disable-radix-cache").overlaps());
+        assert!(sglang("--mamba-scheduler-strategy extra_buffer").overlaps());
+        assert!(!sglang("--disable-radix-cache --disable-overlap-schedule").overlaps());
+        assert!(!sglang("--disable-radix-cache --pp-size 2").overlaps());
+        // The fitted overlap is the reports' runs', without the scheduler; with it SGLang hides
+        // as much as vLLM does.
+        let fitted = COEFFICIENTS.sglang.overlap;
+        assert_eq!(sglang("").engine_costs().overlap, fitted);
+        assert_eq!(sglang("--disable-overlap-schedule").engine_costs().overlap, fitted);
+        let scheduled = sglang("--disable-radix-cache").engine_costs().overlap;
+        assert_eq!(scheduled, fitted.max(COEFFICIENTS.vllm.overlap));
+        assert!(scheduled > fitted);
+        assert!(!sglang("--speculative-algorithm NEXTN").enable_prefix_caching);
+        let extra = sglang("--speculative-algorithm NEXTN --mamba-scheduler-strategy extra_buffer");
+        assert!(extra.enable_prefix_caching && !extra.overlaps());
+        let transformer = |line: &str| {
+            parse_command_line(&args(&format!("sglang serve --model-path Qwen/Qwen3-8B {line}"))).expect(line)
+        };
+        assert!(transformer("").overlaps() && transformer("").enable_prefix_caching);
+        assert!(!transformer("--disable-overlap-schedule").overlaps());
         // Data parallel attention shares the tensor-parallel GPUs.
         assert_eq!(sglang("--tp 2 --dp-size 2 --enable-dp-attention").gpus_needed(), 2);
         assert_eq!(sglang("--tp 2 --dp-size 2").gpus_needed(), 4);

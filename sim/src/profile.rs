@@ -232,8 +232,10 @@ pub struct EngineCosts {
     /// layer by layer (`FULL_AND_PIECEWISE`, its default).
     pub mixed_token_factor: f64,
     /// The share of the CPU-side overheads hidden behind the GPU's work: vLLM's asynchronous
-    /// scheduling (on by default since 0.14) and SGLang's overlap scheduler plan step `n + 1` and
-    /// process the outputs of step `n - 1` while the GPU runs step `n`.
+    /// scheduling (on by default since 0.14) plans step `n + 1` and processes the outputs of step
+    /// `n - 1` while the GPU runs step `n`. SGLang's is its loop's without its overlap scheduler,
+    /// which 0.5.9 turns off for Qwen3.5 and Qwen3-Next with the radix cache, as in the reports'
+    /// runs; with it, SGLang hides at least vLLM's share ([`crate::SimConfig::engine_costs`]).
     pub overlap: f64,
 }
 

@@ -686,6 +686,15 @@ fn refusal(config: &SimConfig) -> Option<String> {
         // (`MambaModelConfig.verify_and_update_config`).
         return Some("AssertionError: Chunked prefill is required for mamba cache mode 'align'.".to_owned());
     }
+    // And a step that holds a whole block (`VllmConfig.__post_init__`), else no prompt longer
+    // than one would ever be scheduled.
+    let budget = config.max_num_batched_tokens;
+    if let Some(block) = config.vllm_hybrid_block().filter(|b| config.enable_prefix_caching && b.tokens > budget) {
+        return Some(format!(
+            "AssertionError: In Mamba cache align mode, block_size ({}) must be <= max_num_batched_tokens ({budget}).",
+            block.tokens
+        ));
+    }
     if vllm && config.max_num_batched_tokens < config.max_num_seqs {
         return refused(
             "SchedulerConfig",

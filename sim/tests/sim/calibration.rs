@@ -213,7 +213,7 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
             format!("{:.2} ns", c.hybrid_prefix_cache_cost * 1e9),
         ),
         (
-            "vLLM / SGLang: share of CPU-side overheads hidden behind the GPU",
+            "vLLM / SGLang (without its overlap scheduler): share of CPU-side overheads hidden behind the GPU",
             format!("{:.3} / {:.3}", c.vllm.overlap, c.sglang.overlap),
         ),
         ("GPU time per step beyond the roofline (kernel boundaries)", format!("{:.3} ms", c.kernel_boundaries * 1e3)),

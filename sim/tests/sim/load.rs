@@ -375,9 +375,17 @@ fn values_the_engine_refuses_fail_at_startup_in_its_words() {
         refused(&format!("{vllm} {unchunked} --enable-prefix-caching"), None),
         "AssertionError: Chunked prefill is required for mamba cache mode 'align'."
     );
-    for starts in
-        [format!("{vllm} {unchunked}"), format!("vllm serve Qwen/Qwen3-8B {unchunked} --enable-prefix-caching")]
-    {
+    // And a step that holds a whole block, 528 tokens on Qwen3.5-9B.
+    assert_eq!(
+        refused(&format!("{vllm} --enable-prefix-caching --max-num-batched-tokens 512 --max-num-seqs 256"), None),
+        "AssertionError: In Mamba cache align mode, block_size (528) must be <= max_num_batched_tokens (512)."
+    );
+    for starts in [
+        format!("{vllm} {unchunked}"),
+        format!("vllm serve Qwen/Qwen3-8B {unchunked} --enable-prefix-caching"),
+        format!("{vllm} --max-num-batched-tokens 512 --max-num-seqs 256"),
+        format!("{vllm} --enable-prefix-caching --max-num-batched-tokens 528 --max-num-seqs 256"),
+    ] {
         assert!(Scheduler::from_config(&config(&starts)).is_ok(), "{starts}");
     }
     assert!(
