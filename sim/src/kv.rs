@@ -8,7 +8,7 @@
 //! used first when a new allocation needs room; usage (vLLM's
 //! `kv_cache_usage_perc`) counts only referenced blocks, as vLLM does.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Tokens per KV block: vLLM's default block size.
 pub const BLOCK_TOKENS: usize = 16;
@@ -34,6 +34,10 @@ pub struct KvCache {
     evictable: BTreeMap<u64, u64>,
     clock: u64,
     prefix_caching: bool,
+    /// Cached blocks after which a hybrid model's linear-attention state was saved too (vLLM's
+    /// `align` mode saves one only where a step ended on a block boundary): where its prefix hits
+    /// can end ([`KvCache::saved_state_within`]). A block's mark goes with it.
+    states: HashSet<u64>,
 }
 
 impl KvCache {
@@ -45,6 +49,7 @@ impl KvCache {
             evictable: BTreeMap::new(),
             clock: 0,
             prefix_caching,
+            states: HashSet::new(),
         }
     }
 
@@ -75,6 +80,24 @@ impl KvCache {
         hashes.iter().take_while(|h| self.cached.contains_key(h)).count()
     }
 
+    /// Marks the cached block `hash` as one after which a linear-attention state was saved.
+    pub fn mark_state(&mut self, hash: u64) {
+        if self.cached.contains_key(&hash) {
+            self.states.insert(hash);
+        }
+    }
+
+    /// The most of the first `blocks` of `hashes` (cached, [`Self::cached_prefix`]), a whole
+    /// number of `page`s, after which a state was saved: a hybrid model's longest prefix hit.
+    pub fn saved_state_within(&self, hashes: &[u64], blocks: usize, page: usize) -> usize {
+        let page = page.max(1);
+        (1..=blocks.min(hashes.len()) / page)
+            .rev()
+            .map(|p| p * page)
+            .find(|&k| self.states.contains(&hashes[k - 1]))
+            .unwrap_or(0)
+    }
+
     /// Takes a reference on the first `count` blocks of `hashes`, which [`Self::cached_prefix`] found.
     pub fn share(&mut self, hashes: &[u64]) {
         for hash in hashes {
@@ -96,6 +119,7 @@ impl KvCache {
         for _ in free..blocks {
             if let Some((_, hash)) = self.evictable.pop_first() {
                 self.cached.remove(&hash);
+                self.states.remove(&hash);
             }
         }
         self.anonymous += blocks;
@@ -143,6 +167,7 @@ impl KvCache {
     pub fn reset_prefix_cache(&mut self) {
         for (_, hash) in std::mem::take(&mut self.evictable) {
             self.cached.remove(&hash);
+            self.states.remove(&hash);
         }
     }
 }
@@ -167,6 +192,26 @@ mod tests {
         kv.release(8, &[1, 2]);
         kv.reset_prefix_cache();
         assert_eq!((kv.cached_prefix(&[1]), kv.available()), (0, 10));
+    }
+
+    #[test]
+    fn a_hybrid_prefix_hit_ends_where_a_state_was_saved() {
+        let mut kv = KvCache::new(10, true);
+        assert!(kv.allocate(6));
+        kv.register(&[1, 2, 3, 4, 5, 6]);
+        // Pages of two blocks; a state saved after the fourth block only.
+        kv.mark_state(4);
+        kv.mark_state(9); // not cached: no mark
+        assert_eq!(kv.saved_state_within(&[1, 2, 3, 4, 5, 6], 6, 2), 4);
+        assert_eq!(kv.saved_state_within(&[1, 2, 3, 4, 5, 6], 3, 2), 0);
+        kv.mark_state(6);
+        assert_eq!(kv.saved_state_within(&[1, 2, 3, 4, 5, 6], 6, 2), 6);
+        // A block's mark goes with it.
+        kv.release(0, &[1, 2, 3, 4, 5, 6]);
+        kv.reset_prefix_cache();
+        assert!(kv.allocate(6));
+        kv.register(&[1, 2, 3, 4, 5, 6]);
+        assert_eq!(kv.saved_state_within(&[1, 2, 3, 4, 5, 6], 6, 2), 0);
     }
 
     #[test]

@@ -128,6 +128,9 @@ struct Seq {
     /// Anonymous KV blocks held, and shared (hashed) prompt blocks referenced.
     anonymous: usize,
     hashed: Vec<u64>,
+    /// Blocks after which vLLM's `align` mode saved the sequence's state as a prefill chunk ended
+    /// on a block boundary ([`AlignedChunks`]); marked in the cache as its blocks are registered.
+    saved_states: Vec<usize>,
     rng: ChaCha8Rng,
 }
 
@@ -309,6 +312,7 @@ impl Scheduler {
             generated: 0,
             anonymous: 0,
             hashed: Vec::new(),
+            saved_states: Vec::new(),
             rng,
         });
     }
@@ -357,6 +361,7 @@ impl Scheduler {
         self.kv.release(seq.anonymous, &seq.hashed);
         seq.anonymous = 0;
         seq.hashed.clear();
+        seq.saved_states.clear();
         seq.target = seq.request.prompt_tokens.max(1) + seq.generated;
         seq.computed = 0;
         self.counters.preemptions += 1;
@@ -430,6 +435,12 @@ impl Scheduler {
             let mut hit_blocks = whole_pages(self.kv.cached_prefix(hashes).min(hashes.len()), self.page_blocks);
             if self.drops_cached_block() {
                 hit_blocks = hit_blocks.saturating_sub(self.page_blocks);
+            }
+            if self.aligned.is_some() {
+                // A hybrid model's hit also needs the state where it ends, and leaves a token to
+                // compute (`max_length` is the prompt less one).
+                let most = hit_blocks.min((seq.target - 1) / BLOCK_TOKENS);
+                hit_blocks = self.kv.saved_state_within(hashes, most, self.page_blocks);
             }
             // vLLM always computes at least the prompt's last token, to sample from it.
             let hit_tokens = (hit_blocks * BLOCK_TOKENS).min(seq.target - 1);
@@ -509,10 +520,16 @@ impl Scheduler {
         let duration = self.step_time(&work);
         let mut emissions = Vec::with_capacity(plan.len());
         let page_blocks = self.page_blocks;
+        let aligned = self.aligned;
         for &(index, chunk) in &plan {
             let seq = &mut self.running[index];
             let tokens = if chunk > 0 {
                 seq.computed += chunk;
+                if aligned
+                    .is_some_and(|a| seq.computed.is_multiple_of(a.block) && seq.computed <= seq.request.prompt_tokens)
+                {
+                    seq.saved_states.push(seq.computed / BLOCK_TOKENS);
+                }
                 if !seq.decoding() {
                     continue;
                 }
@@ -525,6 +542,11 @@ impl Scheduler {
                     self.kv.register(fresh);
                     seq.anonymous -= fresh.len();
                     seq.hashed.extend_from_slice(fresh);
+                    for blocks in std::mem::take(&mut seq.saved_states) {
+                        if let Some(&hash) = seq.hashed.get(blocks.wrapping_sub(1)) {
+                            self.kv.mark_state(hash);
+                        }
+                    }
                 }
                 1
             } else {

@@ -49,24 +49,41 @@ fn prefix_caching_skips_shared_prefixes_only_and_reset_makes_it_cold() {
         arrival: Arrival::Rate { rate: 16.0, max_concurrency: None },
     };
     let random = Workload { items: simulate::random(64, 2112, 32, 3), arrival: shared.arrival };
-    let run = |flags: &str, workload: &Workload| {
-        Summary::of(&simulate::simulate(&config(&format!("{ENGINE} {flags}")), workload).expect("fits"))
+    let run = |engine: &str, flags: &str, workload: &Workload| {
+        Summary::of(&simulate::simulate(&config(&format!("{engine} {flags}")), workload).expect("fits"))
     };
-    let (on, off) = (run("--enable-prefix-caching", &shared), run("--no-enable-prefix-caching", &shared));
+    // A transformer skips the shared prefixes.
+    let transformer = "vllm serve Qwen/Qwen3-8B --max-model-len 8192";
+    let (on, off) = (run(transformer, "", &shared), run(transformer, "--no-enable-prefix-caching", &shared));
     assert!(on.mean_ttft < 0.7 * off.mean_ttft, "shared prefixes: {} vs {}", on.mean_ttft, off.mean_ttft);
+    // Qwen3.5 needs the recurrent state where a hit ends, which vLLM saved only where each prompt's
+    // step ended, at its 2112th token: no prompt finds one within its 2048 shared tokens.
+    let (on, off) = (run(ENGINE, "--enable-prefix-caching", &shared), run(ENGINE, "", &shared));
+    assert!(on.mean_ttft >= off.mean_ttft, "a hybrid's shared prefixes: {} vs {}", on.mean_ttft, off.mean_ttft);
     // Nothing to find in random prompts; on a hybrid model vLLM's cache still saves each prompt's
     // recurrent state as it goes, which costs a little (a few percent on prompts this long).
-    let (on, off) = (run("--enable-prefix-caching", &random), run("--no-enable-prefix-caching", &random));
+    let (on, off) =
+        (run(ENGINE, "--enable-prefix-caching", &random), run(ENGINE, "--no-enable-prefix-caching", &random));
     assert!(on.duration > off.duration && on.duration < 1.1 * off.duration, "random prompts: {on:?} vs {off:?}");
-    assert_eq!(run("", &random), off, "vLLM leaves the cache off for a hybrid model unless asked");
+    assert_eq!(run(ENGINE, "", &random), off, "vLLM leaves the cache off for a hybrid model unless asked");
 
-    let mut engine = Scheduler::from_config(&config(&format!("{ENGINE} --enable-prefix-caching"))).expect("fits");
-    let cold = Summary::of(&simulate::simulate_on(&mut engine, &random));
-    let warm = Summary::of(&simulate::simulate_on(&mut engine, &random));
+    let warmed = |engine: &str| {
+        let mut engine = Scheduler::from_config(&config(engine)).expect("fits");
+        let cold = Summary::of(&simulate::simulate_on(&mut engine, &random));
+        let warm = Summary::of(&simulate::simulate_on(&mut engine, &random));
+        let hits = engine.counters().prefix_cache_hits;
+        engine.reset_prefix_cache();
+        let again = Summary::of(&simulate::simulate_on(&mut engine, &random));
+        (cold, warm, hits, again)
+    };
+    let (cold, warm, hits, again) = warmed(transformer);
     assert!(warm.mean_ttft < 0.5 * cold.mean_ttft, "the same prompts again: {} vs {}", warm.mean_ttft, cold.mean_ttft);
-    assert!(engine.counters().prefix_cache_hits > 0);
-    engine.reset_prefix_cache();
-    assert_eq!(Summary::of(&simulate::simulate_on(&mut engine, &random)), cold, "cold again after the reset");
+    assert!(hits > 0);
+    assert_eq!(again, cold, "cold again after the reset");
+    // The same 2112-token prompts again find nothing on Qwen3.5: a hit leaves the last token to
+    // compute, so it can end at 1584 at most, where no state was saved.
+    let (_, _, hits, _) = warmed(&format!("{ENGINE} --enable-prefix-caching"));
+    assert_eq!(hits, 0);
 }
 
 #[test]
@@ -656,18 +673,25 @@ fn vllm_sizes_a_hybrid_models_block_to_its_state() {
 
     // Prefix caching finds only whole blocks: 60 prompts after their groups' first share 600
     // tokens, one block's worth of them found; 500 shared tokens are less than a block.
-    let hits = |shared: usize| {
+    let hits = |shared: usize, own: usize, flags: &str| {
         let workload = Workload {
-            items: simulate::shared_prefix(64, 4, shared, 48, 16),
+            items: simulate::shared_prefix(64, 4, shared, own, 16),
             arrival: Arrival::Closed { concurrency: 1 },
         };
-        let line = "vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 --max-model-len 4096 --enable-prefix-caching";
-        let mut engine = Scheduler::from_config(&config(line)).expect("fits");
+        let line =
+            format!("vllm serve Qwen/Qwen3.5-9B --sim-gpu H100 --max-model-len 4096 --enable-prefix-caching {flags}");
+        let mut engine = Scheduler::from_config(&config(&line)).expect("fits");
         simulate::simulate_on(&mut engine, &workload);
         engine.counters().prefix_cache_hits
     };
-    assert_eq!(hits(600), 60 * 528);
-    assert_eq!(hits(500), 0);
+    assert_eq!(hits(600, 48, ""), 60 * 528);
+    assert_eq!(hits(500, 48, ""), 0);
+    // And only where a state was saved, at a step's end: a group's first prompt of 1700 tokens,
+    // prefilled to its last boundary (1584) in one step, leaves a state there and none at 1056,
+    // where the 1100 tokens its group shares end in whole blocks. Prefilled in steps of 528
+    // tokens, it leaves one at every boundary.
+    assert_eq!(hits(1100, 600, ""), 0);
+    assert_eq!(hits(1100, 600, "--max-num-batched-tokens 600 --max-num-seqs 256"), 60 * 1056);
 
     // With prefix caching vLLM saves the state only where a step ends (its `align` mode), so a
     // prompt is prefilled up to its last block boundary first, and a chunk that does not end the
