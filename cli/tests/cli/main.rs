@@ -398,14 +398,15 @@ fn a_search_profile_finds_the_highest_rate_within_its_slos_on_real_engines() {
 /// The engine's prefix cache over each job, from its counters read before
 /// the first request and after the last, on the real simulator and loadgen:
 /// two shared prefixes of 1,024 tokens and suffixes of 64 make every
-/// request after the first of its group find its prefix cached (the
-/// simulator caches whole blocks of 16 tokens; vLLM leaves the cache off
-/// for a hybrid model like Qwen3.5 unless asked, so the engine asks). With
-/// a price, the block's cost is its GPU-hour over its tokens.
+/// request after the first of its group find its prefix cached (a
+/// transformer's cache holds whole blocks of 16 tokens; a hybrid model like
+/// Qwen3.5 would find only what its states, saved at its 528-token blocks'
+/// step ends, allow). With a price, the block's cost is its GPU-hour over
+/// its tokens.
 #[test]
 fn a_job_s_prefix_cache_hit_rate_and_cost_are_its_own() {
     let (stdout, doc) = run_local_json(
-        "name: prefix\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
+        "name: prefix\nmodel: Qwen/Qwen3-8B\nhardware: { gpu: H200 }\nengines:\n  \
          vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192, --enable-prefix-caching] }\nprofiles:\n  shared:\n    \
          dataset: { shared_prefix: { groups: 2, prefix_tokens: 1024, suffix_tokens: 64, output_tokens: 16, seed: 1 } }\n    \
          rate: 20\n    requests: 60\ncost: { gpu_hour: 4 }\n",
