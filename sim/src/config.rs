@@ -905,10 +905,10 @@ fn finish(config: &mut SimConfig, given: Given) -> Result<(), ArgError> {
         config.overlap_schedule = false;
     }
     if engine == EngineKind::Sglang {
-        // SGLang 0.5.9 caches a Qwen3.5 or Qwen3-Next prefix's states in its radix cache only
-        // between steps unless `--mamba-scheduler-strategy extra_buffer` keeps them a buffer
-        // (`_handle_mamba_radix_cache`): its overlap scheduler goes, or with speculative decoding,
-        // which it cannot cache beside, the radix cache. Pipeline stages run without it too.
+        // SGLang 0.5.9's radix cache keeps a Qwen3.5 or Qwen3-Next prefix's states with no spare
+        // buffer (`no_buffer`) unless `--mamba-scheduler-strategy extra_buffer`, and its overlap
+        // scheduler cannot run beside that (`_handle_mamba_radix_cache`): the scheduler goes, or,
+        // with speculative decoding, the radix cache. Pipeline stages run without it too.
         let no_buffer = config.model_shape().hybrid && config.enable_prefix_caching && !config.state_pool.extra_buffer;
         if no_buffer && config.speculative_config.is_some() {
             config.enable_prefix_caching = false;

@@ -27,7 +27,7 @@ fn chats() -> String {
 #[test]
 fn sessions_carry_their_conversation_and_a_prefix_cache_finds_it() {
     let (data, run_id, stdout) = super::run_local_kept(
-        "name: chat\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
+        "name: chat\nmodel: Qwen/Qwen3-8B\nhardware: { gpu: H200 }\nengines:\n  \
          vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192, --no-enable-prefix-caching] }\n\
          variants:\n  prefix-caching: { args: [--enable-prefix-caching] }\nprofiles:\n  \
          sessions:\n    \

@@ -59,7 +59,7 @@ fn a_generated_trace_replays_on_its_schedule_at_either_speed_with_its_prefix_reu
     // gap of 10 ms: the lag limit allows it, the achieved rate is checked.
     assert_eq!(trace, mooncake_trace(2000, 20_000.0, 16, 7), "a seed gives one trace");
     let (stdout, doc) = super::run_local_json_with(
-        "name: replay\nmodel: Qwen/Qwen3.5-9B\nhardware: { gpu: H200 }\nengines:\n  \
+        "name: replay\nmodel: Qwen/Qwen3-8B\nhardware: { gpu: H200 }\nengines:\n  \
          vllm: { image: vllm/vllm-openai:v0.17.1, args: [--max-model-len=8192, --enable-prefix-caching] }\nprofiles:\n  \
          as-recorded: { dataset: { trace: { path: mooncake.jsonl } }, requests: 2000, lag_limit_ms: 200 }\n  \
          twice-as-fast: { dataset: { trace: { path: mooncake.jsonl, speed: 2.0 } }, requests: 2000, lag_limit_ms: 200 }\n",
