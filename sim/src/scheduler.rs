@@ -199,6 +199,12 @@ impl AlignedChunks {
     }
 }
 
+/// KV blocks a sequence of `tokens` holds: its tokens' in whole engine blocks of `page_blocks`,
+/// and, for a hybrid model, its state's `state_blocks`.
+fn held_blocks(tokens: usize, page_blocks: usize, state_blocks: usize) -> usize {
+    blocks_for(tokens).next_multiple_of(page_blocks) + state_blocks
+}
+
 /// `blocks` less a partial engine block of `page_blocks`: what prefix caching finds and shares.
 fn whole_pages(blocks: usize, page_blocks: usize) -> usize {
     blocks - blocks % page_blocks
@@ -268,7 +274,7 @@ impl Scheduler {
 
     /// KV blocks a sequence of `tokens` holds: its tokens' and, for a hybrid model, its state's.
     fn blocks_needed(&self, tokens: usize) -> usize {
-        blocks_for(tokens).next_multiple_of(self.page_blocks) + self.state_blocks
+        held_blocks(tokens, self.page_blocks, self.state_blocks)
     }
 
     /// Each step's time times a log-normal factor of mean 1 and standard deviation `pct` percent
@@ -881,7 +887,7 @@ impl Scheduler {
                 longest = longest.min(pool_tokens);
                 pool_tokens <= 6
             }
-            EngineKind::Vllm => capacity < blocks_for(longest).next_multiple_of(page_blocks) + state_blocks,
+            EngineKind::Vllm => capacity < held_blocks(longest, page_blocks, state_blocks),
         };
         if too_small {
             return Err(StartupError::KvCacheTooSmall {
@@ -904,7 +910,7 @@ impl Scheduler {
             max_num_batched_tokens: config.max_num_batched_tokens,
             mixed: config.mixed_batches,
         };
-        let share = share_of(capacity).max(blocks_for(longest).next_multiple_of(page_blocks) + state_blocks);
+        let share = share_of(capacity).max(held_blocks(longest, page_blocks, state_blocks));
         let kv = KvCache::new(share, config.enable_prefix_caching);
         Ok(Scheduler::new(cost, limits, speculation, kv, state_blocks)
             .with_page_blocks(page_blocks)
