@@ -279,6 +279,9 @@ pub struct ModelShape {
     /// Qwen3.5-4B and -9B, 2 in the 35B-A3B and Qwen3-Next-80B-A3B. vLLM sizes its block by them
     /// ([`ModelShape::vllm_hybrid_block`]).
     pub attention_kv_heads: Option<u32>,
+    /// A transformer's attention layers, where the simulator knows its architecture
+    /// ([`AttentionShape::of`]): they set its KV bytes a token and its attention's FLOPs.
+    pub transformer: Option<AttentionShape>,
     /// The model takes images as well as text, and carries a vision encoder: its name says so
     /// ([`ModelShape::from_name`]). vLLM then looks each step's embeddings up outside the CUDA
     /// graph unless `--language-model-only`, which also frees the encoder's memory.
@@ -301,6 +304,81 @@ const CONV_WINDOW_BYTES: usize = 3 * 8192 * 2;
 
 /// The head size of Qwen3.5's and Qwen3-Next's attention layers.
 pub const ATTENTION_HEAD_DIM: usize = 256;
+
+/// KV bytes a token (BF16) per square root of the active billions of parameters, for a
+/// transformer whose architecture the simulator does not know: Llama-3.1-8B's and Qwen3-8B's 128
+/// and 144 KiB come to 45 and 51 KiB a square root, Qwen3-30B-A3B's 96 KiB to 55 (by its 3B
+/// active), Llama-3.1-70B's 320 KiB to 38.
+pub const TRANSFORMER_KV_BYTES_PER_SQRT_B: f64 = 48.0 * 1024.0;
+
+/// A transformer's attention, as its config (`num_hidden_layers`, `num_attention_heads`,
+/// `num_key_value_heads`, `head_dim`) sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub layers: u32,
+    pub query_heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+}
+
+impl AttentionShape {
+    /// The attention of the transformer families the simulator knows, by the upper-cased model
+    /// name and its total and active billions of parameters: Llama 3.x, Qwen3 (and Qwen3-VL's
+    /// language model), Qwen2.5 (and its VL and Omni models') and Mistral 7B. A family's fine-tunes
+    /// share its shapes. Others (a sliding window, latent attention) are not known.
+    pub fn of(upper: &str, total: f64, active: Option<f64>) -> Option<AttentionShape> {
+        let shape =
+            |layers, query_heads, kv_heads, head_dim| AttentionShape { layers, query_heads, kv_heads, head_dim };
+        let family = |prefixes: &[&str]| prefixes.iter().any(|p| upper.starts_with(p));
+        if family(&["LLAMA-3", "META-LLAMA-3"]) && !upper.contains("VISION") {
+            return match (total, active) {
+                (1.0, None) => Some(shape(16, 32, 8, 64)),
+                (3.0, None) => Some(shape(28, 24, 8, 128)),
+                (8.0, None) => Some(shape(32, 32, 8, 128)),
+                (70.0, None) => Some(shape(80, 64, 8, 128)),
+                (405.0, None) => Some(shape(126, 128, 8, 128)),
+                _ => None,
+            };
+        }
+        if family(&["QWEN3-"]) && !family(&["QWEN3-NEXT"]) {
+            return match (total, active) {
+                (0.6 | 1.7 | 2.0, None) => Some(shape(28, 16, 8, 128)),
+                (4.0 | 8.0, None) => Some(shape(36, 32, 8, 128)),
+                (14.0, None) => Some(shape(40, 40, 8, 128)),
+                (32.0, None) => Some(shape(64, 64, 8, 128)),
+                (30.0, Some(3.0)) => Some(shape(48, 32, 4, 128)),
+                (235.0, Some(22.0)) => Some(shape(94, 64, 4, 128)),
+                _ => None,
+            };
+        }
+        if family(&["QWEN2.5-"]) {
+            return match (total, active) {
+                (0.5, None) => Some(shape(24, 14, 2, 64)),
+                (1.5, None) => Some(shape(28, 12, 2, 128)),
+                (3.0, None) => Some(shape(36, 16, 2, 128)),
+                (7.0, None) => Some(shape(28, 28, 4, 128)),
+                (14.0, None) => Some(shape(48, 40, 8, 128)),
+                (32.0, None) => Some(shape(64, 40, 8, 128)),
+                (72.0, None) => Some(shape(80, 64, 8, 128)),
+                _ => None,
+            };
+        }
+        (family(&["MISTRAL-7B"]) && total == 7.0).then(|| shape(32, 32, 8, 128))
+    }
+
+    /// BF16 KV bytes a token on `tensor_parallel` GPUs together: a key and a value of each KV head
+    /// in each layer. Each rank holds at least one head, so ranks beyond the heads copy them.
+    pub fn kv_bytes_bf16(self, tensor_parallel: u32) -> f64 {
+        let heads = self.kv_heads.max(tensor_parallel.max(1));
+        f64::from(self.layers * heads * self.head_dim * 2 * 2)
+    }
+
+    /// FLOPs per (query token, context token) pair: a query head's product with the key and the
+    /// weighted sum of the values, two FLOPs a multiply-add, in each layer.
+    pub fn flops_per_pair(self) -> f64 {
+        f64::from(4 * self.layers * self.query_heads * self.head_dim)
+    }
+}
 
 /// The block vLLM gives a hybrid model ([`ModelShape::vllm_hybrid_block`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -342,6 +420,7 @@ impl ModelShape {
             hybrid: qwen35 || next,
             linear_layers,
             attention_kv_heads,
+            transformer: if qwen35 || next { None } else { AttentionShape::of(&upper, total, active) },
             multimodal: qwen35 || vision_family,
             config_fp32_states: qwen35,
         }
@@ -373,9 +452,25 @@ impl ModelShape {
         Some(HybridBlock { tokens, layer_bytes: (tokens * token_bytes) as f64 * f64::from(ranks) })
     }
 
-    /// BF16 KV bytes per token; see [`Coefficients::kv_bytes_per_token_per_sqrt_b`].
-    pub fn kv_bytes_per_token_bf16(&self) -> f64 {
-        COEFFICIENTS.kv_bytes_per_token_per_sqrt_b * (self.total_params / 1e9).sqrt()
+    /// BF16 KV bytes per token on `tensor_parallel` GPUs together. A transformer's are its
+    /// architecture's ([`ModelShape::transformer`]), else [`TRANSFORMER_KV_BYTES_PER_SQRT_B`] a
+    /// square root of its active billions; a hybrid model's are fitted
+    /// ([`Coefficients::kv_bytes_per_token_per_sqrt_b`]).
+    pub fn kv_bytes_per_token_bf16(&self, tensor_parallel: u32) -> f64 {
+        match self.transformer {
+            Some(attention) => attention.kv_bytes_bf16(tensor_parallel),
+            None if self.hybrid => COEFFICIENTS.kv_bytes_per_token_per_sqrt_b * (self.total_params / 1e9).sqrt(),
+            None => TRANSFORMER_KV_BYTES_PER_SQRT_B * (self.active_params / 1e9).sqrt(),
+        }
+    }
+
+    /// Attention FLOPs per (query token, context token) pair: a known transformer's own, else
+    /// [`Coefficients::attention_flops_per_kv_byte`] per BF16 KV byte of a token.
+    pub fn attention_flops_per_pair(&self, c: &Coefficients) -> f64 {
+        match self.transformer {
+            Some(attention) => attention.flops_per_pair(),
+            None => c.attention_flops_per_kv_byte * self.kv_bytes_per_token_bf16(1),
+        }
     }
 
     fn is_moe(&self) -> bool {
@@ -530,8 +625,7 @@ impl CostModel {
         let linear =
             if tokens > 0.0 { 2.0 * self.model.active_params * tokens / (linear_peak * scale * mfu) } else { 0.0 };
         // Decode attention is bound by reading the KV cache, which `memory` counts.
-        let attention_flops =
-            c.attention_flops_per_kv_byte * self.model.kv_bytes_per_token_bf16() * work.prefill_attention_pairs;
+        let attention_flops = self.model.attention_flops_per_pair(c) * work.prefill_attention_pairs;
         let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
         let sequences = work.decoding_sequences() as f64;
         let state = 2.0 * self.state_step_bytes() * sequences;
@@ -683,6 +777,61 @@ mod tests {
     }
 
     #[test]
+    fn a_known_transformers_kv_bytes_and_attention_flops_are_its_architectures() {
+        let kib = |name: &str, tp: u32| ModelShape::from_name(name).kv_bytes_per_token_bf16(tp) / 1024.0;
+        // Layers x KV heads x head size x key and value x 2 bytes.
+        assert_eq!(kib("meta-llama/Llama-3.1-8B-Instruct", 1), 128.0);
+        assert_eq!(kib("meta-llama/Meta-Llama-3.1-70B-Instruct", 1), 320.0);
+        assert_eq!(kib("meta-llama/Llama-3.2-1B-Instruct", 1), 32.0);
+        assert_eq!(kib("Qwen/Qwen3-8B", 1), 144.0);
+        assert_eq!(kib("Qwen/Qwen3-0.6B", 1), 112.0);
+        assert_eq!(kib("Qwen/Qwen3-30B-A3B", 1), 96.0);
+        assert_eq!(kib("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", 1), 188.0);
+        assert_eq!(kib("Qwen/Qwen2.5-7B-Instruct", 1), 56.0);
+        assert_eq!(kib("Qwen/Qwen2.5-VL-7B-Instruct", 1), 56.0);
+        assert_eq!(kib("mistralai/Mistral-7B-Instruct-v0.3", 1), 128.0);
+        // Ranks beyond the KV heads hold a copy each: Qwen3-235B-A22B's 4 on 8 GPUs are 8.
+        assert_eq!(kib("Qwen/Qwen3-235B-A22B", 4), 188.0);
+        assert_eq!(kib("Qwen/Qwen3-235B-A22B", 8), 376.0);
+        // A transformer the simulator does not know (Gemma 3's sliding window, DeepSeek's latent
+        // attention, a size the family lacks) takes the rule by its active parameters.
+        let rule = |b: f64| TRANSFORMER_KV_BYTES_PER_SQRT_B * b.sqrt() / 1024.0;
+        assert_eq!(kib("google/gemma-3-27b-it", 1), rule(27.0));
+        assert_eq!(kib("Qwen/Qwen3-30B-A6B", 1), rule(6.0));
+        assert_eq!(kib("meta-llama/Llama-3.2-11B-Vision-Instruct", 1), rule(11.0));
+        // A hybrid model's stay fitted, whatever the tensor-parallel size.
+        let fitted = COEFFICIENTS.kv_bytes_per_token_per_sqrt_b * 3.0 / 1024.0;
+        assert_eq!(kib("Qwen/Qwen3.5-9B", 1), fitted);
+        assert_eq!(kib("Qwen/Qwen3.5-9B", 4), fitted);
+        assert_eq!(ModelShape::from_name("Qwen/Qwen3-Next-80B-A3B-Instruct").transformer, None);
+
+        // Attention FLOPs a (query, context) pair: 4 x layers x query heads x head size.
+        let flops = |name: &str| ModelShape::from_name(name).attention_flops_per_pair(&COEFFICIENTS);
+        assert_eq!(flops("meta-llama/Llama-3.1-8B"), 4.0 * 32.0 * 32.0 * 128.0);
+        assert_eq!(flops("Qwen/Qwen3-235B-A22B"), 4.0 * 94.0 * 64.0 * 128.0);
+        let hybrid = ModelShape::from_name("Qwen/Qwen3.5-9B");
+        assert_eq!(
+            flops("Qwen/Qwen3.5-9B"),
+            COEFFICIENTS.attention_flops_per_kv_byte * hybrid.kv_bytes_per_token_bf16(1)
+        );
+    }
+
+    #[test]
+    fn a_transformers_decode_at_long_context_is_bound_by_its_kv_cache() {
+        // Llama-3.1-8B decoding 256 sequences of 2048 tokens reads 256 x 2048 x 128 KiB = 69 GB of
+        // KV cache a step, four times its 16 GB of weights; an FP8 cache halves the read.
+        let mut m = model("meta-llama/Llama-3.1-8B-Instruct", "H100");
+        let work = StepWork { decode_tokens: 256, decode_context_tokens: 256 * 2048, ..Default::default() };
+        let parts = m.step_parts(&work);
+        let bandwidth = m.gpu.bandwidth * COEFFICIENTS.bandwidth_efficiency;
+        let kv = 256.0 * 2048.0 * 128.0 * 1024.0 / bandwidth;
+        assert!((parts.attention - kv).abs() < 1e-9, "{parts:?}");
+        assert!(parts.attention > 4.0 * parts.memory, "{parts:?}");
+        m.kv_bytes_per_token /= 2.0;
+        assert!((m.step_parts(&work).attention - kv / 2.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn gpus_by_name() {
         assert_eq!(gpu("h100").map(|g| g.name), Some("H100"));
         assert_eq!(gpu("NVIDIA H200").map(|g| g.name), Some("H200"));
@@ -697,7 +846,7 @@ mod tests {
             model,
             engine: EngineCosts::of(&COEFFICIENTS, EngineKind::Vllm, None),
             tensor_parallel: 1.0,
-            kv_bytes_per_token: model.kv_bytes_per_token_bf16(),
+            kv_bytes_per_token: model.kv_bytes_per_token_bf16(1),
             kv_fp8: false,
             hybrid_prefix_caching: false,
             multimodal_inputs: true,

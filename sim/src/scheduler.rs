@@ -832,7 +832,8 @@ impl Scheduler {
             });
         }
         let kv_fp8 = config.kv_fp8();
-        let kv_bytes_per_token = model.kv_bytes_per_token_bf16() * if kv_fp8 { 0.5 } else { 1.0 };
+        let kv_bytes_per_token =
+            model.kv_bytes_per_token_bf16(config.tensor_parallel_size) * if kv_fp8 { 0.5 } else { 1.0 };
         let mut kv_bytes = usable - weights;
         if let Some(per_gpu) = config.kv_cache_memory_bytes {
             let asked = per_gpu as f64 * gpus;

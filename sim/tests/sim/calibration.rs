@@ -230,8 +230,15 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
             format!("{:.2} ms", c.eager_step_overhead * 1e3),
         ),
         ("attention efficiency", format!("{}", c.attention_efficiency)),
-        ("KV bytes per token (BF16) per √(B params)", format!("{}", c.kv_bytes_per_token_per_sqrt_b)),
-        ("attention FLOPs per token pair per KV byte", format!("{}", c.attention_flops_per_kv_byte)),
+        ("KV bytes per token (BF16) per √(B params), hybrid models", format!("{}", c.kv_bytes_per_token_per_sqrt_b)),
+        (
+            "KV bytes per token (BF16) per √(B active params), a transformer whose architecture is not known",
+            format!("{}", benchfleet_sim::profile::TRANSFORMER_KV_BYTES_PER_SQRT_B),
+        ),
+        (
+            "attention FLOPs per token pair per KV byte (where the architecture is not known)",
+            format!("{}", c.attention_flops_per_kv_byte),
+        ),
         ("runtime memory reserve per GPU", format!("{} GiB", c.runtime_reserve / 1024f64.powi(3))),
         ("vision encoder share of weights", format!("{}", c.vision_encoder_fraction)),
         ("tensor-parallel efficiency", format!("{}", c.tensor_parallel_efficiency)),

@@ -226,6 +226,22 @@ fn the_cache_is_sized_as_told_where_the_engines_take_a_size() {
 }
 
 #[test]
+fn a_transformers_cache_holds_the_tokens_its_architecture_gives() {
+    // vLLM's log for Qwen3-235B-A22B-FP8 on four H100s: "Available KV cache memory: 8.11 GiB",
+    // "GPU KV cache size: 178,880 tokens". Each GPU holds one of its 4 KV heads in each of 94 layers.
+    let line = "vllm serve Qwen/Qwen3-235B-A22B-FP8 --sim-gpu H100 --tensor-parallel-size 4 \
+                --max-model-len 32768 --kv-cache-memory-bytes 8708046192";
+    let tokens = Scheduler::from_config(&config(line)).expect("fits").kv_capacity_tokens() as f64;
+    assert!((tokens / 178_880.0 - 1.0).abs() < 0.015, "{tokens} tokens against vLLM's 178,880");
+    // Llama-3.1-8B's 128 KiB a token: 4 GiB hold 32768 tokens, not a whole 131072-token context.
+    let llama = "vllm serve meta-llama/Llama-3.1-8B-Instruct --sim-gpu H100 --kv-cache-memory-bytes 4G";
+    let engine = Scheduler::from_config(&config(&format!("{llama} --max-model-len 32000"))).expect("fits");
+    assert_eq!(engine.kv_capacity_tokens(), 32768);
+    let err = Scheduler::from_config(&config(&format!("{llama} --max-model-len 131072"))).expect_err("too small");
+    assert!(matches!(err, StartupError::KvCacheTooSmall { max_model_len: 131072, .. }), "{err:?}");
+}
+
+#[test]
 fn sglang_leaves_room_by_its_rule_for_what_its_prefills_graphs_and_drafts_take() {
     let sglang = "sglang serve --model-path Qwen/Qwen3.5-9B --context-length 8192";
     let fraction = |flags: &str| benchfleet_sim::default_memory_fraction(&config(&format!("{sglang} {flags}")));
@@ -637,7 +653,7 @@ fn vllm_shares_and_holds_whole_blocks_of_its_block_size() {
     // of 256, so a cache of about 20000 tokens runs all 64 at once in the one and about 39 in the other.
     let full = |flags: &str| {
         let line = format!(
-            "vllm serve Qwen/Qwen3-8B --sim-gpu H100 --max-model-len 4096 --kv-cache-memory-bytes 232M {flags}"
+            "vllm serve Qwen/Qwen3-8B --sim-gpu H100 --max-model-len 4096 --kv-cache-memory-bytes 2816M {flags}"
         );
         let mut engine = Scheduler::from_config(&config(&line)).expect("fits");
         let workload =
