@@ -311,72 +311,110 @@ pub const ATTENTION_HEAD_DIM: usize = 256;
 /// active), Llama-3.1-70B's 320 KiB to 38.
 pub const TRANSFORMER_KV_BYTES_PER_SQRT_B: f64 = 48.0 * 1024.0;
 
-/// A transformer's attention, as its config (`num_hidden_layers`, `num_attention_heads`,
-/// `num_key_value_heads`, `head_dim`) sets it.
+/// A transformer's attention, as its config sets it (`num_hidden_layers`, `num_attention_heads`,
+/// `num_key_value_heads`, `head_dim`; DeepSeek's latent attention `kv_lora_rank` and the rotary
+/// and value head sizes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionShape {
     pub layers: u32,
     pub query_heads: u32,
+    /// The KV heads a layer caches. Latent attention caches one latent vector a token, which
+    /// every tensor-parallel rank holds whole.
     pub kv_heads: u32,
-    pub head_dim: u32,
+    /// Elements a KV head caches a token: a key and a value (twice the head size), or the latent
+    /// vector and its rotary key (512 + 64 in DeepSeek-V3).
+    pub cached: u32,
+    /// Elements a query head multiplies each context token by: its key's and its value's (twice
+    /// the head size; DeepSeek-V3's prefill, 192 + 128).
+    pub multiplied: u32,
 }
 
+/// Models whose names carry no size, by how their names start: total and active billions of
+/// parameters, and whether the published weights are FP8 (DeepSeek-V3's and R1's are, block-scaled).
+pub const UNSIZED: [(&str, f64, f64, bool); 4] = [
+    ("DEEPSEEK-V3", 671.0, 37.0, true),
+    ("DEEPSEEK-R1", 671.0, 37.0, true),
+    ("MIXTRAL-8X7B", 46.7, 12.9, false),
+    ("MIXTRAL-8X22B", 140.6, 39.1, false),
+];
+
 impl AttentionShape {
+    /// Grouped-query attention: `kv_heads` keys and values of `head_dim` a layer.
+    const fn grouped(layers: u32, query_heads: u32, kv_heads: u32, head_dim: u32) -> AttentionShape {
+        AttentionShape { layers, query_heads, kv_heads, cached: 2 * head_dim, multiplied: 2 * head_dim }
+    }
+
     /// The attention of the transformer families the simulator knows, by the upper-cased model
     /// name and its total and active billions of parameters: Llama 3.x, Qwen3 (and Qwen3-VL's
-    /// language model), Qwen2.5 (and its VL and Omni models') and Mistral 7B. A family's fine-tunes
-    /// share its shapes. Others (a sliding window, latent attention) are not known.
+    /// language model), Qwen2.5 (and its VL and Omni models'), Mistral 7B, Mixtral and
+    /// DeepSeek-V3 and R1's latent attention. A family's fine-tunes share its shapes. Others (a
+    /// sliding window, DeepSeek-V3.2's sparse attention) are not known.
     pub fn of(upper: &str, total: f64, active: Option<f64>) -> Option<AttentionShape> {
-        let shape =
-            |layers, query_heads, kv_heads, head_dim| AttentionShape { layers, query_heads, kv_heads, head_dim };
+        let grouped = AttentionShape::grouped;
         let family = |prefixes: &[&str]| prefixes.iter().any(|p| upper.starts_with(p));
         if family(&["LLAMA-3", "META-LLAMA-3"]) && !upper.contains("VISION") {
             return match (total, active) {
-                (1.0, None) => Some(shape(16, 32, 8, 64)),
-                (3.0, None) => Some(shape(28, 24, 8, 128)),
-                (8.0, None) => Some(shape(32, 32, 8, 128)),
-                (70.0, None) => Some(shape(80, 64, 8, 128)),
-                (405.0, None) => Some(shape(126, 128, 8, 128)),
+                (1.0, None) => Some(grouped(16, 32, 8, 64)),
+                (3.0, None) => Some(grouped(28, 24, 8, 128)),
+                (8.0, None) => Some(grouped(32, 32, 8, 128)),
+                (70.0, None) => Some(grouped(80, 64, 8, 128)),
+                (405.0, None) => Some(grouped(126, 128, 8, 128)),
                 _ => None,
             };
         }
         if family(&["QWEN3-"]) && !family(&["QWEN3-NEXT"]) {
             return match (total, active) {
-                (0.6 | 1.7 | 2.0, None) => Some(shape(28, 16, 8, 128)),
-                (4.0 | 8.0, None) => Some(shape(36, 32, 8, 128)),
-                (14.0, None) => Some(shape(40, 40, 8, 128)),
-                (32.0, None) => Some(shape(64, 64, 8, 128)),
-                (30.0, Some(3.0)) => Some(shape(48, 32, 4, 128)),
-                (235.0, Some(22.0)) => Some(shape(94, 64, 4, 128)),
+                (0.6 | 1.7 | 2.0, None) => Some(grouped(28, 16, 8, 128)),
+                (4.0 | 8.0, None) => Some(grouped(36, 32, 8, 128)),
+                (14.0, None) => Some(grouped(40, 40, 8, 128)),
+                (32.0, None) => Some(grouped(64, 64, 8, 128)),
+                (30.0, Some(3.0)) => Some(grouped(48, 32, 4, 128)),
+                (235.0, Some(22.0)) => Some(grouped(94, 64, 4, 128)),
                 _ => None,
             };
         }
         if family(&["QWEN2.5-"]) {
             return match (total, active) {
-                (0.5, None) => Some(shape(24, 14, 2, 64)),
-                (1.5, None) => Some(shape(28, 12, 2, 128)),
-                (3.0, None) => Some(shape(36, 16, 2, 128)),
-                (7.0, None) => Some(shape(28, 28, 4, 128)),
-                (14.0, None) => Some(shape(48, 40, 8, 128)),
-                (32.0, None) => Some(shape(64, 40, 8, 128)),
-                (72.0, None) => Some(shape(80, 64, 8, 128)),
+                (0.5, None) => Some(grouped(24, 14, 2, 64)),
+                (1.5, None) => Some(grouped(28, 12, 2, 128)),
+                (3.0, None) => Some(grouped(36, 16, 2, 128)),
+                (7.0, None) => Some(grouped(28, 28, 4, 128)),
+                (14.0, None) => Some(grouped(48, 40, 8, 128)),
+                (32.0, None) => Some(grouped(64, 40, 8, 128)),
+                (72.0, None) => Some(grouped(80, 64, 8, 128)),
                 _ => None,
             };
         }
-        (family(&["MISTRAL-7B"]) && total == 7.0).then(|| shape(32, 32, 8, 128))
+        if family(&["DEEPSEEK-V3", "DEEPSEEK-R1"]) && !upper.contains("V3.2") && (total, active) == (671.0, Some(37.0))
+        {
+            return Some(AttentionShape {
+                layers: 61,
+                query_heads: 128,
+                kv_heads: 1,
+                cached: 512 + 64,
+                multiplied: 192 + 128,
+            });
+        }
+        match total {
+            7.0 if family(&["MISTRAL-7B"]) => Some(grouped(32, 32, 8, 128)),
+            _ if family(&["MIXTRAL-8X7B"]) => Some(grouped(32, 32, 8, 128)),
+            _ if family(&["MIXTRAL-8X22B"]) => Some(grouped(56, 48, 8, 128)),
+            _ => None,
+        }
     }
 
-    /// BF16 KV bytes a token on `tensor_parallel` GPUs together: a key and a value of each KV head
-    /// in each layer. Each rank holds at least one head, so ranks beyond the heads copy them.
+    /// BF16 KV bytes a token on `tensor_parallel` GPUs together: what each KV head caches in each
+    /// layer. Each rank holds at least one head, so ranks beyond the heads copy them (vLLM's, and
+    /// latent attention's one vector on every rank).
     pub fn kv_bytes_bf16(self, tensor_parallel: u32) -> f64 {
         let heads = self.kv_heads.max(tensor_parallel.max(1));
-        f64::from(self.layers * heads * self.head_dim * 2 * 2)
+        f64::from(self.layers * heads * self.cached * 2)
     }
 
-    /// FLOPs per (query token, context token) pair: a query head's product with the key and the
-    /// weighted sum of the values, two FLOPs a multiply-add, in each layer.
+    /// FLOPs per (query token, context token) pair: each query head's products with the context
+    /// token's key and value, two FLOPs a multiply-add, in each layer.
     pub fn flops_per_pair(self) -> f64 {
-        f64::from(4 * self.layers * self.query_heads * self.head_dim)
+        f64::from(2 * self.layers * self.query_heads * self.multiplied)
     }
 }
 
@@ -400,8 +438,12 @@ impl ModelShape {
         let billions = |part: &str| part.strip_suffix('B').and_then(|n| n.parse::<f64>().ok()).filter(|n| *n > 0.0);
         let total = parts.iter().find_map(|p| billions(p));
         let active = parts.iter().find_map(|p| p.strip_prefix('A').and_then(billions));
-        let total = total.unwrap_or(COEFFICIENTS.default_params_b);
-        let fp8 = parts.iter().any(|p| matches!(*p, "FP8" | "INT8" | "W8A8"));
+        // A name without a size may be a known model's (DeepSeek-R1), else an 8B dense one.
+        let known = UNSIZED.iter().find(|(start, ..)| total.is_none() && upper.starts_with(start));
+        let total = total.or(known.map(|u| u.1)).unwrap_or(COEFFICIENTS.default_params_b);
+        let active = active.or(known.map(|u| u.2));
+        let fp8 = parts.iter().any(|p| matches!(*p, "FP8" | "INT8" | "W8A8"))
+            || known.is_some_and(|u| u.3) && !parts.contains(&"BF16");
         let (qwen35, next) = (upper.starts_with("QWEN3.5"), upper.starts_with("QWEN3-NEXT"));
         let (linear_layers, attention_kv_heads) = match (qwen35, next, total, active) {
             (true, _, 4.0 | 9.0, None) => (Some(24), Some(4)),
@@ -759,6 +801,14 @@ mod tests {
         check_shape("meta-llama/Llama-3.1-70B-Instruct", 70.0, 70.0, 2.0);
         check_shape("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", 235.0, 22.0, 1.0);
         check_shape("m", 8.0, 8.0, 2.0);
+        // Names that carry no size: DeepSeek-V3 and R1 publish FP8 weights, Mixtral BF16.
+        check_shape("deepseek-ai/DeepSeek-R1", 671.0, 37.0, 1.0);
+        check_shape("deepseek-ai/DeepSeek-V3.1-Terminus", 671.0, 37.0, 1.0);
+        check_shape("unsloth/DeepSeek-V3-0324-BF16", 671.0, 37.0, 2.0);
+        check_shape("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7, 12.9, 2.0);
+        check_shape("mistralai/Mixtral-8x22B-Instruct-v0.1", 140.6, 39.1, 2.0);
+        // A size in the name is the name's: R1's distillations are dense.
+        check_shape("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 7.0, 7.0, 2.0);
         assert!(
             ModelShape::from_name("Qwen/Qwen3.5-9B").hybrid && ModelShape::from_name("Qwen/Qwen3-Next-80B-A3B").hybrid
         );
@@ -790,6 +840,11 @@ mod tests {
         assert_eq!(kib("Qwen/Qwen2.5-7B-Instruct", 1), 56.0);
         assert_eq!(kib("Qwen/Qwen2.5-VL-7B-Instruct", 1), 56.0);
         assert_eq!(kib("mistralai/Mistral-7B-Instruct-v0.3", 1), 128.0);
+        assert_eq!(kib("mistralai/Mixtral-8x7B-Instruct-v0.1", 1), 128.0);
+        assert_eq!(kib("mistralai/Mixtral-8x22B-Instruct-v0.1", 1), 224.0);
+        // DeepSeek's latent attention caches 576 elements a layer, 61 layers, on every rank.
+        assert_eq!(kib("deepseek-ai/DeepSeek-R1-0528", 1), 61.0 * 576.0 * 2.0 / 1024.0);
+        assert_eq!(kib("deepseek-ai/DeepSeek-V3", 8), 8.0 * 61.0 * 576.0 * 2.0 / 1024.0);
         // Ranks beyond the KV heads hold a copy each: Qwen3-235B-A22B's 4 on 8 GPUs are 8.
         assert_eq!(kib("Qwen/Qwen3-235B-A22B", 4), 188.0);
         assert_eq!(kib("Qwen/Qwen3-235B-A22B", 8), 376.0);
@@ -799,6 +854,8 @@ mod tests {
         assert_eq!(kib("google/gemma-3-27b-it", 1), rule(27.0));
         assert_eq!(kib("Qwen/Qwen3-30B-A6B", 1), rule(6.0));
         assert_eq!(kib("meta-llama/Llama-3.2-11B-Vision-Instruct", 1), rule(11.0));
+        assert_eq!(kib("deepseek-ai/DeepSeek-V3.2-Exp", 1), rule(37.0));
+        assert_eq!(kib("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 1), rule(7.0));
         // A hybrid model's stay fitted, whatever the tensor-parallel size.
         let fitted = COEFFICIENTS.kv_bytes_per_token_per_sqrt_b * 3.0 / 1024.0;
         assert_eq!(kib("Qwen/Qwen3.5-9B", 1), fitted);
@@ -809,6 +866,8 @@ mod tests {
         let flops = |name: &str| ModelShape::from_name(name).attention_flops_per_pair(&COEFFICIENTS);
         assert_eq!(flops("meta-llama/Llama-3.1-8B"), 4.0 * 32.0 * 32.0 * 128.0);
         assert_eq!(flops("Qwen/Qwen3-235B-A22B"), 4.0 * 94.0 * 64.0 * 128.0);
+        // DeepSeek's prefill: 128 heads' keys of 192 and values of 128.
+        assert_eq!(flops("deepseek-ai/DeepSeek-V3"), 2.0 * 61.0 * 128.0 * 320.0);
         let hybrid = ModelShape::from_name("Qwen/Qwen3.5-9B");
         assert_eq!(
             flops("Qwen/Qwen3.5-9B"),

@@ -239,6 +239,15 @@ fn a_transformers_cache_holds_the_tokens_its_architecture_gives() {
     assert_eq!(engine.kv_capacity_tokens(), 32768);
     let err = Scheduler::from_config(&config(&format!("{llama} --max-model-len 131072"))).expect_err("too small");
     assert!(matches!(err, StartupError::KvCacheTooSmall { max_model_len: 131072, .. }), "{err:?}");
+    // DeepSeek-R1 is 671B of FP8 weights, not the 8B a name without a size would be: it does
+    // not fit one H200, and on eight each holds the whole latent cache, 61 x 576 x 2 bytes a token.
+    let r1 = "vllm serve deepseek-ai/DeepSeek-R1 --sim-gpu H200 --max-model-len 32768";
+    let err = Scheduler::from_config(&config(r1)).expect_err("671 GB on one H200");
+    assert!(matches!(err, StartupError::WeightsDoNotFit { .. }), "{err:?}");
+    let engine = Scheduler::from_config(&config(&format!("{r1} -tp 8 --kv-cache-memory-bytes 20G"))).expect("fits");
+    let tokens = engine.kv_capacity_tokens() as f64;
+    let expected = 20.0 * 1024.0 * 1024.0 * 1024.0 / (61.0 * 576.0 * 2.0);
+    assert!((tokens / expected - 1.0).abs() < 0.001, "{tokens} tokens against {expected}");
 }
 
 #[test]

@@ -11,14 +11,17 @@ use benchfleet_sim::{
 use proptest::prelude::*;
 
 /// Models of the sizes and kinds the name parser knows: dense and mixture of experts, hybrid and
-/// transformer, from 0.6B to 235B.
-const MODELS: [&str; 6] = [
+/// transformer (grouped-query and latent attention, architectures known and not), from 0.6B to 671B.
+const MODELS: [&str; 9] = [
     "Qwen/Qwen3-0.6B",
     "Qwen/Qwen3.5-9B",
     "Qwen/Qwen3-30B-A3B",
     "Qwen/Qwen3.5-35B-A3B",
     "meta-llama/Llama-3.1-70B-Instruct",
     "Qwen/Qwen3-235B-A22B",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "google/gemma-3-27b-it",
+    "deepseek-ai/DeepSeek-R1",
 ];
 
 /// An engine command line: engine, model, FP8 weights, GPU, tensor-parallel size and flags.
