@@ -40,9 +40,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     SimConfig,
-    engine::{EngineHandle, Output, Request, Stats},
+    engine::{EngineHandle, Output, Request, Stats, reply_words},
     kv::BLOCK_TOKENS,
-    simulate::block_hashes,
+    simulate::{block_hashes, continue_block_hashes},
 };
 
 struct AppState {
@@ -387,6 +387,10 @@ struct Prompted {
     tokens: usize,
     block_hashes: Vec<u64>,
     hash: u64,
+    /// A text prompt's words after its last full block, which the reply's first words fill: the
+    /// blocks its reply fills are named as a later prompt carrying the reply names them. `None`
+    /// for token ids, which the reply's words are not.
+    tail: Option<Vec<String>>,
 }
 
 fn prompted<T: Hash>(tokens: &[T]) -> Prompted {
@@ -394,7 +398,29 @@ fn prompted<T: Hash>(tokens: &[T]) -> Prompted {
         tokens: tokens.len(),
         block_hashes: block_hashes(tokens.chunks_exact(BLOCK_TOKENS).map(hash)),
         hash: hash(tokens),
+        tail: None,
     }
+}
+
+fn prompted_text(words: &[&str]) -> Prompted {
+    let tail = words[words.len() - words.len() % BLOCK_TOKENS..].iter().map(|w| (*w).to_owned()).collect();
+    Prompted { tail: Some(tail), ..prompted(words) }
+}
+
+/// The hashes of every full block of the prompt and its reply of `max_tokens` words, which vLLM
+/// caches as a request computes them: the prompt's, then those the reply fills.
+fn sequence_hashes(prompt: Prompted, seed: u64, max_tokens: usize) -> Vec<u64> {
+    let mut hashes = prompt.block_hashes;
+    if let Some(tail) = prompt.tail {
+        let mut words: Vec<&str> = tail.iter().map(String::as_str).collect();
+        // The reply's words as a later prompt that carries the reply splits them.
+        for word in reply_words(seed, max_tokens) {
+            words.push(word.trim_start());
+        }
+        let reply = continue_block_hashes(hashes.last().copied(), words.chunks_exact(BLOCK_TOKENS).map(hash));
+        hashes.extend(reply);
+    }
+    hashes
 }
 
 fn prompt_of(body: &GenerateBody, chat: bool) -> Result<Prompted, ApiError> {
@@ -409,11 +435,11 @@ fn prompt_of(body: &GenerateBody, chat: bool) -> Result<Prompted, ApiError> {
                 }
             }
         }
-        return Ok(prompted(&words(&prompt)));
+        return Ok(prompted_text(&words(&prompt)));
     }
     match body.prompt.as_ref().ok_or_else(|| bad_request("a completion request needs `prompt`"))? {
-        Prompt::Text(text) => Ok(prompted(&words(text))),
-        Prompt::Texts(texts) if texts.len() == 1 => Ok(prompted(&words(&texts[0]))),
+        Prompt::Text(text) => Ok(prompted_text(&words(text))),
+        Prompt::Texts(texts) if texts.len() == 1 => Ok(prompted_text(&words(&texts[0]))),
         Prompt::Ids(ids) => Ok(prompted(ids)),
         Prompt::Texts(_) => {
             Err(bad_request("the simulator takes one prompt per request: send batched prompts as separate requests"))
@@ -460,7 +486,7 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
         return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "simulated failure (--sim-fail-rate)".into()));
     }
     let seed = hash((config.seed, prompt.hash, max_tokens));
-    let request = Request { prompt_tokens, block_hashes: prompt.block_hashes, max_tokens, seed };
+    let request = Request { prompt_tokens, block_hashes: sequence_hashes(prompt, seed, max_tokens), max_tokens, seed };
     let tokens =
         state.engine.submit(request).map_err(|err| ApiError(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);

@@ -41,6 +41,18 @@ const VOCAB: [&str; 16] = [
     " nu", " xi", " omicron", " pi",
 ];
 
+/// The next word of a request's reply, from its generator seeded by [`Request::seed`].
+fn next_word(rng: &mut ChaCha8Rng) -> &'static str {
+    VOCAB[rng.random_range(0..VOCAB.len())]
+}
+
+/// The first `count` words a request seeded by `seed` generates: the reply it will stream, known
+/// before it runs, so the API can name the KV blocks the reply will fill.
+pub fn reply_words(seed: u64, count: usize) -> impl Iterator<Item = &'static str> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..count).map(move |_| next_word(&mut rng))
+}
+
 /// What the engine needs to know about a request.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -349,7 +361,7 @@ impl<S: Stepper> EngineLoop<S> {
                     self.sinks.remove(&emission.id);
                     continue;
                 }
-                let words: Chunk = (0..emission.tokens).map(|_| VOCAB[sink.rng.random_range(0..VOCAB.len())]).collect();
+                let words: Chunk = (0..emission.tokens).map(|_| next_word(&mut sink.rng)).collect();
                 if !words.is_empty() {
                     // A failed send means the client went away; the next iteration aborts it.
                     let _ = sink.tokens.send(Ok(words));

@@ -45,7 +45,10 @@ pub struct SeqRequest {
     /// Chosen by the caller, unique among live requests.
     pub id: u64,
     pub prompt_tokens: usize,
-    /// One hash per full [`BLOCK_TOKENS`] block of the prompt, each covering the whole prefix up to it.
+    /// One hash per full [`BLOCK_TOKENS`] block of the prompt, each covering the whole prefix up to
+    /// it, then those of the blocks its reply fills where the caller knows the reply's tokens (the
+    /// server does: it names them as a later prompt that carries the reply would). vLLM caches
+    /// both as it computes them, so a conversation's next turn finds the last turn's reply.
     pub block_hashes: Vec<u64>,
     pub max_tokens: usize,
     /// Seeds the draws of accepted draft tokens, so a request repeats.
@@ -437,8 +440,9 @@ impl Scheduler {
     ) -> Option<Step> {
         while *budget > 0 && self.running.len() < self.limits.max_num_seqs {
             let Some(seq) = self.waiting.front() else { break };
-            let hashes = &seq.request.block_hashes;
-            let mut hit_blocks = whole_pages(self.kv.cached_prefix(hashes).min(hashes.len()), self.page_blocks);
+            // What the sequence computes: its prompt, and after a preemption the reply so far.
+            let hashes = &seq.request.block_hashes[..(seq.target / BLOCK_TOKENS).min(seq.request.block_hashes.len())];
+            let mut hit_blocks = whole_pages(self.kv.cached_prefix(hashes), self.page_blocks);
             if self.drops_cached_block() {
                 hit_blocks = hit_blocks.saturating_sub(self.page_blocks);
             }
@@ -566,6 +570,9 @@ impl Scheduler {
             self.counters.generation_tokens += tokens as u64;
             let finished = seq.generated >= seq.request.max_tokens;
             emissions.push(Emission { id: seq.request.id, tokens, finished, failed: false });
+            if self.kv.prefix_caching() {
+                self.cache_reply_blocks(index);
+            }
         }
         let mut index = 0;
         while index < self.running.len() {
@@ -580,6 +587,31 @@ impl Scheduler {
         }
         self.counters.steps += 1;
         Some(Step { duration, emissions, work })
+    }
+}
+
+impl Scheduler {
+    /// Caches the blocks a decoding sequence's reply has filled, as vLLM does: every whole page of
+    /// the tokens whose KV is computed (all but the last sampled), named by the reply's hashes
+    /// where the request carries them. In vLLM's `align` mode a step that ends on a block boundary
+    /// also leaves the state there, where a later prompt's hit can end.
+    fn cache_reply_blocks(&mut self, index: usize) {
+        let seq = &mut self.running[index];
+        let computed = seq.request.prompt_tokens + seq.generated - 1;
+        let full = whole_pages(computed / BLOCK_TOKENS, self.page_blocks).min(seq.request.block_hashes.len());
+        if full <= seq.hashed.len() {
+            return;
+        }
+        let fresh = &seq.request.block_hashes[seq.hashed.len()..full];
+        let fresh = &fresh[..fresh.len().min(seq.anonymous)];
+        self.kv.register(fresh);
+        seq.anonymous -= fresh.len();
+        seq.hashed.extend_from_slice(fresh);
+        if self.aligned.is_some_and(|a| computed.is_multiple_of(a.block))
+            && let Some(&hash) = seq.hashed.get(computed / BLOCK_TOKENS - 1)
+        {
+            self.kv.mark_state(hash);
+        }
     }
 }
 

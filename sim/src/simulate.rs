@@ -265,7 +265,13 @@ pub fn simulate_replicas<S: Stepper>(
 
 /// Chains block hashes: block `i`'s hash covers its content and every block before it.
 pub fn block_hashes(blocks: impl IntoIterator<Item = u64>) -> Vec<u64> {
-    let mut previous = 0xcbf2_9ce4_8422_2325_u64;
+    continue_block_hashes(None, blocks)
+}
+
+/// Chains the hashes of `blocks` after a block whose hash is `last` (`None`: from the start), as
+/// [`block_hashes`] would have had they followed it.
+pub fn continue_block_hashes(last: Option<u64>, blocks: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    let mut previous = last.unwrap_or(0xcbf2_9ce4_8422_2325_u64);
     blocks
         .into_iter()
         .map(|content| {

@@ -4,7 +4,7 @@ use benchfleet_sim::{
     Scheduler, StartupError, parse_command_line_with_gpu,
     pipeline::{Pipeline, Stepper},
     profile::{Graphs, StepWork},
-    simulate::{self, Arrival, RequestTiming, Summary, Workload},
+    simulate::{self, Arrival, RequestTiming, Summary, WorkItem, Workload, block_hashes},
 };
 
 fn config(line: &str) -> benchfleet_sim::SimConfig {
@@ -745,6 +745,32 @@ fn vllm_sizes_a_hybrid_models_block_to_its_state() {
     // here none.
     let mtp = r#"--speculative-config {"method":"mtp","num_speculative_tokens":1}"#;
     assert_eq!(prefills(&format!("--enable-prefix-caching {mtp}")), [2068]);
+}
+
+#[test]
+fn a_conversations_next_turn_finds_the_reply_its_last_turn_cached() {
+    // A first turn, then a second whose prompt carries the first's prompt and reply and asks more.
+    // The first request names its reply's blocks too, as the server does, or not.
+    let turns = |model: &str, prompt: usize, reply: usize, named: bool| {
+        let sequence = block_hashes((0..((prompt + reply + 200) / 16) as u64).map(|b| b ^ 0x5eed));
+        let first = if named { (prompt + reply) / 16 } else { prompt / 16 };
+        let items = vec![
+            WorkItem { prompt_tokens: prompt, output_tokens: reply, block_hashes: sequence[..first].to_vec() },
+            WorkItem { prompt_tokens: prompt + reply + 200, output_tokens: 4, block_hashes: sequence.clone() },
+        ];
+        let line = format!("vllm serve {model} --sim-gpu H100 --max-model-len 4096 --enable-prefix-caching");
+        let mut engine = Scheduler::from_config(&config(&line)).expect("fits");
+        simulate::simulate_on(&mut engine, &Workload { items, arrival: Arrival::Closed { concurrency: 1 } });
+        engine.counters().prefix_cache_hits
+    };
+    // A transformer caches every block whose KV it computed: 100 + 60 tokens less the last
+    // sampled, 9 blocks, against the prompt's 6.
+    assert_eq!(turns("Qwen/Qwen3-8B", 100, 60, true), 144);
+    assert_eq!(turns("Qwen/Qwen3-8B", 100, 60, false), 96);
+    // A hybrid model (vLLM's `align` mode) saves the state at each boundary its decode reaches,
+    // 1056 tokens into a 600-token prompt's 500-token reply; its prompt alone left one at 528.
+    assert_eq!(turns("Qwen/Qwen3.5-9B", 600, 500, true), 1056);
+    assert_eq!(turns("Qwen/Qwen3.5-9B", 600, 500, false), 528);
 }
 
 #[test]

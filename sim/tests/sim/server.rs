@@ -201,6 +201,27 @@ async fn metrics_count_prefix_cache_hits_until_the_cache_is_reset() {
     assert_eq!(metric(&sim, "vllm:prefix_cache_hits_total").await, 96.0, "cold after the reset");
 }
 
+#[tokio::test]
+async fn a_conversations_next_turn_finds_the_reply_in_the_prefix_cache() {
+    // A 40-word question answered in 40 words, then asked on: the second prompt carries both and
+    // 10 words more. The first request computed the KV of 79 tokens, 4 full blocks; vLLM caches a
+    // reply's blocks as it computes them. With a reasoning parser the reply's first quarter is
+    // reasoning, which the next turn does not carry, so only the question's 2 blocks match.
+    for (flags, hits) in [("", 64.0), ("--reasoning-parser qwen3", 32.0)] {
+        let sim = start(&format!("vllm serve m --sim-speedup 10 {flags}")).await;
+        let question = json!({"role": "user", "content": "word ".repeat(40)});
+        let first = json!({"model": "m", "messages": [question], "max_tokens": 40});
+        let (status, body) = sim.post("/v1/chat/completions", first).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let reply: Value = serde_json::from_str(&body).expect("json");
+        let answer = reply["choices"][0]["message"]["content"].clone();
+        let next = json!({"model": "m", "max_tokens": 4, "messages": [question,
+            {"role": "assistant", "content": answer}, {"role": "user", "content": "more ".repeat(10)}]});
+        assert_eq!(sim.post("/v1/chat/completions", next).await.0, StatusCode::OK);
+        assert_eq!(metric(&sim, "vllm:prefix_cache_hits_total").await, hits, "{flags}");
+    }
+}
+
 /// Reads a streamed body to its end, or to the error that cut it.
 async fn read_stream(sim: &Sim, max_tokens: usize) -> Result<String, reqwest::Error> {
     let request = json!({"prompt": "a b c", "max_tokens": max_tokens, "stream": true});
