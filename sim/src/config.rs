@@ -239,6 +239,7 @@ impl SimConfig {
         let mut shape = ModelShape::from_name(&self.model);
         if self.weights_fp8 {
             shape.bytes_per_param = 1.0;
+            shape.fp8_compute = true;
         }
         shape
     }

@@ -266,8 +266,13 @@ impl EngineCosts {
 pub struct ModelShape {
     pub total_params: f64,
     pub active_params: f64,
-    /// 1 for FP8 (or INT8) weights, 2 for BF16.
+    /// 2 for BF16 weights, 1 for FP8 or INT8, 0.53 for 4-bit formats (AWQ, GPTQ, NVFP4, MXFP4:
+    /// 4 bits and a 16-bit scale and zero a group of 128), as a checkpoint's name says.
     pub bytes_per_param: f64,
+    /// The linear layers multiply in FP8 (or INT8): FP8 and W8A8 checkpoints. Weight-only formats
+    /// (AWQ, GPTQ, 4-bit, gpt-oss's MXFP4 experts) dequantise to BF16 on these GPUs, so they read
+    /// fewer bytes but compute as BF16 does.
+    pub fp8_compute: bool,
     /// A hybrid of linear-attention and attention layers (Qwen3.5, Qwen3-Next): each sequence
     /// carries a recurrent state, and vLLM leaves prefix caching off unless asked.
     pub hybrid: bool,
@@ -329,14 +334,24 @@ pub struct AttentionShape {
     pub multiplied: u32,
 }
 
-/// Models whose names carry no size, by how their names start: total and active billions of
-/// parameters, and whether the published weights are FP8 (DeepSeek-V3's and R1's are, block-scaled).
-pub const UNSIZED: [(&str, f64, f64, bool); 4] = [
-    ("DEEPSEEK-V3", 671.0, 37.0, true),
-    ("DEEPSEEK-R1", 671.0, 37.0, true),
-    ("MIXTRAL-8X7B", 46.7, 12.9, false),
-    ("MIXTRAL-8X22B", 140.6, 39.1, false),
+/// Models the simulator knows by name: how their names start, their total and active billions of
+/// parameters, their checkpoints' bytes a parameter, and whether those multiply in FP8. A start
+/// that ends in a size (gpt-oss's) names that model; one that does not, a family whose names carry
+/// no size (DeepSeek-V3 and R1, whose distillations' names carry theirs). DeepSeek publishes
+/// block-scaled FP8 weights; gpt-oss MXFP4 experts beside BF16 attention (65 GB for the 120B,
+/// 13.8 GB for the 20B).
+pub const KNOWN_MODELS: [(&str, f64, f64, f64, bool); 6] = [
+    ("DEEPSEEK-V3", 671.0, 37.0, 1.0, true),
+    ("DEEPSEEK-R1", 671.0, 37.0, 1.0, true),
+    ("MIXTRAL-8X7B", 46.7, 12.9, 2.0, false),
+    ("MIXTRAL-8X22B", 140.6, 39.1, 2.0, false),
+    ("GPT-OSS-120B", 116.8, 5.1, 0.56, false),
+    ("GPT-OSS-20B", 20.9, 3.6, 0.66, false),
 ];
+
+/// Bytes a parameter of a 4-bit checkpoint: 4 bits, and a 16-bit scale and zero for each group
+/// of 128.
+pub const FOUR_BIT_BYTES: f64 = (4.0 + 32.0 / 128.0) / 8.0;
 
 impl AttentionShape {
     /// Grouped-query attention: `kv_heads` keys and values of `head_dim` a layer.
@@ -346,7 +361,7 @@ impl AttentionShape {
 
     /// The attention of the transformer families the simulator knows, by the upper-cased model
     /// name and its total and active billions of parameters: Llama 3.x, Qwen3 (and Qwen3-VL's
-    /// language model), Qwen2.5 (and its VL and Omni models'), Mistral 7B, Mixtral and
+    /// language model), Qwen2.5 (and its VL and Omni models'), Mistral 7B, Mixtral, gpt-oss and
     /// DeepSeek-V3 and R1's latent attention. A family's fine-tunes share its shapes. Others (a
     /// sliding window, DeepSeek-V3.2's sparse attention) are not known.
     pub fn of(upper: &str, total: f64, active: Option<f64>) -> Option<AttentionShape> {
@@ -395,7 +410,10 @@ impl AttentionShape {
                 multiplied: 192 + 128,
             });
         }
+        // gpt-oss's every other layer attends to a window of 128 tokens only, left out here.
         match total {
+            116.8 if family(&["GPT-OSS-120B"]) => Some(grouped(18, 64, 8, 64)),
+            20.9 if family(&["GPT-OSS-20B"]) => Some(grouped(12, 64, 8, 64)),
             7.0 if family(&["MISTRAL-7B"]) => Some(grouped(32, 32, 8, 128)),
             _ if family(&["MIXTRAL-8X7B"]) => Some(grouped(32, 32, 8, 128)),
             _ if family(&["MIXTRAL-8X22B"]) => Some(grouped(56, 48, 8, 128)),
@@ -438,12 +456,23 @@ impl ModelShape {
         let billions = |part: &str| part.strip_suffix('B').and_then(|n| n.parse::<f64>().ok()).filter(|n| *n > 0.0);
         let total = parts.iter().find_map(|p| billions(p));
         let active = parts.iter().find_map(|p| p.strip_prefix('A').and_then(billions));
-        // A name without a size may be a known model's (DeepSeek-R1), else an 8B dense one.
-        let known = UNSIZED.iter().find(|(start, ..)| total.is_none() && upper.starts_with(start));
-        let total = total.or(known.map(|u| u.1)).unwrap_or(COEFFICIENTS.default_params_b);
-        let active = active.or(known.map(|u| u.2));
-        let fp8 = parts.iter().any(|p| matches!(*p, "FP8" | "INT8" | "W8A8"))
-            || known.is_some_and(|u| u.3) && !parts.contains(&"BF16");
+        // A model the simulator knows by name; a name without a size is else an 8B dense one.
+        let known = KNOWN_MODELS
+            .iter()
+            .find(|(start, ..)| upper.starts_with(start) && (total.is_none() || start.ends_with('B')));
+        let total = known.map_or(total, |k| Some(k.1)).unwrap_or(COEFFICIENTS.default_params_b);
+        let active = known.map_or(active, |k| Some(k.2));
+        // The checkpoint's format: weight-only ones (AWQ, GPTQ: 4 bits unless `Int8`) dequantise.
+        let has = |markers: &[&str]| parts.iter().flat_map(|p| p.split('.')).any(|p| markers.contains(&p));
+        let weight_only = has(&["AWQ", "GPTQ", "W4A16", "W8A16"]);
+        let four_bit = has(&["AWQ", "INT4", "W4A16", "NVFP4", "MXFP4", "FP4"]) || (has(&["GPTQ"]) && !has(&["INT8"]));
+        let eight_bit = has(&["FP8", "INT8", "W8A8", "W8A16"]);
+        let (bytes_per_param, fp8_compute) = match known {
+            _ if four_bit => (FOUR_BIT_BYTES, false),
+            _ if eight_bit => (1.0, !weight_only),
+            Some(k) if !has(&["BF16"]) => (k.3, k.4),
+            _ => (2.0, false),
+        };
         let (qwen35, next) = (upper.starts_with("QWEN3.5"), upper.starts_with("QWEN3-NEXT"));
         let (linear_layers, attention_kv_heads) = match (qwen35, next, total, active) {
             (true, _, 4.0 | 9.0, None) => (Some(24), Some(4)),
@@ -458,7 +487,8 @@ impl ModelShape {
         ModelShape {
             total_params: total * 1e9,
             active_params: active.unwrap_or(total).min(total) * 1e9,
-            bytes_per_param: if fp8 { 1.0 } else { 2.0 },
+            bytes_per_param,
+            fp8_compute,
             hybrid: qwen35 || next,
             linear_layers,
             attention_kv_heads,
@@ -657,7 +687,7 @@ impl CostModel {
         let c = &self.coefficients;
         let scale = self.tensor_parallel * if self.tensor_parallel > 1.0 { c.tensor_parallel_efficiency } else { 1.0 };
         let tokens = (work.prefill_tokens + work.decode_tokens) as f64;
-        let linear_peak = if self.model.bytes_per_param <= 1.0 {
+        let linear_peak = if self.model.fp8_compute {
             self.gpu.bf16_flops + (self.gpu.fp8_flops - self.gpu.bf16_flops) * c.fp8_linear_gain
         } else {
             self.gpu.bf16_flops
@@ -807,6 +837,22 @@ mod tests {
         check_shape("unsloth/DeepSeek-V3-0324-BF16", 671.0, 37.0, 2.0);
         check_shape("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7, 12.9, 2.0);
         check_shape("mistralai/Mixtral-8x22B-Instruct-v0.1", 140.6, 39.1, 2.0);
+        // Weight-only and 4-bit checkpoints read fewer bytes and multiply in BF16.
+        let shape = |name: &str| {
+            let s = ModelShape::from_name(name);
+            (s.total_params / 1e9, s.active_params / 1e9, s.bytes_per_param, s.fp8_compute)
+        };
+        assert_eq!(shape("Qwen/Qwen3-8B-FP8"), (8.0, 8.0, 1.0, true));
+        assert_eq!(shape("neuralmagic/Meta-Llama-3.1-8B-Instruct-quantized.w8a8"), (8.0, 8.0, 1.0, true));
+        assert_eq!(shape("Qwen/Qwen2.5-72B-Instruct-AWQ"), (72.0, 72.0, FOUR_BIT_BYTES, false));
+        assert_eq!(shape("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4"), (7.0, 7.0, FOUR_BIT_BYTES, false));
+        assert_eq!(shape("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8"), (7.0, 7.0, 1.0, false));
+        assert_eq!(shape("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16"), (8.0, 8.0, FOUR_BIT_BYTES, false));
+        assert_eq!(shape("nvidia/Llama-3.3-70B-Instruct-FP4"), (70.0, 70.0, FOUR_BIT_BYTES, false));
+        assert_eq!(shape("Qwen/Qwen3-8B"), (8.0, 8.0, 2.0, false));
+        // gpt-oss: MXFP4 experts beside BF16 attention, a few billion parameters active.
+        assert_eq!(shape("openai/gpt-oss-120b"), (116.8, 5.1, 0.56, false));
+        assert_eq!(shape("openai/gpt-oss-20b"), (20.9, 3.6, 0.66, false));
         // A size in the name is the name's: R1's distillations are dense.
         check_shape("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 7.0, 7.0, 2.0);
         assert!(
@@ -841,6 +887,9 @@ mod tests {
         assert_eq!(kib("Qwen/Qwen2.5-VL-7B-Instruct", 1), 56.0);
         assert_eq!(kib("mistralai/Mistral-7B-Instruct-v0.3", 1), 128.0);
         assert_eq!(kib("mistralai/Mixtral-8x7B-Instruct-v0.1", 1), 128.0);
+        // gpt-oss's full-attention layers: 18 of 8 KV heads of 64 (its sliding ones left out).
+        assert_eq!(kib("openai/gpt-oss-120b", 1), 36.0);
+        assert_eq!(kib("openai/gpt-oss-20b", 1), 24.0);
         assert_eq!(kib("mistralai/Mixtral-8x22B-Instruct-v0.1", 1), 224.0);
         // DeepSeek's latent attention caches 576 elements a layer, 61 layers, on every rank.
         assert_eq!(kib("deepseek-ai/DeepSeek-R1-0528", 1), 61.0 * 576.0 * 2.0 / 1024.0);
@@ -888,6 +937,24 @@ mod tests {
         assert!(parts.attention > 4.0 * parts.memory, "{parts:?}");
         m.kv_bytes_per_token /= 2.0;
         assert!((m.step_parts(&work).attention - kv / 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn weight_only_checkpoints_read_fewer_bytes_and_compute_as_bf16() {
+        let (bf16, awq, fp8) = (
+            model("Qwen/Qwen2.5-7B-Instruct", "H100"),
+            model("Qwen/Qwen2.5-7B-Instruct-AWQ", "H100"),
+            model("Qwen/Qwen2.5-7B-Instruct-FP8", "H100"),
+        );
+        // A large prefill is bound by its FLOPs: AWQ's dequantised weights multiply at BF16's
+        // rate, FP8's faster.
+        let prefill = StepWork { prefill_tokens: 8192, ..Default::default() };
+        assert_eq!(awq.step_parts(&prefill).compute, bf16.step_parts(&prefill).compute);
+        assert!(fp8.step_parts(&prefill).compute < bf16.step_parts(&prefill).compute);
+        // A decode is bound by the weights' read: a quarter of BF16's, and some scales.
+        let decode = StepWork { decode_tokens: 1, decode_context_tokens: 100, ..Default::default() };
+        let ratio = awq.step_parts(&decode).memory / bf16.step_parts(&decode).memory;
+        assert!((ratio - FOUR_BIT_BYTES / 2.0).abs() < 1e-12, "{ratio}");
     }
 
     #[test]

@@ -178,6 +178,11 @@ fn configurations_that_cannot_fit_fail_at_startup_like_the_engine() {
 
     let weights = Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B")).expect_err("470 GB on one H200");
     assert!(weights.to_string().starts_with("torch.OutOfMemoryError: CUDA out of memory"), "{weights}");
+    // A 4-bit checkpoint of a model that does not fit one H100 in BF16 does; gpt-oss-120b's
+    // MXFP4 experts fit one too.
+    assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen2.5-72B-Instruct --sim-gpu H100")).is_err());
+    assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen2.5-72B-Instruct-AWQ --sim-gpu H100")).is_ok());
+    assert!(Scheduler::from_config(&config("vllm serve openai/gpt-oss-120b --sim-gpu H100")).is_ok());
     // The same model fits on eight GPUs, or in FP8 on four.
     assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B --tensor-parallel-size 8")).is_ok());
     assert!(Scheduler::from_config(&config("vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size 4")).is_ok());

@@ -177,7 +177,7 @@ proptest! {
         let summary = Summary::of(&timings);
         prop_assert_eq!(summary.requests, 2 * concurrency);
         let shape = config.model_shape();
-        let peak = if shape.bytes_per_param <= 1.0 { config.gpu.fp8_flops } else { config.gpu.bf16_flops };
+        let peak = if shape.fp8_compute { config.gpu.fp8_flops } else { config.gpu.bf16_flops };
         // Every token served passes through the active weights once: two FLOPs a parameter.
         let flops = summary.total_token_throughput * 2.0 * shape.active_params;
         prop_assert!(
