@@ -408,18 +408,23 @@ fn prompted_text(words: &[&str]) -> Prompted {
 }
 
 /// The hashes of every full block of the prompt and its reply of `max_tokens` words, which vLLM
-/// caches as a request computes them: the prompt's, then those the reply fills.
+/// caches as a request computes them: the prompt's, then those the reply fills (a block at a time,
+/// so a long reply costs no more memory than its hashes).
 fn sequence_hashes(prompt: Prompted, seed: u64, max_tokens: usize) -> Vec<u64> {
     let mut hashes = prompt.block_hashes;
-    if let Some(tail) = prompt.tail {
-        let mut words: Vec<&str> = tail.iter().map(String::as_str).collect();
-        // The reply's words as a later prompt that carries the reply splits them.
-        for word in reply_words(seed, max_tokens) {
-            words.push(word.trim_start());
+    let Some(tail) = prompt.tail else { return hashes };
+    // The prompt's last words (fewer than a block), then the reply's as a later prompt that
+    // carries the reply splits them.
+    let mut block: Vec<&str> = tail.iter().map(String::as_str).collect();
+    let mut blocks = Vec::with_capacity((tail.len() + max_tokens) / BLOCK_TOKENS);
+    for word in reply_words(seed, max_tokens) {
+        block.push(word.trim_start());
+        if block.len() == BLOCK_TOKENS {
+            blocks.push(hash(&block[..]));
+            block.clear();
         }
-        let reply = continue_block_hashes(hashes.last().copied(), words.chunks_exact(BLOCK_TOKENS).map(hash));
-        hashes.extend(reply);
     }
+    hashes.extend(continue_block_hashes(hashes.last().copied(), blocks));
     hashes
 }
 
@@ -486,7 +491,10 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
         return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "simulated failure (--sim-fail-rate)".into()));
     }
     let seed = hash((config.seed, prompt.hash, max_tokens));
-    let request = Request { prompt_tokens, block_hashes: sequence_hashes(prompt, seed, max_tokens), max_tokens, seed };
+    // A cache that keeps nothing needs no names for the reply's blocks.
+    let block_hashes =
+        if config.enable_prefix_caching { sequence_hashes(prompt, seed, max_tokens) } else { prompt.block_hashes };
+    let request = Request { prompt_tokens, block_hashes, max_tokens, seed };
     let tokens =
         state.engine.submit(request).map_err(|err| ApiError(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
