@@ -536,6 +536,26 @@ impl ModelShape {
         }
     }
 
+    /// Where the simulator does not know this model's attention, what its KV bytes a token and
+    /// its state are taken as instead: the startup log says so, since they set how many requests
+    /// the cache holds.
+    pub fn estimated_kv(&self) -> Option<String> {
+        let kib = self.kv_bytes_per_token_bf16(1) / 1024.0;
+        match (self.transformer, self.hybrid, self.linear_layers) {
+            (Some(_), ..) | (None, true, Some(_)) => None,
+            (None, true, None) => Some(format!(
+                "a hybrid model whose architecture the simulator does not know: its KV cache is taken as \
+                 {kib:.0} KiB a token and its recurrent state as {:.1} MB a sequence, by its size",
+                COEFFICIENTS.state_bytes_per_sqrt_b * (self.total_params / 1e9).sqrt() / 1e6
+            )),
+            (None, false, _) => Some(format!(
+                "an architecture the simulator does not know: its KV cache is taken as {kib:.0} KiB a token \
+                 (BF16), by its {:.1}B active parameters",
+                self.active_params / 1e9
+            )),
+        }
+    }
+
     /// Attention FLOPs per (query token, context token) pair: a known transformer's own, else
     /// [`Coefficients::attention_flops_per_kv_byte`] per BF16 KV byte of a token.
     pub fn attention_flops_per_pair(&self, c: &Coefficients) -> f64 {
@@ -897,6 +917,13 @@ mod tests {
         // Ranks beyond the KV heads hold a copy each: Qwen3-235B-A22B's 4 on 8 GPUs are 8.
         assert_eq!(kib("Qwen/Qwen3-235B-A22B", 4), 188.0);
         assert_eq!(kib("Qwen/Qwen3-235B-A22B", 8), 376.0);
+        // The startup log says which models' KV is estimated.
+        assert_eq!(ModelShape::from_name("Qwen/Qwen3-8B").estimated_kv(), None);
+        assert_eq!(ModelShape::from_name("Qwen/Qwen3.5-9B").estimated_kv(), None);
+        let gemma = ModelShape::from_name("google/gemma-3-27b-it").estimated_kv().expect("estimated");
+        assert!(gemma.contains("taken as 249 KiB a token (BF16), by its 27.0B active"), "{gemma}");
+        let hybrid = ModelShape::from_name("Qwen/Qwen3.5-27B").estimated_kv().expect("estimated");
+        assert!(hybrid.starts_with("a hybrid model whose architecture"), "{hybrid}");
         // A transformer the simulator does not know (Gemma 3's sliding window, DeepSeek's latent
         // attention, a size the family lacks) takes the rule by its active parameters.
         let rule = |b: f64| TRANSFORMER_KV_BYTES_PER_SQRT_B * b.sqrt() / 1024.0;
