@@ -121,6 +121,8 @@ impl Stepper for Pipeline {
             work.prefill_attention_pairs += s.work.prefill_attention_pairs;
             work.decode_tokens += s.work.decode_tokens;
             work.decode_context_tokens += s.work.decode_context_tokens;
+            work.prefill_window_pairs += s.work.prefill_window_pairs;
+            work.decode_window_tokens += s.work.decode_window_tokens;
             work.draft_tokens = work.draft_tokens.max(s.work.draft_tokens);
         }
         Some(Step { duration, emissions: steps.into_iter().flat_map(|s| s.emissions).collect(), work })

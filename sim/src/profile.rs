@@ -332,6 +332,28 @@ pub struct AttentionShape {
     /// Elements a query head multiplies each context token by: its key's and its value's (twice
     /// the head size; DeepSeek-V3's prefill, 192 + 128).
     pub multiplied: u32,
+    /// Layers of the same heads that attend to a sliding window of the last tokens only, beside
+    /// the `layers` that attend to the whole context (Gemma 3's five in six, gpt-oss's every
+    /// other). vLLM keeps only the window's blocks of them.
+    pub window: Option<SlidingWindow>,
+}
+
+/// Sliding-window attention layers: how many, and the tokens each attends to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub layers: u32,
+    pub tokens: u32,
+}
+
+/// What a model's sliding-window layers cost, as a cost model takes them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowCost {
+    /// The tokens each attends to, and so the most a sequence keeps in them.
+    pub tokens: usize,
+    /// Their KV bytes a token on all the ranks, as configured (an FP8 cache halves them).
+    pub bytes_per_token: f64,
+    /// Their attention FLOPs per (query token, context token) pair.
+    pub flops_per_pair: f64,
 }
 
 /// Models the simulator knows by name: how their names start, their total and active billions of
@@ -356,7 +378,13 @@ pub const FOUR_BIT_BYTES: f64 = (4.0 + 32.0 / 128.0) / 8.0;
 impl AttentionShape {
     /// Grouped-query attention: `kv_heads` keys and values of `head_dim` a layer.
     const fn grouped(layers: u32, query_heads: u32, kv_heads: u32, head_dim: u32) -> AttentionShape {
-        AttentionShape { layers, query_heads, kv_heads, cached: 2 * head_dim, multiplied: 2 * head_dim }
+        AttentionShape { layers, query_heads, kv_heads, cached: 2 * head_dim, multiplied: 2 * head_dim, window: None }
+    }
+
+    /// Of `layers`, those but the `global` attend to a window of `tokens`.
+    const fn windowed(self, global: u32, tokens: u32) -> AttentionShape {
+        let window = SlidingWindow { layers: self.layers - global, tokens };
+        AttentionShape { layers: global, window: Some(window), ..self }
     }
 
     /// The attention of the transformer families the simulator knows, by the upper-cased model
@@ -408,12 +436,23 @@ impl AttentionShape {
                 kv_heads: 1,
                 cached: 512 + 64,
                 multiplied: 192 + 128,
+                window: None,
             });
         }
-        // gpt-oss's every other layer attends to a window of 128 tokens only, left out here.
+        // Gemma 3: one layer in six attends to the whole context, the others to the last 1024
+        // tokens (512 in the 1B). gpt-oss: every other layer to the last 128.
+        if family(&["GEMMA-3-"]) {
+            return match (total, active) {
+                (1.0, None) => Some(grouped(26, 4, 1, 256).windowed(4, 512)),
+                (4.0, None) => Some(grouped(34, 8, 4, 256).windowed(5, 1024)),
+                (12.0, None) => Some(grouped(48, 16, 8, 256).windowed(8, 1024)),
+                (27.0, None) => Some(grouped(62, 32, 16, 128).windowed(10, 1024)),
+                _ => None,
+            };
+        }
         match total {
-            116.8 if family(&["GPT-OSS-120B"]) => Some(grouped(18, 64, 8, 64)),
-            20.9 if family(&["GPT-OSS-20B"]) => Some(grouped(12, 64, 8, 64)),
+            116.8 if family(&["GPT-OSS-120B"]) => Some(grouped(36, 64, 8, 64).windowed(18, 128)),
+            20.9 if family(&["GPT-OSS-20B"]) => Some(grouped(24, 64, 8, 64).windowed(12, 128)),
             7.0 if family(&["MISTRAL-7B"]) => Some(grouped(32, 32, 8, 128)),
             _ if family(&["MIXTRAL-8X7B"]) => Some(grouped(32, 32, 8, 128)),
             _ if family(&["MIXTRAL-8X22B"]) => Some(grouped(56, 48, 8, 128)),
@@ -422,15 +461,28 @@ impl AttentionShape {
     }
 
     /// BF16 KV bytes a token on `tensor_parallel` GPUs together: what each KV head caches in each
-    /// layer. Each rank holds at least one head, so ranks beyond the heads copy them (vLLM's, and
-    /// latent attention's one vector on every rank).
+    /// layer that attends to the whole context. Each rank holds at least one head, so ranks
+    /// beyond the heads copy them (vLLM's, and latent attention's one vector on every rank).
     pub fn kv_bytes_bf16(self, tensor_parallel: u32) -> f64 {
-        let heads = self.kv_heads.max(tensor_parallel.max(1));
-        f64::from(self.layers * heads * self.cached * 2)
+        self.layer_kv_bytes_bf16(tensor_parallel) * f64::from(self.layers)
+    }
+
+    fn layer_kv_bytes_bf16(self, tensor_parallel: u32) -> f64 {
+        f64::from(self.kv_heads.max(tensor_parallel.max(1)) * self.cached * 2)
+    }
+
+    /// What the sliding-window layers cost, BF16 (see [`WindowCost`]).
+    pub fn window_cost(self, tensor_parallel: u32) -> Option<WindowCost> {
+        self.window.map(|w| WindowCost {
+            tokens: w.tokens as usize,
+            bytes_per_token: self.layer_kv_bytes_bf16(tensor_parallel) * f64::from(w.layers),
+            flops_per_pair: f64::from(2 * w.layers * self.query_heads * self.multiplied),
+        })
     }
 
     /// FLOPs per (query token, context token) pair: each query head's products with the context
-    /// token's key and value, two FLOPs a multiply-add, in each layer.
+    /// token's key and value, two FLOPs a multiply-add, in each layer that attends to the whole
+    /// context.
     pub fn flops_per_pair(self) -> f64 {
         f64::from(2 * self.layers * self.query_heads * self.multiplied)
     }
@@ -583,6 +635,10 @@ pub struct StepWork {
     pub decode_context_tokens: usize,
     /// Draft tokens per decoding sequence (0 without speculative decoding).
     pub draft_tokens: usize,
+    /// What sliding-window layers attend to: the prefill chunks' pairs within the window, and the
+    /// decoding sequences' context tokens within it, summed.
+    pub prefill_window_pairs: f64,
+    pub decode_window_tokens: usize,
 }
 
 impl StepWork {
@@ -616,6 +672,8 @@ pub struct CostModel {
     /// vLLM pads each linear-attention layer's state to its attention block's bytes
     /// ([`HybridBlock::layer_bytes`]); 0 where nothing pads it (SGLang, a transformer).
     pub state_layer_page: f64,
+    /// The model's sliding-window layers, as configured ([`AttentionShape::window`]).
+    pub window: Option<WindowCost>,
 }
 
 /// The types a hybrid model's linear-attention states are kept in. The default is Qwen3.5's: its
@@ -717,7 +775,9 @@ impl CostModel {
         let linear =
             if tokens > 0.0 { 2.0 * self.model.active_params * tokens / (linear_peak * scale * mfu) } else { 0.0 };
         // Decode attention is bound by reading the KV cache, which `memory` counts.
-        let attention_flops = self.model.attention_flops_per_pair(c) * work.prefill_attention_pairs;
+        let window = self.window.unwrap_or(WindowCost { tokens: 0, bytes_per_token: 0.0, flops_per_pair: 0.0 });
+        let attention_flops = self.model.attention_flops_per_pair(c) * work.prefill_attention_pairs
+            + window.flops_per_pair * work.prefill_window_pairs;
         let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
         let sequences = work.decoding_sequences() as f64;
         let state = 2.0 * self.state_step_bytes() * sequences;
@@ -725,7 +785,9 @@ impl CostModel {
             if self.hybrid_prefix_caching { c.hybrid_prefix_cache_cost * work.prefill_tokens as f64 } else { 0.0 };
         let bandwidth = self.gpu.bandwidth * scale * c.bandwidth_efficiency;
         let memory = self.weights_touched(tokens) / bandwidth;
-        let decode_memory = (self.kv_bytes_per_token * work.decode_context_tokens as f64 + state) / bandwidth;
+        let kv_read = self.kv_bytes_per_token * work.decode_context_tokens as f64
+            + window.bytes_per_token * work.decode_window_tokens as f64;
+        let decode_memory = (kv_read + state) / bandwidth;
         let draft = if work.decode_tokens > 0 {
             (c.draft_cost + c.draft_cost_per_sequence * sequences) * work.draft_tokens as f64
         } else {
@@ -773,6 +835,16 @@ impl CostModel {
     /// sequences run at once. FP8 KV halves a block, not the state.
     pub fn state_blocks(&self) -> usize {
         (self.state_bytes() / (self.kv_bytes_per_token * crate::kv::BLOCK_TOKENS as f64)).ceil() as usize
+    }
+
+    /// KV blocks (of the whole-context layers' [`crate::kv::BLOCK_TOKENS`] tokens) that a
+    /// sequence of `tokens` holds in its sliding-window layers: vLLM frees the blocks that leave
+    /// the window, so they hold at most the window and a block.
+    pub fn window_blocks(&self, tokens: usize) -> usize {
+        self.window.map_or(0, |w| {
+            let held = tokens.min(w.tokens + crate::kv::BLOCK_TOKENS) as f64;
+            (held * w.bytes_per_token / (self.kv_bytes_per_token * crate::kv::BLOCK_TOKENS as f64)).ceil() as usize
+        })
     }
 
     /// Weight bytes a step reads: all of a dense model; for a mixture of experts, the experts its
@@ -911,6 +983,16 @@ mod tests {
         assert_eq!(kib("openai/gpt-oss-120b", 1), 36.0);
         assert_eq!(kib("openai/gpt-oss-20b", 1), 24.0);
         assert_eq!(kib("mistralai/Mixtral-8x22B-Instruct-v0.1", 1), 224.0);
+        // Gemma 3 27B: the 10 of its 62 layers that attend to the whole context; the other 52
+        // keep a window of 1024 tokens, 416 KiB a token.
+        assert_eq!(kib("google/gemma-3-27b-it", 1), 80.0);
+        let window = |name: &str| ModelShape::from_name(name).transformer.and_then(|a| a.window_cost(1));
+        let gemma = window("google/gemma-3-27b-it").expect("a window");
+        assert_eq!((gemma.tokens, gemma.bytes_per_token / 1024.0), (1024, 416.0));
+        assert_eq!(gemma.flops_per_pair, 2.0 * 52.0 * 32.0 * 256.0);
+        assert_eq!(window("google/gemma-3-1b-it").map(|w| w.tokens), Some(512));
+        assert_eq!(window("openai/gpt-oss-120b").map(|w| (w.tokens, w.bytes_per_token)), Some((128, 36.0 * 1024.0)));
+        assert_eq!(window("meta-llama/Llama-3.1-8B-Instruct"), None);
         // DeepSeek's latent attention caches 576 elements a layer, 61 layers, on every rank.
         assert_eq!(kib("deepseek-ai/DeepSeek-R1-0528", 1), 61.0 * 576.0 * 2.0 / 1024.0);
         assert_eq!(kib("deepseek-ai/DeepSeek-V3", 8), 8.0 * 61.0 * 576.0 * 2.0 / 1024.0);
@@ -920,14 +1002,15 @@ mod tests {
         // The startup log says which models' KV is estimated.
         assert_eq!(ModelShape::from_name("Qwen/Qwen3-8B").estimated_kv(), None);
         assert_eq!(ModelShape::from_name("Qwen/Qwen3.5-9B").estimated_kv(), None);
-        let gemma = ModelShape::from_name("google/gemma-3-27b-it").estimated_kv().expect("estimated");
-        assert!(gemma.contains("taken as 249 KiB a token (BF16), by its 27.0B active"), "{gemma}");
+        let granite = ModelShape::from_name("ibm-granite/granite-3.1-8b-instruct").estimated_kv().expect("estimated");
+        assert!(granite.contains("taken as 136 KiB a token (BF16), by its 8.0B active"), "{granite}");
         let hybrid = ModelShape::from_name("Qwen/Qwen3.5-27B").estimated_kv().expect("estimated");
         assert!(hybrid.starts_with("a hybrid model whose architecture"), "{hybrid}");
         // A transformer the simulator does not know (Gemma 3's sliding window, DeepSeek's latent
         // attention, a size the family lacks) takes the rule by its active parameters.
         let rule = |b: f64| TRANSFORMER_KV_BYTES_PER_SQRT_B * b.sqrt() / 1024.0;
-        assert_eq!(kib("google/gemma-3-27b-it", 1), rule(27.0));
+        assert_eq!(kib("ibm-granite/granite-3.1-8b-instruct", 1), rule(8.0));
+        assert_eq!(kib("google/gemma-3-270m-it", 1), rule(8.0));
         assert_eq!(kib("Qwen/Qwen3-30B-A6B", 1), rule(6.0));
         assert_eq!(kib("meta-llama/Llama-3.2-11B-Vision-Instruct", 1), rule(11.0));
         assert_eq!(kib("deepseek-ai/DeepSeek-V3.2-Exp", 1), rule(37.0));
@@ -964,6 +1047,27 @@ mod tests {
         assert!(parts.attention > 4.0 * parts.memory, "{parts:?}");
         m.kv_bytes_per_token /= 2.0;
         assert!((m.step_parts(&work).attention - kv / 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_sliding_window_layer_reads_only_its_window() {
+        // Gemma 3 27B decoding at 4096 tokens: its 10 whole-context layers read them all, its 52
+        // windowed ones the last 1024.
+        let m = model("google/gemma-3-27b-it", "H100");
+        let work = StepWork {
+            decode_tokens: 1,
+            decode_context_tokens: 4096,
+            decode_window_tokens: 1024,
+            ..Default::default()
+        };
+        let bandwidth = m.gpu.bandwidth * COEFFICIENTS.bandwidth_efficiency;
+        let bytes = (4096.0 * 80.0 + 1024.0 * 416.0) * 1024.0;
+        assert!((m.step_parts(&work).attention - bytes / bandwidth).abs() < 1e-12);
+        // A sequence holds its window's blocks beside its tokens': at most the window and a block.
+        assert_eq!(m.window_blocks(160), (160.0_f64 * 5.2 / 16.0).ceil() as usize);
+        assert_eq!(m.window_blocks(4096), m.window_blocks(20_000));
+        assert_eq!(m.window_blocks(4096), (1040.0_f64 * 5.2 / 16.0).ceil() as usize);
+        assert_eq!(model("meta-llama/Llama-3.1-8B-Instruct", "H100").window_blocks(4096), 0);
     }
 
     #[test]
@@ -1006,6 +1110,7 @@ mod tests {
             graphs: Graphs::Tokens(512),
             state_types: StateTypes::default(),
             state_layer_page: 0.0,
+            window: model.transformer.and_then(|a| a.window_cost(1)),
         }
     }
 

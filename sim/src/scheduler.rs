@@ -277,7 +277,7 @@ impl Scheduler {
 
     /// KV blocks a sequence of `tokens` holds: its tokens' and, for a hybrid model, its state's.
     fn blocks_needed(&self, tokens: usize) -> usize {
-        held_blocks(tokens, self.page_blocks, self.state_blocks)
+        held_blocks(tokens, self.page_blocks, self.state_blocks) + self.cost.window_blocks(tokens)
     }
 
     /// Each step's time times a log-normal factor of mean 1 and standard deviation `pct` percent
@@ -360,6 +360,11 @@ impl Scheduler {
         self.kv.reset_prefix_cache();
     }
 
+    /// The tokens a sliding-window layer attends to (0 where the model has none).
+    fn window_tokens(&self) -> usize {
+        self.cost.window.map_or(0, |w| w.tokens)
+    }
+
     fn draft_tokens(&self) -> usize {
         self.speculation.map_or(0, |s| s.tokens)
     }
@@ -415,12 +420,13 @@ impl Scheduler {
                 work.decode_tokens += 1 + draft;
                 work.draft_tokens = draft;
                 work.decode_context_tokens += seq.request.prompt_tokens + seq.generated;
+                work.decode_window_tokens += (seq.request.prompt_tokens + seq.generated).min(self.window_tokens());
                 plan.push((index, 0));
             } else if phase.prefills && *budget > 0 {
                 let chunk = self.next_chunk(seq.target, seq.computed, *budget);
                 if chunk > 0 {
                     *budget -= chunk;
-                    add_prefill(work, seq.computed, chunk);
+                    add_prefill(work, seq.computed, chunk, self.window_tokens());
                     plan.push((index, chunk));
                 }
             }
@@ -485,7 +491,7 @@ impl Scheduler {
             seq.anonymous = anonymous;
             seq.hashed = shared;
             *budget -= chunk;
-            add_prefill(work, seq.computed, chunk);
+            add_prefill(work, seq.computed, chunk, self.window_tokens());
             plan.push((self.running.len(), chunk));
             self.running.push(seq);
         }
@@ -623,11 +629,21 @@ struct Phase {
 }
 
 /// Adds a prefill chunk of `chunk` tokens after `computed` ones: its tokens, and its attention over
-/// the prefix and over itself (causal, so half of the square).
-fn add_prefill(work: &mut StepWork, computed: usize, chunk: usize) {
+/// the prefix and over itself (causal, so half of the square), and within a sliding `window`
+/// (each query token attends to at most its last `window` tokens).
+fn add_prefill(work: &mut StepWork, computed: usize, chunk: usize, window: usize) {
     let n = chunk as f64;
     work.prefill_tokens += chunk;
     work.prefill_attention_pairs += n * computed as f64 + n * n / 2.0;
+    // Query token p attends to about min(p, window) tokens: the sum over the chunk's p.
+    let (a, b, w) = (computed as f64, (computed + chunk) as f64, window as f64);
+    work.prefill_window_pairs += if b <= w {
+        (a + b) / 2.0 * n
+    } else if a >= w {
+        n * w
+    } else {
+        (w - a) * (a + w) / 2.0 + (b - w) * w
+    };
 }
 
 /// The engine could not start with this configuration; the wording is the engine's own, so a log
@@ -893,6 +909,9 @@ impl Scheduler {
             graphs: graphs(config, speculation),
             state_types: config.state_types,
             state_layer_page: config.vllm_hybrid_block().map_or(0.0, |block| block.layer_bytes),
+            window: model.transformer.and_then(|a| a.window_cost(config.tensor_parallel_size)).map(|w| {
+                crate::profile::WindowCost { bytes_per_token: w.bytes_per_token * if kv_fp8 { 0.5 } else { 1.0 }, ..w }
+            }),
         };
         // vLLM keeps a hybrid model's recurrent states in its KV cache, a sequence's state taking
         // blocks beside its tokens; SGLang keeps them in a pool of their own, and its pools set how
@@ -920,7 +939,9 @@ impl Scheduler {
                 longest = longest.min(pool_tokens);
                 pool_tokens <= 6
             }
-            EngineKind::Vllm => capacity < held_blocks(longest, page_blocks, state_blocks),
+            EngineKind::Vllm => {
+                capacity < held_blocks(longest, page_blocks, state_blocks) + cost.window_blocks(longest)
+            }
         };
         if too_small {
             return Err(StartupError::KvCacheTooSmall {
@@ -943,7 +964,8 @@ impl Scheduler {
             max_num_batched_tokens: config.max_num_batched_tokens,
             mixed: config.mixed_batches,
         };
-        let share = share_of(capacity).max(held_blocks(longest, page_blocks, state_blocks));
+        let share =
+            share_of(capacity).max(held_blocks(longest, page_blocks, state_blocks) + cost.window_blocks(longest));
         let kv = KvCache::new(share, config.enable_prefix_caching);
         Ok(Scheduler::new(cost, limits, speculation, kv, state_blocks)
             .with_page_blocks(page_blocks)

@@ -256,6 +256,27 @@ fn a_transformers_cache_holds_the_tokens_its_architecture_gives() {
 }
 
 #[test]
+fn a_sliding_window_model_holds_its_window_beside_its_context() {
+    // Gemma 3 27B's sequences of 4016 tokens hold 80 KiB a token in its 10 whole-context layers
+    // and 1040 tokens of 416 KiB in its 52 windowed ones: 8 GiB runs 11 of them at once. (Every
+    // layer keeping the whole context would run 4; the rule by its size, 8.)
+    let line = "vllm serve google/gemma-3-27b-it --sim-gpu H100 --max-model-len 8192 --kv-cache-memory-bytes 8G";
+    let mut engine = Scheduler::from_config(&config(line)).expect("fits");
+    let workload = Workload { items: simulate::random(32, 4000, 16, 5), arrival: Arrival::Closed { concurrency: 32 } };
+    let (mut most, mut first) = (0, None);
+    simulate::simulate_observed(&mut engine, &workload, |step| {
+        most = most.max(step.emissions.len());
+        first.get_or_insert(step.work);
+    });
+    assert_eq!(most, 11);
+    // A prefill chunk's windowed layers attend to at most the last 1024 tokens: the first 8192
+    // tokens' chunk (two prompts of 4000 and 192 of a third) pairs each query with its window.
+    let first = first.expect("a step");
+    let expected = 2.0 * (1024.0 * 1024.0 / 2.0 + 2976.0 * 1024.0) + 192.0 * 192.0 / 2.0;
+    assert_eq!(first.prefill_window_pairs, expected, "{first:?}");
+}
+
+#[test]
 fn sglang_leaves_room_by_its_rule_for_what_its_prefills_graphs_and_drafts_take() {
     let sglang = "sglang serve --model-path Qwen/Qwen3.5-9B --context-length 8192";
     let fraction = |flags: &str| benchfleet_sim::default_memory_fraction(&config(&format!("{sglang} {flags}")));

@@ -115,6 +115,9 @@ fn work() -> impl Strategy<Value = StepWork> {
         decode_tokens: decodes,
         decode_context_tokens: decodes * mean_context,
         draft_tokens: 0,
+        // As a sliding window of 1024 tokens takes them.
+        prefill_window_pairs: (prefill * prefill.min(1024)) as f64,
+        decode_window_tokens: decodes * mean_context.min(1024),
     })
 }
 
