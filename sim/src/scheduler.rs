@@ -203,9 +203,10 @@ impl AlignedChunks {
 }
 
 /// KV blocks a sequence of `tokens` holds: its tokens' in whole engine blocks of `page_blocks`,
-/// and, for a hybrid model, its state's `state_blocks`.
-fn held_blocks(tokens: usize, page_blocks: usize, state_blocks: usize) -> usize {
-    blocks_for(tokens).next_multiple_of(page_blocks) + state_blocks
+/// for a hybrid model its state's `state_blocks`, and for a model with sliding-window layers
+/// their window's ([`CostModel::window_blocks`]).
+fn held_blocks(cost: &CostModel, tokens: usize, page_blocks: usize, state_blocks: usize) -> usize {
+    blocks_for(tokens).next_multiple_of(page_blocks) + state_blocks + cost.window_blocks(tokens)
 }
 
 /// `blocks` less a partial engine block of `page_blocks`: what prefix caching finds and shares.
@@ -277,7 +278,7 @@ impl Scheduler {
 
     /// KV blocks a sequence of `tokens` holds: its tokens' and, for a hybrid model, its state's.
     fn blocks_needed(&self, tokens: usize) -> usize {
-        held_blocks(tokens, self.page_blocks, self.state_blocks) + self.cost.window_blocks(tokens)
+        held_blocks(&self.cost, tokens, self.page_blocks, self.state_blocks)
     }
 
     /// Each step's time times a log-normal factor of mean 1 and standard deviation `pct` percent
@@ -910,7 +911,7 @@ impl Scheduler {
             state_types: config.state_types,
             state_layer_page: config.vllm_hybrid_block().map_or(0.0, |block| block.layer_bytes),
             window: model.transformer.and_then(|a| a.window_cost(config.tensor_parallel_size)).map(|w| {
-                crate::profile::WindowCost { bytes_per_token: w.bytes_per_token * if kv_fp8 { 0.5 } else { 1.0 }, ..w }
+                profile::WindowCost { bytes_per_token: w.bytes_per_token * if kv_fp8 { 0.5 } else { 1.0 }, ..w }
             }),
         };
         // vLLM keeps a hybrid model's recurrent states in its KV cache, a sequence's state taking
@@ -939,9 +940,7 @@ impl Scheduler {
                 longest = longest.min(pool_tokens);
                 pool_tokens <= 6
             }
-            EngineKind::Vllm => {
-                capacity < held_blocks(longest, page_blocks, state_blocks) + cost.window_blocks(longest)
-            }
+            EngineKind::Vllm => capacity < held_blocks(&cost, longest, page_blocks, state_blocks),
         };
         if too_small {
             return Err(StartupError::KvCacheTooSmall {
@@ -964,8 +963,7 @@ impl Scheduler {
             max_num_batched_tokens: config.max_num_batched_tokens,
             mixed: config.mixed_batches,
         };
-        let share =
-            share_of(capacity).max(held_blocks(longest, page_blocks, state_blocks) + cost.window_blocks(longest));
+        let share = share_of(capacity).max(held_blocks(&cost, longest, page_blocks, state_blocks));
         let kv = KvCache::new(share, config.enable_prefix_caching);
         Ok(Scheduler::new(cost, limits, speculation, kv, state_blocks)
             .with_page_blocks(page_blocks)
