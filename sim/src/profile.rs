@@ -358,17 +358,19 @@ pub struct WindowCost {
 
 /// Models the simulator knows by name: how their names start, their total and active billions of
 /// parameters, their checkpoints' bytes a parameter, and whether those multiply in FP8. A start
-/// that ends in a size (gpt-oss's) names that model; one that does not, a family whose names carry
-/// no size (DeepSeek-V3 and R1, whose distillations' names carry theirs). DeepSeek publishes
-/// block-scaled FP8 weights; gpt-oss MXFP4 experts beside BF16 attention (65 GB for the 120B,
-/// 13.8 GB for the 20B).
-pub const KNOWN_MODELS: [(&str, f64, f64, f64, bool); 6] = [
+/// that carries a size names that model, whatever the size says (gpt-oss's is its total, Llama 4's
+/// `17B` its active parameters); one that does not, a family whose names carry no size (DeepSeek-V3
+/// and R1, whose distillations' names carry theirs). DeepSeek publishes block-scaled FP8 weights;
+/// gpt-oss MXFP4 experts beside BF16 attention (65 GB for the 120B, 13.8 GB for the 20B).
+pub const KNOWN_MODELS: [(&str, f64, f64, f64, bool); 8] = [
     ("DEEPSEEK-V3", 671.0, 37.0, 1.0, true),
     ("DEEPSEEK-R1", 671.0, 37.0, 1.0, true),
     ("MIXTRAL-8X7B", 46.7, 12.9, 2.0, false),
     ("MIXTRAL-8X22B", 140.6, 39.1, 2.0, false),
     ("GPT-OSS-120B", 116.8, 5.1, 0.56, false),
     ("GPT-OSS-20B", 20.9, 3.6, 0.66, false),
+    ("LLAMA-4-SCOUT-17B-16E", 109.0, 17.0, 2.0, false),
+    ("LLAMA-4-MAVERICK-17B-128E", 400.0, 17.0, 2.0, false),
 ];
 
 /// Bytes a parameter of a 4-bit checkpoint: 4 bits, and a 16-bit scale and zero for each group
@@ -450,7 +452,12 @@ impl AttentionShape {
                 _ => None,
             };
         }
+        // Llama 4: three layers in four attend within chunks of 8192 tokens, taken as a window of
+        // them (which holds what vLLM holds, and reads up to twice what they read past the first).
         match total {
+            109.0 | 400.0 if family(&["LLAMA-4-SCOUT", "LLAMA-4-MAVERICK"]) => {
+                Some(grouped(48, 40, 8, 128).windowed(12, 8192))
+            }
             116.8 if family(&["GPT-OSS-120B"]) => Some(grouped(36, 64, 8, 64).windowed(18, 128)),
             20.9 if family(&["GPT-OSS-20B"]) => Some(grouped(24, 64, 8, 64).windowed(12, 128)),
             7.0 if family(&["MISTRAL-7B"]) => Some(grouped(32, 32, 8, 128)),
@@ -509,9 +516,9 @@ impl ModelShape {
         let total = parts.iter().find_map(|p| billions(p));
         let active = parts.iter().find_map(|p| p.strip_prefix('A').and_then(billions));
         // A model the simulator knows by name; a name without a size is else an 8B dense one.
-        let known = KNOWN_MODELS
-            .iter()
-            .find(|(start, ..)| upper.starts_with(start) && (total.is_none() || start.ends_with('B')));
+        let known = KNOWN_MODELS.iter().find(|(start, ..)| {
+            upper.starts_with(start) && (total.is_none() || start.split('-').any(|p| billions(p).is_some()))
+        });
         let total = known.map_or(total, |k| Some(k.1)).unwrap_or(COEFFICIENTS.default_params_b);
         let active = known.map_or(active, |k| Some(k.2));
         // The checkpoint's format: weight-only ones (AWQ, GPTQ: 4 bits unless `Int8`) dequantise.
@@ -945,6 +952,9 @@ mod tests {
         // gpt-oss: MXFP4 experts beside BF16 attention, a few billion parameters active.
         assert_eq!(shape("openai/gpt-oss-120b"), (116.8, 5.1, 0.56, false));
         assert_eq!(shape("openai/gpt-oss-20b"), (20.9, 3.6, 0.66, false));
+        // Llama 4's `17B` is its active parameters.
+        assert_eq!(shape("meta-llama/Llama-4-Scout-17B-16E-Instruct"), (109.0, 17.0, 2.0, false));
+        assert_eq!(shape("meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8"), (400.0, 17.0, 1.0, true));
         // A size in the name is the name's: R1's distillations are dense.
         check_shape("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 7.0, 7.0, 2.0);
         assert!(
@@ -993,6 +1003,8 @@ mod tests {
         assert_eq!(window("google/gemma-3-1b-it").map(|w| w.tokens), Some(512));
         assert_eq!(window("openai/gpt-oss-120b").map(|w| (w.tokens, w.bytes_per_token)), Some((128, 36.0 * 1024.0)));
         assert_eq!(window("meta-llama/Llama-3.1-8B-Instruct"), None);
+        assert_eq!(kib("meta-llama/Llama-4-Scout-17B-16E-Instruct", 1), 48.0);
+        assert_eq!(window("meta-llama/Llama-4-Scout-17B-16E-Instruct").map(|w| w.tokens), Some(8192));
         // DeepSeek's latent attention caches 576 elements a layer, 61 layers, on every rank.
         assert_eq!(kib("deepseek-ai/DeepSeek-R1-0528", 1), 61.0 * 576.0 * 2.0 / 1024.0);
         assert_eq!(kib("deepseek-ai/DeepSeek-V3", 8), 8.0 * 61.0 * 576.0 * 2.0 / 1024.0);
