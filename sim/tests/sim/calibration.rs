@@ -203,7 +203,10 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
         ("MFU max, dense / mixture of experts", format!("{:.3} / {:.3}", c.mfu_max_dense, c.mfu_max_moe)),
         ("MFU half-saturation, tokens per step", format!("{:.0}", c.mfu_half_tokens)),
         ("FP8 linear layers: share of the data sheet's FP8 gain realised", format!("{:.3}", c.fp8_linear_gain)),
-        ("FP8 KV cache: dequantisation per context token read", format!("{:.2} ns", c.kv_fp8_dequant_cost * 1e9)),
+        (
+            "FP8 KV cache on a hybrid model: cost per context token read",
+            format!("{:.2} ns", c.kv_fp8_dequant_cost * 1e9),
+        ),
         (
             "recurrent state per sequence (hybrid models) per √(B params)",
             format!("{:.1} MB", c.state_bytes_per_sqrt_b / 1e6),
