@@ -395,9 +395,9 @@ impl AttentionShape {
 
     /// The attention of the transformer families the simulator knows, by the upper-cased model
     /// name and its total and active billions of parameters: Llama 3.x, Qwen3 (and Qwen3-VL's
-    /// language model), Qwen2.5 (and its VL and Omni models'), Mistral 7B, Mixtral, gpt-oss and
-    /// DeepSeek-V3 and R1's latent attention. A family's fine-tunes share its shapes. Others (a
-    /// sliding window, DeepSeek-V3.2's sparse attention) are not known.
+    /// language model), Qwen2.5 (and its VL and Omni models'), Mistral 7B, Mixtral, Gemma 3,
+    /// gpt-oss, Llama 4, and DeepSeek-V3 and R1's latent attention. A family's fine-tunes share
+    /// its shapes. Others (DeepSeek-V3.2's sparse attention among them) are not known.
     pub fn of(upper: &str, total: f64, active: Option<f64>) -> Option<AttentionShape> {
         let grouped = AttentionShape::grouped;
         let family = |prefixes: &[&str]| prefixes.iter().any(|p| upper.starts_with(p));
@@ -487,15 +487,20 @@ impl AttentionShape {
         self.window.map(|w| WindowCost {
             tokens: w.tokens as usize,
             bytes_per_token: self.layer_kv_bytes_bf16(tensor_parallel) * f64::from(w.layers),
-            flops_per_pair: f64::from(2 * w.layers * self.query_heads * self.multiplied),
+            flops_per_pair: self.pair_flops(w.layers),
         })
     }
 
-    /// FLOPs per (query token, context token) pair: each query head's products with the context
-    /// token's key and value, two FLOPs a multiply-add, in each layer that attends to the whole
-    /// context.
+    /// FLOPs per (query token, context token) pair in the layers that attend to the whole
+    /// context ([`AttentionShape::pair_flops`]).
     pub fn flops_per_pair(self) -> f64 {
-        f64::from(2 * self.layers * self.query_heads * self.multiplied)
+        self.pair_flops(self.layers)
+    }
+
+    /// FLOPs per (query token, context token) pair in `layers` layers: each query head's products
+    /// with the context token's key and value, two FLOPs a multiply-add.
+    fn pair_flops(self, layers: u32) -> f64 {
+        f64::from(2 * layers * self.query_heads * self.multiplied)
     }
 }
 
