@@ -1,9 +1,10 @@
 //! The KV cache as blocks of [`BLOCK_TOKENS`] tokens, with vLLM's automatic prefix caching.
 //!
 //! A sequence holds two kinds of blocks: *anonymous* ones (a prompt being
-//! computed, its last partial block, generated tokens) and *hashed* ones: full
-//! prompt blocks named by the hash of their tokens and of every block before
-//! them, shared between sequences with the same prefix. When a sequence ends
+//! computed, a partial last block, reply tokens whose tokens the caller did not
+//! name) and *hashed* ones: full blocks, the prompt's and then its reply's, named
+//! by the hash of their tokens and of every block before them, shared between
+//! sequences with the same prefix. When a sequence ends
 //! its hashed blocks stay cached, unreferenced, and are evicted least recently
 //! used first when a new allocation needs room; usage (vLLM's
 //! `kv_cache_usage_perc`) counts only referenced blocks, as vLLM does.
@@ -126,7 +127,7 @@ impl KvCache {
         true
     }
 
-    /// Turns anonymous blocks whose prompt is now computed into cached blocks named by `hashes`.
+    /// Turns anonymous blocks whose tokens are now computed into cached blocks named by `hashes`.
     /// A block another sequence registered meanwhile is shared instead, and the copy freed.
     pub fn register(&mut self, hashes: &[u64]) {
         if !self.prefix_caching {

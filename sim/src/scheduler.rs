@@ -128,7 +128,8 @@ struct Seq {
     target: usize,
     computed: usize,
     generated: usize,
-    /// Anonymous KV blocks held, and shared (hashed) prompt blocks referenced.
+    /// Anonymous KV blocks held, and shared (hashed) blocks referenced: the prompt's full blocks,
+    /// then its reply's as they fill ([`SeqRequest::block_hashes`]).
     anonymous: usize,
     hashed: Vec<u64>,
     /// Blocks after which vLLM's `align` mode saved the sequence's state as a prefill chunk ended
@@ -552,13 +553,11 @@ impl Scheduler {
                 }
                 if self.kv.prefix_caching() {
                     // The prompt's full blocks are computed now: later requests can share them.
-                    let full_blocks = whole_pages(seq.request.prompt_tokens / BLOCK_TOKENS, page_blocks);
-                    let fresh: Vec<u64> =
-                        seq.request.block_hashes.iter().take(full_blocks).skip(seq.hashed.len()).copied().collect();
-                    let fresh = &fresh[..fresh.len().min(seq.anonymous)];
-                    self.kv.register(fresh);
-                    seq.anonymous -= fresh.len();
-                    seq.hashed.extend_from_slice(fresh);
+                    register_through(
+                        &mut self.kv,
+                        seq,
+                        whole_pages(seq.request.prompt_tokens / BLOCK_TOKENS, page_blocks),
+                    );
                     for blocks in std::mem::take(&mut seq.saved_states) {
                         if let Some(&hash) = seq.hashed.get(blocks.wrapping_sub(1)) {
                             self.kv.mark_state(hash);
@@ -605,21 +604,24 @@ impl Scheduler {
     fn cache_reply_blocks(&mut self, index: usize) {
         let seq = &mut self.running[index];
         let computed = seq.request.prompt_tokens + seq.generated - 1;
-        let full = whole_pages(computed / BLOCK_TOKENS, self.page_blocks).min(seq.request.block_hashes.len());
-        if full <= seq.hashed.len() {
-            return;
-        }
-        let fresh = &seq.request.block_hashes[seq.hashed.len()..full];
-        let fresh = &fresh[..fresh.len().min(seq.anonymous)];
-        self.kv.register(fresh);
-        seq.anonymous -= fresh.len();
-        seq.hashed.extend_from_slice(fresh);
-        if self.aligned.is_some_and(|a| computed.is_multiple_of(a.block))
+        register_through(&mut self.kv, seq, whole_pages(computed / BLOCK_TOKENS, self.page_blocks));
+        if self.aligned.is_some_and(|a| computed > 0 && computed.is_multiple_of(a.block))
             && let Some(&hash) = seq.hashed.get(computed / BLOCK_TOKENS - 1)
         {
             self.kv.mark_state(hash);
         }
     }
+}
+
+/// Caches `seq`'s blocks up to the `full`th, those it has not yet: named by its request's hashes
+/// (as far as they go), each one of the anonymous blocks it held.
+fn register_through(kv: &mut KvCache, seq: &mut Seq, full: usize) {
+    let full = full.min(seq.request.block_hashes.len());
+    let Some(fresh) = seq.request.block_hashes.get(seq.hashed.len()..full) else { return };
+    let fresh = &fresh[..fresh.len().min(seq.anonymous)];
+    kv.register(fresh);
+    seq.anonymous -= fresh.len();
+    seq.hashed.extend_from_slice(fresh);
 }
 
 /// Which of the running sequences' work a step plans.
