@@ -670,3 +670,153 @@ pub const HOLD_OUT: [(Study, Coefficients); 3] = [
     (Study::Throughput9b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.37109499999999984, mfu_max_moe: 0.22263888888888883, mfu_half_tokens: 101.35000000000001, fp8_linear_gain: 0.31714400000000004, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 4.3408739360404076e-8, state_bytes_per_sqrt_b: 17701038.062283736, hybrid_prefix_cache_cost: 2.9461085139339183e-7, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, eager_step_overhead: 0.024452205882352952, draft_cost: 0.003384185791015626, draft_cost_per_sequence: 1.2091840654901856e-5, kernel_boundaries: 0.0006169861538461537, multimodal_inputs_cost: 0.0009001096909982153, acceptance_mtp: 0.6743750000000001, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.0062195458984375, decode_token_overhead: 9.250000000000001e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, mixed_token_factor: 1.8578125, overlap: 1.0 }, sglang: EngineCosts { step_overhead: 0.0030198231977501644, decode_token_overhead: 0.00033, default_max_num_seqs: 4096, default_max_num_batched_tokens: 8192, mixed_token_factor: 1.0, overlap: 1.0 }, throughput_step_factor: 0.9093524345673547, throughput_token_factor: 1.0074999999999998, interactivity_step_factor: 0.1 }),
     (Study::Latency9b, Coefficients { bandwidth_efficiency: 0.95, mfu_max_dense: 0.8, mfu_max_moe: 0.33259831433998105, mfu_half_tokens: 120.0, fp8_linear_gain: 0.3703807500000001, attention_efficiency: 0.5, kv_bytes_per_token_per_sqrt_b: 4096.0, attention_flops_per_kv_byte: 4.0, kv_fp8_dequant_cost: 3.379699574037325e-8, state_bytes_per_sqrt_b: 16140916.666666666, hybrid_prefix_cache_cost: 7.431932312727936e-7, runtime_reserve: 4294967296.0, vision_encoder_fraction: 0.02, load_bandwidth: 2000000000.0, load_warmup: 20.0, tensor_parallel_efficiency: 0.85, eager_step_overhead: 0.018192230049234186, draft_cost: 0.00028480000000000004, draft_cost_per_sequence: 0.0, kernel_boundaries: 0.0008314545986750845, multimodal_inputs_cost: 0.00165, acceptance_mtp: 0.7961884469696969, acceptance_eagle: 0.6, acceptance_ngram: 0.3, acceptance_other: 0.5, default_params_b: 8.0, vllm: EngineCosts { step_overhead: 0.00856308690939014, decode_token_overhead: 9.107692307692309e-5, default_max_num_seqs: 1024, default_max_num_batched_tokens: 8192, mixed_token_factor: 2.20546875, overlap: 0.8 }, sglang: EngineCosts { step_overhead: 0.0024813501370150514, decode_token_overhead: 0.00033, default_max_num_seqs: 4096, default_max_num_batched_tokens: 8192, mixed_token_factor: 1.0, overlap: 0.9693509435935703 }, throughput_step_factor: 0.6177016091346741, throughput_token_factor: 1.0625, interactivity_step_factor: 0.8 }),
 ];
+
+/// A published run of a model the fit never saw: GPUStack's performance-lab studies of other
+/// models (`docs/performance-lab/` in github.com/gpustack/gpustack), `vllm bench serve` sending
+/// every request at once (or holding `concurrency` in flight) to vLLM 0.10.2-0.11.0 or SGLang
+/// 0.5.3-0.5.5 on one H100. Those vLLM releases scheduled synchronously unless given
+/// `--async-scheduling`, so their commands are simulated with `--no-async-scheduling`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OtherRun {
+    /// The engine and its version.
+    pub engine: &'static str,
+    /// The serve command as published, and the simulator's flags beside it.
+    pub command: &'static str,
+    pub simulated_flags: &'static str,
+    pub workload: OtherWorkload,
+    /// The published "Benchmark duration", seconds.
+    pub duration: f64,
+}
+
+/// What `vllm bench serve` sent in an [`OtherRun`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OtherWorkload {
+    /// ShareGPT's first turns, with the run's mean tokens a request (its tokenizer's count, and
+    /// the replies' lengths as the model wrote them).
+    ShareGpt { requests: usize, input: f64, output: f64, concurrency: Option<usize> },
+    /// Random prompts of `input` tokens asking for `output` (the run's mean where the model
+    /// stopped before it).
+    Random { requests: usize, input: usize, output: usize },
+}
+
+impl OtherWorkload {
+    pub fn name(self) -> String {
+        match self {
+            OtherWorkload::ShareGpt { requests, concurrency: None, .. } => format!("ShareGPT, {requests} at once"),
+            OtherWorkload::ShareGpt { requests, concurrency: Some(c), .. } => {
+                format!("ShareGPT, {requests} at {c} in flight")
+            }
+            OtherWorkload::Random { requests, input, output } => format!("random {input}/{output}, {requests} at once"),
+        }
+    }
+
+    pub fn workload(self) -> Workload {
+        let at_once = |concurrency| Arrival::Rate { rate: 1e9, max_concurrency: concurrency };
+        match self {
+            OtherWorkload::ShareGpt { requests, input, output, concurrency } => Workload {
+                items: simulate::sharegpt_shaped(requests, 42, input, output),
+                arrival: at_once(concurrency),
+            },
+            OtherWorkload::Random { requests, input, output } => {
+                Workload { items: simulate::random(requests, input, output, 42), arrival: at_once(None) }
+            }
+        }
+    }
+}
+
+/// GPUStack's published runs of Qwen3-14B, Qwen3-8B, gpt-oss-20b and gpt-oss-120b on one H100.
+pub fn other_runs() -> Vec<OtherRun> {
+    use OtherWorkload::{Random, ShareGpt};
+    let sync = "--no-async-scheduling";
+    let vllm11 = "vLLM 0.11.0";
+    let share = |requests, input, output| ShareGpt { requests, input, output, concurrency: None };
+    let qwen8 = |concurrency| ShareGpt { requests: 100, input: 232.6, output: 220.61, concurrency: Some(concurrency) };
+    let run = |engine, command, simulated_flags, workload, duration| OtherRun {
+        engine,
+        command,
+        simulated_flags,
+        workload,
+        duration,
+    };
+    let q14 = "vllm serve Qwen/Qwen3-14B";
+    let q14_fp8 = "python3 -m sglang.launch_server --model-path Qwen/Qwen3-14B-FP8";
+    let oss20 = "vllm serve openai/gpt-oss-20b";
+    let oss120 = "vllm serve openai/gpt-oss-120b --max-model-len 32768";
+    let sglang = "SGLang 0.5.5";
+    vec![
+        run(vllm11, q14, sync, share(1000, 217.393, 201.648), 63.53),
+        run(vllm11, q14, sync, Random { requests: 100, input: 32000, output: 100 }, 386.80),
+        run(vllm11, q14, sync, Random { requests: 500, input: 4000, output: 200 }, 227.57),
+        run(vllm11, q14, sync, Random { requests: 500, input: 2000, output: 100 }, 98.91),
+        run(vllm11, q14, sync, Random { requests: 1000, input: 128, output: 4 }, 22.72),
+        run(
+            sglang,
+            "python3 -m sglang.launch_server --model-path Qwen/Qwen3-14B",
+            "",
+            share(1000, 217.393, 201.628),
+            49.86,
+        ),
+        run(sglang, q14_fp8, "", share(1000, 217.393, 201.833), 40.21),
+        run(sglang, q14_fp8, "", Random { requests: 100, input: 32000, output: 100 }, 320.54),
+        run(sglang, q14_fp8, "", Random { requests: 500, input: 4000, output: 200 }, 171.14),
+        run(sglang, q14_fp8, "", Random { requests: 500, input: 2000, output: 100 }, 70.99),
+        run(sglang, q14_fp8, "", Random { requests: 1000, input: 128, output: 4 }, 7.80),
+        run(vllm11, "vllm serve Qwen/Qwen3-8B", sync, qwen8(1), 166.04),
+        run(vllm11, "vllm serve Qwen/Qwen3-8B", sync, qwen8(2), 85.78),
+        run(vllm11, "vllm serve Qwen/Qwen3-8B", sync, qwen8(4), 44.40),
+        run(vllm11, "vllm serve Qwen/Qwen3-8B", sync, qwen8(8), 24.05),
+        run("SGLang 0.5.3", "python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B", "", qwen8(4), 41.97),
+        run("SGLang 0.5.3", "python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B-FP8", "", qwen8(4), 33.54),
+        run(vllm11, oss20, sync, share(1000, 215.312, 193.979), 24.81),
+        run(vllm11, "vllm serve openai/gpt-oss-20b --async-scheduling", "", share(1000, 215.312, 193.919), 21.39),
+        run(vllm11, oss20, sync, Random { requests: 100, input: 32000, output: 94 }, 107.95),
+        run(vllm11, oss20, sync, Random { requests: 500, input: 4000, output: 105 }, 61.73),
+        run(vllm11, oss20, sync, Random { requests: 500, input: 2000, output: 94 }, 32.58),
+        run(vllm11, oss20, sync, Random { requests: 1000, input: 128, output: 4 }, 4.70),
+        run("vLLM 0.10.2", oss120, sync, share(1000, 215.312, 195.544), 67.40),
+        run(
+            "vLLM 0.10.2",
+            "vllm serve openai/gpt-oss-120b --max-model-len 32768 --async-scheduling",
+            "",
+            share(1000, 215.312, 187.289),
+            63.65,
+        ),
+        run(
+            "vLLM 0.10.2",
+            "vllm serve openai/gpt-oss-120b --max-model-len 32768 --async-scheduling -tp 2",
+            "",
+            share(1000, 215.312, 196.205),
+            25.65,
+        ),
+        run(
+            "vLLM 0.10.2",
+            "vllm serve openai/gpt-oss-120b --max-model-len 32768 --async-scheduling -tp 4",
+            "",
+            share(1000, 215.312, 196.174),
+            17.32,
+        ),
+        run("vLLM 0.10.2", oss120, sync, Random { requests: 100, input: 32000, output: 99 }, 198.92),
+        run("vLLM 0.10.2", oss120, sync, Random { requests: 500, input: 4000, output: 134 }, 145.04),
+        run("vLLM 0.10.2", oss120, sync, Random { requests: 500, input: 2000, output: 98 }, 72.87),
+        run("vLLM 0.10.2", oss120, sync, Random { requests: 1000, input: 128, output: 4 }, 7.72),
+        run(
+            "vLLM 0.10.2",
+            oss120,
+            sync,
+            ShareGpt { requests: 100, input: 229.46, output: 216.91, concurrency: Some(4) },
+            47.88,
+        ),
+    ]
+}
+
+/// An [`OtherRun`] replayed on the simulator under `coefficients` on an H100: its duration, seconds.
+pub fn simulate_other(run: &OtherRun, coefficients: &Coefficients) -> f64 {
+    let words: Vec<String> = format!("{} --sim-gpu H100 {}", run.command, run.simulated_flags)
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let mut config = parse_command_line_with_gpu(&words, None).expect("a valid command line");
+    config.coefficients = *coefficients;
+    let timings = simulate::simulate(&config, &run.workload.workload()).expect("the engine starts");
+    Summary::of(&timings).duration
+}

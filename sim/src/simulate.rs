@@ -306,11 +306,17 @@ pub fn random(count: usize, input: usize, output: usize, seed: u64) -> Vec<WorkI
 /// (log-normal), output lengths from [`SHAREGPT_OUTPUT_QUANTILES`], both scaled so their means are
 /// the reports' (342.058 prompt and 281.412 output tokens per request).
 pub fn sharegpt_like(count: usize, seed: u64) -> Vec<WorkItem> {
+    sharegpt_shaped(count, seed, 342.058, 281.412)
+}
+
+/// [`sharegpt_like`]'s shapes scaled to other means: ShareGPT as another tokenizer and chat
+/// template count it (`vllm bench serve`'s runs of Qwen3 count 217.4 and 201.6 tokens a request).
+pub fn sharegpt_shaped(count: usize, seed: u64, input_mean: f64, output_mean: f64) -> Vec<WorkItem> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let raw: Vec<(f64, f64)> =
         (0..count).map(|_| ((1.0 * standard_normal(&mut rng)).exp(), output_quantile(rng.random()))).collect();
     let scale = |mean: f64, pick: fn(&(f64, f64)) -> f64| mean * count as f64 / raw.iter().map(pick).sum::<f64>();
-    let (input_scale, output_scale) = (scale(342.058, |r| r.0), scale(281.412, |r| r.1));
+    let (input_scale, output_scale) = (scale(input_mean, |r| r.0), scale(output_mean, |r| r.1));
     raw.iter()
         .enumerate()
         .map(|(i, (input, output))| {

@@ -137,7 +137,29 @@ fn calibrate() -> (String, Vec<(usize, String)>) {
     if HOLD_OUT.is_empty() {
         hold_out = "No hold-out fit is committed yet.\n".into();
     }
-    (document(&table, &(clocks(&rows, &outcomes) + &outside_the_lines(&rows)), &hold_out), failures)
+    let doc = document(&table, &(clocks(&rows, &outcomes) + &outside_the_lines(&rows)), &hold_out);
+    (doc + &other_models(), failures)
+}
+
+/// Published runs of models the fit never saw (`calibration::other_runs`), replayed: how far the
+/// model carries beyond Qwen3.5 and vLLM 0.17.
+fn other_models() -> String {
+    let mut table = String::from(
+        "\n## Other models, out of sample\n\nGPUStack's performance-lab studies of other models on one H100 (`docs/performance-lab/` in\ngithub.com/gpustack/gpustack; `calibration::other_runs`), with `vllm bench serve` sending every\nrequest at once or holding a few in flight, replayed as published. Nothing here is fitted, and the\nengines are older than the reports': vLLM 0.10.2 and 0.11.0, which scheduled synchronously unless\ngiven `--async-scheduling` (simulated with `--no-async-scheduling`), and SGLang 0.5.3-0.5.5. The\nerror is the simulated duration against the published one: negative where the simulator runs\nfaster.\n\n| engine | command | requests | published | simulated | error |\n|---|---|---|---|---|---|\n",
+    );
+    for run in calibration::other_runs() {
+        let simulated = calibration::simulate_other(&run, &COEFFICIENTS);
+        let _ = writeln!(
+            table,
+            "| {} | `{}` | {} | {:.2} s | {simulated:.2} s | {:+.1}% |",
+            run.engine,
+            run.command,
+            run.workload.name(),
+            run.duration,
+            (simulated / run.duration - 1.0) * 100.0
+        );
+    }
+    table
 }
 
 /// Each throughput run's seconds outside its published throughput line's span, and the simulator's

@@ -889,6 +889,11 @@ fn sharegpt_like_replies_have_the_reports_shape() {
     }
     let prompts = items.iter().map(|i| i.prompt_tokens as f64).sum::<f64>() / items.len() as f64;
     assert!((prompts / 342.058 - 1.0).abs() < 0.01, "prompt mean {prompts}");
+    // The same shapes at another tokenizer's means (Qwen3's, as `vllm bench serve` counted them).
+    let other = simulate::sharegpt_shaped(20_000, 5, 217.393, 201.648);
+    let mean = |f: fn(&simulate::WorkItem) -> usize| other.iter().map(|i| f(i) as f64).sum::<f64>() / 20_000.0;
+    assert!((mean(|i| i.prompt_tokens) / 217.393 - 1.0).abs() < 0.01, "{}", mean(|i| i.prompt_tokens));
+    assert!((mean(|i| i.output_tokens) / 201.648 - 1.0).abs() < 0.01, "{}", mean(|i| i.output_tokens));
 }
 
 #[test]
