@@ -724,7 +724,8 @@ impl OtherWorkload {
     }
 }
 
-/// GPUStack's published runs of Qwen3-14B, Qwen3-8B, gpt-oss-20b and gpt-oss-120b on one H100.
+/// GPUStack's published runs of Qwen3-14B, Qwen3-8B, gpt-oss-20b and gpt-oss-120b on one H100
+/// (gpt-oss-120b's `-tp` runs on two and four).
 pub fn other_runs() -> Vec<OtherRun> {
     use OtherWorkload::{Random, ShareGpt};
     let sync = "--no-async-scheduling";
@@ -773,6 +774,20 @@ pub fn other_runs() -> Vec<OtherRun> {
         run(vllm11, oss20, sync, Random { requests: 500, input: 4000, output: 105 }, 61.73),
         run(vllm11, oss20, sync, Random { requests: 500, input: 2000, output: 94 }, 32.58),
         run(vllm11, oss20, sync, Random { requests: 1000, input: 128, output: 4 }, 4.70),
+        run(
+            "SGLang 0.5.4",
+            "python3 -m sglang.launch_server --model-path openai/gpt-oss-20b",
+            "",
+            share(1000, 215.312, 195.734),
+            73.05,
+        ),
+        run(
+            "SGLang 0.5.3",
+            "python3 -m sglang.launch_server --model-path openai/gpt-oss-120b",
+            "",
+            share(1000, 215.312, 196.540),
+            227.00,
+        ),
         run("vLLM 0.10.2", oss120, sync, share(1000, 215.312, 195.544), 67.40),
         run(
             "vLLM 0.10.2",
