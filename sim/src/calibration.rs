@@ -674,8 +674,9 @@ pub const HOLD_OUT: [(Study, Coefficients); 3] = [
 /// A published run of a model the fit never saw: GPUStack's performance-lab studies of other
 /// models (`docs/performance-lab/` in github.com/gpustack/gpustack), `vllm bench serve` sending
 /// every request at once (or holding `concurrency` in flight) to vLLM 0.10.2-0.11.0 or SGLang
-/// 0.5.3-0.5.5 on one H100. Those vLLM releases scheduled synchronously unless given
-/// `--async-scheduling`, so their commands are simulated with `--no-async-scheduling`.
+/// 0.5.3-0.5.5 on H100s (one but for gpt-oss-120b's `-tp` runs). Those vLLM releases scheduled
+/// synchronously unless given `--async-scheduling`, so their commands are simulated with
+/// `--no-async-scheduling`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OtherRun {
     /// The engine and its version.
