@@ -286,6 +286,14 @@ impl SimConfig {
     /// the same design, hides, or that, whichever is more (no report ran it).
     pub fn engine_costs(&self) -> EngineCosts {
         let mut costs = EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref());
+        // SGLang's fixed step is fitted on the reports' runs, all on Qwen3.5, where it carries the
+        // hybrid path's work (its linear-attention backend and state pools, and its prefills'
+        // launches: `Graphs::DecodeBatch`). A transformer's step is the same Python scheduler
+        // replaying the same model's graphs as vLLM's: vLLM's fixed step, and a step that
+        // prefills pays the launches (`Graphs::Decodes`).
+        if self.engine == EngineKind::Sglang && !self.model_shape().hybrid {
+            costs.step_overhead = self.coefficients.vllm.step_overhead;
+        }
         match (self.engine, self.overlaps()) {
             (EngineKind::Vllm, false) => costs.overlap = 0.0,
             (EngineKind::Sglang, true) => costs.overlap = costs.overlap.max(self.coefficients.vllm.overlap),
@@ -1384,6 +1392,10 @@ mod tests {
         };
         assert!(transformer("").overlaps() && transformer("").enable_prefix_caching);
         assert!(!transformer("--disable-overlap-schedule").overlaps());
+        // Its fixed step is fitted on Qwen3.5 alone, where it carries the hybrid path's work; a
+        // transformer's is vLLM's.
+        assert_eq!(sglang("").engine_costs().step_overhead, COEFFICIENTS.sglang.step_overhead);
+        assert_eq!(transformer("").engine_costs().step_overhead, COEFFICIENTS.vllm.step_overhead);
         // Data parallel attention shares the tensor-parallel GPUs.
         assert_eq!(sglang("--tp 2 --dp-size 2 --enable-dp-attention").gpus_needed(), 2);
         assert_eq!(sglang("--tp 2 --dp-size 2").gpus_needed(), 4);

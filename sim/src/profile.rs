@@ -722,10 +722,15 @@ pub enum Graphs {
     /// `--max-num-seqs` × `1 + k` query tokens, at most 512 and within the token budget; 0 with
     /// `--enforce-eager`).
     Tokens(usize),
-    /// SGLang: a step decoding at most this many sequences (`--cuda-graph-max-bs`; 0 with
-    /// `--disable-cuda-graph`). Its prefills run without a graph whatever their size, which its
-    /// fitted step overhead carries, so a step that only prefills pays nothing more.
+    /// SGLang on a hybrid model: a step decoding at most this many sequences
+    /// (`--cuda-graph-max-bs`; 0 with `--disable-cuda-graph`). Its prefills run without a graph
+    /// whatever their size, which its fitted step overhead carries, so a step that only prefills
+    /// pays nothing more.
     DecodeBatch(usize),
+    /// SGLang on a transformer, whose fixed step is vLLM's (`SimConfig::engine_costs`): a step
+    /// that only decodes, at most this many sequences. A step that prefills runs without a graph
+    /// and pays the launches, as vLLM's does.
+    Decodes(usize),
 }
 
 impl Graphs {
@@ -734,6 +739,7 @@ impl Graphs {
         match self {
             Graphs::Tokens(tokens) => work.prefill_tokens + work.decode_tokens <= tokens,
             Graphs::DecodeBatch(sequences) => work.decoding_sequences() <= sequences,
+            Graphs::Decodes(sequences) => work.prefill_tokens == 0 && work.decoding_sequences() <= sequences,
         }
     }
 }

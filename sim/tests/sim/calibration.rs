@@ -316,7 +316,12 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
         let _ = writeln!(
             doc,
             "| {engine} {} | {:.3} ms | {:.4} ms | {} | {} | {} |",
-            mode.unwrap_or("default"),
+            // The table's SGLang is Qwen3.5's; on a transformer it takes vLLM's fixed step.
+            mode.unwrap_or(if engine == EngineKind::Sglang {
+                "default (a transformer: vLLM's step overhead)"
+            } else {
+                "default"
+            }),
             e.step_overhead * 1e3,
             e.decode_token_overhead * 1e3,
             seqs.join(", "),

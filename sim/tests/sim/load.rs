@@ -1029,6 +1029,23 @@ fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
 }
 
 #[test]
+fn sglang_runs_a_transformer_with_vllms_fixed_step_and_launches_its_prefills() {
+    // The fitted fixed step is the hybrid path's (the reports ran SGLang on Qwen3.5 alone); a
+    // transformer's is vLLM's, and its prefills, which no graph covers, pay the launches.
+    let engine =
+        Scheduler::from_config(&config("sglang serve --model-path Qwen/Qwen3-8B --sim-gpu H100")).expect("fits");
+    let cost = engine.cost();
+    let (fixed, eager) = (cost.coefficients.vllm.step_overhead, cost.coefficients.eager_step_overhead);
+    assert_eq!(cost.engine.step_overhead, fixed);
+    let step = |prefill_tokens: usize, decode_tokens: usize| {
+        cost.step_parts(&StepWork { prefill_tokens, decode_tokens, ..Default::default() }).overhead
+    };
+    assert_eq!(step(0, 256), fixed);
+    assert_eq!(step(0, 257), fixed + eager);
+    assert_eq!(step(512, 0), fixed + eager);
+}
+
+#[test]
 fn sglang_past_its_graphs_gains_less_from_more_running_requests() {
     // 512 clients of random 512/128: 256 running requests decode within the graphs; 512 decode
     // past them, launching every step's kernels, unless the graphs are captured that far. Without
