@@ -282,8 +282,12 @@ pub struct ModelShape {
     pub hybrid: bool,
     /// The linear-attention layers of a hybrid model whose architecture the simulator knows (three
     /// in four of Qwen3.5's and Qwen3-Next's: 24 of the 4B's and 9B's 32, 30 of the 35B-A3B's 40,
-    /// 36 of Qwen3-Next-80B-A3B's 48), each holding [`LINEAR_LAYER_STATE_BYTES`] a sequence.
+    /// 36 of Qwen3-Next-80B-A3B's 48, 48 of the 27B's 64), each holding a state a sequence
+    /// ([`StateTypes::layer_bytes`]).
     pub linear_layers: Option<u32>,
+    /// The value heads of each of those layers, each a 128 x 128 state matrix a sequence: 32 in
+    /// Qwen3.5's 4B, 9B and 35B-A3B and in Qwen3-Next, 48 in the 27B.
+    pub linear_value_heads: u32,
     /// The KV heads of each attention layer of such a model (of [`ATTENTION_HEAD_DIM`]): 4 in
     /// Qwen3.5-4B and -9B, 2 in the 35B-A3B and Qwen3-Next-80B-A3B. vLLM sizes its block by them
     /// ([`ModelShape::vllm_hybrid_block`]).
@@ -300,16 +304,17 @@ pub struct ModelShape {
     pub config_fp32_states: bool,
 }
 
-/// A Qwen3.5 or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value heads
-/// of 128 x 128 in FP32 (as Qwen3.5's config sets it, SGLang's default) and a convolution window.
-pub const LINEAR_LAYER_STATE_BYTES: f64 = (STATE_MATRIX_ELEMENTS * 4 + CONV_WINDOW_BYTES) as f64;
+/// A Qwen3.5-9B or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value
+/// heads of 128 x 128 in FP32 (as Qwen3.5's config sets it, SGLang's default) and a convolution
+/// window ([`StateTypes::layer_bytes`]).
+pub const LINEAR_LAYER_STATE_BYTES: f64 = (32 * STATE_MATRIX_ELEMENTS * 4 + 3 * (32 + 32) * 128 * 2) as f64;
 
-/// The elements of a linear-attention layer's state matrices: 32 value heads of 128 x 128.
-const STATE_MATRIX_ELEMENTS: usize = 32 * 128 * 128;
+/// The elements of one value head's state matrix: 128 x 128.
+const STATE_MATRIX_ELEMENTS: usize = 128 * 128;
 
-/// A linear-attention layer's convolution window: 3 x 8192 channels (16 key heads, 16 query heads
-/// and 32 value heads of 128) in BF16, whatever the matrices' type ([`StateTypes`]).
-const CONV_WINDOW_BYTES: usize = 3 * 8192 * 2;
+/// A linear-attention layer's query and key heads of 128 channels each (16 of each), which its
+/// convolution window holds beside the value heads'.
+const CONV_QUERY_KEY_CHANNELS: usize = 2 * 16 * 128;
 
 /// The head size of Qwen3.5's and Qwen3-Next's attention layers.
 pub const ATTENTION_HEAD_DIM: usize = 256;
@@ -542,11 +547,12 @@ impl ModelShape {
             _ => (2.0, false),
         };
         let (qwen35, next) = (upper.starts_with("QWEN3.5"), upper.starts_with("QWEN3-NEXT"));
-        let (linear_layers, attention_kv_heads) = match (qwen35, next, total, active) {
-            (true, _, 4.0 | 9.0, None) => (Some(24), Some(4)),
-            (true, _, 35.0, Some(3.0)) => (Some(30), Some(2)),
-            (_, true, 80.0, Some(3.0)) => (Some(36), Some(2)),
-            _ => (None, None),
+        let (linear_layers, attention_kv_heads, linear_value_heads) = match (qwen35, next, total, active) {
+            (true, _, 4.0 | 9.0, None) => (Some(24), Some(4), 32),
+            (true, _, 27.0, None) => (Some(48), Some(4), 48),
+            (true, _, 35.0, Some(3.0)) => (Some(30), Some(2), 32),
+            (_, true, 80.0, Some(3.0)) => (Some(36), Some(2), 32),
+            _ => (None, None, 32),
         };
         // Every Qwen3.5 takes images; elsewhere the families and suffixes that mark a vision model.
         let vision_family = ["LLAMA-4", "PIXTRAL", "LLAVA", "INTERNVL", "OMNI"].iter().any(|f| upper.contains(f))
@@ -559,6 +565,7 @@ impl ModelShape {
             fp8_compute,
             hybrid: qwen35 || next,
             linear_layers,
+            linear_value_heads,
             attention_kv_heads,
             transformer: if qwen35 || next { None } else { AttentionShape::of(&upper, total, active) },
             multimodal: qwen35 || vision_family,
@@ -586,7 +593,7 @@ impl ModelShape {
         let heads = self.attention_kv_heads.filter(|_| self.hybrid && self.linear_layers.is_some())?;
         let ranks = tensor_parallel.max(1);
         let token_bytes = 2 * (heads / ranks).max(1) as usize * ATTENTION_HEAD_DIM * if kv_fp8 { 1 } else { 2 };
-        let state = LINEAR_LAYER_STATE_BYTES * types.fraction() / f64::from(ranks);
+        let state = types.layer_bytes(self.linear_value_heads) / f64::from(ranks);
         let least = 16 * (state / (16 * token_bytes) as f64).ceil() as usize;
         let tokens = asked.filter(|&asked| asked > least).unwrap_or(least);
         Some(HybridBlock { tokens, layer_bytes: (tokens * token_bytes) as f64 * f64::from(ranks) })
@@ -706,12 +713,20 @@ pub struct StateTypes {
 }
 
 impl StateTypes {
-    /// A Qwen3.5 linear-attention layer's state in these types against its default: about half
+    /// A Qwen3.5-9B linear-attention layer's state in these types against its default: about half
     /// with 16-bit matrices (0.5115, the window staying), 1.02 with an FP32 window.
     pub fn fraction(self) -> f64 {
-        let matrices = STATE_MATRIX_ELEMENTS * if self.matrices_16bit { 2 } else { 4 };
-        let window = CONV_WINDOW_BYTES * if self.conv_fp32 { 2 } else { 1 };
-        (matrices + window) as f64 / LINEAR_LAYER_STATE_BYTES
+        self.layer_bytes(32) / LINEAR_LAYER_STATE_BYTES
+    }
+
+    /// A linear-attention layer's state for one sequence in these types, bytes: a 128 x 128
+    /// matrix for each of its `value_heads`, and a convolution window of the last 3 tokens'
+    /// query, key and value channels (BF16 unless `conv_fp32`).
+    pub fn layer_bytes(self, value_heads: u32) -> f64 {
+        let heads = value_heads as usize;
+        let matrices = heads * STATE_MATRIX_ELEMENTS * if self.matrices_16bit { 2 } else { 4 };
+        let window = 3 * (CONV_QUERY_KEY_CHANNELS + heads * 128) * if self.conv_fp32 { 4 } else { 2 };
+        (matrices + window) as f64
     }
 }
 
@@ -842,7 +857,8 @@ impl CostModel {
     pub fn state_bytes(&self) -> f64 {
         match self.model.linear_layers {
             Some(layers) if self.model.hybrid => {
-                f64::from(layers) * (LINEAR_LAYER_STATE_BYTES * self.state_types.fraction()).max(self.state_layer_page)
+                f64::from(layers)
+                    * self.state_types.layer_bytes(self.model.linear_value_heads).max(self.state_layer_page)
             }
             _ => self.state_step_bytes(),
         }
@@ -986,10 +1002,14 @@ mod tests {
         assert_eq!(layers("Qwen/Qwen3.5-9B-FP8"), Some(24));
         assert_eq!(layers("Qwen/Qwen3.5-35B-A3B-FP8"), Some(30));
         assert_eq!(layers("Qwen/Qwen3-Next-80B-A3B-Instruct"), Some(36));
-        assert_eq!((layers("Qwen/Qwen3.5-27B"), layers("Qwen/Qwen3-8B")), (None, None));
+        assert_eq!(layers("Qwen/Qwen3.5-27B"), Some(48));
+        assert_eq!((layers("Qwen/Qwen3.5-122B-A10B"), layers("Qwen/Qwen3-8B")), (None, None));
         let (nine, moe) = (model("Qwen/Qwen3.5-9B", "H100"), model("Qwen/Qwen3.5-35B-A3B", "H200"));
         assert!((nine.state_bytes() / 1e6 - 51.5).abs() < 0.1 && (moe.state_bytes() / 1e6 - 64.4).abs() < 0.1);
-        let fitted = model("Qwen/Qwen3.5-27B", "H100");
+        // The 27B's layers keep 48 value heads' matrices and a window of 80 heads' channels.
+        let dense = model("Qwen/Qwen3.5-27B", "H100");
+        assert_eq!(dense.state_bytes(), 48.0 * (48.0 * 128.0 * 128.0 * 4.0 + 3.0 * 80.0 * 128.0 * 2.0));
+        let fitted = model("Qwen/Qwen3.5-122B-A10B", "H100");
         assert_eq!(fitted.state_bytes(), fitted.state_step_bytes());
         assert_eq!(model("Qwen/Qwen3-8B", "H100").state_bytes(), 0.0);
     }
@@ -1036,7 +1056,7 @@ mod tests {
         assert_eq!(ModelShape::from_name("Qwen/Qwen3.5-9B").estimated_kv(), None);
         let granite = ModelShape::from_name("ibm-granite/granite-3.1-8b-instruct").estimated_kv().expect("estimated");
         assert!(granite.contains("taken as 136 KiB a token (BF16), by its 8.0B active"), "{granite}");
-        let hybrid = ModelShape::from_name("Qwen/Qwen3.5-27B").estimated_kv().expect("estimated");
+        let hybrid = ModelShape::from_name("Qwen/Qwen3.5-122B-A10B").estimated_kv().expect("estimated");
         assert!(hybrid.starts_with("a hybrid model whose architecture"), "{hybrid}");
         // A transformer the simulator does not know (Gemma 3's sliding window, DeepSeek's latent
         // attention, a size the family lacks) takes the rule by its active parameters.

@@ -682,7 +682,8 @@ fn vllm_shares_and_holds_whole_blocks_of_its_block_size() {
     assert_eq!(hybrid("--block-size 128"), hybrid(""));
     assert!(config("vllm serve Qwen/Qwen3.5-9B --block-size 128").unmodelled.is_empty());
     // A hybrid model whose architecture the simulator does not know has a block it cannot size.
-    assert_eq!(config("vllm serve Qwen/Qwen3.5-27B --block-size 128").unmodelled, ["--block-size 128"]);
+    assert_eq!(config("vllm serve Qwen/Qwen3.5-122B-A10B --block-size 128").unmodelled, ["--block-size 128"]);
+    assert!(config("vllm serve Qwen/Qwen3.5-27B --block-size 128").unmodelled.is_empty());
     assert!(config("vllm serve Qwen/Qwen3-8B --block-size 128").unmodelled.is_empty());
     // A sequence holds whole blocks: one of 268 tokens holds 272 in blocks of 16 and 512 in blocks
     // of 256, so a cache of about 20000 tokens runs all 64 at once in the one and about 39 in the other.
@@ -716,8 +717,11 @@ fn vllm_sizes_a_hybrid_models_block_to_its_state() {
     // KV head, 1 KiB a token.
     assert_eq!(block("vllm serve Qwen/Qwen3.5-35B-A3B-FP8"), Some(1056));
     assert_eq!(block("vllm serve Qwen/Qwen3.5-35B-A3B --tensor-parallel-size 8"), Some(272));
+    // The 27B's layers keep 48 value heads (3207168 bytes), beside the 9B's 4 KV heads: 784.
+    assert_eq!(block("vllm serve Qwen/Qwen3.5-27B"), Some(784));
     // Nothing for SGLang, a transformer, or a hybrid whose architecture the simulator lacks.
-    for line in ["sglang serve --model-path Qwen/Qwen3.5-9B", "vllm serve Qwen/Qwen3-8B", "vllm serve Qwen/Qwen3.5-27B"]
+    for line in
+        ["sglang serve --model-path Qwen/Qwen3.5-9B", "vllm serve Qwen/Qwen3-8B", "vllm serve Qwen/Qwen3.5-122B-A10B"]
     {
         assert_eq!(block(line), None, "{line}");
     }
