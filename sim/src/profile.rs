@@ -307,7 +307,7 @@ pub struct ModelShape {
 /// A Qwen3.5-9B or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value
 /// heads of 128 x 128 in FP32 (as Qwen3.5's config sets it, SGLang's default) and a convolution
 /// window ([`StateTypes::layer_bytes`]).
-pub const LINEAR_LAYER_STATE_BYTES: f64 = (32 * STATE_MATRIX_ELEMENTS * 4 + 3 * (32 + 32) * 128 * 2) as f64;
+pub const LINEAR_LAYER_STATE_BYTES: f64 = StateTypes { matrices_16bit: false, conv_fp32: false }.layer_bytes(32);
 
 /// The elements of one value head's state matrix: 128 x 128.
 const STATE_MATRIX_ELEMENTS: usize = 128 * 128;
@@ -722,7 +722,7 @@ impl StateTypes {
     /// A linear-attention layer's state for one sequence in these types, bytes: a 128 x 128
     /// matrix for each of its `value_heads`, and a convolution window of the last 3 tokens'
     /// query, key and value channels (BF16 unless `conv_fp32`).
-    pub fn layer_bytes(self, value_heads: u32) -> f64 {
+    pub const fn layer_bytes(self, value_heads: u32) -> f64 {
         let heads = value_heads as usize;
         let matrices = heads * STATE_MATRIX_ELEMENTS * if self.matrices_16bit { 2 } else { 4 };
         let window = 3 * (CONV_QUERY_KEY_CHANNELS + heads * 128) * if self.conv_fp32 { 4 } else { 2 };
