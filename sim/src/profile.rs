@@ -20,6 +20,7 @@
 //! memory    = weights touched / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
 //! attention = prefill attention FLOPs / (peak BF16 FLOP/s × ATTENTION_EFFICIENCY)
 //!           + (KV cache read + recurrent state read and written) / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
+//!             (the state × StateTypes::chunked_passes in a vLLM step that also prefills)
 //! MFU(n)    = MFU_MAX × n / (n + MFU_HALF_TOKENS)
 //! ```
 //!
@@ -103,8 +104,8 @@ pub struct Coefficients {
     /// Bytes of recurrent state per sequence per square root of the billions of parameters, as a
     /// decode step moves it: Qwen3.5's linear-attention layers read and write each decoding
     /// sequence's state every step, whatever the weights' or the KV cache's type, so FP8 does not
-    /// shrink it. Fitted: for the 9B it comes to the architecture's own state (50 MB against 51.5),
-    /// for the 35B-A3B to 1.5 times it, standing for per-sequence work of its experts the model
+    /// shrink it. Fitted: for the 9B it comes to the architecture's own state (51.5 MB),
+    /// for the 35B-A3B to 1.6 times it, standing for per-sequence work of its experts the model
     /// lacks. The memory a state holds is the architecture's where the simulator knows it
     /// ([`ModelShape::linear_layers`]), else this.
     pub state_bytes_per_sqrt_b: f64,
@@ -170,26 +171,26 @@ pub struct Coefficients {
 /// data-sheet numbers, the memory sizes and the load times are not.
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.95,
-    mfu_max_dense: 0.7269489,
-    mfu_max_moe: 0.2939452,
-    mfu_half_tokens: 103.3751,
-    fp8_linear_gain: 0.6652701,
+    mfu_max_dense: 0.8,
+    mfu_max_moe: 0.3156128,
+    mfu_half_tokens: 120.0,
+    fp8_linear_gain: 0.629642,
     attention_efficiency: 0.5,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 4.505969e-8,
-    state_bytes_per_sqrt_b: 1.677014e+07,
-    hybrid_prefix_cache_cost: 3.377962e-6,
+    kv_fp8_dequant_cost: 4.1124e-8,
+    state_bytes_per_sqrt_b: 1.717014e+07,
+    hybrid_prefix_cache_cost: 3.427962e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
     eager_step_overhead: 0.01377301,
-    draft_cost: 4.171907e-3,
+    draft_cost: 4.203157e-3,
     draft_cost_per_sequence: 9.560425e-5,
-    kernel_boundaries: 9.117862e-4,
-    multimodal_inputs_cost: 4.142284e-4,
+    kernel_boundaries: 1.118036e-3,
+    multimodal_inputs_cost: 3.598003e-4,
     acceptance_mtp: 0.8570126,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
@@ -204,10 +205,10 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
         mixed_token_factor: 2.38262,
-        overlap: 0.9140145,
+        overlap: 0.9202645,
     },
     sglang: EngineCosts {
-        step_overhead: 0.01251079,
+        step_overhead: 0.01300954,
         decode_token_overhead: 1.714221e-4,
         default_max_num_seqs: 4096,
         default_max_num_batched_tokens: 8192,
@@ -215,8 +216,8 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         overlap: 0.804073,
     },
     throughput_step_factor: 1.0,
-    throughput_token_factor: 0.9820207,
-    interactivity_step_factor: 0.1261937,
+    throughput_token_factor: 0.9904582,
+    interactivity_step_factor: 0.2034063,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -697,6 +698,10 @@ pub struct CostModel {
     pub state_layer_page: f64,
     /// The model's sliding-window layers, as configured ([`AttentionShape::window`]).
     pub window: Option<WindowCost>,
+    /// vLLM on a hybrid model: a step that prefills runs its decoding sequences' linear attention
+    /// through the chunked kernels, which move each state [`StateTypes::chunked_passes`] times as
+    /// much as a decode step does (sequences with drafts take the decode kernel even then).
+    pub chunked_decode_states: bool,
 }
 
 /// The types a hybrid model's linear-attention states are kept in. The default is Qwen3.5's: its
@@ -727,6 +732,24 @@ impl StateTypes {
         let matrices = heads * STATE_MATRIX_ELEMENTS * if self.matrices_16bit { 2 } else { 4 };
         let window = 3 * (CONV_QUERY_KEY_CHANNELS + heads * 128) * if self.conv_fp32 { 4 } else { 2 };
         (matrices + window) as f64
+    }
+
+    /// What a decoding sequence's state moves in a vLLM step that also prefills, over the read and
+    /// the write of a step that only decodes. Such a step sends every sequence without drafts
+    /// through the chunked prefill kernels (`chunk_gated_delta_rule`), a decode as a chunk of one
+    /// token: the states are gathered into a new tensor (a read and a write), the kernel reads them,
+    /// writes and reads back a snapshot of each in the keys' BF16 and writes the final state in
+    /// FP32, which is cast to the cache's type where that is 16-bit (a read and a write) and
+    /// scattered back (a read and a write). In FP32 that is 7 passes of a state to a decode's 2.
+    /// The convolution window, a fortieth of a state, is counted with the matrices.
+    pub fn chunked_passes(self) -> f64 {
+        // The cache's bytes an element, against the snapshot's 2 and the final state's 4.
+        let cache = if self.matrices_16bit { 2.0 } else { 4.0 };
+        let gather = 2.0;
+        let kernel = 1.0 + 2.0 * 2.0 / cache + 4.0 / cache;
+        let cast = if self.matrices_16bit { 4.0 / cache + 1.0 } else { 0.0 };
+        let scatter = 2.0;
+        (gather + kernel + cast + scatter) / 2.0
     }
 }
 
@@ -817,7 +840,9 @@ impl CostModel {
             + window.flops_per_pair * work.prefill_window_pairs;
         let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
         let sequences = work.decoding_sequences() as f64;
-        let state = 2.0 * self.state_step_bytes() * sequences;
+        let chunked = self.chunked_decode_states && work.prefill_tokens > 0 && work.draft_tokens == 0;
+        let passes = if chunked { self.state_types.chunked_passes() } else { 1.0 };
+        let state = 2.0 * self.state_step_bytes() * sequences * passes;
         let state_saving =
             if self.hybrid_prefix_caching { c.hybrid_prefix_cache_cost * work.prefill_tokens as f64 } else { 0.0 };
         let bandwidth = self.gpu.bandwidth * scale * c.bandwidth_efficiency;
@@ -1171,6 +1196,7 @@ mod tests {
             state_types: StateTypes::default(),
             state_layer_page: 0.0,
             window: model.transformer.and_then(|a| a.window_cost(1)),
+            chunked_decode_states: true,
         }
     }
 
@@ -1230,6 +1256,33 @@ mod tests {
         let bytes = m.kv_bytes_per_token * decodes.decode_context_tokens as f64 + 2.0 * m.state_step_bytes() * 512.0;
         assert!((reads - bytes / bandwidth).abs() < 1e-9, "{reads} s for {bytes} bytes");
         assert!(beside.gpu() - alone.gpu() >= reads, "{beside:?} against {alone:?}: the decodes' {reads} s hidden");
+    }
+
+    #[test]
+    fn a_vllm_step_that_prefills_runs_its_decodes_states_through_the_chunked_kernels() {
+        // FP32 states: gathered (a read and a write), read by the kernel, a BF16 snapshot written
+        // and read (half a state each), the final state written, scattered back: 7 to a decode's 2.
+        assert_eq!(StateTypes::default().chunked_passes(), 3.5);
+        // 16-bit states: the snapshot is a state's size, the final FP32 state twice it, cast back.
+        assert_eq!(StateTypes { matrices_16bit: true, conv_fp32: false }.chunked_passes(), 6.0);
+        let mut m = model("Qwen/Qwen3.5-9B", "H100");
+        let decodes = StepWork { decode_tokens: 512, decode_context_tokens: 512 * 1100, ..Default::default() };
+        let mixed = StepWork { prefill_tokens: 1024, ..decodes };
+        let bandwidth = m.gpu.bandwidth * COEFFICIENTS.bandwidth_efficiency;
+        let state = 2.0 * m.state_step_bytes() * 512.0 / bandwidth;
+        let attention = |m: &CostModel, work: &StepWork| m.step_parts(work).attention;
+        let extra = attention(&m, &mixed) - attention(&m, &decodes);
+        assert!(
+            (extra - 2.5 * state).abs() < 1e-9,
+            "{extra} s beside a prefill, against {state} s of a decode's state"
+        );
+        // Sequences with drafts take the decode kernel beside a prefill too.
+        let drafted = StepWork { decode_tokens: 1024, draft_tokens: 1, ..decodes };
+        let drafted_mixed = StepWork { prefill_tokens: 1024, ..drafted };
+        assert_eq!(attention(&m, &drafted_mixed), attention(&m, &drafted));
+        // Where decodes never take that path (SGLang, a transformer), a prefill adds nothing to their reads.
+        m.chunked_decode_states = false;
+        assert_eq!(attention(&m, &mixed), attention(&m, &decodes));
     }
 
     #[test]

@@ -910,6 +910,7 @@ impl Scheduler {
             hybrid_prefix_caching: config.engine == EngineKind::Vllm && model.hybrid && config.enable_prefix_caching,
             multimodal_inputs: config.engine == EngineKind::Vllm && model.multimodal && !config.language_model_only,
             graphs: graphs(config, speculation),
+            chunked_decode_states: config.engine == EngineKind::Vllm && model.hybrid,
             state_types: config.state_types,
             state_layer_page: config.vllm_hybrid_block().map_or(0.0, |block| block.layer_bytes),
             window: model.transformer.and_then(|a| a.window_cost(config.tensor_parallel_size)).map(|w| {

@@ -1050,6 +1050,17 @@ fn sglang_runs_a_transformer_with_vllms_fixed_step_and_launches_its_prefills() {
 }
 
 #[test]
+fn only_vllm_runs_a_hybrid_models_decodes_through_the_chunked_kernels_beside_a_prefill() {
+    // vLLM mixes decodes into a step that prefills, and sends a hybrid model's every sequence
+    // without drafts through the chunked linear-attention kernels then; SGLang prefills in steps
+    // of their own, and a transformer has no linear attention.
+    let chunked = |command: &str| Scheduler::from_config(&config(command)).expect("fits").cost().chunked_decode_states;
+    assert!(chunked("vllm serve Qwen/Qwen3.5-9B --sim-gpu H100"));
+    assert!(!chunked("vllm serve Qwen/Qwen3-8B --sim-gpu H100"));
+    assert!(!chunked("sglang serve --model-path Qwen/Qwen3.5-9B --sim-gpu H100"));
+}
+
+#[test]
 fn sglang_past_its_graphs_gains_less_from_more_running_requests() {
     // 512 clients of random 512/128: 256 running requests decode within the graphs; 512 decode
     // past them, launching every step's kernels, unless the graphs are captured that far. Without
