@@ -280,8 +280,13 @@ pub struct Simulated {
 
 /// The engine `row` starts, on its GPU, with `coefficients`.
 fn config_of(row: &Row, coefficients: &Coefficients) -> SimConfig {
-    let args: Vec<String> = row.command().split_whitespace().map(String::from).collect();
-    let mut config = parse_command_line_with_gpu(&args, Some(row.gpu)).expect("a reference command line parses");
+    configured(&row.command(), row.gpu, coefficients)
+}
+
+/// The engine a published `command` starts on `gpu`, with `coefficients`.
+fn configured(command: &str, gpu: &str, coefficients: &Coefficients) -> SimConfig {
+    let args: Vec<String> = command.split_whitespace().map(String::from).collect();
+    let mut config = parse_command_line_with_gpu(&args, Some(gpu)).expect("a published command line parses");
     config.coefficients = *coefficients;
     config
 }
@@ -827,12 +832,7 @@ pub fn other_runs() -> Vec<OtherRun> {
 
 /// An [`OtherRun`] replayed on the simulator under `coefficients` on an H100: its duration, seconds.
 pub fn simulate_other(run: &OtherRun, coefficients: &Coefficients) -> f64 {
-    let words: Vec<String> = format!("{} --sim-gpu H100 {}", run.command, run.simulated_flags)
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    let mut config = parse_command_line_with_gpu(&words, None).expect("a valid command line");
-    config.coefficients = *coefficients;
+    let config = configured(&format!("{} {}", run.command, run.simulated_flags), "H100", coefficients);
     let timings = simulate::simulate(&config, &run.workload.workload()).expect("the engine starts");
     Summary::of(&timings).duration
 }
