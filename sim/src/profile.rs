@@ -19,6 +19,9 @@
 //! compute   = 2 × active params × tokens / (peak linear FLOP/s × MFU(tokens))
 //! memory    = weights touched / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
 //! attention = prefill attention FLOPs / (peak BF16 FLOP/s × ATTENTION_EFFICIENCY)
+//!           + linear-attention chunks × chunk FLOPs / (peak BF16 FLOP/s × LINEAR_ATTENTION_EFFICIENCY)
+//!             (a hybrid model: prefilled tokens / 64, and in a vLLM step that also prefills,
+//!             one padded chunk a decoding sequence)
 //!           + (KV cache read + recurrent state read and written) / (HBM bandwidth × BANDWIDTH_EFFICIENCY)
 //!             (the state × StateTypes::chunked_passes in a vLLM step that also prefills)
 //! MFU(n)    = MFU_MAX × n / (n + MFU_HALF_TOKENS)
@@ -90,6 +93,12 @@ pub struct Coefficients {
     pub fp8_linear_gain: f64,
     /// Fraction of BF16 peak the attention kernels reach on long prefills.
     pub attention_efficiency: f64,
+    /// Fraction of BF16 peak a hybrid model's chunked linear-attention kernels
+    /// (`chunk_gated_delta_rule`) reach on their 64-token chunks ([`CHUNK_FLOPS_PER_VALUE_HEAD`]):
+    /// small tiles, a triangular solve and a state carried from chunk to chunk. A prefill's
+    /// tokens fill their chunks; a decode that vLLM sends through those kernels beside a prefill
+    /// is a chunk of one token, padded to 64.
+    pub linear_attention_efficiency: f64,
     /// KV-cache bytes per token (BF16) per square root of the billions of parameters. Sized like
     /// Qwen3.5's hybrid attention, where only one layer in four keeps a KV cache.
     pub kv_bytes_per_token_per_sqrt_b: f64,
@@ -104,10 +113,10 @@ pub struct Coefficients {
     /// Bytes of recurrent state per sequence per square root of the billions of parameters, as a
     /// decode step moves it: Qwen3.5's linear-attention layers read and write each decoding
     /// sequence's state every step, whatever the weights' or the KV cache's type, so FP8 does not
-    /// shrink it. Fitted: for the 9B it comes to the architecture's own state (51.5 MB),
-    /// for the 35B-A3B to 1.6 times it, standing for per-sequence work of its experts the model
-    /// lacks. The memory a state holds is the architecture's where the simulator knows it
-    /// ([`ModelShape::linear_layers`]), else this.
+    /// shrink it. Fitted: for the 9B it comes to 48.5 MB (its architecture's state is 51.5),
+    /// for the 35B-A3B to 1.5 times its architecture's, standing for per-sequence work of its
+    /// experts the model lacks. The memory a state holds is the architecture's where the
+    /// simulator knows it ([`ModelShape::linear_layers`]), else this.
     pub state_bytes_per_sqrt_b: f64,
     /// vLLM's prefix caching on a hybrid model (experimental, off unless `--enable-prefix-caching`)
     /// saves each sequence's recurrent state at every cached block boundary: seconds per prefilled token.
@@ -172,25 +181,26 @@ pub struct Coefficients {
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.95,
     mfu_max_dense: 0.8,
-    mfu_max_moe: 0.3156128,
-    mfu_half_tokens: 120.0,
-    fp8_linear_gain: 0.629642,
+    mfu_max_moe: 0.3224878,
+    mfu_half_tokens: 52.87681,
+    fp8_linear_gain: 0.679642,
     attention_efficiency: 0.5,
+    linear_attention_efficiency: 0.2745,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 4.1124e-8,
-    state_bytes_per_sqrt_b: 1.717014e+07,
-    hybrid_prefix_cache_cost: 3.427962e-6,
+    kv_fp8_dequant_cost: 2.880065e-8,
+    state_bytes_per_sqrt_b: 1.616013e+07,
+    hybrid_prefix_cache_cost: 3.565462e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
-    eager_step_overhead: 0.01377301,
-    draft_cost: 4.203157e-3,
-    draft_cost_per_sequence: 9.560425e-5,
-    kernel_boundaries: 1.118036e-3,
-    multimodal_inputs_cost: 3.598003e-4,
+    eager_step_overhead: 0.01400739,
+    draft_cost: 4.328157e-3,
+    draft_cost_per_sequence: 9.935425e-5,
+    kernel_boundaries: 1.268036e-3,
+    multimodal_inputs_cost: 4.488238e-4,
     acceptance_mtp: 0.8570126,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
@@ -200,24 +210,24 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     // default of 2048-4096 requests its pools lower as it starts (a hybrid model's state pool to
     // 143 for Qwen3.5-9B on an H100, 324 on an H200: `Scheduler::max_num_seqs`).
     vllm: EngineCosts {
-        step_overhead: 5.749220e-3,
+        step_overhead: 5.74922e-3,
         decode_token_overhead: 9.000397e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
         mixed_token_factor: 2.38262,
-        overlap: 0.9202645,
+        overlap: 0.9265145,
     },
     sglang: EngineCosts {
-        step_overhead: 0.01300954,
-        decode_token_overhead: 1.714221e-4,
+        step_overhead: 0.012696,
+        decode_token_overhead: 1.823897e-4,
         default_max_num_seqs: 4096,
         default_max_num_batched_tokens: 8192,
         mixed_token_factor: 1.0,
-        overlap: 0.804073,
+        overlap: 0.8087605,
     },
-    throughput_step_factor: 1.0,
-    throughput_token_factor: 0.9904582,
-    interactivity_step_factor: 0.2034063,
+    throughput_step_factor: 0.969697,
+    throughput_token_factor: 1.012958,
+    interactivity_step_factor: 0.2168924,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -316,6 +326,19 @@ const STATE_MATRIX_ELEMENTS: usize = 128 * 128;
 /// A linear-attention layer's query and key heads of 128 channels each (16 of each), which its
 /// convolution window holds beside the value heads'.
 const CONV_QUERY_KEY_CHANNELS: usize = 2 * 16 * 128;
+
+/// The tokens of a chunk of the chunked linear-attention kernels (`chunk_gated_delta_rule`).
+pub const LINEAR_ATTENTION_CHUNK: f64 = 64.0;
+
+/// FLOPs of one chunk of `chunk_gated_delta_rule` for one value head of 128 x 128 (keys and
+/// values of 128 channels, C = 64 tokens): five C x C x 128 products (the keys' Gram matrix, the
+/// WY representation's w and u, the queries against the keys and the intra-chunk output), three
+/// C x 128 x 128 ones (the values against the state carried in, the state's update and the
+/// queries against it), and the C x C triangular solve (C³/3 multiply-adds).
+pub const CHUNK_FLOPS_PER_VALUE_HEAD: f64 = {
+    let (c, d) = (LINEAR_ATTENTION_CHUNK, 128.0);
+    5.0 * 2.0 * c * c * d + 3.0 * 2.0 * c * d * d + 2.0 * c * c * c / 3.0
+};
 
 /// The head size of Qwen3.5's and Qwen3-Next's attention layers.
 pub const ATTENTION_HEAD_DIM: usize = 256;
@@ -843,6 +866,11 @@ impl CostModel {
         let chunked = self.chunked_decode_states && work.prefill_tokens > 0 && work.draft_tokens == 0;
         let passes = if chunked { self.state_types.chunked_passes() } else { 1.0 };
         let state = 2.0 * self.state_step_bytes() * sequences * passes;
+        // The linear-attention layers' chunk kernels: the prefilled tokens' chunks, and in a vLLM
+        // step that also prefills, a padded chunk for each decoding sequence.
+        let chunks = work.prefill_tokens as f64 / LINEAR_ATTENTION_CHUNK + if chunked { sequences } else { 0.0 };
+        let linear_attention = chunks * self.linear_attention_chunk_flops()
+            / (self.gpu.bf16_flops * scale * c.linear_attention_efficiency);
         let state_saving =
             if self.hybrid_prefix_caching { c.hybrid_prefix_cache_cost * work.prefill_tokens as f64 } else { 0.0 };
         let bandwidth = self.gpu.bandwidth * scale * c.bandwidth_efficiency;
@@ -871,7 +899,7 @@ impl CostModel {
             extras: c.kernel_boundaries + multimodal + draft + dequant + state_saving,
             compute: linear,
             memory,
-            attention: attention + decode_memory,
+            attention: attention + linear_attention + decode_memory,
             overlap: self.engine.overlap,
         }
     }
@@ -887,6 +915,22 @@ impl CostModel {
             }
             _ => self.state_step_bytes(),
         }
+    }
+
+    /// FLOPs of one chunk of [`LINEAR_ATTENTION_CHUNK`] tokens through all of a hybrid model's
+    /// linear-attention layers ([`CHUNK_FLOPS_PER_VALUE_HEAD`] for each value head of each): its
+    /// architecture's heads where the simulator knows it, else as many as the fitted state
+    /// ([`CostModel::state_step_bytes`]) holds FP32 matrices; 0 for a transformer.
+    pub fn linear_attention_chunk_flops(&self) -> f64 {
+        let heads = match self.model.linear_layers {
+            _ if !self.model.hybrid => 0.0,
+            Some(layers) => f64::from(layers) * f64::from(self.model.linear_value_heads),
+            None => {
+                self.coefficients.state_bytes_per_sqrt_b * (self.model.total_params / 1e9).sqrt()
+                    / (STATE_MATRIX_ELEMENTS * 4) as f64
+            }
+        };
+        heads * CHUNK_FLOPS_PER_VALUE_HEAD
     }
 
     /// A hybrid model's recurrent state per sequence as a decode step reads it and writes it back,
@@ -1270,19 +1314,50 @@ mod tests {
         let mixed = StepWork { prefill_tokens: 1024, ..decodes };
         let bandwidth = m.gpu.bandwidth * COEFFICIENTS.bandwidth_efficiency;
         let state = 2.0 * m.state_step_bytes() * 512.0 / bandwidth;
+        // A chunk through the chunked kernels; the prefill's 1024 tokens fill 16 of them.
+        let chunk = m.linear_attention_chunk_flops() / (m.gpu.bf16_flops * COEFFICIENTS.linear_attention_efficiency);
+        let prefill_chunks = 16.0 * chunk;
         let attention = |m: &CostModel, work: &StepWork| m.step_parts(work).attention;
         let extra = attention(&m, &mixed) - attention(&m, &decodes);
-        assert!(
-            (extra - 2.5 * state).abs() < 1e-9,
-            "{extra} s beside a prefill, against {state} s of a decode's state"
-        );
+        // Each decode is also a chunk of its own, padded.
+        let expected = 2.5 * state + prefill_chunks + 512.0 * chunk;
+        assert!((extra - expected).abs() < 1e-9, "{extra} s beside a prefill, against {expected} s");
         // Sequences with drafts take the decode kernel beside a prefill too.
         let drafted = StepWork { decode_tokens: 1024, draft_tokens: 1, ..decodes };
         let drafted_mixed = StepWork { prefill_tokens: 1024, ..drafted };
-        assert_eq!(attention(&m, &drafted_mixed), attention(&m, &drafted));
-        // Where decodes never take that path (SGLang, a transformer), a prefill adds nothing to their reads.
+        let extra = attention(&m, &drafted_mixed) - attention(&m, &drafted);
+        assert!((extra - prefill_chunks).abs() < 1e-12, "{extra} s against the prefill's {prefill_chunks} s");
+        // Where decodes never take that path (SGLang), a prefill adds only its own chunks.
         m.chunked_decode_states = false;
-        assert_eq!(attention(&m, &mixed), attention(&m, &decodes));
+        let extra = attention(&m, &mixed) - attention(&m, &decodes);
+        assert!((extra - prefill_chunks).abs() < 1e-12, "{extra} s against the prefill's {prefill_chunks} s");
+    }
+
+    #[test]
+    fn a_hybrid_models_linear_attention_chunks_cost_their_flops() {
+        // Five 64 x 64 x 128 products, three 64 x 128 x 128 ones and a 64 x 64 triangular solve.
+        assert!((CHUNK_FLOPS_PER_VALUE_HEAD - 11_709_098.67).abs() < 0.01, "{CHUNK_FLOPS_PER_VALUE_HEAD}");
+        // Every value head of every linear-attention layer, where the architecture is known.
+        let nine = model("Qwen/Qwen3.5-9B", "H100");
+        assert_eq!(nine.linear_attention_chunk_flops(), 24.0 * 32.0 * CHUNK_FLOPS_PER_VALUE_HEAD);
+        let moe = model("Qwen/Qwen3.5-35B-A3B", "H200");
+        assert_eq!(moe.linear_attention_chunk_flops(), 30.0 * 32.0 * CHUNK_FLOPS_PER_VALUE_HEAD);
+        // Else as many heads as the fitted state holds FP32 matrices.
+        let unknown = model("Qwen/Qwen3.5-122B-A10B", "H200");
+        assert_eq!(unknown.model.linear_layers, None);
+        let heads = unknown.state_step_bytes() / (128.0 * 128.0 * 4.0);
+        assert!((unknown.linear_attention_chunk_flops() / CHUNK_FLOPS_PER_VALUE_HEAD - heads).abs() < 1e-9);
+        // A transformer has none, so its prefill costs only its attention and linear layers.
+        let dense = model("Qwen/Qwen3-8B", "H100");
+        assert_eq!(dense.linear_attention_chunk_flops(), 0.0);
+        // A prefill of 8192 tokens runs 128 chunks.
+        let prefill = StepWork { prefill_tokens: 8192, ..Default::default() };
+        let with = nine.step_parts(&prefill).attention;
+        let chunks = 128.0 * nine.linear_attention_chunk_flops()
+            / (nine.gpu.bf16_flops * COEFFICIENTS.linear_attention_efficiency);
+        let mut without = nine;
+        without.coefficients.linear_attention_efficiency = f64::INFINITY;
+        assert!((with - without.step_parts(&prefill).attention - chunks).abs() < 1e-12);
     }
 
     #[test]

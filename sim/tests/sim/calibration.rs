@@ -255,6 +255,10 @@ fn document(table: &str, clocks: &str, hold_out: &str) -> String {
             format!("{:.2} ms", c.eager_step_overhead * 1e3),
         ),
         ("attention efficiency", format!("{}", c.attention_efficiency)),
+        (
+            "linear-attention chunk kernels (hybrid models), share of BF16 peak",
+            format!("{:.3}", c.linear_attention_efficiency),
+        ),
         ("KV bytes per token (BF16) per √(B params), hybrid models", format!("{}", c.kv_bytes_per_token_per_sqrt_b)),
         (
             "KV bytes per token (BF16) per √(B active params), a transformer whose architecture is not known",
