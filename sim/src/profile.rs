@@ -919,8 +919,9 @@ impl CostModel {
 
     /// FLOPs of one chunk of [`LINEAR_ATTENTION_CHUNK`] tokens through all of a hybrid model's
     /// linear-attention layers ([`CHUNK_FLOPS_PER_VALUE_HEAD`] for each value head of each): its
-    /// architecture's heads where the simulator knows it, else as many as the fitted state
-    /// ([`CostModel::state_step_bytes`]) holds FP32 matrices; 0 for a transformer.
+    /// architecture's heads where the simulator knows it, else as many FP32 matrices as the fitted
+    /// state a sequence holds ([`Coefficients::state_bytes_per_sqrt_b`]: the type the states are
+    /// kept in changes their bytes, not the kernels' FLOPs); 0 for a transformer.
     pub fn linear_attention_chunk_flops(&self) -> f64 {
         let heads = match self.model.linear_layers {
             _ if !self.model.hybrid => 0.0,
@@ -1345,7 +1346,8 @@ mod tests {
         // Else as many heads as the fitted state holds FP32 matrices.
         let unknown = model("Qwen/Qwen3.5-122B-A10B", "H200");
         assert_eq!(unknown.model.linear_layers, None);
-        let heads = unknown.state_step_bytes() / (128.0 * 128.0 * 4.0);
+        let state = COEFFICIENTS.state_bytes_per_sqrt_b * 122f64.sqrt();
+        let heads = state / (128.0 * 128.0 * 4.0);
         assert!((unknown.linear_attention_chunk_flops() / CHUNK_FLOPS_PER_VALUE_HEAD - heads).abs() < 1e-9);
         // A transformer has none, so its prefill costs only its attention and linear layers.
         let dense = model("Qwen/Qwen3-8B", "H100");
