@@ -723,7 +723,9 @@ pub struct CostModel {
     pub window: Option<WindowCost>,
     /// vLLM on a hybrid model: a step that prefills runs its decoding sequences' linear attention
     /// through the chunked kernels, which move each state [`StateTypes::chunked_passes`] times as
-    /// much as a decode step does (sequences with drafts take the decode kernel even then).
+    /// much as a decode step does and compute a padded chunk for each
+    /// ([`CostModel::linear_attention_chunk_flops`]); sequences with drafts take the decode kernel
+    /// even then.
     pub chunked_decode_states: bool,
 }
 
