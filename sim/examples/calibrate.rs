@@ -10,7 +10,8 @@
 //! `calibration::HOLD_OUT`, to go on from a committed fit without it), prints each improvement of
 //! the loss, then the fitted coefficients (to copy into `sim/src/profile.rs`, or into
 //! `calibration::HOLD_OUT` for a fit without a study) and every row's figures under them. `ROUNDS`
-//! caps the rounds (default 40); `KNOBS=SGLang` fits only the knobs whose names hold the word.
+//! caps the rounds (default 40); `KNOBS=SGLang` fits only the knobs whose names hold the word;
+//! `LEAVE_OUT=0,29` leaves those rows' own checks out of the loss (marked `-` in the output).
 //! `-- breakdown` fits nothing: it prints where each row's engine time goes under the committed
 //! coefficients, and its replay's duration, mean TTFT, latency and steps beside the report's duration.
 
@@ -84,15 +85,35 @@ fn main() {
         eprintln!("no knob's name holds KNOBS={only:?}");
         std::process::exit(2);
     }
-    let fitted = calibration::fit(start, &studies, &fitted_knobs, rounds, |loss, c| eprintln!("loss {loss:.3}: {c:?}"));
+    let rows = calibration::rows();
+    // `LEAVE_OUT=0,29`: rows replayed but not fitted to.
+    let left_out: Vec<usize> = match std::env::var("LEAVE_OUT") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| match n.trim().parse::<usize>() {
+                Ok(i) if i < rows.len() => i,
+                _ => {
+                    eprintln!("LEAVE_OUT={list:?}: {n:?} is not a row's number (0 to {})", rows.len() - 1);
+                    std::process::exit(2);
+                }
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let fitted = calibration::fit(start, &studies, &left_out, &fitted_knobs, rounds, |loss, c| {
+        eprintln!("loss {loss:.3}: {c:?}")
+    });
     let knobs = calibration::knobs();
     println!("{fitted:?}");
     for knob in &knobs {
         println!("{:<28} {:>12.6e} (was {:.6e})", knob.name, (knob.get)(&fitted), (knob.get)(&start));
     }
-    let rows = calibration::rows();
     for (i, (row, outcome)) in rows.iter().zip(calibration::evaluate(&rows, &fitted)).enumerate() {
-        let mark = if studies.contains(&row.study) { " " } else { "*" };
+        let mark = match (studies.contains(&row.study), left_out.contains(&i)) {
+            (false, _) => "*",
+            (true, true) => "-",
+            (true, false) => " ",
+        };
         println!(
             "{mark}{i:>2} {:<9} published {:>+7.1} simulated {:>+7.1} {}",
             row.study.key(),

@@ -528,6 +528,18 @@ pub fn loss(outcomes: &[Outcome]) -> f64 {
         .sum()
 }
 
+/// The [`loss`] a fit minimises over rows' outcomes by number ([`evaluate_studies`]'s: `None` for a
+/// row of a study held out): every row's but those numbered in `left_out`.
+pub fn fitted_loss(outcomes: Vec<Option<Outcome>>, left_out: &[usize]) -> f64 {
+    let kept: Vec<Outcome> = outcomes
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !left_out.contains(i))
+        .filter_map(|(_, outcome)| outcome)
+        .collect();
+    loss(&kept)
+}
+
 /// One fitted coefficient: its name, how to read and write it, and the range it may take.
 pub struct Knob {
     pub name: &'static str,
@@ -574,19 +586,19 @@ pub fn knobs() -> Vec<Knob> {
 
 /// Fits `knobs` (of [`knobs`]) to the rows of `studies` by coordinate descent from `start`: each
 /// coefficient in turn is moved up and down by a step, kept where the loss falls, and the steps
-/// halve when no move helps. Deterministic; `progress` sees each improvement.
+/// halve when no move helps. The rows numbered in `left_out` are replayed (others' effects are
+/// measured against them) but their own checks do not count. Deterministic; `progress` sees each
+/// improvement.
 pub fn fit(
     start: Coefficients,
     studies: &[Study],
+    left_out: &[usize],
     knobs: &[Knob],
     rounds: usize,
     mut progress: impl FnMut(f64, &Coefficients),
 ) -> Coefficients {
     let rows: Vec<Row> = rows();
-    let score = |c: &Coefficients| {
-        let kept: Vec<Outcome> = evaluate_studies(&rows, c, studies).into_iter().flatten().collect();
-        loss(&kept)
-    };
+    let score = |c: &Coefficients| fitted_loss(evaluate_studies(&rows, c, studies), left_out);
     let mut best = start;
     let mut best_loss = score(&best);
     progress(best_loss, &best);

@@ -412,6 +412,18 @@ fn the_fit_prefers_every_row_inside_its_band_to_a_closer_fit_of_most() {
     assert!(calibration::loss(&[outcome_at(2.0)]) < calibration::loss(&[outcome_at(3.0)]));
 }
 
+#[test]
+fn a_fit_counts_neither_a_held_out_studys_rows_nor_the_rows_left_out() {
+    let outcomes = || vec![Some(outcome_at(0.5)), None, Some(outcome_at(2.0)), Some(outcome_at(0.9))];
+    let all = calibration::loss(&[outcome_at(0.5), outcome_at(2.0), outcome_at(0.9)]);
+    assert_eq!(calibration::fitted_loss(outcomes(), &[]), all);
+    let without_2 = calibration::loss(&[outcome_at(0.5), outcome_at(0.9)]);
+    assert_eq!(calibration::fitted_loss(outcomes(), &[2]), without_2);
+    assert!(without_2 < all);
+    // Leaving out a held-out study's row, or one past the end, changes nothing.
+    assert_eq!(calibration::fitted_loss(outcomes(), &[1, 7]), all);
+}
+
 /// A ShareGPT row is replayed in `ORDERS` orders of the same requests, the first the stand-in's
 /// own; random prompts, all alike, in one.
 #[test]
