@@ -645,9 +645,10 @@ pub fn fit(
 /// Where every fit starts: the hand-set coefficients the simulator had before the first fit, with
 /// the FP8 costs, the prefix-cache cost and vLLM's cost of a step without a CUDA graph, of the
 /// mechanisms added since, switched off, and the
-/// overlap, the mixed-step factor and the recurrent state at rough hand estimates (the engines'
-/// defaults overlap fully; a piecewise step costs twice a full graph's per token; Qwen3.5's
-/// linear-attention state is some tens of MB a sequence).
+/// overlap, the mixed-step factor, the recurrent state and the linear-attention chunk kernels'
+/// efficiency at rough hand estimates (the engines' defaults overlap fully; a piecewise step costs
+/// twice a full graph's per token; Qwen3.5's linear-attention state is some tens of MB a sequence;
+/// small tiles and a triangular solve reach about a quarter of the BF16 peak).
 pub const START: Coefficients = Coefficients {
     bandwidth_efficiency: 0.9,
     mfu_max_dense: 0.7,
@@ -657,6 +658,7 @@ pub const START: Coefficients = Coefficients {
     kv_fp8_dequant_cost: 0.0,
     state_bytes_per_sqrt_b: 10e6,
     hybrid_prefix_cache_cost: 0.0,
+    linear_attention_efficiency: 0.25,
     draft_cost: 0.4e-3,
     draft_cost_per_sequence: 0.0,
     kernel_boundaries: 0.5e-3,
