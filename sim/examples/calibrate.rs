@@ -10,8 +10,9 @@
 //! `calibration::HOLD_OUT`, to go on from a committed fit without it), prints each improvement of
 //! the loss, then the fitted coefficients (to copy into `sim/src/profile.rs`, or into
 //! `calibration::HOLD_OUT` for a fit without a study) and every row's figures under them. `ROUNDS`
-//! caps the rounds (default 40); `KNOBS=SGLang` fits only the knobs whose names hold the word;
-//! `LEAVE_OUT=0,29` leaves those rows' own checks out of the loss (marked `-` in the output).
+//! caps the rounds (default 40); `KNOBS=SGLang` fits only the knobs whose names hold the word.
+//! The rows of `calibration::LEFT_OUT` are replayed but their own checks leave the loss (marked `-`
+//! in the output); `LEAVE_OUT=0,29` leaves out those rows instead, `LEAVE_OUT=none` none.
 //! `-- breakdown` fits nothing: it prints where each row's engine time goes under the committed
 //! coefficients, and its replay's duration, mean TTFT, latency and steps beside the report's duration.
 
@@ -86,19 +87,23 @@ fn main() {
         std::process::exit(2);
     }
     let rows = calibration::rows();
-    // `LEAVE_OUT=0,29`: rows replayed but not fitted to.
+    // Rows replayed but not fitted to: the committed fit's, or `LEAVE_OUT=0,29`, or `none`.
     let left_out: Vec<usize> = match std::env::var("LEAVE_OUT") {
+        Ok(none) if none == "none" => Vec::new(),
         Ok(list) => list
             .split(',')
             .map(|n| match n.trim().parse::<usize>() {
                 Ok(i) if i < rows.len() => i,
                 _ => {
-                    eprintln!("LEAVE_OUT={list:?}: {n:?} is not a row's number (0 to {})", rows.len() - 1);
+                    eprintln!(
+                        "LEAVE_OUT={list:?}: {n:?} is not a row's number (0 to {}); LEAVE_OUT=none leaves none out",
+                        rows.len() - 1
+                    );
                     std::process::exit(2);
                 }
             })
             .collect(),
-        Err(_) => Vec::new(),
+        Err(_) => calibration::LEFT_OUT.to_vec(),
     };
     let fitted = calibration::fit(start, &studies, &left_out, &fitted_knobs, rounds, |loss, c| {
         eprintln!("loss {loss:.3}: {c:?}")
