@@ -429,6 +429,24 @@ fn a_fit_counts_neither_a_held_out_studys_rows_nor_the_rows_left_out() {
 /// A ShareGPT row is replayed in `ORDERS` orders of the same requests, the first the stand-in's
 /// own; random prompts, all alike, in one.
 #[test]
+fn the_committed_fit_leaves_out_the_35b_a3bs_sharegpt_baseline_and_only_it() {
+    // `LEFT_OUT` names rows by number: if the rows are renumbered, it must follow them.
+    let rows = calibration::rows();
+    let left_out: Vec<&Row> = calibration::LEFT_OUT.iter().map(|&i| &rows[i]).collect();
+    let [row] = left_out[..] else { panic!("LEFT_OUT: {:?}", calibration::LEFT_OUT) };
+    assert_eq!(
+        (row.study, row.engine, row.profile, row.model, row.check),
+        (
+            Study::Throughput35b,
+            EngineKind::Vllm,
+            calibration::Profile::ShareGpt,
+            "Qwen/Qwen3.5-35B-A3B",
+            Check::Baseline
+        )
+    );
+}
+
+#[test]
 fn sharegpt_rows_replay_the_same_requests_in_several_orders() {
     use benchfleet_sim::calibration::{ORDERS, Profile};
     let key = |w: &benchfleet_sim::simulate::Workload| {
