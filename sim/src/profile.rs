@@ -113,9 +113,10 @@ pub struct Coefficients {
     /// Bytes of recurrent state per sequence per square root of the billions of parameters, as a
     /// decode step moves it: Qwen3.5's linear-attention layers read and write each decoding
     /// sequence's state every step, whatever the weights' or the KV cache's type, so FP8 does not
-    /// shrink it. Fitted: for the 9B it comes to 48.5 MB (its architecture's state is 51.5),
-    /// for the 35B-A3B to 1.5 times its architecture's, standing for per-sequence work of its
-    /// experts the model lacks. The memory a state holds is the architecture's where the
+    /// shrink it. Fitted: for the 9B it comes to 43.5 MB (its architecture's state is 51.5),
+    /// for the 35B-A3B to 1.3 times its architecture's, standing for per-sequence work of its
+    /// experts the model lacks. The memory a state holds, and what the chunked kernels' extra
+    /// passes copy ([`CostModel::state_tensor_bytes`]), is the architecture's where the
     /// simulator knows it ([`ModelShape::linear_layers`]), else this.
     pub state_bytes_per_sqrt_b: f64,
     /// vLLM's prefix caching on a hybrid model (experimental, off unless `--enable-prefix-caching`)
@@ -181,16 +182,16 @@ pub struct Coefficients {
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.95,
     mfu_max_dense: 0.8,
-    mfu_max_moe: 0.3555001,
-    mfu_half_tokens: 86.24302,
-    fp8_linear_gain: 0.7343295,
+    mfu_max_moe: 0.3410623,
+    mfu_half_tokens: 88.23886,
+    fp8_linear_gain: 0.7354734,
     attention_efficiency: 0.5,
-    linear_attention_efficiency: 0.2047505,
+    linear_attention_efficiency: 0.1985459,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 2.795357e-8,
-    state_bytes_per_sqrt_b: 1.566672e+07,
-    hybrid_prefix_cache_cost: 3.565462e-6,
+    kv_fp8_dequant_cost: 2.640059e-8,
+    state_bytes_per_sqrt_b: 1.450497e+07,
+    hybrid_prefix_cache_cost: 3.606087e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
@@ -198,10 +199,10 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     tensor_parallel_efficiency: 0.85,
     eager_step_overhead: 0.01238515,
     draft_cost: 4.328157e-3,
-    draft_cost_per_sequence: 1.012293e-4,
-    kernel_boundaries: 1.192068e-3,
-    multimodal_inputs_cost: 5.079724e-4,
-    acceptance_mtp: 0.8623251,
+    draft_cost_per_sequence: 1.034168e-4,
+    kernel_boundaries: 1.138093e-3,
+    multimodal_inputs_cost: 5.313442e-4,
+    acceptance_mtp: 0.8729501,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
@@ -211,23 +212,23 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     // 143 for Qwen3.5-9B on an H100, 324 on an H200: `Scheduler::max_num_seqs`).
     vllm: EngineCosts {
         step_overhead: 5.74922e-3,
-        decode_token_overhead: 8.727658e-5,
+        decode_token_overhead: 8.463184e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
-        mixed_token_factor: 2.421683,
-        overlap: 0.928077,
+        mixed_token_factor: 2.468558,
+        overlap: 0.931202,
     },
     sglang: EngineCosts {
-        step_overhead: 0.01231127,
-        decode_token_overhead: 1.823897e-4,
+        step_overhead: 0.0124983,
+        decode_token_overhead: 1.852507e-4,
         default_max_num_seqs: 4096,
         default_max_num_batched_tokens: 8192,
         mixed_token_factor: 1.0,
-        overlap: 0.8118855,
+        overlap: 0.8745674,
     },
-    throughput_step_factor: 0.9786032,
+    throughput_step_factor: 0.9934469,
     throughput_token_factor: 1.012958,
-    interactivity_step_factor: 0.3155289,
+    interactivity_step_factor: 0.3932133,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -723,7 +724,8 @@ pub struct CostModel {
     pub window: Option<WindowCost>,
     /// vLLM on a hybrid model: a step that prefills runs its decoding sequences' linear attention
     /// through the chunked kernels, which move each state [`StateTypes::chunked_passes`] times as
-    /// much as a decode step does and compute a padded chunk for each
+    /// much as a decode step does (the passes beyond a decode's move the state tensors,
+    /// [`CostModel::state_tensor_bytes`]) and compute a padded chunk for each
     /// ([`CostModel::linear_attention_chunk_flops`]); sequences with drafts take the decode kernel
     /// even then.
     pub chunked_decode_states: bool,
@@ -866,8 +868,10 @@ impl CostModel {
         let attention = attention_flops / (self.gpu.bf16_flops * scale * c.attention_efficiency);
         let sequences = work.decoding_sequences() as f64;
         let chunked = self.chunked_decode_states && work.prefill_tokens > 0 && work.draft_tokens == 0;
-        let passes = if chunked { self.state_types.chunked_passes() } else { 1.0 };
-        let state = 2.0 * self.state_step_bytes() * sequences * passes;
+        // A decode reads and writes its fitted state; the chunked path's extra passes copy and
+        // snapshot the state tensor itself, the architecture's bytes.
+        let extra_passes = if chunked { self.state_types.chunked_passes() - 1.0 } else { 0.0 };
+        let state = 2.0 * sequences * (self.state_step_bytes() + extra_passes * self.state_tensor_bytes());
         // The linear-attention layers' chunk kernels: the prefilled tokens' chunks, and in a vLLM
         // step that also prefills, a padded chunk for each decoding sequence.
         let chunks = work.prefill_tokens as f64 / LINEAR_ATTENTION_CHUNK + if chunked { sequences } else { 0.0 };
@@ -934,6 +938,20 @@ impl CostModel {
             }
         };
         heads * CHUNK_FLOPS_PER_VALUE_HEAD
+    }
+
+    /// A hybrid model's recurrent state tensors for one sequence, in the types they are kept in,
+    /// bytes: its architecture's linear-attention layers where the simulator knows them (without
+    /// the page that pads them in memory: a copy moves the state, not the padding), else the
+    /// fitted [`CostModel::state_step_bytes`]; 0 for a transformer. What the chunked kernels'
+    /// gathers, snapshots and scatters move ([`StateTypes::chunked_passes`]).
+    pub fn state_tensor_bytes(&self) -> f64 {
+        match self.model.linear_layers {
+            Some(layers) if self.model.hybrid => {
+                f64::from(layers) * self.state_types.layer_bytes(self.model.linear_value_heads)
+            }
+            _ => self.state_step_bytes(),
+        }
     }
 
     /// A hybrid model's recurrent state per sequence as a decode step reads it and writes it back,
@@ -1083,7 +1101,16 @@ mod tests {
         assert_eq!(dense.state_bytes(), 48.0 * (48.0 * 128.0 * 128.0 * 4.0 + 3.0 * 80.0 * 128.0 * 2.0));
         let fitted = model("Qwen/Qwen3.5-122B-A10B", "H100");
         assert_eq!(fitted.state_bytes(), fitted.state_step_bytes());
-        assert_eq!(model("Qwen/Qwen3-8B", "H100").state_bytes(), 0.0);
+        assert_eq!(fitted.state_tensor_bytes(), fitted.state_step_bytes());
+        // A copy of a known architecture's states moves them unpadded, in the types they are kept in.
+        let mut padded = moe;
+        padded.state_layer_page = 4.0e6;
+        assert_eq!(padded.state_tensor_bytes(), 30.0 * StateTypes::default().layer_bytes(32));
+        padded.state_types.matrices_16bit = true;
+        let halved = 30.0 * StateTypes { matrices_16bit: true, conv_fp32: false }.layer_bytes(32);
+        assert_eq!(padded.state_tensor_bytes(), halved);
+        let dense_8b = model("Qwen/Qwen3-8B", "H100");
+        assert_eq!((dense_8b.state_bytes(), dense_8b.state_tensor_bytes()), (0.0, 0.0));
     }
 
     #[test]
@@ -1316,7 +1343,11 @@ mod tests {
         let decodes = StepWork { decode_tokens: 512, decode_context_tokens: 512 * 1100, ..Default::default() };
         let mixed = StepWork { prefill_tokens: 1024, ..decodes };
         let bandwidth = m.gpu.bandwidth * COEFFICIENTS.bandwidth_efficiency;
-        let state = 2.0 * m.state_step_bytes() * 512.0 / bandwidth;
+        // The extra passes move the state tensors themselves: the architecture's 24 layers, not
+        // the fitted bytes a decode moves.
+        assert_eq!(m.state_tensor_bytes(), 24.0 * StateTypes::default().layer_bytes(32));
+        assert_ne!(m.state_tensor_bytes(), m.state_step_bytes());
+        let state = 2.0 * m.state_tensor_bytes() * 512.0 / bandwidth;
         // A chunk through the chunked kernels; the prefill's 1024 tokens fill 16 of them.
         let chunk = m.linear_attention_chunk_flops() / (m.gpu.bf16_flops * COEFFICIENTS.linear_attention_efficiency);
         let prefill_chunks = 16.0 * chunk;
