@@ -425,8 +425,6 @@ fn a_fit_counts_neither_a_held_out_studys_rows_nor_the_rows_left_out() {
     assert_eq!(calibration::fitted_loss(outcomes(), &[1, 7]), all);
 }
 
-/// A ShareGPT row is replayed in `ORDERS` orders of the same requests, the first the stand-in's
-/// own; random prompts, all alike, in one.
 #[test]
 fn the_committed_fit_leaves_out_the_35b_a3bs_sharegpt_baseline_and_only_it() {
     // `LEFT_OUT` names rows by number: if the rows are renumbered, it must follow them.
@@ -445,6 +443,8 @@ fn the_committed_fit_leaves_out_the_35b_a3bs_sharegpt_baseline_and_only_it() {
     );
 }
 
+/// A ShareGPT row is replayed in `ORDERS` orders of the same requests, the first the stand-in's
+/// own; random prompts, all alike, in one.
 #[test]
 fn sharegpt_rows_replay_the_same_requests_in_several_orders() {
     use benchfleet_sim::calibration::{ORDERS, Profile};
