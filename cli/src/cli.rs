@@ -681,7 +681,9 @@ fn validate(matrix: &Path, json: bool) -> anyhow::Result<i32> {
                 plural(m.engines.len(), "engine"),
                 plural(m.variants.len(), "variant"),
                 plural(m.profiles.len(), "profile"),
-                plural(m.repeats as usize, "repeat"),
+                plural(m.repeats as usize, "repeat")
+                    + &m.confirm_repeats
+                        .map_or(String::new(), |n| format!(" ({n} to confirm a gain near the minimum effect)")),
                 if m.cumulative { ", each variant on top of the configuration kept so far" } else { "" }
             );
             ("greedy", shape, None)

@@ -4,11 +4,12 @@
 //! driver's side, outside the scheduler.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 
 use crate::sched::Targets;
 use crate::store::{Store, StoreError, is_sha256};
 use benchfleet_study::fleet::{FleetSpec, Per};
-use benchfleet_study::greedy::{self, Plan};
+use benchfleet_study::greedy::{self, Plan, Stage};
 use benchfleet_study::hostlist::HostList;
 use benchfleet_study::matrix::{self, Matrix, Strategy};
 use benchfleet_study::model::{
@@ -136,11 +137,16 @@ fn prepare_as(
         }
         text => Some(HostList::parse(text).map_err(SubmitError::Invalid)?),
     };
-    let (configs, profiles, stage) = match matrix.strategy {
-        Strategy::Grid | Strategy::Fleet => (matrix.configs.clone(), matrix.profiles.clone(), 1),
+    let stage = match matrix.strategy {
+        Strategy::Grid | Strategy::Fleet => Stage {
+            number: 1,
+            repeats: vec![1..=matrix.repeats; matrix.configs.len()],
+            configs: matrix.configs.clone(),
+            profiles: matrix.profiles.clone(),
+        },
         // Later stages are planned when this one ends.
         Strategy::Greedy => match greedy::plan(&matrix, &greedy::Results::default()).plan {
-            Plan::Next(s) => (s.configs, s.profiles, s.number),
+            Plan::Next(s) => s,
             Plan::Done(o) => return Err(SubmitError::Invalid(o.reason)),
         },
     };
@@ -157,7 +163,7 @@ fn prepare_as(
         runtime_override,
         fleet: fleet.as_ref().map(|f| FleetRun { per: f.per, skipped: Vec::new() }),
     };
-    let (groups, jobs) = expand(&run, &matrix, &configs, &profiles, stage, (0, 0));
+    let (groups, jobs) = expand(&run, &matrix, &stage, (0, 0));
     let greedy = matrix.strategy == Strategy::Greedy;
     let fleet = fleet.map(|f| FleetAsk {
         per: f.per,
@@ -308,6 +314,7 @@ pub fn next(store: &dyn Store, run_id: RunId) -> Result<Next, StoreError> {
         let mut added = (Vec::new(), Vec::new());
         for (stage, work) in probes {
             let first = (first_group + added.0.len() as u64, first_job + added.1.len() as u64);
+            let work: Repeated = work.into_iter().map(|(c, ps)| (c, ps, 1..=matrix.repeats)).collect();
             let (g, j) = groups_of(&run, &matrix, &work, stage, first);
             added.0.extend(g);
             added.1.extend(j);
@@ -323,8 +330,7 @@ pub fn next(store: &dyn Store, run_id: RunId) -> Result<Next, StoreError> {
     let results = greedy::Results::of(&groups, &jobs, &matrix);
     match greedy::plan(&matrix, &results).plan {
         Plan::Next(stage) => {
-            let (groups, jobs) =
-                expand(&run, &matrix, &stage.configs, &stage.profiles, stage.number, (first_group, first_job));
+            let (groups, jobs) = expand(&run, &matrix, &stage, (first_group, first_job));
             store.add_groups(run_id, &groups, &jobs)?;
             tracing::info!(run = %run_id, stage = stage.number, groups = groups.len(), jobs = jobs.len(), "greedy stage scheduled");
             Ok(Next::Stage { groups, jobs })
@@ -340,6 +346,9 @@ pub fn next(store: &dyn Store, run_id: RunId) -> Result<Next, StoreError> {
 /// and not finished, by stage (the stage its probes so far ran in): each
 /// configuration with the probe profiles it runs next.
 type Work = Vec<(EngineConfig, Vec<Profile>)>;
+
+/// A stage's work, with the repeats each configuration runs.
+type Repeated = Vec<(EngineConfig, Vec<Profile>, RangeInclusive<u32>)>;
 
 fn next_probes(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> BTreeMap<u32, Work> {
     let mut by_stage: BTreeMap<u32, Work> = BTreeMap::new();
@@ -364,26 +373,21 @@ fn next_probes(matrix: &Matrix, groups: &[Group], jobs: &[Job]) -> BTreeMap<u32,
     by_stage
 }
 
-/// The groups and jobs of configurations on profiles: one group per
-/// configuration, one job per profile it runs and repeat (a search profile:
-/// one per point of its first round, the two bounds); ids start at `first`
-/// (group, job).
-pub fn expand(
-    run: &Run,
-    matrix: &Matrix,
-    configs: &[EngineConfig],
-    profiles: &[Profile],
-    stage: u32,
-    first: (u64, u64),
-) -> (Vec<Group>, Vec<Job>) {
-    let work: Work = configs
+/// The groups and jobs of a stage: one group per configuration, one job per
+/// profile it runs and repeat the stage gives it (a search profile: one per
+/// point of its first round, the two bounds); ids start at `first` (group,
+/// job).
+pub fn expand(run: &Run, matrix: &Matrix, stage: &Stage, first: (u64, u64)) -> (Vec<Group>, Vec<Job>) {
+    let work: Repeated = stage
+        .configs
         .iter()
-        .map(|c| {
-            let runs = profiles.iter().filter(|p| c.runs(&p.name));
-            (c.clone(), runs.flat_map(first_round).collect())
+        .zip(&stage.repeats)
+        .map(|(c, repeats)| {
+            let runs = stage.profiles.iter().filter(|p| c.runs(&p.name));
+            (c.clone(), runs.flat_map(first_round).collect(), repeats.clone())
         })
         .collect();
-    groups_of(run, matrix, &work, stage, first)
+    groups_of(run, matrix, &work, stage.number, first)
 }
 
 /// The jobs a profile starts with: itself, or a search's first probes.
@@ -398,9 +402,9 @@ fn first_round(p: &Profile) -> Vec<Profile> {
 }
 
 /// One group per configuration, one job per profile given and repeat.
-fn groups_of(run: &Run, matrix: &Matrix, work: &Work, stage: u32, first: (u64, u64)) -> (Vec<Group>, Vec<Job>) {
+fn groups_of(run: &Run, matrix: &Matrix, work: &Repeated, stage: u32, first: (u64, u64)) -> (Vec<Group>, Vec<Job>) {
     let (mut groups, mut jobs) = (Vec::new(), Vec::new());
-    for (n, (config, profiles)) in work.iter().enumerate() {
+    for (n, (config, profiles, repeats)) in work.iter().enumerate() {
         let mut config = config.clone();
         if let Some(r) = run.runtime_override {
             config.runtime = r;
@@ -418,7 +422,7 @@ fn groups_of(run: &Run, matrix: &Matrix, work: &Work, stage: u32, first: (u64, u
             pin: None,
         };
         for profile in profiles {
-            for repeat in 1..=matrix.repeats {
+            for repeat in repeats.clone() {
                 let id = first.1 + jobs.len() as u64;
                 group.jobs.push(id);
                 jobs.push(Job::new(run.id, id, group.id, profile.clone(), repeat));

@@ -10,6 +10,7 @@
 //! restart), and the report calls it to explain each choice.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 
 use benchfleet_core::Summary;
 use benchfleet_core::stats::Difference;
@@ -24,7 +25,8 @@ pub const FINAL_STAGE: u32 = 4;
 /// What the planner knows of a run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Results {
-    /// Per configuration whose jobs on the primary profile have all ended:
+    /// Per configuration whose jobs on the primary profile have all ended
+    /// (while a confirmation runs, those of the matrix's repeats):
     /// its successful repeats there pooled (throughputs over their summed
     /// durations, means over all their requests; no percentiles), `None`
     /// when none succeeded.
@@ -37,6 +39,10 @@ pub struct Results {
     /// for the intervals that say whether a difference is real. A
     /// configuration absent here counts as its pooled summary alone.
     pub repeats: BTreeMap<String, Vec<Summary>>,
+    /// The highest repeat of each of `primary` run on the primary profile,
+    /// successful or not: a confirmation numbers its repeats after it. A
+    /// configuration absent here ran the matrix's `repeats`.
+    pub runs: BTreeMap<String, u32>,
     /// Whether the final stage was scheduled.
     pub final_scheduled: bool,
 }
@@ -140,9 +146,17 @@ impl Results {
             let of_group = jobs.iter().filter(|j| j.group == g.id && j.profile.name == primary_profile);
             by_config.entry(&g.config.name).or_default().extend(of_group);
         }
+        let done = |js: &[&Job]| !js.is_empty() && js.iter().all(|j| j.state.is_terminal());
         let ended: Vec<(&str, Vec<&Job>)> = by_config
             .into_iter()
-            .filter(|(_, js)| !js.is_empty() && js.iter().all(|j| j.state.is_terminal()))
+            .filter_map(|(name, js)| {
+                if done(&js) {
+                    return Some((name, js));
+                }
+                // While a confirmation runs, the matrix's repeats stand for the configuration.
+                let asked: Vec<&Job> = js.into_iter().filter(|j| j.repeat <= matrix.repeats).collect();
+                done(&asked).then_some((name, asked))
+            })
             .collect();
         let repeats: BTreeMap<String, Vec<Summary>> = ended
             .iter()
@@ -150,6 +164,10 @@ impl Results {
                 let done = js.iter().filter(|j| j.state == JobState::Succeeded).filter_map(|j| j.summary.clone());
                 ((*name).to_owned(), done.collect())
             })
+            .collect();
+        let runs = ended
+            .iter()
+            .map(|(name, js)| ((*name).to_owned(), js.iter().map(|j| j.repeat).max().unwrap_or_default()))
             .collect();
         let primary = ended
             .iter()
@@ -163,7 +181,7 @@ impl Results {
                 ((*name).to_owned(), measured)
             })
             .collect();
-        Results { primary, repeats, final_scheduled }
+        Results { primary, repeats, runs, final_scheduled }
     }
 
     /// The results of a primary profile that searches: each configuration
@@ -188,7 +206,7 @@ impl Results {
                     .insert(g.config.name.clone(), Some(Measured { summary, capacity: Some(capacity), steady: None }));
             }
         }
-        Results { primary, repeats: BTreeMap::new(), final_scheduled }
+        Results { primary, final_scheduled, ..Results::default() }
     }
 
     /// A configuration's repeats (its pooled summary when they are not
@@ -207,6 +225,9 @@ pub struct Stage {
     pub number: u32,
     pub configs: Vec<EngineConfig>,
     pub profiles: Vec<Profile>,
+    /// The repeats to run of each of `configs` (in its order): the matrix's
+    /// `1..=repeats`, or for a confirmation those after the ones it ran.
+    pub repeats: Vec<RangeInclusive<u32>>,
 }
 
 /// How the procedure ended.
@@ -278,7 +299,67 @@ struct Greedy<'a> {
 
 impl<'a> Greedy<'a> {
     fn next(&self, number: u32, configs: Vec<EngineConfig>) -> Plan {
-        Plan::Next(Stage { number, configs, profiles: self.primary.clone() })
+        let repeats = vec![1..=self.matrix.repeats; configs.len()];
+        Plan::Next(Stage { number, configs, profiles: self.primary.clone(), repeats })
+    }
+
+    /// The highest repeat a configuration ran on the primary profile.
+    fn runs(&self, name: &str) -> u32 {
+        self.results.runs.get(name).copied().unwrap_or(self.matrix.repeats)
+    }
+
+    /// Whether either configuration ran more repeats than the matrix asks:
+    /// a comparison of them was confirmed, and says on how many.
+    fn confirmed(&self, a: &str, b: &str) -> bool {
+        self.runs(a).max(self.runs(b)) > self.matrix.repeats
+    }
+
+    /// A combination kept, against the baseline; against the previous one
+    /// too where that was confirmed on more repeats.
+    fn kept(&self, base: &Measured, previous: (&str, &Measured), candidate: (&str, &Measured)) -> String {
+        let now = self.objective.change(base, candidate.1);
+        if self.confirmed(previous.0, candidate.0) {
+            format!("{now}, kept ({} against the previous)", self.compare(previous, candidate).shown)
+        } else {
+            format!("{now}, kept")
+        }
+    }
+
+    /// The sides of a comparison to run again before it is taken
+    /// (`acceptance.confirm_repeats`): none unless the candidate's gain is
+    /// from 0 to twice the minimum effect, where one run each may fall on
+    /// either side of the gate; else each side run fewer times than asked.
+    fn unconfirmed(
+        &self,
+        reference: (&EngineConfig, &Measured),
+        candidate: (&EngineConfig, &Measured),
+    ) -> Vec<EngineConfig> {
+        let Some(n) = self.matrix.confirm_repeats else { return Vec::new() };
+        let c = self.compare((&reference.0.name, reference.1), (&candidate.0.name, candidate.1));
+        if !(0.0..2.0 * self.matrix.min_effect).contains(&self.objective.gain(&c)) {
+            return Vec::new();
+        }
+        [reference.0, candidate.0].into_iter().filter(|config| self.runs(&config.name) < n).cloned().collect()
+    }
+
+    /// Stage `number`'s candidates that may be adopted, each against the
+    /// `reference`: the stage that runs those near the gate and the reference
+    /// again up to `acceptance.confirm_repeats` (each once, in that order),
+    /// if there is any.
+    fn confirm(&self, number: u32, reference: (&EngineConfig, &Measured), candidates: &[EngineConfig]) -> Staged<()> {
+        let n = self.matrix.confirm_repeats.unwrap_or_default();
+        let mut again: Vec<EngineConfig> = Vec::new();
+        let acceptable = candidates.iter().filter_map(|c| Some((c, self.acceptable(&c.name).ok()?)));
+        for config in acceptable.flat_map(|candidate| self.unconfirmed(reference, candidate)) {
+            if !again.iter().any(|c| c.name == config.name) {
+                again.push(config);
+            }
+        }
+        if again.is_empty() {
+            return Ok(());
+        }
+        let repeats = again.iter().map(|c| self.runs(&c.name) + 1..=n).collect();
+        Err(Plan::Next(Stage { number, configs: again, profiles: self.primary.clone(), repeats }))
     }
 
     fn stop(reason: String) -> Plan {
@@ -318,11 +399,15 @@ impl<'a> Greedy<'a> {
         if self.objective == Objective::Capacity {
             return self.objective.compare(&[reference.1], &[candidate.1], min_effect);
         }
-        self.objective.compare(
-            &self.results.repeats_of(reference.0, &reference.1.summary),
-            &self.results.repeats_of(candidate.0, &candidate.1.summary),
-            min_effect,
-        )
+        let (r, c) = (
+            self.results.repeats_of(reference.0, &reference.1.summary),
+            self.results.repeats_of(candidate.0, &candidate.1.summary),
+        );
+        let mut comparison = self.objective.compare(&r, &c, min_effect);
+        if self.confirmed(reference.0, candidate.0) {
+            comparison.shown.push_str(&format!(", over {} and {} repeats", r.len(), c.len()));
+        }
+        comparison
     }
 
     /// Stage 1: each engine at its defaults; the best is built on.
@@ -379,6 +464,7 @@ impl<'a> Greedy<'a> {
         if !missing.is_empty() {
             return Err(self.next(2, missing));
         }
+        self.confirm(2, (baseline, base), &singles)?;
         let mut helping = Vec::new();
         for (v, config) in applicable.iter().zip(&singles) {
             let verdict = match self.acceptable(&config.name) {
@@ -460,16 +546,18 @@ impl<'a> Greedy<'a> {
             if !self.results.primary.contains_key(&config.name) {
                 return Err(self.next(3, vec![config]));
             }
+            self.confirm(3, (&matrix.config_with(engine, &chosen), current), std::slice::from_ref(&config))?;
             let verdict = match self.acceptable(&config.name) {
                 Err(why) => why,
                 Ok(s) => {
                     let c = self.compare((&current_name, current), (&config.name, s));
                     match c.verdict {
                         Verdict::Better => {
+                            let kept = self.kept(base, (&current_name, current), (&config.name, s));
                             chosen = candidate;
                             current = s;
                             current_name = config.name.clone();
-                            format!("{}, kept", objective.change(base, s))
+                            kept
                         }
                         Verdict::WithinNoise | Verdict::Worse => self.not_kept(base, current, s, &c),
                     }
@@ -511,6 +599,7 @@ impl<'a> Greedy<'a> {
             if !missing.is_empty() {
                 return Err(self.next(3, missing));
             }
+            self.confirm(3, (&matrix.config_with(engine, &chosen), current), &candidates)?;
             // Each candidate helps (its result) or why not.
             let judged: Vec<Result<&'a Measured, String>> = candidates
                 .iter()
@@ -528,7 +617,9 @@ impl<'a> Greedy<'a> {
                 .reduce(|a, b| if objective.better(b.1, a.1) { b } else { a });
             for (i, judged) in judged.into_iter().enumerate() {
                 let verdict = match (judged, best) {
-                    (Ok(s), Some((b, _))) if b == i => format!("{}, kept", objective.change(base, s)),
+                    (Ok(s), Some((b, _))) if b == i => {
+                        self.kept(base, (&current_name, current), (&candidates[i].name, s))
+                    }
                     (Ok(s), Some((b, kept))) => {
                         let c = self.compare((&candidates[b].name, kept), (&candidates[i].name, s));
                         let (now, best, group) = (
@@ -602,7 +693,8 @@ impl<'a> Greedy<'a> {
             finalists.push(baseline.clone());
         }
         if !self.results.final_scheduled {
-            return Plan::Next(Stage { number: FINAL_STAGE, configs: finalists, profiles: others });
+            let repeats = vec![1..=matrix.repeats; finalists.len()];
+            return Plan::Next(Stage { number: FINAL_STAGE, configs: finalists, profiles: others, repeats });
         }
         for f in &finalists {
             let role = if f.name == winner.name { "the winner" } else { "the baseline" };
@@ -710,6 +802,16 @@ impl Objective {
             Objective::MeanLatency => -self.value(s),
             _ => self.value(s),
         }
+    }
+
+    /// A comparison's relative change, positive when the candidate is
+    /// better (0 against a reference of 0).
+    pub fn gain(self, c: &Comparison) -> f64 {
+        if c.reference == 0.0 {
+            return 0.0;
+        }
+        let relative = (c.candidate - c.reference) / c.reference.abs();
+        if self == Objective::MeanLatency { -relative } else { relative }
     }
 
     /// Strictly better: a tie does not help.
@@ -1586,5 +1688,130 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         );
         assert_ne!(lowered, MATRIX);
         assert_eq!(winner(&lowered).as_deref(), Some("vllm+a"));
+    }
+
+    /// Results where each configuration ran the throughputs given, one repeat each.
+    fn ran(of: &[(&str, &[f64])]) -> Results {
+        let summary = |tps: f64| Summary { successful: OK, total_token_throughput: tps, ..Summary::default() };
+        let mut results = Results::default();
+        for (name, runs) in of {
+            let mean = runs.iter().sum::<f64>() / runs.len().max(1) as f64;
+            results.primary.insert((*name).to_owned(), Some(Measured::from(summary(mean))));
+            results.repeats.insert((*name).to_owned(), runs.iter().map(|&t| summary(t)).collect());
+            results.runs.insert((*name).to_owned(), runs.len() as u32);
+        }
+        results
+    }
+
+    /// The decisions one a line, then the plan with each configuration's repeats.
+    fn check_repeated(yaml: &str, results: &Results, expected: &str) {
+        let m = crate::matrix::parse("m.yaml", yaml, &|_| None).expect("valid matrix");
+        let planned = plan(&m, results);
+        let mut shown: Vec<String> =
+            planned.decisions.iter().map(|d| format!("{} {}: {}", d.stage, d.config, d.verdict)).collect();
+        shown.push(match planned.plan {
+            Plan::Next(s) => {
+                let configs = s.configs.iter().zip(&s.repeats);
+                let runs: Vec<String> =
+                    configs.map(|(c, r)| format!("{} (repeats {}-{})", c.name, r.start(), r.end())).collect();
+                format!("next {}: {}", s.number, runs.join(", "))
+            }
+            Plan::Done(o) => format!("done: {:?}: {}", o.winner, o.reason),
+        });
+        assert_eq!(shown.join("\n"), expected.trim());
+    }
+
+    #[test]
+    fn a_gain_near_the_minimum_effect_is_confirmed_on_more_repeats_before_it_is_taken() {
+        let yaml = MATRIX.replace("min_success_rate: 0.99 }", "min_success_rate: 0.99, confirm_repeats: 3 }");
+        // c's +1.5% is under twice the 1% minimum effect: one more run each could put it on either
+        // side, so c and the baseline it is compared with run to 3 repeats first. a (+10%) and b
+        // (-5%) are far from it, and stage 1's choice has no gate.
+        let one = [
+            ("vllm", &[100.0][..]),
+            ("sglang", &[90.0]),
+            ("vllm+a", &[110.0]),
+            ("vllm+b", &[95.0]),
+            ("vllm+c", &[101.5]),
+        ];
+        check_repeated(
+            &yaml,
+            &ran(&one),
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+next 2: vllm (repeats 2-3), vllm+c (repeats 2-3)",
+        );
+        // Confirmed: the three runs each put c within noise, and the procedure goes on.
+        let mut three = one;
+        three[0].1 = &[100.0, 103.0, 98.0];
+        three[4].1 = &[101.5, 99.0, 102.5];
+        check_repeated(
+            &yaml,
+            &ran(&three),
+            "
+1 vllm: total token throughput 100.33 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +9.63%, over 3 and 1 repeats, helps
+2 vllm+b: -5.32%, over 3 and 1 repeats, does not help
+2 vllm+c: +0.66% ± 5.15%, over 3 and 3 repeats, within noise, not adopted
+3 vllm+a: +9.63%, the best single variant, kept
+next 4: vllm+a (repeats 1-1), vllm (repeats 1-1)",
+        );
+        // Repeats that failed are not run again: what succeeded decides.
+        let mut failed = ran(&one);
+        failed.runs.extend([("vllm".to_owned(), 3), ("vllm+c".to_owned(), 3)]);
+        check_repeated(
+            &yaml,
+            &failed,
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, over 1 and 1 repeats, helps
+2 vllm+b: -5.00%, over 1 and 1 repeats, does not help
+2 vllm+c: +1.50%, over 1 and 1 repeats, helps
+3 vllm+a: +10.00%, the best single variant, kept
+next 3: vllm+a+c (repeats 1-1)",
+        );
+        // Without confirm_repeats, c is taken on its one run.
+        check_repeated(
+            MATRIX,
+            &ran(&one),
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+1 sglang: total token throughput 90.00 tok/s, below vllm
+2 vllm+a: +10.00%, helps
+2 vllm+b: -5.00%, does not help
+2 vllm+c: +1.50%, helps
+3 vllm+a: +10.00%, the best single variant, kept
+next 3: vllm+a+c (repeats 1-1)",
+        );
+    }
+
+    #[test]
+    fn a_cumulative_run_confirms_a_step_near_the_minimum_effect_against_the_configuration_kept() {
+        let yaml = format!("{CUMULATIVE}acceptance: {{ confirm_repeats: 3 }}\n");
+        let mut of = vec![("vllm", &[100.0][..]), ("vllm+a", &[110.0]), ("vllm+a+b", &[111.6])];
+        check_repeated(
+            &yaml,
+            &ran(&of),
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+3 vllm+a: +10.00%, kept
+next 3: vllm+a (repeats 2-3), vllm+a+b (repeats 2-3)",
+        );
+        // b's +1.5% on top of a holds over three runs each: kept, and the group's alternatives
+        // come next on top of both.
+        of[1].1 = &[110.0, 110.2, 109.8];
+        of[2].1 = &[111.6, 111.8, 111.4];
+        check_repeated(
+            &yaml,
+            &ran(&of),
+            "
+1 vllm: total token throughput 100.00 tok/s, chosen
+3 vllm+a: +10.00%, kept (+10.00%, over 1 and 3 repeats against the previous)
+3 vllm+a+b: +11.60%, kept (+1.45% ± 0.41%, over 3 and 3 repeats against the previous)
+next 3: vllm+a+b+x (repeats 1-1), vllm+a+b+y (repeats 1-1)",
+        );
     }
 }

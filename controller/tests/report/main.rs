@@ -17,6 +17,7 @@ use benchfleet_controller::records::Write;
 use benchfleet_controller::store::{RecordCommit, SledStore, Store};
 use benchfleet_core::Summary;
 use benchfleet_core::metrics::Distribution;
+use benchfleet_study::greedy::{self, Plan};
 use benchfleet_study::report::{Format, compare, doc::ReportDoc, render_as};
 use sha2::Digest as _;
 
@@ -126,6 +127,14 @@ fn study() -> (tempfile::TempDir, SledStore, RunId) {
 type Numbers = fn(&str, &[String], &str, u64) -> Summary;
 
 fn study_of(matrix: &str, summary: Numbers) -> (tempfile::TempDir, SledStore, RunId) {
+    study_with(matrix, &|engine, variants, job| summary(engine, variants, &job.profile.name, job.profile.requests))
+}
+
+/// [`study_of`] with numbers that may also depend on the job (its repeat).
+fn study_with(
+    matrix: &str,
+    summary: &dyn Fn(&str, &[String], &Job) -> Summary,
+) -> (tempfile::TempDir, SledStore, RunId) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SledStore::open(dir.path()).expect("store");
     let sha = benchfleet_controller::store::hex(&sha2::Sha256::digest(SHAREGPT.as_bytes()));
@@ -151,7 +160,7 @@ fn study_of(matrix: &str, summary: Numbers) -> (tempfile::TempDir, SledStore, Ru
         let mut summaries = Vec::new();
         for job in &jobs {
             let group = groups.iter().find(|g| g.id == job.group).expect("its group");
-            let s = summary(&group.config.engine, &group.config.variants, &job.profile.name, job.profile.requests);
+            let s = summary(&group.config.engine, &group.config.variants, job);
             let mut j: Job = job.clone();
             j.state = JobState::Succeeded;
             j.attempt = 1;
@@ -337,6 +346,65 @@ fn latency_summary(engine: &str, variants: &[String], profile: &str, requests: u
         rate_tolerance: 0.05,
         ..Summary::default()
     }
+}
+
+/// A gain near the minimum effect, confirmed: performance mode's first run
+/// gains 1.5%, under twice the 1% minimum, so it and the baseline run to
+/// three repeats each in the store, whose mean puts it within noise.
+#[test]
+fn a_gain_near_the_minimum_effect_is_run_again_and_taken_on_its_repeats() {
+    let matrix = MATRIX.replace("min_success_rate: 0.99 }", "min_success_rate: 0.99, confirm_repeats: 3 }");
+    let (_dir, store, run) = study_with(&matrix, &|engine, variants, job| {
+        let mut s = summary(engine, variants, &job.profile.name, job.profile.requests);
+        if variants.iter().any(|v| v == "performance-mode") {
+            let gain = if job.repeat == 1 { 1.015 } else { 0.996 };
+            s.total_token_throughput *= gain / factor("performance-mode").0;
+        }
+        s
+    });
+    let repeats_of = |config: &str| {
+        let groups = store.groups(run).expect("groups");
+        let mut repeats: Vec<(u32, u32)> = store
+            .jobs(run)
+            .expect("jobs")
+            .iter()
+            .filter(|j| j.profile.name == "sharegpt")
+            .filter(|j| groups.iter().any(|g| g.id == j.group && g.config.name == config))
+            .map(|j| (groups.iter().find(|g| g.id == j.group).expect("its group").stage, j.repeat))
+            .collect();
+        repeats.sort();
+        repeats
+    };
+    // Stage 2 ran both again, numbering their repeats after the first.
+    assert_eq!(repeats_of("vllm"), [(1, 1), (2, 2), (2, 3)]);
+    assert_eq!(repeats_of("vllm+performance-mode"), [(2, 1), (2, 2), (2, 3)]);
+    // Far from the gate, the others ran once.
+    assert_eq!(repeats_of("vllm+prefix-caching"), [(2, 1)]);
+    let doc = doc_of(&store, run);
+    let md = render_as(&doc, Format::Markdown);
+    assert!(md.contains("over 3 and 3 repeats, within noise, not adopted"), "{md}");
+    assert!(md.contains("1 repeat (3 where a decision was confirmed) per configuration and profile"), "{md}");
+    assert!(md.contains("was taken again once both sides had run 3 times"), "{md}");
+    assert!(md.contains("+4.00%, over 3 and 1 repeats, helps"), "{md}");
+    let rec = doc.recommendation.as_ref().expect("a recommendation");
+    assert!(!rec.config.contains("performance-mode"), "{}", rec.config);
+    // While the confirmation ran, the planner (and a report read then) stood at stage 2, waiting
+    // for it, on the repeats before it.
+    let matrix = benchfleet_study::matrix::parse("qwen.yaml", &matrix, &|_| Some("ab".repeat(32))).expect("valid");
+    let groups: Vec<_> = store.groups(run).expect("groups").into_iter().filter(|g| g.stage <= 2).collect();
+    let mut jobs: Vec<Job> =
+        store.jobs(run).expect("jobs").into_iter().filter(|j| groups.iter().any(|g| g.id == j.group)).collect();
+    for j in jobs.iter_mut().filter(|j| j.repeat > 1) {
+        j.state = JobState::Pending;
+    }
+    let planned = greedy::plan(&matrix, &greedy::Results::of(&groups, &jobs, &matrix));
+    let Plan::Next(stage) = planned.plan else { panic!("the confirmation is still running: {planned:?}") };
+    let names: Vec<&str> = stage.configs.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!((stage.number, names, stage.repeats), (2, vec!["vllm", "vllm+performance-mode"], vec![2..=3, 2..=3]));
+    // The confirmed configurations' repeats are pooled in their blocks.
+    let vllm = doc.configurations.iter().find(|c| c.name == "vllm").expect("vllm");
+    let sharegpt = vllm.blocks.iter().find(|b| b.profile == "sharegpt").expect("its sharegpt block");
+    assert_eq!(sharegpt.repeats.len(), 3, "{md}");
 }
 
 #[test]

@@ -161,6 +161,10 @@ pub struct Matrix {
     /// The smallest relative difference (0.01 = 1%) that counts as one: a
     /// smaller one is within noise, whatever its interval.
     pub min_effect: f64,
+    /// With the greedy strategy: a decision taken on fewer repeats than
+    /// this, whose gain is under twice `min_effect` (from 0), is taken again
+    /// once both sides have run this many (`acceptance.confirm_repeats`).
+    pub confirm_repeats: Option<u32>,
     /// Jobs may run with a warm prefix cache when an engine's cannot be
     /// emptied between them.
     pub allow_warm_cache: bool,
@@ -262,6 +266,8 @@ fn parse_as(
         Strategy::Fleet => cx.one_config(&raw, top.repeats, &engines, &variants, &profiles, &mut warnings)?,
     };
     let fleet = cx.fleet(&raw, top.strategy)?;
+    let confirm_repeats =
+        cx.confirm_repeats(&raw, &top, min_effect, profiles.list.iter().find(|p| p.name == primary_profile))?;
     if raw.cumulative && top.strategy != Strategy::Greedy {
         return Err(
             cx.err("cumulative", "orders the greedy strategy's stages: set strategy: greedy, or remove it".to_owned())
@@ -287,6 +293,7 @@ fn parse_as(
         gpus_per_job: top.gpus_per_job,
         min_success_rate,
         min_effect,
+        confirm_repeats,
         allow_warm_cache: raw.allow_warm_cache,
         repeats: top.repeats,
         strategy: top.strategy,
@@ -449,6 +456,40 @@ impl Ctx<'_> {
             Some(v) => fraction(&err, "acceptance.min_effect", v)?,
         };
         Ok((min_success_rate, min_effect))
+    }
+
+    /// `acceptance.confirm_repeats`: more than `repeats`, with the greedy
+    /// strategy on a primary profile that does not search, and a minimum
+    /// effect to be near.
+    fn confirm_repeats(
+        &self,
+        raw: &RawMatrix,
+        top: &Top,
+        min_effect: f64,
+        primary: Option<&Profile>,
+    ) -> Result<Option<u32>, MatrixError> {
+        let Some(asked) = raw.acceptance.as_ref().and_then(|a| a.confirm_repeats) else { return Ok(None) };
+        let err = |message: String| Err(self.err("acceptance.confirm_repeats", message));
+        let Some(n) = u32::try_from(asked).ok().filter(|&n| (2..=self.cap(MAX_REPEATS)).contains(&i64::from(n))) else {
+            return err(format!("must be from 2 to {MAX_REPEATS}, got {asked}"));
+        };
+        if n <= top.repeats {
+            return err(format!("{n} is not more than repeats ({}): a confirmation runs more repeats", top.repeats));
+        }
+        if top.strategy != Strategy::Greedy {
+            return err(
+                "only the greedy strategy confirms its decisions: set strategy: greedy, or remove it".to_owned()
+            );
+        }
+        if min_effect <= 0.0 {
+            return err(
+                "confirms a gain under twice acceptance.min_effect, which is 0: set a minimum effect".to_owned()
+            );
+        }
+        if primary.is_some_and(|p| p.search.is_some()) {
+            return err("the primary profile searches, and a capacity is confirmed by its search's probes".to_owned());
+        }
+        Ok(Some(n))
     }
 
     /// `profiles` (each sweep expanded into its points) and `processor`.
@@ -1906,6 +1947,42 @@ profiles:
         assert_eq!(effect("acceptance: { min_effect: 2.5% }\n"), 0.025);
         assert_eq!(effect("acceptance: { min_effect: 0.03, min_success_rate: 0.9 }\n"), 0.03);
         assert_eq!(effect("acceptance: { min_effect: 0 }\n"), 0.0);
+    }
+
+    #[test]
+    fn confirm_repeats_asks_more_repeats_of_a_greedy_run_near_its_minimum_effect() {
+        let greedy = GOOD.replace("repeats: 2", "repeats: 1") + "strategy: greedy\n";
+        let confirm = |yaml: &str| parse("m.yaml", yaml, &hash).map(|m| m.confirm_repeats);
+        assert_eq!(confirm(&greedy).expect("valid"), None);
+        assert_eq!(confirm(&format!("{greedy}acceptance: {{ confirm_repeats: 3 }}\n")).expect("valid"), Some(3));
+        check_err(
+            &format!("{greedy}acceptance: {{ confirm_repeats: 1 }}\n"),
+            "m.yaml:18: acceptance.confirm_repeats: must be from 2 to 100, got 1",
+        );
+        check_err(
+            &format!("{greedy}acceptance: {{ confirm_repeats: 101 }}\n"),
+            "m.yaml:18: acceptance.confirm_repeats: must be from 2 to 100, got 101",
+        );
+        check_err(
+            &format!("{GOOD}strategy: greedy\nacceptance: {{ confirm_repeats: 2 }}\n"),
+            "m.yaml:18: acceptance.confirm_repeats: 2 is not more than repeats (2): a confirmation runs more repeats",
+        );
+        check_err(
+            &format!("{GOOD}acceptance: {{ confirm_repeats: 3 }}\n"),
+            "m.yaml:17: acceptance.confirm_repeats: only the greedy strategy confirms its decisions: set strategy: \
+             greedy, or remove it",
+        );
+        check_err(
+            &format!("{greedy}acceptance: {{ confirm_repeats: 3, min_effect: 0 }}\n"),
+            "m.yaml:18: acceptance.confirm_repeats: confirms a gain under twice acceptance.min_effect, which is 0: \
+             set a minimum effect",
+        );
+        let capacity = include_str!("../../../examples/capacity.yaml").replace("strategy: grid", "strategy: greedy");
+        let e = parse("capacity.yaml", &format!("{capacity}acceptance: {{ confirm_repeats: 3 }}\n"), &|_| {
+            Some(String::new())
+        })
+        .expect_err("a search confirms by its probes");
+        assert!(e.to_string().contains("the primary profile searches"), "{e}");
     }
 
     #[test]

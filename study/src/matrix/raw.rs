@@ -94,6 +94,9 @@ pub(super) struct RawAcceptance {
     /// A fraction (0.01) or a percentage ("1%").
     #[serde(default)]
     pub(super) min_effect: Option<serde_yaml_ng::Value>,
+    /// The repeats a greedy decision near the minimum effect is taken on.
+    #[serde(default)]
+    pub(super) confirm_repeats: Option<i64>,
 }
 
 pub(super) fn all() -> f64 {

@@ -176,6 +176,10 @@ pub struct RunInfo {
     /// The smallest relative gain that counts as one (a fraction).
     pub min_effect: f64,
     pub repeats: u32,
+    /// The repeats a greedy decision near the minimum effect was taken on
+    /// (`acceptance.confirm_repeats`), if the matrix asks.
+    #[serde(default)]
+    pub confirm_repeats: Option<u32>,
 }
 
 /// What the numbers were measured with.

@@ -166,13 +166,19 @@ fn notes(out: &mut String, doc: &ReportDoc) {
             ),
         );
     }
+    let confirmed = doc.run.confirm_repeats.map_or(String::new(), |n| {
+        format!(
+            " A decision taken on fewer than {n} repeats whose gain came out from 0 to twice that minimum was taken \
+             again once both sides had run {n} times: one run each can fall on either side of it."
+        )
+    });
     note(
         out,
         format!(
             "A difference counts only when it is at least {:.2}% and its 95% interval excludes zero: Welch's with two \
              repeats or more on each side, else the one the runs' own requests give (batch means; a mean latency, \
              TTFT or TPOT of the same requests batch by batch, paired). Otherwise it is within noise, and a variant \
-             within noise is never adopted.",
+             within noise is never adopted.{confirmed}",
             doc.run.min_effect * 100.0
         ),
     );
@@ -218,12 +224,13 @@ fn setup(out: &mut String, doc: &ReportDoc) {
     let _ = writeln!(
         out,
         "Each job started the engine configuration on its GPUs and ran `benchfleet-loadgen` against it; every \
-         request's record was streamed to the controller and stored. {} repeat{} per configuration and profile; \
+         request's record was streamed to the controller and stored. {} repeat{}{} per configuration and profile; \
          repeats are pooled (the percentiles of the union of their samples, never a mean of percentiles), and each \
          headline number gets a 95% interval from the repeats' own values (Student's t). Objective: {}; \
          acceptance: a success rate of at least {:.1}%. Metric definitions: docs/metrics.md.\n",
         doc.run.repeats,
         if doc.run.repeats == 1 { "" } else { "s" },
+        doc.run.confirm_repeats.map_or(String::new(), |n| format!(" ({n} where a decision was confirmed)")),
         doc.run.objective,
         doc.run.min_success_rate * 100.0
     );

@@ -251,6 +251,7 @@ pub fn document<M: Measurements + ?Sized>(
             min_success_rate,
             min_effect,
             repeats: matrix.as_ref().map_or(1, |m| m.repeats),
+            confirm_repeats: matrix.as_ref().and_then(|m| m.confirm_repeats),
         },
         setup,
         profiles,
