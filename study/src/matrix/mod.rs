@@ -473,13 +473,13 @@ impl Ctx<'_> {
         let Some(n) = u32::try_from(asked).ok().filter(|&n| (2..=self.cap(MAX_REPEATS)).contains(&i64::from(n))) else {
             return err(format!("must be from 2 to {MAX_REPEATS}, got {asked}"));
         };
-        if n <= top.repeats {
-            return err(format!("{n} is not more than repeats ({}): a confirmation runs more repeats", top.repeats));
-        }
         if top.strategy != Strategy::Greedy {
             return err(
                 "only the greedy strategy confirms its decisions: set strategy: greedy, or remove it".to_owned()
             );
+        }
+        if n <= top.repeats {
+            return err(format!("{n} is not more than repeats ({}): a confirmation runs more repeats", top.repeats));
         }
         if min_effect <= 0.0 {
             return err(
@@ -1968,7 +1968,7 @@ profiles:
             "m.yaml:18: acceptance.confirm_repeats: 2 is not more than repeats (2): a confirmation runs more repeats",
         );
         check_err(
-            &format!("{GOOD}acceptance: {{ confirm_repeats: 3 }}\n"),
+            &format!("{GOOD}acceptance: {{ confirm_repeats: 2 }}\n"),
             "m.yaml:17: acceptance.confirm_repeats: only the greedy strategy confirms its decisions: set strategy: \
              greedy, or remove it",
         );
