@@ -336,7 +336,8 @@ impl<'a> Greedy<'a> {
     ) -> Vec<EngineConfig> {
         let Some(n) = self.matrix.confirm_repeats else { return Vec::new() };
         let c = self.compare((&reference.0.name, reference.1), (&candidate.0.name, candidate.1));
-        if !(0.0..2.0 * self.matrix.min_effect).contains(&self.objective.gain(&c)) {
+        // Against a reference of 0 there is no relative gain to be near the gate with.
+        if c.reference == 0.0 || !(0.0..2.0 * self.matrix.min_effect).contains(&c.gain) {
             return Vec::new();
         }
         [reference.0, candidate.0].into_iter().filter(|config| self.runs(&config.name) < n).cloned().collect()
@@ -729,6 +730,9 @@ pub struct Comparison {
     pub candidate: f64,
     /// candidate - reference, with Welch's 95% interval.
     pub difference: Difference,
+    /// The relative change, positive when the candidate is better (0
+    /// against a reference of 0).
+    pub gain: f64,
     pub verdict: Verdict,
     /// As the report shows it: `+9.75% ± 1.20%`, `+0.11%, below the 1.00%
     /// minimum effect`, `1.26x faster (2.09 s vs 1.65 s)`.
@@ -802,16 +806,6 @@ impl Objective {
             Objective::MeanLatency => -self.value(s),
             _ => self.value(s),
         }
-    }
-
-    /// A comparison's relative change, positive when the candidate is
-    /// better (0 against a reference of 0).
-    pub fn gain(self, c: &Comparison) -> f64 {
-        if c.reference == 0.0 {
-            return 0.0;
-        }
-        let relative = (c.candidate - c.reference) / c.reference.abs();
-        if self == Objective::MeanLatency { -relative } else { relative }
     }
 
     /// Strictly better: a tie does not help.
@@ -948,7 +942,7 @@ impl Objective {
         if below {
             shown.push_str(&format!(", below the {:.2}% minimum effect", min_effect * 100.0));
         }
-        Comparison { reference: rm, candidate: cm, difference, verdict, shown }
+        Comparison { reference: rm, candidate: cm, difference, gain, verdict, shown }
     }
 }
 
@@ -982,7 +976,7 @@ fn compare_capacities(reference: Option<&Capacity>, candidate: Option<&Capacity>
         shown.push_str(", within the searches' resolution");
     }
     let difference = Difference { diff: cm - rm, half_width: None, df: None };
-    Comparison { reference: rm, candidate: cm, difference, verdict, shown }
+    Comparison { reference: rm, candidate: cm, difference, gain: relative, verdict, shown }
 }
 
 #[cfg(test)]
@@ -1786,6 +1780,15 @@ next 3: vllm+a+c (repeats 1-1)",
 3 vllm+a: +10.00%, the best single variant, kept
 next 3: vllm+a+c (repeats 1-1)",
         );
+    }
+
+    #[test]
+    fn a_reference_of_zero_has_no_gain_to_confirm() {
+        let yaml = MATRIX.replace("min_success_rate: 0.99 }", "min_success_rate: 0.99, confirm_repeats: 3 }");
+        let of = [("vllm", &[0.0][..]), ("sglang", &[0.0]), ("vllm+a", &[0.0]), ("vllm+b", &[0.0]), ("vllm+c", &[5.0])];
+        let planned = plan(&crate::matrix::parse("m.yaml", &yaml, &|_| None).expect("valid"), &ran(&of));
+        let Plan::Next(stage) = planned.plan else { panic!("{planned:?}") };
+        assert_eq!((stage.number, &stage.repeats), (4, &vec![1..=1]), "no confirmation: {stage:?}");
     }
 
     #[test]
