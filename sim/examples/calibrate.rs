@@ -13,6 +13,9 @@
 //! caps the rounds (default 40); `KNOBS=SGLang` fits only the knobs whose names hold the word.
 //! The rows of `calibration::LEFT_OUT` are replayed but their own checks leave the loss (marked `-`
 //! in the output); `LEAVE_OUT=0,29` leaves out those rows instead, `LEAVE_OUT=none` none.
+//! `-- transformer` fits vLLM's fixed step on a transformer to the other runs marked `fitted`
+//! (`calibration::fit_transformer_step`), the rest as committed, and prints it with the hybrid part
+//! that keeps a hybrid model's step where the committed fit has it.
 //! `-- breakdown` fits nothing: it prints where each row's engine time goes under the committed
 //! coefficients, and its replay's duration, mean TTFT, latency and steps beside the report's duration.
 
@@ -47,6 +50,26 @@ fn main() {
             println!(
                 "   duration {:.2} s (published {published}) mean TTFT {:.2} s latency {:.2} s steps {} prefilling {}",
                 b.summary.duration, b.summary.mean_ttft, b.summary.mean_latency, b.steps, b.prefill_steps
+            );
+        }
+        return;
+    }
+    if std::env::args().nth(1).as_deref() == Some("transformer") {
+        let step = calibration::fit_transformer_step(&COEFFICIENTS);
+        let hybrid = COEFFICIENTS.vllm.step_overhead + COEFFICIENTS.vllm_hybrid_step_overhead - step;
+        println!("vLLM step on a transformer {step:.6e} (was {:.6e})", COEFFICIENTS.vllm.step_overhead);
+        println!("vLLM hybrid step overhead {hybrid:.6e} (was {:.6e})", COEFFICIENTS.vllm_hybrid_step_overhead);
+        let mut fitted = COEFFICIENTS;
+        (fitted.vllm.step_overhead, fitted.vllm_hybrid_step_overhead) = (step, hybrid);
+        for run in calibration::other_runs() {
+            let simulated = calibration::simulate_other(&run, &fitted);
+            let mark = if run.fitted { " " } else { "*" };
+            println!(
+                "{mark} {:+6.1}% {} {} ({})",
+                100.0 * (simulated / run.duration - 1.0),
+                run.command,
+                run.workload.name(),
+                run.engine
             );
         }
         return;

@@ -285,13 +285,14 @@ impl SimConfig {
     /// [`SimConfig::overlaps`]); with the scheduler it hides what vLLM's asynchronous scheduling,
     /// the same design, hides, or that, whichever is more (no report ran it).
     pub fn engine_costs(&self) -> EngineCosts {
-        let mut costs = EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref());
+        let hybrid = self.model_shape().hybrid;
+        let mut costs = EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref(), hybrid);
         // SGLang's fixed step is fitted on the reports' runs, all on Qwen3.5, where it carries the
         // hybrid path's work (its linear-attention backend and state pools, and its prefills'
         // launches: `Graphs::DecodeBatch`). A transformer's step is the same Python scheduler
-        // replaying the same model's graphs as vLLM's: vLLM's fixed step, and a step that
-        // prefills pays the launches (`Graphs::Decodes`).
-        if self.engine == EngineKind::Sglang && !self.model_shape().hybrid {
+        // replaying the same model's graphs as vLLM's: vLLM's fixed step on a transformer, and a
+        // step that prefills pays the launches (`Graphs::Decodes`).
+        if self.engine == EngineKind::Sglang && !hybrid {
             costs.step_overhead = self.coefficients.vllm.step_overhead;
         }
         match (self.engine, self.overlaps()) {
@@ -1355,6 +1356,17 @@ mod tests {
         assert_eq!(vllm("--no-async-scheduling").engine_costs().overlap, 0.0);
         assert!(!vllm(r#"--speculative-config={"method":"ngram","num_speculative_tokens":3}"#).overlaps());
         assert!(vllm(r#"--speculative-config={"method":"qwen3_5_mtp","num_speculative_tokens":1}"#).overlaps());
+        // A hybrid model's fixed step adds its linear-attention metadata to a transformer's, and a
+        // mode's factor takes the whole step.
+        let step = |line: &str| {
+            parse_command_line(&args(&format!("vllm serve {line}"))).expect(line).engine_costs().step_overhead
+        };
+        let (transformer, hybrid) = (COEFFICIENTS.vllm.step_overhead, COEFFICIENTS.vllm_hybrid_step_overhead);
+        assert!(transformer > 0.0 && hybrid > 0.0);
+        assert_eq!(step("Qwen/Qwen3-8B"), transformer);
+        assert_eq!(step("Qwen/Qwen3.5-9B"), transformer + hybrid);
+        let interactive = step("Qwen/Qwen3.5-9B --performance-mode interactivity");
+        assert_eq!(interactive, (transformer + hybrid) * COEFFICIENTS.interactivity_step_factor);
         // Unchunked prefill: the default budget holds a whole context.
         assert_eq!(vllm("--no-enable-chunked-prefill").max_num_batched_tokens, 32768);
         assert!(!vllm("--no-enable-chunked-prefill").chunked_prefill);

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! step = cpu + gpu - overlap × min(cpu, gpu)              (overlap: the engine's asynchronous scheduling)
-//! cpu  = engine step overhead + engine per-token overhead × decode query tokens
+//! cpu  = engine step overhead (vLLM on a hybrid model: + its linear-attention metadata)
+//!        + engine per-token overhead × decode query tokens
 //!        (× the mixed-step factor when the step also prefills)
 //!      + eager launches                                   (a step no captured CUDA graph covers)
 //! gpu  = kernel boundaries (a fixed GPU time per step)
@@ -36,7 +37,10 @@
 //! sheet and the model's size; the two engine overheads are what the
 //! published reports show beyond the roofline (scheduling, sampling, kernel
 //! launches and the linear-attention state of Qwen3.5's hybrid layers), fitted
-//! to them. The calibration test (`docs/sim-calibration.md`) keeps them honest.
+//! to them, but for vLLM's fixed step on a transformer, which the reports (all
+//! of hybrid models) cannot show and other models' runs fit
+//! (`calibration::fit_transformer_step`). The calibration test
+//! (`docs/sim-calibration.md`) keeps them honest.
 //!
 //! Every coefficient is in [`COEFFICIENTS`] or in [`GPUS`]; nothing else in
 //! the crate holds a number that shapes the simulated performance (the
@@ -133,6 +137,14 @@ pub struct Coefficients {
     pub load_warmup: f64,
     /// Per-GPU efficiency of tensor parallelism (all-reduce between GPUs).
     pub tensor_parallel_efficiency: f64,
+    /// vLLM's CPU-side work a step for a hybrid model's linear-attention layers, beyond a
+    /// transformer's step ([`EngineCosts::step_overhead`]), seconds. vLLM's hybrid KV-cache manager
+    /// splits a 3:1 hybrid's linear-attention layers into three cache groups, and every step builds
+    /// each group's linear-attention metadata again (its prefill and decode split, its chunk
+    /// indices and convolution metadata, with host syncs among them). Fitted to the reports, all of
+    /// them on Qwen3.5; the transformer's step under it is fitted to runs of a transformer
+    /// (`calibration::fit_transformer_step`).
+    pub vllm_hybrid_step_overhead: f64,
     /// The CPU-side cost of a step no captured CUDA graph replays ([`CostModel::graphs`]): its
     /// kernels are launched one by one. Seconds per step. The same model's kernels in either
     /// engine: fitted to vLLM's steps past its graphs (no report ran SGLang past its own).
@@ -198,6 +210,7 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
     eager_step_overhead: 0.01238515,
+    vllm_hybrid_step_overhead: HYBRID_STEP,
     draft_cost: 4.328157e-3,
     draft_cost_per_sequence: 1.034168e-4,
     kernel_boundaries: 1.138093e-3,
@@ -211,7 +224,7 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     // default of 2048-4096 requests its pools lower as it starts (a hybrid model's state pool to
     // 143 for Qwen3.5-9B on an H100, 324 on an H200: `Scheduler::max_num_seqs`).
     vllm: EngineCosts {
-        step_overhead: 5.74922e-3,
+        step_overhead: TRANSFORMER_STEP,
         decode_token_overhead: 8.463184e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
@@ -231,10 +244,20 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     interactivity_step_factor: 0.3932133,
 };
 
+/// vLLM's fixed step on a transformer, fitted to GPUStack's runs of Qwen3-8B at 1 to 8 requests
+/// in flight on vLLM 0.11's synchronous scheduler, which shows all of it
+/// (`calibration::fit_transformer_step`).
+const TRANSFORMER_STEP: f64 = 1.204269e-3;
+/// vLLM's fixed step on a hybrid model, fitted to the reports, less the transformer's: the part
+/// [`Coefficients::vllm_hybrid_step_overhead`] stands for.
+const HYBRID_STEP: f64 = 5.74922e-3 - TRANSFORMER_STEP;
+
 /// What an engine adds to the roofline, and its scheduler defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineCosts {
-    /// Fixed cost of a step: scheduling, kernel launches, seconds.
+    /// Fixed cost of a step: scheduling, kernel launches, seconds. vLLM's is a transformer's (a
+    /// hybrid model's adds [`Coefficients::vllm_hybrid_step_overhead`]); SGLang's, fitted on
+    /// Qwen3.5 alone, a hybrid model's.
     pub step_overhead: f64,
     /// Cost per decode query token: sampling, detokenising, per-sequence state, seconds.
     pub decode_token_overhead: f64,
@@ -256,12 +279,18 @@ pub struct EngineCosts {
 }
 
 impl EngineCosts {
-    /// The costs of `engine` in `--performance-mode` (vLLM's; SGLang has none) under `c`.
-    pub fn of(c: &Coefficients, engine: EngineKind, performance_mode: Option<&str>) -> EngineCosts {
+    /// The costs of `engine` in `--performance-mode` (vLLM's; SGLang has none) under `c`, serving
+    /// a `hybrid` model or a transformer. vLLM's fixed step on a hybrid model adds
+    /// [`Coefficients::vllm_hybrid_step_overhead`] to a transformer's, and its modes' factors
+    /// take the whole; SGLang's fitted step is already a hybrid's ([`crate::SimConfig::engine_costs`]).
+    pub fn of(c: &Coefficients, engine: EngineKind, performance_mode: Option<&str>, hybrid: bool) -> EngineCosts {
         let mut costs = match engine {
             EngineKind::Vllm => c.vllm,
             EngineKind::Sglang => c.sglang,
         };
+        if engine == EngineKind::Vllm && hybrid {
+            costs.step_overhead += c.vllm_hybrid_step_overhead;
+        }
         match performance_mode {
             Some("throughput") => {
                 costs.default_max_num_seqs *= 2;
@@ -1260,7 +1289,7 @@ mod tests {
             coefficients: COEFFICIENTS,
             gpu: gpu(gpu_name).expect("known gpu"),
             model,
-            engine: EngineCosts::of(&COEFFICIENTS, EngineKind::Vllm, None),
+            engine: EngineCosts::of(&COEFFICIENTS, EngineKind::Vllm, None, model.hybrid),
             tensor_parallel: 1.0,
             kv_bytes_per_token: model.kv_bytes_per_token_bf16(1),
             kv_fp8: false,
