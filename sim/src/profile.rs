@@ -210,7 +210,8 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
     eager_step_overhead: 0.01238515,
-    vllm_hybrid_step_overhead: HYBRID_STEP,
+    // The reports' fit of vLLM's step on a hybrid model (5.749 ms) less a transformer's (below).
+    vllm_hybrid_step_overhead: 4.544951e-3,
     draft_cost: 4.328157e-3,
     draft_cost_per_sequence: 1.034168e-4,
     kernel_boundaries: 1.138093e-3,
@@ -224,7 +225,9 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     // default of 2048-4096 requests its pools lower as it starts (a hybrid model's state pool to
     // 143 for Qwen3.5-9B on an H100, 324 on an H200: `Scheduler::max_num_seqs`).
     vllm: EngineCosts {
-        step_overhead: TRANSFORMER_STEP,
+        // A transformer's, fitted to GPUStack's Qwen3-8B runs at 1 to 8 requests in flight on
+        // vLLM 0.11's synchronous scheduler (`calibration::fit_transformer_step`).
+        step_overhead: 1.204269e-3,
         decode_token_overhead: 8.463184e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
@@ -243,14 +246,6 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     throughput_token_factor: 1.012958,
     interactivity_step_factor: 0.3932133,
 };
-
-/// vLLM's fixed step on a transformer, fitted to GPUStack's runs of Qwen3-8B at 1 to 8 requests
-/// in flight on vLLM 0.11's synchronous scheduler, which shows all of it
-/// (`calibration::fit_transformer_step`).
-const TRANSFORMER_STEP: f64 = 1.204269e-3;
-/// vLLM's fixed step on a hybrid model, fitted to the reports, less the transformer's: the part
-/// [`Coefficients::vllm_hybrid_step_overhead`] stands for.
-const HYBRID_STEP: f64 = 5.74922e-3 - TRANSFORMER_STEP;
 
 /// What an engine adds to the roofline, and its scheduler defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
