@@ -784,6 +784,12 @@ impl Objective {
         }
     }
 
+    /// Whether [`Objective::compare`] takes every one of `runs` by its steady state (a throughput
+    /// objective on closed-loop runs that each reached one), not by its whole run.
+    pub fn in_steady_state<S: Scored>(self, runs: &[&S]) -> bool {
+        !runs.is_empty() && runs.iter().all(|s| self.steady_of(*s).is_some())
+    }
+
     /// Whether [`Objective::value`] is `s`'s steady state's.
     fn steady_of<S: Scored + ?Sized>(self, s: &S) -> Option<Steady> {
         matches!(self, Objective::TotalTokenThroughput | Objective::OutputThroughput).then(|| s.steady()).flatten()

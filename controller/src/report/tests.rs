@@ -97,6 +97,50 @@ fn variants_below_the_acceptance_are_reported_but_not_adopted() {
 }
 
 #[test]
+fn a_change_taken_in_the_steady_state_says_so_beside_the_whole_runs_figures() {
+    // Closed loops that reached a steady state are compared by it: the variant's whole run is
+    // a little faster than the baseline's, its steady state 5% slower, and the line says which.
+    let closed = |mut job: Job, steady_tps: f64| {
+        let summary = job.summary.as_mut().expect("set");
+        summary.max_concurrency = Some(64);
+        summary.steady_state = Some(benchfleet_core::metrics::steady::SteadyState {
+            reached: true,
+            start_s: 1.0,
+            end_s: 9.0,
+            level: 58,
+            held: 0.9,
+            requests: 800,
+            request_throughput: 1.0,
+            output_throughput: steady_tps / 2.0,
+            total_token_throughput: steady_tps,
+            mean_ttft_ms: 10.0,
+            p99_ttft_ms: 20.0,
+            mean_tpot_ms: 5.0,
+            ttft_drift_pct: None,
+            throughput_drift_pct: None,
+        });
+        job
+    };
+    let groups = [group(0, &[]), group(1, &["fp8"])];
+    let jobs = [closed(job(0, 9000.0, 1000), 10000.0), closed(job(1, 9090.0, 1000), 9500.0)];
+    let (_dir, store) = stored("acceptance", &groups, &jobs);
+    let report = render(&store, RunId(1)).expect("render");
+    let line = report.text.lines().find(|l| l.contains("| baseline")).expect("a comparison line");
+    assert!(
+        line.contains("Total TPS: 9090.00 (steady state: -5.00%, worse)")
+            && line.contains("baseline Total TPS: 9000.00"),
+        "{line}"
+    );
+    let doc = document(&store, RunId(1), &|_, _| {}).expect("doc");
+    let json: serde_json::Value = serde_json::from_str(&render_as(&doc, Format::Json)).expect("a JSON report");
+    assert_eq!(json["comparisons"][0]["steady_state"], true, "{json}");
+    // Open loops, or runs without one, are compared by their whole runs, and say nothing more.
+    let (_dir, store) = stored("acceptance", &groups, &[job(0, 9000.0, 1000), job(1, 9090.0, 1000)]);
+    let report = render(&store, RunId(1)).expect("render").text;
+    assert!(report.contains("Total TPS: 9090.00 (+1.00%, better)"), "{report}");
+}
+
+#[test]
 fn repeats_whose_records_are_missing_are_shown_one_by_one() {
     let (first, mut second) = (job(0, 100.0, 1000), job(0, 200.0, 1000));
     (second.id, second.repeat) = (1, 2);

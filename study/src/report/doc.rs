@@ -498,6 +498,10 @@ pub struct ComparisonRow {
     /// two repeats or more.
     pub difference: Option<f64>,
     pub half_width: Option<f64>,
+    /// The difference and `said` compare the runs' steady states (closed loops that each reached
+    /// one, docs/metrics.md), not the whole runs that `value` and `baseline_value` give.
+    #[serde(default)]
+    pub steady_state: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

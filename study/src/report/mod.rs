@@ -920,6 +920,7 @@ fn comparisons(
                 said: "no result to compare".to_owned(),
                 difference: None,
                 half_width: None,
+                steady_state: false,
             };
             if let (Some(bs), Some(ss), Some(bb), Some(sb)) = (pooled(b), pooled(s), b, s) {
                 (row.value, row.baseline_value) = (Some(value(&ss)), Some(value(&bs)));
@@ -931,16 +932,16 @@ fn comparisons(
                 } else if let Some(why) = &bs.invalid {
                     (Verdict::BaselineInvalid, format!("baseline run INVALID: {why}; not compared"))
                 } else {
-                    let c = objective.compare(
-                        &bb.summaries().collect::<Vec<_>>(),
-                        &sb.summaries().collect::<Vec<_>>(),
-                        min_effect,
-                    );
+                    let (base_runs, runs) = (bb.summaries().collect::<Vec<_>>(), sb.summaries().collect::<Vec<_>>());
+                    let c = objective.compare(&base_runs, &runs, min_effect);
                     (row.difference, row.half_width) = (Some(c.difference.diff), c.difference.half_width);
+                    // The figures beside it are the whole runs': say when the change is not theirs.
+                    row.steady_state = objective.in_steady_state(&base_runs) && objective.in_steady_state(&runs);
+                    let shown = if row.steady_state { format!("steady state: {}", c.shown) } else { c.shown };
                     match c.verdict {
-                        greedy::Verdict::Better => (Verdict::Better, format!("{}, better", c.shown)),
-                        greedy::Verdict::WithinNoise => (Verdict::WithinNoise, format!("{}, within noise", c.shown)),
-                        greedy::Verdict::Worse => (Verdict::Worse, format!("{}, worse", c.shown)),
+                        greedy::Verdict::Better => (Verdict::Better, format!("{shown}, better")),
+                        greedy::Verdict::WithinNoise => (Verdict::WithinNoise, format!("{shown}, within noise")),
+                        greedy::Verdict::Worse => (Verdict::Worse, format!("{shown}, worse")),
                     }
                 };
             }

@@ -125,6 +125,7 @@ pub fn comparisons(searches: &[SearchInfo], configs: &[Configuration], min_effec
                 said: "a search still running".to_owned(),
                 difference: None,
                 half_width: None,
+                steady_state: false,
             };
             if let (Some(vm), Some(bm)) = (capacity_of(info, vr), capacity_of(info, br)) {
                 (row.verdict, row.said) = match (vr.found, br.found) {
