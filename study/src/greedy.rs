@@ -791,7 +791,7 @@ impl Objective {
     }
 
     /// Whether [`Objective::value`] is `s`'s steady state's.
-    fn steady_of<S: Scored + ?Sized>(self, s: &S) -> Option<Steady> {
+    pub(crate) fn steady_of<S: Scored + ?Sized>(self, s: &S) -> Option<Steady> {
         matches!(self, Objective::TotalTokenThroughput | Objective::OutputThroughput).then(|| s.steady()).flatten()
     }
 
@@ -846,9 +846,25 @@ impl Objective {
     }
 
     /// The change of the objective's value from `base`: `+9.75%` for a
-    /// throughput, `1.26x faster` for a latency.
+    /// throughput, `1.26x faster` for a latency. Like with like: where one
+    /// side has a steady state to rank by and the other has not, their whole
+    /// runs.
     pub fn change<S: Scored + ?Sized>(self, base: &S, s: &S) -> String {
-        self.change_of(self.value(base), self.value(s))
+        if self.steady_of(base).is_some() == self.steady_of(s).is_some() {
+            self.change_of(self.value(base), self.value(s))
+        } else {
+            let run = |s: &S| match self {
+                Objective::OutputThroughput => s.summary().output_throughput,
+                _ => s.summary().total_token_throughput,
+            };
+            self.change_of(run(base), run(s))
+        }
+    }
+
+    /// Whether [`Objective::change`] from `base` to `s` is their steady
+    /// states' (not the whole runs' figures a report shows beside it).
+    pub fn changed_in_steady_state<S: Scored + ?Sized>(self, base: &S, s: &S) -> bool {
+        self.steady_of(base).is_some() && self.steady_of(s).is_some()
     }
 
     fn change_of(self, b: f64, n: f64) -> String {
@@ -1553,6 +1569,20 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         assert_eq!((o.value(&open), o.show(&open).as_str()), (100.0, "total token throughput 100.00 tok/s"));
         // A latency objective is the run's either way.
         assert_eq!(Objective::MeanLatency.value(&base), base.latency_s.mean);
+    }
+
+    #[test]
+    fn a_change_is_taken_like_with_like() {
+        let o = Objective::TotalTokenThroughput;
+        // Both sides by their steady states (+10%), and said to be.
+        let (base, variant) = (closed(100.0, 120.0, true), closed(103.0, 132.0, true));
+        assert_eq!(o.change(&base, &variant), "+10.00%");
+        assert!(o.changed_in_steady_state(&base, &variant));
+        // One side without one (repeats pooled without their windows): both whole runs, +3%,
+        // not one's window against the other's run (+32%).
+        let pooled = Summary { steady_state: None, ..base.clone() };
+        assert_eq!(o.change(&pooled, &variant), "+3.00%");
+        assert!(!o.changed_in_steady_state(&pooled, &variant));
     }
 
     #[test]

@@ -96,31 +96,33 @@ fn variants_below_the_acceptance_are_reported_but_not_adopted() {
     );
 }
 
+/// `job` as a closed loop that reached a steady state of `steady_tps`.
+fn closed(mut job: Job, steady_tps: f64) -> Job {
+    let summary = job.summary.as_mut().expect("set");
+    summary.max_concurrency = Some(64);
+    summary.steady_state = Some(benchfleet_core::metrics::steady::SteadyState {
+        reached: true,
+        start_s: 1.0,
+        end_s: 9.0,
+        level: 58,
+        held: 0.9,
+        requests: 800,
+        request_throughput: 1.0,
+        output_throughput: steady_tps / 2.0,
+        total_token_throughput: steady_tps,
+        mean_ttft_ms: 10.0,
+        p99_ttft_ms: 20.0,
+        mean_tpot_ms: 5.0,
+        ttft_drift_pct: None,
+        throughput_drift_pct: None,
+    });
+    job
+}
+
 #[test]
 fn a_change_taken_in_the_steady_state_says_so_beside_the_whole_runs_figures() {
     // Closed loops that reached a steady state are compared by it: the variant's whole run is
     // a little faster than the baseline's, its steady state 5% slower, and the line says which.
-    let closed = |mut job: Job, steady_tps: f64| {
-        let summary = job.summary.as_mut().expect("set");
-        summary.max_concurrency = Some(64);
-        summary.steady_state = Some(benchfleet_core::metrics::steady::SteadyState {
-            reached: true,
-            start_s: 1.0,
-            end_s: 9.0,
-            level: 58,
-            held: 0.9,
-            requests: 800,
-            request_throughput: 1.0,
-            output_throughput: steady_tps / 2.0,
-            total_token_throughput: steady_tps,
-            mean_ttft_ms: 10.0,
-            p99_ttft_ms: 20.0,
-            mean_tpot_ms: 5.0,
-            ttft_drift_pct: None,
-            throughput_drift_pct: None,
-        });
-        job
-    };
     let groups = [group(0, &[]), group(1, &["fp8"])];
     let jobs = [closed(job(0, 9000.0, 1000), 10000.0), closed(job(1, 9090.0, 1000), 9500.0)];
     let (_dir, store) = stored("acceptance", &groups, &jobs);

@@ -1,9 +1,9 @@
 //! Numbers and sentences as the reference reports word them.
 
-use benchfleet_core::{Summary, pool};
+use benchfleet_core::Summary;
 
 use super::doc::Configuration;
-use crate::greedy::{Objective, Verdict};
+use crate::greedy::{Measured, Objective, Verdict};
 
 /// Why nothing is recommended, when the primary profile searches: `None`
 /// otherwise (the acceptance says why).
@@ -45,8 +45,13 @@ pub fn grouped(x: f64) -> String {
 /// The objective's headline as the references' tables show it, with the
 /// change from `base` when given: `Total TPS: 10570.88 (+9.75%) Mean
 /// TPOT(ms): 24.71`, `Mean latency: 1.65s/req (1.26x faster)`.
-pub fn headline(objective: Objective, s: &Summary, base: Option<&Summary>) -> String {
-    let change = base.map_or(String::new(), |b| format!(" ({})", objective.change(b, s)));
+pub fn headline(objective: Objective, m: &Measured, base: Option<&Measured>) -> String {
+    let change = base.map_or(String::new(), |b| {
+        // The figures are the whole runs': say when the change is not theirs.
+        let steady = if objective.changed_in_steady_state(b, m) { "steady state: " } else { "" };
+        format!(" ({steady}{})", objective.change(b, m))
+    });
+    let s = &m.summary;
     match objective {
         Objective::MeanLatency => format!("Mean latency: {:.2}s/req{change}", s.latency_s.mean),
         Objective::TotalTokenThroughput | Objective::Capacity => {
@@ -71,45 +76,54 @@ pub fn stage_sentence(
     primary: &str,
     min_success_rate: f64,
 ) -> Option<String> {
-    let mut valued: Vec<(&str, Summary, Vec<Summary>)> = measured
+    let mut valued: Vec<(&str, Measured, Vec<Summary>)> = measured
         .iter()
         .filter_map(|name| {
             let block = configs.iter().find(|c| &c.name == name)?.block(primary)?;
             let repeats: Vec<Summary> = block.summaries().cloned().collect();
-            let pooled = pool(&repeats.iter().collect::<Vec<_>>(), None)?;
+            let pooled = super::ranked(&repeats.iter().collect::<Vec<_>>())?;
             Some((name.as_str(), pooled, repeats))
         })
         .collect();
     if valued.len() < 2 {
         return None;
     }
+    // A throughput is ranked by the steady states where every configuration has one (closed
+    // loops, as the stage decided), and said so; else by every whole run: like with like.
+    let steady = valued.iter().all(|(_, m, _)| objective.steady_of(m).is_some());
+    let v = |m: &Measured| match objective {
+        Objective::OutputThroughput if !steady => m.summary.output_throughput,
+        Objective::TotalTokenThroughput | Objective::Capacity if !steady => m.summary.total_token_throughput,
+        _ => objective.value(m),
+    };
+    let said = if steady { "steady-state " } else { "" };
     let listing: Vec<String> = valued
         .iter()
-        .map(|(name, s, _)| match objective {
-            Objective::MeanLatency => format!("{name} Mean latency = {:.2}s", s.latency_s.mean),
-            Objective::TotalTokenThroughput | Objective::Capacity => {
-                format!("{name} Total TPS = {:.2}", s.total_token_throughput)
-            }
-            Objective::OutputThroughput => format!("{name} Output TPS = {:.2}", s.output_throughput),
+        .map(|(name, m, _)| match objective {
+            Objective::MeanLatency => format!("{name} Mean latency = {:.2}s", m.summary.latency_s.mean),
+            Objective::TotalTokenThroughput | Objective::Capacity => format!("{name} {said}Total TPS = {:.2}", v(m)),
+            Objective::OutputThroughput => format!("{name} {said}Output TPS = {:.2}", v(m)),
         })
         .collect();
     // Only what could be adopted is ranked: an INVALID run, or one below
     // the acceptance, is listed and set aside.
     let mut listing = listing;
-    for (i, (_, s, _)) in valued.iter().enumerate() {
+    for (i, (_, m, _)) in valued.iter().enumerate() {
+        let s = &m.summary;
         if let Some(why) = &s.invalid {
             listing[i].push_str(&format!(" (INVALID: {why})"));
         } else if s.success_rate() < min_success_rate {
             listing[i].push_str(&format!(" ({}, not adopted)", s.success_said()));
         }
     }
-    valued.retain(|(_, s, _)| s.invalid.is_none() && s.success_rate() >= min_success_rate);
-    valued.sort_by(|a, b| objective.score(&b.1).total_cmp(&objective.score(&a.1)));
+    valued.retain(|(_, m, _)| m.summary.invalid.is_none() && m.summary.success_rate() >= min_success_rate);
+    let score = |m: &Measured| if objective == Objective::MeanLatency { objective.score(m) } else { v(m) };
+    valued.sort_by(|a, b| score(&b.1).total_cmp(&score(&a.1)));
     if valued.len() < 2 {
         return Some(format!("{}.", listing.join(", ")));
     }
     let (best, next) = (&valued[0], &valued[1]);
-    let (b, n) = (&best.1, &next.1);
+    let (b, n) = (&best.1.summary, &next.1.summary);
     let mut out = format!("{}. ", listing.join(", "));
     match objective {
         Objective::MeanLatency => {
@@ -127,12 +141,12 @@ pub fn stage_sentence(
             ));
         }
         _ => {
-            let v = |s: &Summary| objective.value(s);
-            let pct = if v(n) == 0.0 { 0.0 } else { (v(b) - v(n)) / v(n) * 100.0 };
+            let (vb, vn) = (v(&best.1), v(&next.1));
+            let pct = if vn == 0.0 { 0.0 } else { (vb - vn) / vn * 100.0 };
             out.push_str(&format!(
                 "{} higher by {} tok/s ({pct:.1}%); Mean TPOT = {:.2} ms vs {:.2} ms, {}",
                 best.0,
-                grouped(v(b) - v(n)),
+                grouped(vb - vn),
                 b.tpot_ms.mean,
                 n.tpot_ms.mean,
                 lower_by_pct(b.tpot_ms.mean, n.tpot_ms.mean),
@@ -252,5 +266,45 @@ mod tests {
         assert_eq!(lower_by_times(41.12, 98.72), "lower by 57.60 ms (2.40x faster)");
         assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc(1_796_154_056_000), "2026-12-01 19:40:56 UTC");
+    }
+
+    /// A closed loop of 1000 requests, 9 M tokens over `seconds`, whose steady window gave
+    /// `steady` tok/s.
+    fn closed(seconds: f64, steady: f64) -> Summary {
+        Summary {
+            successful: 1000,
+            duration_s: seconds,
+            total_input_tokens: 8_000_000,
+            total_output_tokens: 1_000_000,
+            total_token_throughput: 9_000_000.0 / seconds,
+            max_concurrency: Some(64),
+            steady_state: Some(benchfleet_core::metrics::steady::SteadyState {
+                reached: true,
+                start_s: 1.0,
+                end_s: seconds - 1.0,
+                requests: 800,
+                total_token_throughput: steady,
+                ..Default::default()
+            }),
+            ..Summary::default()
+        }
+    }
+
+    #[test]
+    fn a_headline_sets_pools_of_different_repeats_side_by_side_by_their_steady_states() {
+        // A confirmation left the baseline at three repeats and the variant at one. Pooled as
+        // the tuner ranks them, both keep a steady state: +10% there, and said so, beside the
+        // whole runs' figures (+3%); not the variant's window against the baseline's runs.
+        let base = [closed(1000.0, 10_000.0), closed(1000.0, 10_000.0), closed(1000.0, 10_000.0)];
+        let variant = [closed(1000.0 / 1.03, 11_000.0)];
+        let of = |s: &[Summary]| super::super::ranked(&s.iter().collect::<Vec<_>>()).expect("pooled");
+        let (b, v) = (of(&base), of(&variant));
+        let o = Objective::TotalTokenThroughput;
+        assert_eq!(headline(o, &b, None), "Total TPS: 9000.00 Mean TPOT(ms): 0.00");
+        assert_eq!(headline(o, &v, Some(&b)), "Total TPS: 9270.00 (steady state: +10.00%) Mean TPOT(ms): 0.00");
+        // An open loop's runs: the whole runs', said plainly.
+        let open = |s: Summary| Summary { offered_rate: Some(8.0), ..s };
+        let (b, v) = (of(&base.map(open)), of(&variant.map(open)));
+        assert_eq!(headline(o, &v, Some(&b)), "Total TPS: 9270.00 (+3.00%) Mean TPOT(ms): 0.00");
     }
 }
