@@ -784,8 +784,9 @@ impl Objective {
         }
     }
 
-    /// Whether [`Objective::compare`] takes every one of `runs` by its steady state (a throughput
-    /// objective on closed-loop runs that each reached one), not by its whole run.
+    /// Whether [`Objective::compare`] (or, of two, [`Objective::change`]) takes every one of
+    /// `runs` by its steady state (a throughput objective on closed-loop runs that each reached
+    /// one), not by its whole run.
     pub fn in_steady_state<S: Scored>(self, runs: &[&S]) -> bool {
         !runs.is_empty() && runs.iter().all(|s| self.steady_of(*s).is_some())
     }
@@ -859,12 +860,6 @@ impl Objective {
             };
             self.change_of(run(base), run(s))
         }
-    }
-
-    /// Whether [`Objective::change`] from `base` to `s` is their steady
-    /// states' (not the whole runs' figures a report shows beside it).
-    pub fn changed_in_steady_state<S: Scored + ?Sized>(self, base: &S, s: &S) -> bool {
-        self.steady_of(base).is_some() && self.steady_of(s).is_some()
     }
 
     fn change_of(self, b: f64, n: f64) -> String {
@@ -1577,12 +1572,12 @@ done: Some(\"vllm+a\") (Some(\"vllm\")): +10.00% over vllm on profile p",
         // Both sides by their steady states (+10%), and said to be.
         let (base, variant) = (closed(100.0, 120.0, true), closed(103.0, 132.0, true));
         assert_eq!(o.change(&base, &variant), "+10.00%");
-        assert!(o.changed_in_steady_state(&base, &variant));
+        assert!(o.in_steady_state(&[&base, &variant]));
         // One side without one (repeats pooled without their windows): both whole runs, +3%,
         // not one's window against the other's run (+32%).
         let pooled = Summary { steady_state: None, ..base.clone() };
         assert_eq!(o.change(&pooled, &variant), "+3.00%");
-        assert!(!o.changed_in_steady_state(&pooled, &variant));
+        assert!(!o.in_steady_state(&[&pooled, &variant]));
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub fn grouped(x: f64) -> String {
 pub fn headline(objective: Objective, m: &Measured, base: Option<&Measured>) -> String {
     let change = base.map_or(String::new(), |b| {
         // The figures are the whole runs': say when the change is not theirs.
-        let steady = if objective.changed_in_steady_state(b, m) { "steady state: " } else { "" };
+        let steady = if objective.in_steady_state(&[b, m]) { "steady state: " } else { "" };
         format!(" ({steady}{})", objective.change(b, m))
     });
     let s = &m.summary;
