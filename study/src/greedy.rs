@@ -58,6 +58,15 @@ pub struct Measured {
     pub steady: Option<Steady>,
 }
 
+impl Measured {
+    /// A configuration's repeats pooled as they are ranked: their summaries,
+    /// and their steady states where every repeat reached one.
+    pub fn pooled(repeats: &[&Summary]) -> Option<Measured> {
+        let summary = benchfleet_core::pool(repeats, None)?;
+        Some(Measured { summary, capacity: None, steady: Steady::pooled(repeats) })
+    }
+}
+
 impl From<Summary> for Measured {
     fn from(summary: Summary) -> Measured {
         let steady = summary.steady_state_ranked().map(Steady::of);
@@ -171,14 +180,9 @@ impl Results {
             .collect();
         let primary = ended
             .iter()
-            .map(|(name, js)| {
+            .map(|(name, _)| {
                 let done: Vec<&Summary> = repeats.get(*name).map(|rs| rs.iter().collect()).unwrap_or_default();
-                let measured = crate::model::pooled(js).map(|summary| Measured {
-                    summary,
-                    capacity: None,
-                    steady: Steady::pooled(&done),
-                });
-                ((*name).to_owned(), measured)
+                ((*name).to_owned(), Measured::pooled(&done))
             })
             .collect();
         Results { primary, repeats, runs, final_scheduled }

@@ -874,7 +874,8 @@ fn before_after(
     baseline: Option<&Configuration>,
     best: &Configuration,
 ) -> BeforeAfter {
-    let of = |c: &Configuration| c.block(profile).and_then(|b| ranked(&b.summaries().collect::<Vec<_>>()));
+    let of =
+        |c: &Configuration| c.block(profile).and_then(|b| greedy::Measured::pooled(&b.summaries().collect::<Vec<_>>()));
     let base = baseline.and_then(of);
     let opt = of(best);
     BeforeAfter {
@@ -882,13 +883,6 @@ fn before_after(
         baseline: base.as_ref().map(|b| words::headline(objective, b, None)),
         optimized: opt.as_ref().map(|o| words::headline(objective, o, base.as_ref())),
     }
-}
-
-/// A block's repeats pooled as the greedy strategy ranks them: their steady
-/// states pooled too, where every repeat is a closed loop that reached one.
-fn ranked(repeats: &[&Summary]) -> Option<greedy::Measured> {
-    let summary = pool(repeats, None)?;
-    Some(greedy::Measured { steady: greedy::Steady::pooled(repeats), summary, capacity: None })
 }
 
 /// The baseline a variant configuration is compared with: its engine's
@@ -975,7 +969,7 @@ fn recommendation(
         c.block(profile).map(|b| b.summaries().cloned().collect()).unwrap_or_default()
     };
     let acceptable = |c: &Configuration| {
-        ranked(&summaries(c, primary).iter().collect::<Vec<_>>())
+        greedy::Measured::pooled(&summaries(c, primary).iter().collect::<Vec<_>>())
             .filter(|m| m.summary.invalid.is_none() && m.summary.success_rate() >= min_success_rate)
     };
     let candidates = configs.iter().filter(|c| winner.is_none_or(|w| c.name == w)).filter_map(|c| {

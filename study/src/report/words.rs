@@ -81,7 +81,7 @@ pub fn stage_sentence(
         .filter_map(|name| {
             let block = configs.iter().find(|c| &c.name == name)?.block(primary)?;
             let repeats: Vec<Summary> = block.summaries().cloned().collect();
-            let pooled = super::ranked(&repeats.iter().collect::<Vec<_>>())?;
+            let pooled = Measured::pooled(&repeats.iter().collect::<Vec<_>>())?;
             Some((name.as_str(), pooled, repeats))
         })
         .collect();
@@ -297,7 +297,7 @@ mod tests {
         // whole runs' figures (+3%); not the variant's window against the baseline's runs.
         let base = [closed(1000.0, 10_000.0), closed(1000.0, 10_000.0), closed(1000.0, 10_000.0)];
         let variant = [closed(1000.0 / 1.03, 11_000.0)];
-        let of = |s: &[Summary]| super::super::ranked(&s.iter().collect::<Vec<_>>()).expect("pooled");
+        let of = |s: &[Summary]| super::Measured::pooled(&s.iter().collect::<Vec<_>>()).expect("pooled");
         let (b, v) = (of(&base), of(&variant));
         let o = Objective::TotalTokenThroughput;
         assert_eq!(headline(o, &b, None), "Total TPS: 9000.00 Mean TPOT(ms): 0.00");
