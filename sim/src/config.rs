@@ -18,8 +18,13 @@ pub const GPU_ENV: &str = "BENCHFLEET_SIM_GPU";
 /// The simulator's own flags, beside the engines': each with a sample
 /// value (empty for a switch) and what it does. `--help` prints them; a
 /// test checks the parser takes every one.
-pub const SIM_FLAGS: [(&str, &str, &str); 14] = [
+pub const SIM_FLAGS: [(&str, &str, &str); 15] = [
     ("--sim-gpu", "H100", "the GPU simulated: H100 or H200 (else $BENCHFLEET_SIM_GPU, else H200)"),
+    (
+        "--sim-params",
+        "355B-A32B",
+        "the model's parameters, as names write them (8B; a mixture of experts' total and active), where its name does not tell",
+    ),
     ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
     (
         "--sim-speedup",
@@ -80,6 +85,8 @@ pub fn help() -> String {
 pub struct SimConfig {
     pub engine: EngineKind,
     pub model: String,
+    /// `--sim-params`: the model's size, where its name does not give it (or gives it wrongly).
+    pub params: Option<profile::Params>,
     /// Name clients must send as `model`; the model itself unless `--served-model-name`.
     pub served_model_name: String,
     /// 127.0.0.1 for both engines: a simulator should not listen on every interface by default.
@@ -236,7 +243,7 @@ pub struct Faults {
 
 impl SimConfig {
     pub fn model_shape(&self) -> ModelShape {
-        let mut shape = ModelShape::from_name(&self.model);
+        let mut shape = ModelShape::sized(&self.model, self.params);
         if self.weights_fp8 {
             shape.bytes_per_param = 1.0;
             shape.fp8_compute = true;
@@ -442,6 +449,7 @@ pub fn parse_command_line_with_gpu(args: &[String], env_gpu: Option<&str>) -> Re
     let mut config = SimConfig {
         engine,
         model: String::new(),
+        params: None,
         served_model_name: String::new(),
         host: "127.0.0.1".into(),
         port: if engine == EngineKind::Vllm { 8000 } else { 30000 },
@@ -637,6 +645,12 @@ fn sim_flag(
     };
     match name {
         "--sim-gpu" => given.gpu = Some(value?),
+        "--sim-params" => {
+            let text = value?;
+            config.params = Some(profile::Params::parse(&text).ok_or_else(|| {
+                invalid(name, &text, "must be a size as model names write it: 8B, 0.6B, 270M, 355B-A32B")
+            })?);
+        }
         "--sim-startup-ms" => match value?.as_str() {
             "model" => given.startup_from_model = true,
             text => config.startup_delay = millis(name, text)?,
@@ -1415,6 +1429,17 @@ mod tests {
     }
 
     #[test]
+    fn a_size_given_beside_the_model_sets_its_weights() {
+        let c = parse_command_line(&args("vllm serve acme/house-model --sim-params 355B-A32B")).expect("valid");
+        let shape = c.model_shape();
+        assert_eq!((shape.total_params, shape.active_params, shape.size_guessed), (355e9, 32e9, false));
+        // 710 GB of weights fit no one GPU, as the name's guess of 8B would.
+        assert!(crate::Scheduler::from_config(&c).is_err());
+        let guessed = parse_command_line(&args("vllm serve acme/house-model")).expect("valid");
+        assert!(guessed.model_shape().size_guessed && crate::Scheduler::from_config(&guessed).is_ok());
+    }
+
+    #[test]
     fn rejections() {
         // Speeds and slowdowns that would take a step past what a clock can hold.
         for speed in ["1e-300", "1e300", "0", "NaN"] {
@@ -1431,6 +1456,15 @@ mod tests {
             "sglang serve --model-path m --speculative-algorithm NGRAM --speculative-num-draft-tokens 1",
             "argument --speculative-num-draft-tokens: invalid value \"1\": must be at least 2",
         );
+        for size in ["8", "30B-A40B", "1e300B"] {
+            check_err(
+                &format!("vllm serve m --sim-params {size}"),
+                &format!(
+                    "argument --sim-params: invalid value \"{size}\": must be a size as model names write it: 8B, 0.6B, \
+                     270M, 355B-A32B"
+                ),
+            );
+        }
         check_err("vllm serve m --bogus 1", "unrecognized arguments: --bogus");
         check_err("vllm serve m --bogus=1", "unrecognized arguments: --bogus=1");
         check_err("vllm serve m extra", "unrecognized arguments: extra");

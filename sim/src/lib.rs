@@ -52,8 +52,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let replicas = pipeline::Pipeline::replicas(&config)?;
-    if let Some(estimate) = config.model_shape().estimated_kv() {
-        tracing::warn!("{}: {estimate}", config.model);
+    let shape = config.model_shape();
+    for note in [shape.guessed_size(), shape.estimated_kv()].into_iter().flatten() {
+        tracing::warn!("{}: {note}", config.model);
     }
     // SGLang starts with a KV pool smaller than its context, and takes requests its pool holds.
     let pool = replicas.iter().map(pipeline::Pipeline::max_request_tokens).min().unwrap_or(0);

@@ -338,6 +338,45 @@ pub struct ModelShape {
     /// The model's config asks for a linear-attention state's matrices in FP32 (`mamba_ssm_dtype`,
     /// Qwen3.5's); Qwen3-Next's says nothing, so vLLM keeps them in the window's type.
     pub config_fp32_states: bool,
+    /// Neither the name nor [`KNOWN_MODELS`] nor `--sim-params` gave the size: it is
+    /// [`Coefficients::default_params_b`] of a dense model ([`ModelShape::guessed_size`]).
+    pub size_guessed: bool,
+}
+
+/// A model's size in billions of parameters: all of them, and a mixture of experts' active ones
+/// (a token's pass), as `--sim-params` gives them and model names write them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    pub total: f64,
+    pub active: Option<f64>,
+}
+
+impl Params {
+    /// A size as model names write it: `355B-A32B`, `8B`, `0.6B`, `270M`; `None` for anything else
+    /// (an active count of more than the total among it).
+    pub fn parse(text: &str) -> Option<Params> {
+        let upper = text.trim().to_ascii_uppercase();
+        let (total, active) = match upper.split_once('-') {
+            Some((total, active)) => (total, Some(active.strip_prefix('A')?)),
+            None => (upper.as_str(), None),
+        };
+        let active = match active {
+            Some(active) => Some(billions(active)?),
+            None => None,
+        };
+        let params = Params { total: billions(total)?, active };
+        params.active.is_none_or(|a| a <= params.total).then_some(params)
+    }
+}
+
+/// Billions of parameters as a part of a model's name writes them: `35B`, `0.6B`, `270M`; more
+/// than 100,000 is no model's.
+fn billions(part: &str) -> Option<f64> {
+    let (number, scale) = match part.strip_suffix('B') {
+        Some(number) => (number, 1.0),
+        None => (part.strip_suffix('M')?, 1e-3),
+    };
+    number.parse::<f64>().ok().map(|n| n * scale).filter(|n| *n > 0.0 && *n <= 1e5)
 }
 
 /// A Qwen3.5-9B or Qwen3-Next linear-attention layer's state for one sequence, bytes: 32 value
@@ -416,13 +455,26 @@ pub struct WindowCost {
 
 /// Models the simulator knows by name: how their names start, their total and active billions of
 /// parameters, their checkpoints' bytes a parameter, and whether those multiply in FP8. A start
-/// that carries a size names that model, whatever the size says (gpt-oss's is its total, Llama 4's
-/// `17B` its active parameters); one that does not, a family whose names carry no size (DeepSeek-V3
-/// and R1, whose distillations' names carry theirs). DeepSeek publishes block-scaled FP8 weights;
-/// gpt-oss MXFP4 experts beside BF16 attention (65 GB for the 120B, 13.8 GB for the 20B).
-pub const KNOWN_MODELS: [(&str, f64, f64, f64, bool); 8] = [
+/// names a model where the name goes on with no letter or digit (`GLM-4.6` names `GLM-4.6-FP8`,
+/// not `GLM-4.6V`), and a longer start comes before a shorter one (`GLM-4.5-Air` before
+/// `GLM-4.5`). A start that carries a size names that model, whatever the size says (gpt-oss's is
+/// its total, Llama 4's `17B` its active parameters); one that does not, a family whose names
+/// carry no size (DeepSeek-V3 and R1, whose distillations' names carry theirs). DeepSeek, Kimi K2
+/// and MiniMax-M2 publish block-scaled FP8 weights; Kimi-K2-Thinking INT4 experts beside BF16
+/// attention (594 GB); gpt-oss MXFP4 experts beside BF16 attention (65 GB for the 120B, 13.8 GB
+/// for the 20B). A dense model's active parameters are its total.
+pub const KNOWN_MODELS: [(&str, f64, f64, f64, bool); 17] = [
     ("DEEPSEEK-V3", 671.0, 37.0, 1.0, true),
     ("DEEPSEEK-R1", 671.0, 37.0, 1.0, true),
+    ("KIMI-K2-THINKING", 1040.0, 32.0, 0.57, false),
+    ("KIMI-K2", 1040.0, 32.0, 1.0, true),
+    ("GLM-4.5-AIR", 106.0, 12.0, 2.0, false),
+    ("GLM-4.5", 355.0, 32.0, 2.0, false),
+    ("GLM-4.6", 355.0, 32.0, 2.0, false),
+    ("MINIMAX-M2", 230.0, 10.0, 1.0, true),
+    ("PHI-4-MINI", 3.8, 3.8, 2.0, false),
+    ("PHI-4-MULTIMODAL", 5.6, 5.6, 2.0, false),
+    ("PHI-4", 14.7, 14.7, 2.0, false),
     ("MIXTRAL-8X7B", 46.7, 12.9, 2.0, false),
     ("MIXTRAL-8X22B", 140.6, 39.1, 2.0, false),
     ("GPT-OSS-120B", 116.8, 5.1, 0.56, false),
@@ -450,8 +502,9 @@ impl AttentionShape {
     /// The attention of the transformer families the simulator knows, by the upper-cased model
     /// name and its total and active billions of parameters: Llama 3.x, Qwen3 (and Qwen3-VL's
     /// language model), Qwen2.5 (and its VL and Omni models'), Mistral 7B, Mixtral, Gemma 3,
-    /// gpt-oss, Llama 4, and DeepSeek-V3 and R1's latent attention. A family's fine-tunes share
-    /// its shapes. Others (DeepSeek-V3.2's sparse attention among them) are not known.
+    /// gpt-oss, Llama 4, GLM-4.5 and 4.6, MiniMax-M2, Phi-4, and DeepSeek-V3, R1 and Kimi K2's
+    /// latent attention. A family's fine-tunes share its shapes. Others (DeepSeek-V3.2's sparse
+    /// attention among them) are not known.
     pub fn of(upper: &str, total: f64, active: Option<f64>) -> Option<AttentionShape> {
         let grouped = AttentionShape::grouped;
         let family = |prefixes: &[&str]| prefixes.iter().any(|p| upper.starts_with(p));
@@ -488,16 +541,23 @@ impl AttentionShape {
                 _ => None,
             };
         }
+        // DeepSeek-V3's latent attention: one vector of 512 and a rotary key of 64 a token, which
+        // each query head multiplies by its 192 key and 128 value elements in prefill. Kimi K2
+        // is the architecture with half the heads.
+        let latent = |query_heads| AttentionShape {
+            layers: 61,
+            query_heads,
+            kv_heads: 1,
+            cached: 512 + 64,
+            multiplied: 192 + 128,
+            window: None,
+        };
         if family(&["DEEPSEEK-V3", "DEEPSEEK-R1"]) && !upper.contains("V3.2") && (total, active) == (671.0, Some(37.0))
         {
-            return Some(AttentionShape {
-                layers: 61,
-                query_heads: 128,
-                kv_heads: 1,
-                cached: 512 + 64,
-                multiplied: 192 + 128,
-                window: None,
-            });
+            return Some(latent(128));
+        }
+        if family(&["KIMI-K2"]) && (total, active) == (1040.0, Some(32.0)) {
+            return Some(latent(64));
         }
         // Gemma 3: one layer in six attends to the whole context, the others to the last 1024
         // tokens (512 in the 1B). gpt-oss: every other layer to the last 128.
@@ -519,6 +579,11 @@ impl AttentionShape {
             116.8 if family(&["GPT-OSS-120B"]) => Some(grouped(36, 64, 8, 64).windowed(18, 128)),
             20.9 if family(&["GPT-OSS-20B"]) => Some(grouped(24, 64, 8, 64).windowed(12, 128)),
             7.0 if family(&["MISTRAL-7B"]) => Some(grouped(32, 32, 8, 128)),
+            355.0 if family(&["GLM-4.5", "GLM-4.6"]) => Some(grouped(92, 96, 8, 128)),
+            106.0 if family(&["GLM-4.5-AIR"]) => Some(grouped(46, 96, 8, 128)),
+            230.0 if family(&["MINIMAX-M2"]) => Some(grouped(62, 48, 8, 128)),
+            14.7 if family(&["PHI-4"]) => Some(grouped(40, 40, 10, 128)),
+            3.8 | 5.6 if family(&["PHI-4-MINI", "PHI-4-MULTIMODAL"]) => Some(grouped(32, 24, 8, 128)),
             _ if family(&["MIXTRAL-8X7B"]) => Some(grouped(32, 32, 8, 128)),
             _ if family(&["MIXTRAL-8X22B"]) => Some(grouped(56, 48, 8, 128)),
             _ => None,
@@ -570,20 +635,35 @@ pub struct HybridBlock {
 }
 
 impl ModelShape {
+    /// The shape `name` gives: its size as [`KNOWN_MODELS`] has it where it knows the name, else
+    /// as the name writes it (`35B`, `A3B`), else [`Coefficients::default_params_b`] of a dense
+    /// model ([`ModelShape::size_guessed`]).
     pub fn from_name(name: &str) -> ModelShape {
+        ModelShape::sized(name, None)
+    }
+
+    /// [`ModelShape::from_name`], with the size `params` where given (`--sim-params`) instead of
+    /// the name's or the known model's.
+    pub fn sized(name: &str, params: Option<Params>) -> ModelShape {
         let base = name.rsplit('/').next().unwrap_or(name);
         let upper = base.to_ascii_uppercase();
         let parts: Vec<&str> = upper.split(['-', '_']).filter(|p| !p.is_empty()).collect();
-        // "35B" or "0.6B" (total) and "A3B" (active); "Qwen3.5" does not end in B.
-        let billions = |part: &str| part.strip_suffix('B').and_then(|n| n.parse::<f64>().ok()).filter(|n| *n > 0.0);
+        // "35B", "0.6B" or "270M" (total) and "A3B" (active); "Qwen3.5" does not end in B.
         let total = parts.iter().find_map(|p| billions(p));
         let active = parts.iter().find_map(|p| p.strip_prefix('A').and_then(billions));
-        // A model the simulator knows by name; a name without a size is else an 8B dense one.
-        let known = KNOWN_MODELS.iter().find(|(start, ..)| {
-            upper.starts_with(start) && (total.is_none() || start.split('-').any(|p| billions(p).is_some()))
+        // A model the simulator knows by name, where no size is given; a name without a size is
+        // else a dense one of `default_params_b`.
+        let known = KNOWN_MODELS.iter().filter(|_| params.is_none()).find(|(start, ..)| {
+            let named =
+                upper.strip_prefix(start).is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_alphanumeric()));
+            named && (total.is_none() || start.split('-').any(|p| billions(p).is_some()))
         });
-        let total = known.map_or(total, |k| Some(k.1)).unwrap_or(COEFFICIENTS.default_params_b);
-        let active = known.map_or(active, |k| Some(k.2));
+        let size_guessed = params.is_none() && known.is_none() && total.is_none();
+        let (total, active) = match (params, known) {
+            (Some(p), _) => (p.total, p.active),
+            (None, Some(k)) => (k.1, Some(k.2)),
+            (None, None) => (total.unwrap_or(COEFFICIENTS.default_params_b), active),
+        };
         // The checkpoint's format: weight-only ones (AWQ, GPTQ: 4 bits unless `Int8`) dequantise.
         let has = |markers: &[&str]| parts.iter().flat_map(|p| p.split('.')).any(|p| markers.contains(&p));
         let weight_only = has(&["AWQ", "GPTQ", "W4A16", "W8A16"]);
@@ -604,7 +684,9 @@ impl ModelShape {
             _ => (None, None, 32),
         };
         // Every Qwen3.5 takes images; elsewhere the families and suffixes that mark a vision model.
-        let vision_family = ["LLAMA-4", "PIXTRAL", "LLAVA", "INTERNVL", "OMNI"].iter().any(|f| upper.contains(f))
+        let vision_family = ["LLAMA-4", "PIXTRAL", "LLAVA", "INTERNVL", "OMNI", "MULTIMODAL"]
+            .iter()
+            .any(|f| upper.contains(f))
             || parts.iter().any(|p| p.strip_prefix("VL").is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit())))
             || (upper.starts_with("GEMMA-3") && !upper.starts_with("GEMMA-3-1B") && !upper.starts_with("GEMMA-3-270M"));
         ModelShape {
@@ -619,6 +701,7 @@ impl ModelShape {
             transformer: if qwen35 || next { None } else { AttentionShape::of(&upper, total, active) },
             multimodal: qwen35 || vision_family,
             config_fp32_states: qwen35,
+            size_guessed,
         }
     }
 
@@ -678,6 +761,18 @@ impl ModelShape {
                 self.active_params / 1e9
             )),
         }
+    }
+
+    /// Where the size is [`Coefficients::default_params_b`] for want of one, what the startup log
+    /// says of it: every figure the engine serves turns on it.
+    pub fn guessed_size(&self) -> Option<String> {
+        self.size_guessed.then(|| {
+            format!(
+                "no size in its name, and not a model the simulator knows: simulated as a dense model of \
+                 {:.0}B parameters; --sim-params gives its size (e.g. 355B-A32B, 8B)",
+                self.total_params / 1e9
+            )
+        })
     }
 
     /// Attention FLOPs per (query token, context token) pair: a known transformer's own, else
@@ -1042,6 +1137,33 @@ mod tests {
     }
 
     #[test]
+    fn a_size_given_beside_the_name_is_taken_over_it() {
+        let params = |text: &str| Params::parse(text).map(|p| (p.total, p.active));
+        assert_eq!(params("355B-A32B"), Some((355.0, Some(32.0))));
+        assert_eq!(params("8b"), Some((8.0, None)));
+        assert_eq!(params(" 0.6B "), Some((0.6, None)));
+        assert_eq!(params("270M"), Some((0.27, None)));
+        for bad in
+            ["", "8", "B", "-1B", "0B", "NaNB", "infB", "1e300B", "8B-32B", "8B-A", "30B-A40B", "8B-A3B-A1B", "eight"]
+        {
+            assert_eq!(params(bad), None, "{bad:?}");
+        }
+        let sized = |name: &str, text: &str| {
+            let s = ModelShape::sized(name, Params::parse(text));
+            (s.total_params / 1e9, s.active_params / 1e9, s.bytes_per_param, s.size_guessed)
+        };
+        assert_eq!(sized("zai-org/GLM-4.7", "355B-A32B"), (355.0, 32.0, 2.0, false));
+        // The name's format stays; its size, or the known model's, gives way.
+        assert_eq!(sized("acme/house-model-FP8", "70B"), (70.0, 70.0, 1.0, false));
+        assert_eq!(sized("Qwen/Qwen3-8B", "14B"), (14.0, 14.0, 2.0, false));
+        assert_eq!(sized("moonshotai/Kimi-K2-Instruct", "100B-A10B"), (100.0, 10.0, 2.0, false));
+        // Without one, a name that gives none is a dense 8B, and the startup log says so.
+        let note = ModelShape::from_name("acme/house-model").guessed_size().expect("guessed");
+        assert!(note.contains("dense model of 8B parameters; --sim-params"), "{note}");
+        assert_eq!(ModelShape::from_name("Qwen/Qwen3-8B").guessed_size(), None);
+    }
+
+    #[test]
     fn a_name_says_whether_the_model_takes_images() {
         for name in [
             "Qwen/Qwen3.5-9B",
@@ -1107,6 +1229,26 @@ mod tests {
         assert_eq!(shape("meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8"), (400.0, 17.0, 1.0, true));
         // A size in the name is the name's: R1's distillations are dense.
         check_shape("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 7.0, 7.0, 2.0);
+        // Millions, as small models write them.
+        check_shape("google/gemma-3-270m-it", 0.27, 0.27, 2.0);
+        check_shape("HuggingFaceTB/SmolLM2-135M-Instruct", 0.135, 0.135, 2.0);
+        // Families whose names carry no size; a start names a model only where the name goes on
+        // with no letter or digit, the longer starts first.
+        assert_eq!(shape("moonshotai/Kimi-K2-Instruct-0905"), (1040.0, 32.0, 1.0, true));
+        assert_eq!(shape("moonshotai/Kimi-K2-Thinking"), (1040.0, 32.0, 0.57, false));
+        assert_eq!(shape("zai-org/GLM-4.5-Air"), (106.0, 12.0, 2.0, false));
+        assert_eq!(shape("zai-org/GLM-4.5-Air-FP8"), (106.0, 12.0, 1.0, true));
+        assert_eq!(shape("zai-org/GLM-4.6"), (355.0, 32.0, 2.0, false));
+        assert_eq!(shape("zai-org/GLM-4.6-FP8"), (355.0, 32.0, 1.0, true));
+        assert_eq!(shape("MiniMaxAI/MiniMax-M2.1"), (230.0, 10.0, 1.0, true));
+        assert_eq!(shape("microsoft/phi-4"), (14.7, 14.7, 2.0, false));
+        assert_eq!(shape("microsoft/Phi-4-mini-instruct"), (3.8, 3.8, 2.0, false));
+        assert_eq!(shape("microsoft/Phi-4-multimodal-instruct"), (5.6, 5.6, 2.0, false));
+        assert!(ModelShape::from_name("microsoft/Phi-4-multimodal-instruct").multimodal);
+        // GLM-4.6V (a vision model of another size) is not GLM-4.6: its size is guessed.
+        let guessed = |name: &str| ModelShape::from_name(name).size_guessed;
+        assert!(guessed("zai-org/GLM-4.6V") && guessed("m") && guessed("vllm-test-model"));
+        assert!(!guessed("zai-org/GLM-4.6") && !guessed("Qwen/Qwen3-8B") && !guessed("deepseek-ai/DeepSeek-V3.1"));
         assert!(
             ModelShape::from_name("Qwen/Qwen3.5-9B").hybrid && ModelShape::from_name("Qwen/Qwen3-Next-80B-A3B").hybrid
         );
@@ -1171,6 +1313,14 @@ mod tests {
         // DeepSeek's latent attention caches 576 elements a layer, 61 layers, on every rank.
         assert_eq!(kib("deepseek-ai/DeepSeek-R1-0528", 1), 61.0 * 576.0 * 2.0 / 1024.0);
         assert_eq!(kib("deepseek-ai/DeepSeek-V3", 8), 8.0 * 61.0 * 576.0 * 2.0 / 1024.0);
+        // Kimi K2's too (its 64 query heads show in its FLOPs, below); GLM-4.5's and 4.6's 92
+        // layers of 8 KV heads, the Air's 46; MiniMax-M2's 62; Phi-4's 40 of 10.
+        assert_eq!(kib("moonshotai/Kimi-K2-Instruct", 1), 61.0 * 576.0 * 2.0 / 1024.0);
+        assert_eq!(kib("zai-org/GLM-4.6", 1), 92.0 * 8.0 * 256.0 * 2.0 / 1024.0);
+        assert_eq!(kib("zai-org/GLM-4.5-Air-FP8", 1), 46.0 * 8.0 * 256.0 * 2.0 / 1024.0);
+        assert_eq!(kib("MiniMaxAI/MiniMax-M2", 1), 62.0 * 8.0 * 256.0 * 2.0 / 1024.0);
+        assert_eq!(kib("microsoft/phi-4", 1), 40.0 * 10.0 * 256.0 * 2.0 / 1024.0);
+        assert_eq!(kib("microsoft/Phi-4-mini-instruct", 1), 32.0 * 8.0 * 256.0 * 2.0 / 1024.0);
         // Ranks beyond the KV heads hold a copy each: Qwen3-235B-A22B's 4 on 8 GPUs are 8.
         assert_eq!(kib("Qwen/Qwen3-235B-A22B", 4), 188.0);
         assert_eq!(kib("Qwen/Qwen3-235B-A22B", 8), 376.0);
@@ -1185,7 +1335,7 @@ mod tests {
         // attention, a size the family lacks) takes the rule by its active parameters.
         let rule = |b: f64| TRANSFORMER_KV_BYTES_PER_SQRT_B * b.sqrt() / 1024.0;
         assert_eq!(kib("ibm-granite/granite-3.1-8b-instruct", 1), rule(8.0));
-        assert_eq!(kib("google/gemma-3-270m-it", 1), rule(8.0));
+        assert_eq!(kib("google/gemma-3-270m-it", 1), rule(0.27));
         assert_eq!(kib("Qwen/Qwen3-30B-A6B", 1), rule(6.0));
         assert_eq!(kib("meta-llama/Llama-3.2-11B-Vision-Instruct", 1), rule(11.0));
         assert_eq!(kib("deepseek-ai/DeepSeek-V3.2-Exp", 1), rule(37.0));
@@ -1202,6 +1352,8 @@ mod tests {
         assert_eq!(flops("Qwen/Qwen3-235B-A22B"), 4.0 * 94.0 * 64.0 * 128.0);
         // DeepSeek's prefill: 128 heads' keys of 192 and values of 128.
         assert_eq!(flops("deepseek-ai/DeepSeek-V3"), 2.0 * 61.0 * 128.0 * 320.0);
+        assert_eq!(flops("moonshotai/Kimi-K2-Instruct"), 2.0 * 61.0 * 64.0 * 320.0);
+        assert_eq!(flops("zai-org/GLM-4.5"), 4.0 * 92.0 * 96.0 * 128.0);
         let hybrid = ModelShape::from_name("Qwen/Qwen3.5-9B");
         assert_eq!(
             flops("Qwen/Qwen3.5-9B"),

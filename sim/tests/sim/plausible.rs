@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 /// Models of the sizes and kinds the name parser knows: dense and mixture of experts, hybrid and
 /// transformer (grouped-query and latent attention, architectures known and not), from 0.6B to 671B.
-const MODELS: [&str; 9] = [
+const MODELS: [&str; 11] = [
     "Qwen/Qwen3-0.6B",
     "Qwen/Qwen3.5-9B",
     "Qwen/Qwen3-30B-A3B",
@@ -22,6 +22,8 @@ const MODELS: [&str; 9] = [
     "mistralai/Mixtral-8x7B-Instruct-v0.1",
     "google/gemma-3-27b-it",
     "deepseek-ai/DeepSeek-R1",
+    "zai-org/GLM-4.5-Air",
+    "MiniMaxAI/MiniMax-M2",
 ];
 
 /// An engine command line: engine, model, FP8 weights, GPU, tensor-parallel size and flags.
