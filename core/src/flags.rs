@@ -208,6 +208,30 @@ pub fn refused(engine: EngineKind, args: &[String]) -> Vec<String> {
     out
 }
 
+/// The simulator's own flags that take no value (`benchfleet-sim --help`); every other `--sim-*`
+/// flag takes one.
+pub const SIMULATOR_SWITCHES: [&str; 1] = ["--sim-refuse-cache-reset"];
+
+/// `args` (a matrix's) apart: the engine's own, and the simulator's `--sim-*` flags with their
+/// values, which a real engine would refuse; a serve command to publish leaves the latter out.
+pub fn without_simulator_flags(args: &[String]) -> (Vec<String>, Vec<String>) {
+    let (mut engine, mut simulator) = (Vec::new(), Vec::new());
+    let mut words = args.iter().peekable();
+    while let Some(word) = words.next() {
+        if !word.starts_with("--sim-") {
+            engine.push(word.clone());
+            continue;
+        }
+        let mut flag = word.clone();
+        let takes_value = !word.contains('=') && !SIMULATOR_SWITCHES.contains(&word.as_str());
+        if let Some(value) = words.next_if(|next| takes_value && !looks_like_option(next)) {
+            flag = format!("{flag} {value}");
+        }
+        simulator.push(flag);
+    }
+    (engine, simulator)
+}
+
 /// The release whose options [`table`] holds.
 pub fn version(engine: EngineKind) -> &'static str {
     match engine {
@@ -784,6 +808,35 @@ pub const SGLANG: &[Flag] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_simulators_flags_come_apart_from_the_engines_with_their_values() {
+        let args: Vec<String> = [
+            "--max-num-seqs=64",
+            "--sim-speedup=4",
+            "--sim-params",
+            "355B-A32B",
+            "--sim-refuse-cache-reset",
+            "--enforce-eager",
+            "--sim-seed",
+            "7",
+            "--kv-cache-dtype",
+            "fp8",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (engine, simulator) = without_simulator_flags(&args);
+        assert_eq!(engine, ["--max-num-seqs=64", "--enforce-eager", "--kv-cache-dtype", "fp8"]);
+        assert_eq!(
+            simulator,
+            ["--sim-speedup=4", "--sim-params 355B-A32B", "--sim-refuse-cache-reset", "--sim-seed 7"]
+        );
+        // A flag left without its value takes nothing from the next option.
+        let (engine, simulator) = without_simulator_flags(&["--sim-gpu".into(), "--enforce-eager".into()]);
+        assert_eq!((engine, simulator), (vec!["--enforce-eager".to_owned()], vec!["--sim-gpu".to_owned()]));
+        let (engine, simulator) = without_simulator_flags(&[]);
+        assert!(engine.is_empty() && simulator.is_empty());
+    }
 
     fn words(line: &str) -> Vec<String> {
         line.split_whitespace().map(String::from).collect()

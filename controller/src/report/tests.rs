@@ -96,6 +96,38 @@ fn variants_below_the_acceptance_are_reported_but_not_adopted() {
     );
 }
 
+#[test]
+fn the_recommended_command_leaves_the_simulators_flags_out_and_says_so() {
+    // A rehearsal on the simulator: every configuration runs with its flags, which no engine takes.
+    let with_sim_flags = |mut g: Group| {
+        g.config.args = ["--sim-speedup=4", "--max-num-seqs", "64", "--sim-params", "8B"].map(String::from).to_vec();
+        g
+    };
+    let groups = [with_sim_flags(group(0, &[])), with_sim_flags(group(1, &["fp8"]))];
+    let (_dir, store) = stored("acceptance", &groups, &[job(0, 9632.01, 1000), job(1, 9942.93, 1000)]);
+    let report = render(&store, RunId(1)).expect("render").text;
+    assert!(
+        report.contains(
+            "## Recommended\n\nvllm serve m --max-num-seqs 64\n\nRun on the simulator with --sim-speedup=4, \
+             --sim-params 8B, which a real engine would refuse: left out above.\n"
+        ),
+        "{report}"
+    );
+    // Each configuration's own command stays as it ran.
+    assert!(report.contains("vllm serve m --sim-speedup=4 --max-num-seqs 64 --sim-params 8B"), "{report}");
+    let doc = document(&store, RunId(1), &|_, _| {}).expect("doc");
+    let md = render_as(&doc, Format::Markdown);
+    assert!(md.contains("```shell\nvllm serve m \\\n    --max-num-seqs \\\n    64\n```"), "{md}");
+    assert!(md.contains("Run on the simulator with `--sim-speedup=4`, `--sim-params 8B`"), "{md}");
+    let json: serde_json::Value = serde_json::from_str(&render_as(&doc, Format::Json)).expect("a JSON report");
+    assert_eq!(json["recommendation"]["serve_command"], "vllm serve m --max-num-seqs 64");
+    assert_eq!(json["recommendation"]["simulator_flags"], serde_json::json!(["--sim-speedup=4", "--sim-params 8B"]));
+    // Without them, nothing is said.
+    let (_dir, store) = stored("acceptance", &[group(0, &[])], &[job(0, 9632.01, 1000)]);
+    let report = render(&store, RunId(1)).expect("render").text;
+    assert!(!report.contains("Run on the simulator"), "{report}");
+}
+
 /// `job` as a closed loop that reached a steady state of `steady_tps`.
 fn closed(mut job: Job, steady_tps: f64) -> Job {
     let summary = job.summary.as_mut().expect("set");

@@ -330,6 +330,10 @@ fn help_lists_every_simulator_flag_and_each_one_is_taken() {
             assert!(help.contains(flag), "{flag} is not in --help");
         }
     }
+    // A report's recommended command leaves these flags out, with their values but the switches'.
+    let switches: Vec<&str> =
+        benchfleet_sim::SIM_FLAGS.iter().filter(|(_, sample, _)| sample.is_empty()).map(|(flag, ..)| *flag).collect();
+    assert_eq!(switches, benchfleet_core::flags::SIMULATOR_SWITCHES);
     for (flag, sample, _) in benchfleet_sim::SIM_FLAGS {
         let mut line = vec!["vllm".to_owned(), "serve".to_owned(), "m".to_owned(), flag.to_owned()];
         if !sample.is_empty() {

@@ -115,6 +115,9 @@ pub fn render(doc: &ReportDoc) -> String {
         Some(r) => {
             let _ = writeln!(out, "## Recommended\n");
             let _ = writeln!(out, "{}\n", r.serve_command);
+            if !r.simulator_flags.is_empty() {
+                let _ = writeln!(out, "{}\n", super::markdown::simulator_flags_left_out(r).replace('`', ""));
+            }
             let _ = writeln!(
                 out,
                 "({}: {} among the configurations that met the acceptance; a variant within noise of its baseline is \

@@ -262,6 +262,23 @@ impl Configuration {
         self.variants.is_empty()
     }
 
+    /// The command to publish: the engine's arguments only, on one line and (for the
+    /// references' block) one a line, and the simulator's flags it leaves out.
+    pub fn published_command(&self) -> (String, Vec<String>) {
+        let (args, simulator) = benchfleet_core::flags::without_simulator_flags(&self.args);
+        (benchfleet_core::engine::one_line(self.engine_kind(), &self.model, &args), simulator)
+    }
+
+    /// [`Configuration::published_command`] one argument a line, continued with `\`.
+    pub fn published_lines(&self) -> String {
+        let (args, _) = benchfleet_core::flags::without_simulator_flags(&self.args);
+        benchfleet_core::engine::lines(self.engine_kind(), &self.model, &args)
+    }
+
+    fn engine_kind(&self) -> benchfleet_core::engine::EngineKind {
+        benchfleet_core::engine::EngineKind::from_name(&self.kind).unwrap_or(benchfleet_core::engine::EngineKind::Vllm)
+    }
+
     pub fn block(&self, profile: &str) -> Option<&Block> {
         self.blocks.iter().find(|b| b.profile == profile)
     }
@@ -507,8 +524,12 @@ pub struct ComparisonRow {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Recommendation {
     pub config: String,
-    /// The command that serves it, on one line.
+    /// The command that serves it, on one line, without the simulator's flags.
     pub serve_command: String,
+    /// The simulator's `--sim-*` flags (with their values) its configuration ran with, which
+    /// `serve_command` leaves out: a real engine would refuse them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub simulator_flags: Vec<String>,
     /// The primary profile it was chosen on.
     pub profile: String,
     /// Why: `the best total token throughput 9942.93 tok/s on profile p`.

@@ -60,6 +60,10 @@ pub fn render(doc: &ReportDoc) -> String {
         Some(r) => {
             let _ = writeln!(out, "<p>Recommended: <code>{}</code>, {}.</p>", esc(&r.config), esc(&r.why));
             let _ = writeln!(out, "<pre>{}</pre>", esc(&r.serve_command));
+            if !r.simulator_flags.is_empty() {
+                let said = super::markdown::simulator_flags_left_out(r).replace('`', "");
+                let _ = writeln!(out, "<p>{}</p>", esc(&said));
+            }
             if let Some(base) = &r.baseline {
                 let _ = writeln!(
                     out,

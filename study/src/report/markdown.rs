@@ -6,7 +6,6 @@
 
 use std::fmt::Write as _;
 
-use benchfleet_core::engine::EngineKind;
 use benchfleet_core::{render_block, render_block_with};
 
 use super::doc::*;
@@ -68,6 +67,9 @@ fn conclusion(out: &mut String, doc: &ReportDoc, aim: &str) {
     let _ = writeln!(out, "The recommended configuration to optimize the {aim} of {model}{on} (`{}`):\n", r.config);
     let _ = writeln!(out, "Serve command:\n");
     let _ = writeln!(out, "```shell\n{}\n```\n", multi_line(doc, &r.config));
+    if !r.simulator_flags.is_empty() {
+        let _ = writeln!(out, "{}\n", simulator_flags_left_out(r));
+    }
     let _ = writeln!(out, "Chosen as {}.\n", r.why);
     match &r.baseline {
         Some(base) => {
@@ -123,9 +125,13 @@ fn cost_line(doc: &ReportDoc, r: &Recommendation) -> Option<String> {
 /// The recommended serve command one argument a line, as the references
 /// print it.
 fn multi_line(doc: &ReportDoc, config: &str) -> String {
-    let Some(c) = doc.configurations.iter().find(|c| c.name == config) else { return String::new() };
-    let kind = EngineKind::from_name(&c.kind).unwrap_or(EngineKind::Vllm);
-    benchfleet_core::engine::lines(kind, &c.model, &c.args)
+    doc.configurations.iter().find(|c| c.name == config).map_or(String::new(), Configuration::published_lines)
+}
+
+/// The sentence that says which simulator flags the recommended command leaves out.
+pub(super) fn simulator_flags_left_out(r: &Recommendation) -> String {
+    let flags: Vec<String> = r.simulator_flags.iter().map(|f| format!("`{f}`")).collect();
+    format!("Run on the simulator with {}, which a real engine would refuse: left out above.", flags.join(", "))
 }
 
 fn gpu_names(doc: &ReportDoc) -> String {

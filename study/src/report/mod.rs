@@ -989,9 +989,11 @@ fn recommendation(
     let (best, s) = candidates.max_by(|a, b| objective.score(&a.1).total_cmp(&objective.score(&b.1)))?;
     let baseline = baseline_of(configs, best).filter(|b| b.name != best.name);
     let table = profiles.iter().map(|p| before_after(objective, &p.name, baseline, best)).collect();
+    let (serve_command, simulator_flags) = best.published_command();
     Some(Recommendation {
         config: best.name.clone(),
-        serve_command: best.serve_command.clone(),
+        serve_command,
+        simulator_flags,
         profile: primary.to_owned(),
         why: format!("the best {} on profile {primary}", objective.show(&s)),
         baseline: baseline.map(|b| b.name.clone()),

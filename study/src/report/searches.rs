@@ -206,9 +206,11 @@ pub fn recommendation(
             super::before_after(objective, &p.name, baseline, best)
         })
         .collect();
+    let (serve_command, simulator_flags) = best.published_command();
     Some(Recommendation {
         config: best.name.clone(),
-        serve_command: best.serve_command.clone(),
+        serve_command,
+        simulator_flags,
         profile: search.profile.clone(),
         why: format!(
             "the highest load within the SLOs ({}) on profile {}: {}",
