@@ -29,6 +29,8 @@ const SCALE: f64 = 4.0;
 struct Study {
     file: &'static str,
     published: &'static str,
+    /// The serve command the report published, on one line.
+    command: &'static str,
     outstanding: Option<&'static str>,
 }
 
@@ -36,6 +38,8 @@ const STUDIES: [Study; 3] = [
     Study {
         file: "study-35b-a3b-h200-throughput.yaml",
         published: "vllm+fp8+prefix-caching+throughput-mode",
+        command: "vllm serve Qwen/Qwen3.5-35B-A3B-FP8 --reasoning-parser=qwen3 --performance-mode=throughput \
+                  --max-model-len=32768 --enable-prefix-caching",
         outstanding: Some(
             "chooses vllm+fp8+throughput-mode (+10.7%, +11.1%, +10.8% and +11.5% in four rehearsals of eleven), the \
              report's choice at every stage by its runs' durations (FP8 +8.6%, prefix caching -1.6%, throughput mode \
@@ -50,6 +54,8 @@ const STUDIES: [Study; 3] = [
     Study {
         file: "study-9b-h100-throughput.yaml",
         published: "vllm+throughput-seqs-512",
+        command: "vllm serve Qwen/Qwen3.5-9B --reasoning-parser=qwen3 --performance-mode=throughput \
+                  --max-model-len=32768 --max-num-seqs=512",
         outstanding: Some(
             "chooses one of throughput mode's settings or none, within noise of the next best: in ten rehearsals \
              512 sequences with 32k tokens three times (+1.7%, +3.3% and +2.2%; the report's run -1.1%), 24k tokens \
@@ -72,6 +78,9 @@ const STUDIES: [Study; 3] = [
     Study {
         file: "study-9b-h100-latency.yaml",
         published: "vllm+mtp+interactivity+language-model-only",
+        command: "vllm serve Qwen/Qwen3.5-9B --reasoning-parser=qwen3 --max-model-len=32768 \
+                  --speculative-config={\"method\":\"mtp\",\"num_speculative_tokens\":1} --language-model-only \
+                  --performance-mode=interactivity",
         outstanding: None,
     },
 ];
@@ -111,6 +120,20 @@ fn chosen(report: &str) -> Option<&str> {
     report.lines().find_map(|l| l.strip_prefix("Chosen: "))?.split(':').next()
 }
 
+/// The command a report recommends, its words in order (the flags in the order of the matrix's
+/// variants, which need not be the published order).
+fn recommended(report: &str) -> Option<Vec<&str>> {
+    let mut lines = report.lines().skip_while(|l| *l != "## Recommended").skip(1);
+    lines.find(|l| !l.is_empty()).map(words)
+}
+
+/// `command`'s words sorted, as [`recommended`] gives a report's.
+fn words(command: &str) -> Vec<&str> {
+    let mut words: Vec<&str> = command.split_whitespace().collect();
+    words.sort_unstable();
+    words
+}
+
 fn rehearse(study: &Study) -> String {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -131,6 +154,14 @@ fn rehearse(study: &Study) -> String {
     let report = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{}: {}\n{report}", study.file, String::from_utf8_lossy(&out.stderr));
     report
+}
+
+#[test]
+fn a_reports_recommended_command_is_read_flag_for_flag() {
+    let report = "## Recommended\n\nvllm serve m --b=1 --a\n\n(vllm+a+b: the best)\n";
+    assert_eq!(recommended(report), Some(words("vllm serve m --a --b=1")));
+    assert_ne!(recommended(report), Some(words("vllm serve m --a --b=1 --sim-speedup=4")));
+    assert_eq!(recommended("## Baseline\n"), None);
 }
 
 #[test]
@@ -156,7 +187,11 @@ fn reference_studies_rehearse_to_the_published_choices() {
         eprintln!("{}:\n{report}", study.file);
         let got = chosen(&report).unwrap_or_else(|| panic!("{}: no choice in\n{report}", study.file));
         match study.outstanding {
-            None => assert_eq!(got, study.published, "{}\n{report}", study.file),
+            None => {
+                assert_eq!(got, study.published, "{}\n{report}", study.file);
+                // The published command flag for flag: the simulator's flags are not in it.
+                assert_eq!(recommended(&report), Some(words(study.command)), "{}\n{report}", study.file);
+            }
             // An outstanding gap lies within the report's noise or its clock (docs/sim-calibration.md),
             // so a rehearsal may draw the report's choice: said, not failed.
             Some(why) if got == study.published => {
