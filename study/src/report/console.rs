@@ -116,7 +116,7 @@ pub fn render(doc: &ReportDoc) -> String {
             let _ = writeln!(out, "## Recommended\n");
             let _ = writeln!(out, "{}\n", r.serve_command);
             if !r.simulator_flags.is_empty() {
-                let _ = writeln!(out, "{}\n", super::markdown::simulator_flags_left_out(r).replace('`', ""));
+                let _ = writeln!(out, "{}\n", super::words::simulator_flags_left_out(&r.simulator_flags, ""));
             }
             let _ = writeln!(
                 out,

@@ -262,8 +262,8 @@ impl Configuration {
         self.variants.is_empty()
     }
 
-    /// The command to publish: the engine's arguments only, on one line and (for the
-    /// references' block) one a line, and the simulator's flags it leaves out.
+    /// The command to publish, on one line: the engine's arguments only; and the simulator's
+    /// flags it leaves out.
     pub fn published_command(&self) -> (String, Vec<String>) {
         let (args, simulator) = benchfleet_core::flags::without_simulator_flags(&self.args);
         (benchfleet_core::engine::one_line(self.engine_kind(), &self.model, &args), simulator)

@@ -61,7 +61,7 @@ pub fn render(doc: &ReportDoc) -> String {
             let _ = writeln!(out, "<p>Recommended: <code>{}</code>, {}.</p>", esc(&r.config), esc(&r.why));
             let _ = writeln!(out, "<pre>{}</pre>", esc(&r.serve_command));
             if !r.simulator_flags.is_empty() {
-                let said = super::markdown::simulator_flags_left_out(r).replace('`', "");
+                let said = super::words::simulator_flags_left_out(&r.simulator_flags, "");
                 let _ = writeln!(out, "<p>{}</p>", esc(&said));
             }
             if let Some(base) = &r.baseline {

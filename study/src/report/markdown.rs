@@ -68,7 +68,7 @@ fn conclusion(out: &mut String, doc: &ReportDoc, aim: &str) {
     let _ = writeln!(out, "Serve command:\n");
     let _ = writeln!(out, "```shell\n{}\n```\n", multi_line(doc, &r.config));
     if !r.simulator_flags.is_empty() {
-        let _ = writeln!(out, "{}\n", simulator_flags_left_out(r));
+        let _ = writeln!(out, "{}\n", super::words::simulator_flags_left_out(&r.simulator_flags, "`"));
     }
     let _ = writeln!(out, "Chosen as {}.\n", r.why);
     match &r.baseline {
@@ -126,12 +126,6 @@ fn cost_line(doc: &ReportDoc, r: &Recommendation) -> Option<String> {
 /// print it.
 fn multi_line(doc: &ReportDoc, config: &str) -> String {
     doc.configurations.iter().find(|c| c.name == config).map_or(String::new(), Configuration::published_lines)
-}
-
-/// The sentence that says which simulator flags the recommended command leaves out.
-pub(super) fn simulator_flags_left_out(r: &Recommendation) -> String {
-    let flags: Vec<String> = r.simulator_flags.iter().map(|f| format!("`{f}`")).collect();
-    format!("Run on the simulator with {}, which a real engine would refuse: left out above.", flags.join(", "))
 }
 
 fn gpu_names(doc: &ReportDoc) -> String {

@@ -18,6 +18,13 @@ pub fn no_capacity(doc: &super::doc::ReportDoc) -> Option<String> {
     ))
 }
 
+/// What a recommended command leaves out: the simulator's flags its configuration ran with, each
+/// between `quote`s (a backtick in Markdown, nothing in plain text).
+pub fn simulator_flags_left_out(flags: &[String], quote: &str) -> String {
+    let flags: Vec<String> = flags.iter().map(|f| format!("{quote}{f}{quote}")).collect();
+    format!("Run on the simulator with {}, which a real engine would refuse: left out above.", flags.join(", "))
+}
+
 /// A number without trailing zeros: `8`, `0.5`, `12.25`.
 pub fn number(x: f64) -> String {
     if x.is_infinite() {
