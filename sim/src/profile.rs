@@ -653,10 +653,11 @@ impl ModelShape {
         let active = parts.iter().find_map(|p| p.strip_prefix('A').and_then(billions));
         // A model the simulator knows by name, where no size is given; a name without a size is
         // else a dense one of `default_params_b`.
-        let known = KNOWN_MODELS.iter().filter(|_| params.is_none()).find(|(start, ..)| {
-            let named =
-                upper.strip_prefix(start).is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_alphanumeric()));
-            named && (total.is_none() || start.split('-').any(|p| billions(p).is_some()))
+        let names = |start: &str| {
+            upper.strip_prefix(start).is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_alphanumeric()))
+        };
+        let known = KNOWN_MODELS.iter().find(|(start, ..)| {
+            params.is_none() && names(start) && (total.is_none() || start.split('-').any(|p| billions(p).is_some()))
         });
         let size_guessed = params.is_none() && known.is_none() && total.is_none();
         let (total, active) = match (params, known) {
