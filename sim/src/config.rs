@@ -23,7 +23,7 @@ pub const SIM_FLAGS: [(&str, &str, &str); 15] = [
     (
         "--sim-params",
         "355B-A32B",
-        "the model's parameters, as names write them (8B; a mixture of experts' total and active), where its name does not tell",
+        "the model's size where its name gives none: 8B, or a mixture of experts' total-active",
     ),
     ("--sim-startup-ms", "500", "how long /health answers 503, as weights load; `model` for the modelled time"),
     (
