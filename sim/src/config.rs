@@ -1433,7 +1433,7 @@ mod tests {
         let c = parse_command_line(&args("vllm serve acme/house-model --sim-params 355B-A32B")).expect("valid");
         let shape = c.model_shape();
         assert_eq!((shape.total_params, shape.active_params, shape.size_guessed), (355e9, 32e9, false));
-        // 710 GB of weights fit no one GPU, as the name's guess of 8B would.
+        // 710 GB of weights fit no one GPU; the name's guess of 8B does.
         assert!(crate::Scheduler::from_config(&c).is_err());
         let guessed = parse_command_line(&args("vllm serve acme/house-model")).expect("valid");
         assert!(guessed.model_shape().size_guessed && crate::Scheduler::from_config(&guessed).is_ok());

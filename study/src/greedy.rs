@@ -777,12 +777,19 @@ impl Objective {
     /// A throughput is a closed loop's steady state's when it reached one
     /// (`Scored::steady`), else the whole run's.
     pub fn value<S: Scored + ?Sized>(self, s: &S) -> f64 {
+        match (self, s.steady()) {
+            (Objective::TotalTokenThroughput, Some(w)) => w.total_token_throughput,
+            (Objective::OutputThroughput, Some(w)) => w.output_throughput,
+            _ => self.whole_run(s),
+        }
+    }
+
+    /// [`Objective::value`] over `s`'s whole run, its steady state left aside.
+    pub fn whole_run<S: Scored + ?Sized>(self, s: &S) -> f64 {
         let summary = s.summary();
         match self {
-            Objective::TotalTokenThroughput => {
-                s.steady().map_or(summary.total_token_throughput, |w| w.total_token_throughput)
-            }
-            Objective::OutputThroughput => s.steady().map_or(summary.output_throughput, |w| w.output_throughput),
+            Objective::TotalTokenThroughput => summary.total_token_throughput,
+            Objective::OutputThroughput => summary.output_throughput,
             Objective::MeanLatency => summary.latency_s.mean,
             Objective::Capacity => s.capacity().map_or(0.0, Capacity::value),
         }
@@ -858,11 +865,7 @@ impl Objective {
         if self.steady_of(base).is_some() == self.steady_of(s).is_some() {
             self.change_of(self.value(base), self.value(s))
         } else {
-            let run = |s: &S| match self {
-                Objective::OutputThroughput => s.summary().output_throughput,
-                _ => s.summary().total_token_throughput,
-            };
-            self.change_of(run(base), run(s))
+            self.change_of(self.whole_run(base), self.whole_run(s))
         }
     }
 

@@ -122,8 +122,8 @@ fn chosen(report: &str) -> Option<&str> {
     report.lines().find_map(|l| l.strip_prefix("Chosen: "))?.split(':').next()
 }
 
-/// The command a report recommends, its words in order (the flags in the order of the matrix's
-/// variants, which need not be the published order).
+/// The command a report recommends, its words sorted: its flags come in the order of the matrix's
+/// variants, which need not be the published order.
 fn recommended(report: &str) -> Option<Vec<&str>> {
     let mut lines = report.lines().skip_while(|l| *l != "## Recommended").skip(1);
     lines.find(|l| !l.is_empty()).map(words)

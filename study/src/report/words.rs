@@ -99,9 +99,10 @@ pub fn stage_sentence(
     // loops, as the stage decided), and said so; else by every whole run: like with like.
     let steady = valued.iter().all(|(_, m, _)| objective.steady_of(m).is_some());
     let v = |m: &Measured| match objective {
-        Objective::OutputThroughput if !steady => m.summary.output_throughput,
-        Objective::TotalTokenThroughput | Objective::Capacity if !steady => m.summary.total_token_throughput,
-        _ => objective.value(m),
+        _ if steady => objective.value(m),
+        // A search's stage lists its runs' throughputs.
+        Objective::Capacity => m.summary.total_token_throughput,
+        _ => objective.whole_run(m),
     };
     let said = if steady { "steady-state " } else { "" };
     let listing: Vec<String> = valued
