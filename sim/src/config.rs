@@ -295,10 +295,10 @@ impl SimConfig {
         let hybrid = self.model_shape().hybrid;
         let mut costs = EngineCosts::of(&self.coefficients, self.engine, self.performance_mode.as_deref(), hybrid);
         // SGLang's fixed step is fitted on the reports' runs, all on Qwen3.5, where it carries the
-        // hybrid path's work (its linear-attention backend and state pools, and its prefills'
-        // launches: `Graphs::DecodeBatch`). A transformer's step is the same Python scheduler
-        // replaying the same model's graphs as vLLM's: vLLM's fixed step on a transformer, and a
-        // step that prefills pays the launches (`Graphs::Decodes`).
+        // hybrid path's work (its linear-attention backend and state pools). A transformer's step
+        // is the same Python scheduler replaying the same model's graphs as vLLM's: vLLM's fixed
+        // step on a transformer. Either way a step that prefills pays the launches
+        // (`Graphs::Decodes`).
         if self.engine == EngineKind::Sglang && !hybrid {
             costs.step_overhead = self.coefficients.vllm.step_overhead;
         }
@@ -1403,13 +1403,13 @@ mod tests {
         assert!(!sglang("--disable-radix-cache --disable-overlap-schedule").overlaps());
         assert!(!sglang("--disable-radix-cache --pp-size 2").overlaps());
         // The fitted overlap is the reports' runs', without the scheduler; with it SGLang hides
-        // as much as vLLM does.
+        // at least as much as vLLM does.
         let fitted = COEFFICIENTS.sglang.overlap;
         assert_eq!(sglang("").engine_costs().overlap, fitted);
         assert_eq!(sglang("--disable-overlap-schedule").engine_costs().overlap, fitted);
         let scheduled = sglang("--disable-radix-cache").engine_costs().overlap;
         assert_eq!(scheduled, fitted.max(COEFFICIENTS.vllm.overlap));
-        assert!(scheduled > fitted);
+        assert!(scheduled >= COEFFICIENTS.vllm.overlap);
         assert!(!sglang("--speculative-algorithm NEXTN").enable_prefix_caching);
         let extra = sglang("--speculative-algorithm NEXTN --mamba-scheduler-strategy extra_buffer");
         assert!(extra.enable_prefix_caching && !extra.overlaps());

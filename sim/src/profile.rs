@@ -146,9 +146,14 @@ pub struct Coefficients {
     /// (`calibration::fit_transformer_step`).
     pub vllm_hybrid_step_overhead: f64,
     /// The CPU-side cost of a step no captured CUDA graph replays ([`CostModel::graphs`]): its
-    /// kernels are launched one by one. Seconds per step. The same model's kernels in either
-    /// engine: fitted to vLLM's steps past its graphs (no report ran SGLang past its own).
-    pub eager_step_overhead: f64,
+    /// kernels are launched one by one, layer by layer ([`ModelShape::layers`]). Seconds a layer.
+    /// The same model's kernels in either engine: fitted to vLLM's steps past its graphs (no
+    /// report ran SGLang past its own).
+    pub eager_layer_overhead: f64,
+    /// What a mixture of experts' layer launches beyond a dense one's, seconds a layer: its router,
+    /// top-k, the sorting of tokens by expert, the grouped expert GEMMs and the shared expert,
+    /// each a kernel (and for vLLM's fused MoE, Python) of its own where a dense MLP has two GEMMs.
+    pub eager_moe_layer_overhead: f64,
     /// Cost of one draft token of speculative decoding per step (the MTP head is one layer), seconds:
     /// a fixed part (the draft head's weights read and its kernels launched) and a part per decoding
     /// sequence (the head's forward pass, its sampling and the draft's bookkeeping), so drafting is
@@ -194,29 +199,30 @@ pub struct Coefficients {
 pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.95,
     mfu_max_dense: 0.8,
-    mfu_max_moe: 0.3410623,
-    mfu_half_tokens: 88.23886,
-    fp8_linear_gain: 0.7354734,
+    mfu_max_moe: 0.341492,
+    mfu_half_tokens: 91.73997,
+    fp8_linear_gain: 0.7406369,
     attention_efficiency: 0.5,
     linear_attention_efficiency: 0.1985459,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
-    kv_fp8_dequant_cost: 2.640059e-8,
-    state_bytes_per_sqrt_b: 1.450497e+07,
-    hybrid_prefix_cache_cost: 3.606087e-6,
+    kv_fp8_dequant_cost: 1.834053e-8,
+    state_bytes_per_sqrt_b: 1.439253e+07,
+    hybrid_prefix_cache_cost: 3.740462e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
     load_warmup: 20.0,
     tensor_parallel_efficiency: 0.85,
-    eager_step_overhead: 0.01238515,
-    // The reports' fit of vLLM's step on a hybrid model (5.749 ms) less a transformer's (below).
-    vllm_hybrid_step_overhead: 4.544951e-3,
-    draft_cost: 4.328157e-3,
-    draft_cost_per_sequence: 1.034168e-4,
-    kernel_boundaries: 1.138093e-3,
-    multimodal_inputs_cost: 5.313442e-4,
-    acceptance_mtp: 0.8729501,
+    eager_layer_overhead: 3.848109e-4,
+    eager_moe_layer_overhead: 7.68e-4,
+    // The reports' fit of vLLM's step on a hybrid model (5.714 ms) less a transformer's (below).
+    vllm_hybrid_step_overhead: 4.509719e-3,
+    draft_cost: 4.294605e-3,
+    draft_cost_per_sequence: 1.045385e-4,
+    kernel_boundaries: 1.129271e-3,
+    multimodal_inputs_cost: 5.231382e-4,
+    acceptance_mtp: 0.8769345,
     acceptance_eagle: 0.6,
     acceptance_ngram: 0.3,
     acceptance_other: 0.5,
@@ -231,20 +237,20 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         decode_token_overhead: 8.463184e-5,
         default_max_num_seqs: 1024,
         default_max_num_batched_tokens: 8192,
-        mixed_token_factor: 2.468558,
-        overlap: 0.931202,
+        mixed_token_factor: 2.449422,
+        overlap: 0.9319832,
     },
     sglang: EngineCosts {
-        step_overhead: 0.0124983,
+        step_overhead: 1.140578e-2,
         decode_token_overhead: 1.852507e-4,
         default_max_num_seqs: 4096,
         default_max_num_batched_tokens: 8192,
         mixed_token_factor: 1.0,
-        overlap: 0.8745674,
+        overlap: 1.0,
     },
-    throughput_step_factor: 0.9934469,
-    throughput_token_factor: 1.012958,
-    interactivity_step_factor: 0.3932133,
+    throughput_step_factor: 1.0,
+    throughput_token_factor: 1.005106,
+    interactivity_step_factor: 0.4245107,
 };
 
 /// What an engine adds to the roofline, and its scheduler defaults.
@@ -788,6 +794,18 @@ impl ModelShape {
     fn is_moe(&self) -> bool {
         self.active_params < self.total_params
     }
+
+    /// The model's layers: its architecture's where the simulator knows it (a known transformer's,
+    /// its windowed ones too; a hybrid's linear-attention layers and, one in four, its attention
+    /// layers, as Qwen3.5 and Qwen3-Next stack them), else 16 times the cube root of its active
+    /// billions of parameters (32 for an 8B: Llama 3's 8B has 32, its 70B 80, its 405B 126).
+    pub fn layers(&self) -> f64 {
+        match (self.transformer, self.linear_layers) {
+            (Some(attention), _) => f64::from(attention.layers + attention.window.map_or(0, |w| w.layers)),
+            (None, Some(linear)) => f64::from(linear + linear / 3),
+            (None, None) => (16.0 * (self.active_params / 1e9).cbrt()).round().max(1.0),
+        }
+    }
 }
 
 /// The work of one step, as the scheduler planned it.
@@ -833,7 +851,7 @@ pub struct CostModel {
     /// vLLM accepting multimodal inputs (no `--language-model-only`): embeddings outside the graph.
     pub multimodal_inputs: bool,
     /// Which steps replay a captured CUDA graph; the others pay
-    /// [`Coefficients::eager_step_overhead`].
+    /// [`Coefficients::eager_layer_overhead`] a layer.
     pub graphs: Graphs,
     /// The types the linear-attention layers' states are kept in, as the engine's options set them.
     pub state_types: StateTypes,
@@ -907,14 +925,9 @@ pub enum Graphs {
     /// `--max-num-seqs` × `1 + k` query tokens, at most 512 and within the token budget; 0 with
     /// `--enforce-eager`).
     Tokens(usize),
-    /// SGLang on a hybrid model: a step decoding at most this many sequences
-    /// (`--cuda-graph-max-bs`; 0 with `--disable-cuda-graph`). Its prefills run without a graph
-    /// whatever their size, which its fitted step overhead carries, so a step that only prefills
-    /// pays nothing more.
-    DecodeBatch(usize),
-    /// SGLang on a transformer, whose fixed step is vLLM's (`SimConfig::engine_costs`): a step
-    /// that only decodes, at most this many sequences. A step that prefills runs without a graph
-    /// and pays the launches, as vLLM's does.
+    /// SGLang: a step that only decodes, at most this many sequences (`--cuda-graph-max-bs`; 0
+    /// with `--disable-cuda-graph`). A step that prefills runs without a graph whatever its size,
+    /// SGLang 0.5.9's extend batches being eager, and pays the launches, as vLLM's does.
     Decodes(usize),
 }
 
@@ -923,7 +936,6 @@ impl Graphs {
     pub fn cover(self, work: &StepWork) -> bool {
         match self {
             Graphs::Tokens(tokens) => work.prefill_tokens + work.decode_tokens <= tokens,
-            Graphs::DecodeBatch(sequences) => work.decoding_sequences() <= sequences,
             Graphs::Decodes(sequences) => work.prefill_tokens == 0 && work.decoding_sequences() <= sequences,
         }
     }
@@ -957,7 +969,9 @@ impl StepParts {
 
     pub fn total(&self) -> f64 {
         let (cpu, gpu) = (self.overhead + self.tokens, self.gpu());
-        cpu + gpu - self.overlap * cpu.min(gpu)
+        // cpu + gpu - overlap × min(cpu, gpu), written so that full overlap gives the longer side
+        // to the bit, whatever the shorter.
+        cpu.max(gpu) + (1.0 - self.overlap) * cpu.min(gpu)
     }
 }
 
@@ -1016,7 +1030,12 @@ impl CostModel {
         } else {
             0.0
         };
-        let eager = if self.graphs.cover(work) { 0.0 } else { c.eager_step_overhead };
+        let eager = if self.graphs.cover(work) {
+            0.0
+        } else {
+            let moe = if self.model.is_moe() { c.eager_moe_layer_overhead } else { 0.0 };
+            self.model.layers() * (c.eager_layer_overhead + moe)
+        };
         StepParts {
             overhead: self.engine.step_overhead + eager,
             tokens: self.engine.decode_token_overhead
@@ -1422,6 +1441,33 @@ mod tests {
         let decode = StepWork { decode_tokens: 1, decode_context_tokens: 100, ..Default::default() };
         let ratio = awq.step_parts(&decode).memory / bf16.step_parts(&decode).memory;
         assert!((ratio - FOUR_BIT_BYTES / 2.0).abs() < 1e-12, "{ratio}");
+    }
+
+    #[test]
+    fn a_step_past_the_graphs_launches_each_layer_and_a_mixture_of_experts_more() {
+        let layers = |name: &str| ModelShape::from_name(name).layers();
+        // Qwen3.5: three linear-attention layers to one attention layer.
+        assert_eq!(layers("Qwen/Qwen3.5-9B"), 32.0);
+        assert_eq!(layers("Qwen/Qwen3.5-27B"), 64.0);
+        assert_eq!(layers("Qwen/Qwen3.5-35B-A3B-FP8"), 40.0);
+        assert_eq!(layers("Qwen/Qwen3-Next-80B-A3B-Instruct"), 48.0);
+        // A known transformer's, its windowed layers too; another's by its size.
+        assert_eq!(layers("meta-llama/Llama-3.1-70B-Instruct"), 80.0);
+        assert_eq!(layers("google/gemma-3-27b-it"), 62.0);
+        assert_eq!(layers("openai/gpt-oss-120b"), 36.0);
+        assert_eq!(layers("some/model-8B"), 32.0);
+        assert_eq!(layers("some/model-64B"), 64.0);
+        // Past its graphs, a step launches its layers' kernels; a mixture of experts' cost more.
+        let eager = |name: &str| {
+            let m = model(name, "H200");
+            let work = StepWork { prefill_tokens: 2048, decode_tokens: 100, ..Default::default() };
+            m.step_parts(&work).overhead - m.engine.step_overhead
+        };
+        let c = COEFFICIENTS;
+        assert!((eager("Qwen/Qwen3.5-9B") - 32.0 * c.eager_layer_overhead).abs() < 1e-15);
+        let moe = 40.0 * (c.eager_layer_overhead + c.eager_moe_layer_overhead);
+        assert!((eager("Qwen/Qwen3.5-35B-A3B") - moe).abs() < 1e-15);
+        assert!(c.eager_moe_layer_overhead > 0.0);
     }
 
     #[test]

@@ -1105,10 +1105,7 @@ fn graphs(config: &SimConfig, speculation: Option<Speculation>) -> Graphs {
     let on = config.cuda_graphs && !config.enforce_eager;
     match config.engine {
         EngineKind::Vllm => Graphs::Tokens(if on { vllm_graph_tokens(config, speculation) } else { 0 }),
-        EngineKind::Sglang => {
-            let batch = if on { sglang_graph_batch(config, speculation) } else { 0 };
-            if config.model_shape().hybrid { Graphs::DecodeBatch(batch) } else { Graphs::Decodes(batch) }
-        }
+        EngineKind::Sglang => Graphs::Decodes(if on { sglang_graph_batch(config, speculation) } else { 0 }),
     }
 }
 

@@ -964,22 +964,22 @@ const SGLANG: &str = "sglang serve --model-path Qwen/Qwen3.5-9B --context-length
 fn sglang_captures_decode_batches_up_to_its_graphs_largest_batch() {
     let graph = |line: &str| Scheduler::from_config(&config(line)).expect("fits").cost().graphs;
     // SGLang 0.5.9 on an H100 or H200: 256 sequences below 4-way tensor parallelism, 512 from it.
-    assert_eq!(graph(SGLANG), Graphs::DecodeBatch(256));
-    assert_eq!(graph(&format!("{SGLANG} --sim-gpu H100 --tp-size 2")), Graphs::DecodeBatch(256));
-    assert_eq!(graph(&format!("{SGLANG} --tp-size 4")), Graphs::DecodeBatch(512));
+    assert_eq!(graph(SGLANG), Graphs::Decodes(256));
+    assert_eq!(graph(&format!("{SGLANG} --sim-gpu H100 --tp-size 2")), Graphs::Decodes(256));
+    assert_eq!(graph(&format!("{SGLANG} --tp-size 4")), Graphs::Decodes(512));
     // A limit given is cut to the largest size SGLang captures under it (steps of 8 to 256, of 16
     // to 512 and of 32 past it; finer below 64 with speculative decoding).
     for (max, largest) in [(1, 1), (3, 2), (13, 12), (100, 96), (270, 256), (300, 288), (512, 512), (600, 576)] {
-        assert_eq!(graph(&format!("{SGLANG} --cuda-graph-max-bs {max}")), Graphs::DecodeBatch(largest), "{max}");
+        assert_eq!(graph(&format!("{SGLANG} --cuda-graph-max-bs {max}")), Graphs::Decodes(largest), "{max}");
     }
     let nextn = "--speculative-algorithm NEXTN --speculative-num-steps 1";
     for (max, largest) in [(9, 8), (33, 32), (47, 44), (70, 64), (100, 96), (300, 288)] {
         let line = format!("{SGLANG} {nextn} --cuda-graph-max-bs {max}");
-        assert_eq!(graph(&line), Graphs::DecodeBatch(largest), "{max} with speculative decoding");
+        assert_eq!(graph(&line), Graphs::Decodes(largest), "{max} with speculative decoding");
     }
     // The sizes given set the largest; `--disable-cuda-graph` captures none.
-    assert_eq!(graph(&format!("{SGLANG} --cuda-graph-bs 1 8 160 --cuda-graph-max-bs 512")), Graphs::DecodeBatch(160));
-    assert_eq!(graph(&format!("{SGLANG} --disable-cuda-graph")), Graphs::DecodeBatch(0));
+    assert_eq!(graph(&format!("{SGLANG} --cuda-graph-bs 1 8 160 --cuda-graph-max-bs 512")), Graphs::Decodes(160));
+    assert_eq!(graph(&format!("{SGLANG} --disable-cuda-graph")), Graphs::Decodes(0));
     let taken = config(&format!("{SGLANG} --disable-cuda-graph --cuda-graph-max-bs 64"));
     assert!(taken.unmodelled.is_empty(), "{:?}", taken.unmodelled);
     // vLLM's spelling is not SGLang's.
@@ -1008,7 +1008,8 @@ fn enforce_eager_pays_the_launches_on_every_step_and_serves_slower() {
 fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
     let engine = Scheduler::from_config(&config(&format!("{ENGINE} --max-num-seqs 128"))).expect("fits");
     let cost = engine.cost();
-    let eager = cost.coefficients.eager_step_overhead;
+    // Qwen3.5-9B's 32 layers, none of them a mixture of experts'.
+    let eager = 32.0 * cost.coefficients.eager_layer_overhead;
     assert!(eager > 0.0);
     let step =
         |prefill_tokens: usize| cost.step_parts(&StepWork { prefill_tokens, decode_tokens: 100, ..Default::default() });
@@ -1016,8 +1017,7 @@ fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
     assert_eq!(step(156).overhead, cost.engine.step_overhead);
     assert_eq!(step(157).overhead, cost.engine.step_overhead + eager);
 
-    // SGLang's graphs count decoding sequences, whatever is prefilled beside them (its prefills
-    // run without a graph at any size: its fitted step overhead carries them).
+    // SGLang's graphs count decoding sequences, and its prefills run without a graph at any size.
     let engine = Scheduler::from_config(&config(&format!("{SGLANG} --max-running-requests 512 --disable-radix-cache")))
         .expect("fits");
     assert_eq!(engine.max_num_seqs(), 512);
@@ -1025,8 +1025,9 @@ fn a_step_over_the_largest_cuda_graph_pays_the_eager_launches() {
     let step = |prefill_tokens: usize, decode_tokens: usize, draft_tokens: usize| {
         cost.step_parts(&StepWork { prefill_tokens, decode_tokens, draft_tokens, ..Default::default() }).overhead
     };
-    assert_eq!(step(8192, 0, 0), cost.engine.step_overhead);
-    assert_eq!(step(8192, 256, 0), cost.engine.step_overhead);
+    assert_eq!(step(0, 256, 0), cost.engine.step_overhead);
+    assert_eq!(step(1, 0, 0), cost.engine.step_overhead + eager);
+    assert_eq!(step(8192, 0, 0), cost.engine.step_overhead + eager);
     assert_eq!(step(0, 257, 0), cost.engine.step_overhead + eager);
     // With 3 draft tokens, 1024 query tokens are 256 sequences.
     assert_eq!(step(0, 1024, 3), cost.engine.step_overhead);
@@ -1039,7 +1040,8 @@ fn sglang_runs_a_transformer_with_vllms_fixed_step_and_launches_its_prefills() {
     let engine =
         Scheduler::from_config(&config("sglang serve --model-path Qwen/Qwen3-8B --sim-gpu H100")).expect("fits");
     let cost = engine.cost();
-    let (fixed, eager) = (cost.coefficients.vllm.step_overhead, cost.coefficients.eager_step_overhead);
+    // Qwen3-8B's 36 layers.
+    let (fixed, eager) = (cost.coefficients.vllm.step_overhead, 36.0 * cost.coefficients.eager_layer_overhead);
     assert_eq!(cost.engine.step_overhead, fixed);
     let step = |prefill_tokens: usize, decode_tokens: usize| {
         cost.step_parts(&StepWork { prefill_tokens, decode_tokens, ..Default::default() }).overhead
