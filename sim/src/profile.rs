@@ -147,8 +147,8 @@ pub struct Coefficients {
     pub vllm_hybrid_step_overhead: f64,
     /// The CPU-side cost of a step no captured CUDA graph replays ([`CostModel::graphs`]): its
     /// kernels are launched one by one, layer by layer ([`ModelShape::layers`]). Seconds a layer.
-    /// The same model's kernels in either engine: fitted to vLLM's steps past its graphs (no
-    /// report ran SGLang past its own).
+    /// The same model's kernels in either engine: fitted to vLLM's steps past its graphs and to
+    /// SGLang's prefills, which no graph covers (no report ran SGLang's decodes past its own).
     pub eager_layer_overhead: f64,
     /// What a mixture of experts' layer launches beyond a dense one's, seconds a layer: its router,
     /// top-k, the sorting of tokens by expert, the grouped expert GEMMs and the shared expert,
