@@ -647,7 +647,7 @@ pub fn fit(
 /// checked, and other rows' effects are still measured against them): none. The 35B-A3B's
 /// ShareGPT baseline was, while the model ran it 17% fast and fitted to it ran its study's other
 /// runs slower, until a step past the CUDA graphs launched its kernels layer by layer, a mixture
-/// of experts' more (docs/sim-calibration.md, "runs too fast"). `calibrate` leaves them out
+/// of experts' more (docs/sim-calibration.md, "ran too fast"). `calibrate` leaves them out
 /// unless `LEAVE_OUT` says otherwise.
 pub const LEFT_OUT: &[usize] = &[];
 
