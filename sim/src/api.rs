@@ -446,6 +446,8 @@ fn prompt_of(body: &GenerateBody, chat: bool) -> Result<Prompted, ApiError> {
         Prompt::Text(text) => Ok(prompted_text(&words(text))),
         Prompt::Texts(texts) if texts.len() == 1 => Ok(prompted_text(&words(&texts[0]))),
         Prompt::Ids(ids) => Ok(prompted(ids)),
+        // `[]` reads as no texts as well as no token ids: an empty prompt either way.
+        Prompt::Texts(texts) if texts.is_empty() => Ok(prompted::<u64>(&[])),
         Prompt::Texts(_) => {
             Err(bad_request("the simulator takes one prompt per request: send batched prompts as separate requests"))
         }
@@ -472,6 +474,11 @@ async fn generate(state: Arc<AppState>, chat: bool, body: &[u8]) -> Result<Respo
     }
     let prompt = prompt_of(&body, chat)?;
     let prompt_tokens = prompt.tokens;
+    // vLLM refuses a completion with nothing to prefill (its words); a chat request always has its
+    // template's tokens. What SGLang answers is not known here, so it serves it.
+    if prompt_tokens == 0 && !chat && config.engine == crate::config::EngineKind::Vllm {
+        return Err(bad_request("The decoder prompt cannot be empty"));
+    }
     let max_tokens = body.max_completion_tokens.or(body.max_tokens).unwrap_or(16);
     if max_tokens == 0 {
         return Err(bad_request("max_tokens must be at least 1"));

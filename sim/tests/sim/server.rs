@@ -164,6 +164,15 @@ async fn errors_look_like_vllm() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body.contains("maximum context length is 10"), "{body}");
 
+    // Nothing to prefill: vLLM's error, for text and token ids alike; a chat request has its template.
+    for prompt in [json!(""), json!("   "), json!([]), json!([""])] {
+        let (status, body) = sim.post("/v1/completions", json!({"prompt": prompt, "max_tokens": 2})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{prompt}");
+        assert!(body.contains("The decoder prompt cannot be empty"), "{prompt}: {body}");
+    }
+    let chat = json!({"messages": [{"role": "user", "content": ""}], "max_tokens": 2});
+    assert_eq!(sim.post("/v1/chat/completions", chat).await.0, StatusCode::OK);
+
     let sim = start("vllm serve m --sim-fail-rate 1").await;
     assert_eq!(sim.post("/v1/completions", json!({"prompt": "hi"})).await.0, StatusCode::INTERNAL_SERVER_ERROR);
 }
