@@ -181,12 +181,6 @@ pub struct Coefficients {
     /// The engines' own costs and defaults, and what `--performance-mode` changes in vLLM's.
     pub vllm: EngineCosts,
     pub sglang: EngineCosts,
-    /// `throughput`: the default batch limits (sequences and token budget) double, which is all
-    /// vLLM 0.17's mode does; the fixed step cost and the per-token cost are also multiplied by
-    /// these fitted factors, which stand for what the reports' throughput-mode runs gained beyond
-    /// what the doubled limits give in the model (docs/sim-calibration.md).
-    pub throughput_step_factor: f64,
-    pub throughput_token_factor: f64,
     /// `interactivity`: the fixed step cost of every step is multiplied by this fitted factor.
     /// vLLM's mode captures a CUDA graph for every batch size up to 32, whose padding the model
     /// does not have; the factor stands for what the reports' interactivity runs gained.
@@ -200,15 +194,15 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
     bandwidth_efficiency: 0.95,
     mfu_max_dense: 0.8,
     mfu_max_moe: 0.341492,
-    mfu_half_tokens: 91.73997,
-    fp8_linear_gain: 0.7406369,
+    mfu_half_tokens: 117.475,
+    fp8_linear_gain: 0.7625119,
     attention_efficiency: 0.5,
     linear_attention_efficiency: 0.1985459,
     kv_bytes_per_token_per_sqrt_b: 4.0 * 1024.0,
     attention_flops_per_kv_byte: 4.0,
     kv_fp8_dequant_cost: 1.834053e-8,
     state_bytes_per_sqrt_b: 1.439253e+07,
-    hybrid_prefix_cache_cost: 3.740462e-6,
+    hybrid_prefix_cache_cost: 3.915462e-6,
     runtime_reserve: 4.0 * GIB,
     vision_encoder_fraction: 0.02,
     load_bandwidth: 2.0e9,
@@ -248,8 +242,6 @@ pub const COEFFICIENTS: Coefficients = Coefficients {
         mixed_token_factor: 1.0,
         overlap: 1.0,
     },
-    throughput_step_factor: 1.0,
-    throughput_token_factor: 1.005106,
     interactivity_step_factor: 0.4245107,
 };
 
@@ -293,11 +285,11 @@ impl EngineCosts {
             costs.step_overhead += c.vllm_hybrid_step_overhead;
         }
         match performance_mode {
+            // What vLLM 0.17's mode does, and all it does: the default batch limits double. The
+            // reports' throughput-mode runs need nothing more (docs/sim-calibration.md).
             Some("throughput") => {
                 costs.default_max_num_seqs *= 2;
                 costs.default_max_num_batched_tokens *= 2;
-                costs.step_overhead *= c.throughput_step_factor;
-                costs.decode_token_overhead *= c.throughput_token_factor;
             }
             Some("interactivity") => costs.step_overhead *= c.interactivity_step_factor,
             _ => {}
