@@ -41,17 +41,12 @@ const STUDIES: [Study; 3] = [
         command: "vllm serve Qwen/Qwen3.5-35B-A3B-FP8 --reasoning-parser=qwen3 --performance-mode=throughput \
                   --max-model-len=32768 --enable-prefix-caching",
         outstanding: Some(
-            "chooses vllm+fp8+throughput-mode (+10.7%, +11.1%, +10.8% and +11.5% in four rehearsals of thirteen), the \
-             report's choice at every stage by its runs' durations (FP8 +8.6%, prefix caching -1.6%, throughput mode \
-             +1.4%), each stage's effect within 3 points of them; the report's command also has prefix caching, which \
-             it kept by its throughput lines (+4.1 points), guidellm's, whose spans leave out 2.4 s of one run and \
-             5.8 s of the other; throughput mode's gain on FP8 (+1.0%, +1.4%, +2.0%, +0.4%, +0.03%, +1.25%, +0.15%, -1.2%, \
-             -0.3%, -1.0%, -0.4%, -2.2% and -0.6% in those rehearsals) sits at the gate's 1% minimum effect, where the order of the requests and the run decide (the \
-             model gave it +1.0% in this order on the first fit to the durations; four repeats +1.2% ± 1.0 points, and +0.8% ± 1.1 after the fifth), \
-             so a rehearsal may leave it out, as the fourth, fifth, seventh, eighth, ninth, tenth, eleventh, twelfth and thirteenth did; \
-             the twelfth drew FP8 at +11.85%, 3.25 points from the durations' +8.6% where the model's four orders \
-             gave +9.3%: one run of each on the wall clock; the thirteenth, with the launches past the CUDA graphs \
-             counted by layer (every calibration row in its band, the study's ShareGPT baseline among them), +10.4%",
+            "chooses vllm+fp8, or vllm+fp8+throughput-mode (four rehearsals of fourteen), the report's choice at \
+             every stage by its runs' durations (FP8 +8.6%, prefix caching -1.6%, throughput mode +1.4%), each \
+             stage's effect within 3 points of them; the report's command also has prefix caching, which it kept by \
+             guidellm's throughput lines (+4.1 points), whose spans leave out 2.4 s of one run and 5.8 s of the \
+             other; throughput mode's gain on FP8 sits at the gate's 1% minimum effect (replayed, +0.2% on FP8 \
+             with prefix caching; -2.2% to +2.0% in the rehearsals), where one run's order and clock decide",
         ),
     },
     Study {
@@ -60,22 +55,11 @@ const STUDIES: [Study; 3] = [
         command: "vllm serve Qwen/Qwen3.5-9B --reasoning-parser=qwen3 --performance-mode=throughput \
                   --max-model-len=32768 --max-num-seqs=512",
         outstanding: Some(
-            "chooses one of throughput mode's settings or none, within noise of the next best: in eleven rehearsals \
-             512 sequences with 32k tokens three times (+1.7%, +3.3% and +2.2%; the report's run -1.1%), 24k tokens \
-             three times (+3.6%, +2.6% and +2.1%; the report's +0.3%), no setting three times (all between -1.4% and +0.6%, \
-             then between -1.9% and -0.1%, then between -2.0% and -0.4%), vLLM's default sequence limit set again \
-             once (`seqs-1024`, the baseline's own configuration, +1.95%, with 24k tokens +1.8% behind it: the wall \
-             clock's noise), and 768 sequences with 48k tokens once (+1.58%, the report's +1.2%, with 32k tokens \
-             +1.41% behind it); one setting left its band in five of them (by 1.4, \
-             0.3, 0.3, 0.8 and 0.5 points), every other setting within 3 \
-             points of the report's; throughput mode with 512 sequences, which the report kept (+1.9% by its \
-             durations), gained 0.4%, 2.3%, 0.8%, 1.1%, -0.6%, 1.1%, 0.7%, -1.9%, -1.6%, 0.85% and -0.27%, and `seqs-1024` \
-             came out -1.0%, -1.4%, +1.4%, -0.6%, -1.0%, \
-             -1.1%, +1.95% and +0.73% in the last eight. The report's batch-limit settings lie within \
-             3.0 points of each other (-1.1% to +1.9%) and two of them that run the same batches under the client's \
-             cap differ by 2.1% in it; replayed in four orders the model puts each within its band and throughput \
-             mode's settings but 256 sequences within 0.6 points of each other (calibration rows 17-27); on the wall \
-             clock one run of the baseline's configuration spreads 1.9% over eight (docs/sim-calibration.md); which \
+            "chooses one of throughput mode's settings or none, within noise of the next best: the report's batch \
+             limits lie within 3.0 points of each other (-1.1% to +1.9%), two of them that run the same batches \
+             under the client's cap differ by 2.1% in it, and one run of the baseline's configuration spreads 1.9% \
+             over eight on the wall clock; replayed, the model puts each setting within its band and throughput \
+             mode's settings but 256 sequences within 0.8 points of each other (calibration rows 17-27), so which \
              of them wins one run is noise on both sides",
         ),
     },
