@@ -659,14 +659,18 @@ impl<'a> Greedy<'a> {
         Ok((chosen, current))
     }
 
-    /// Why a combination that does not beat the previous one is not kept.
+    /// Why a combination that does not beat the previous one is not kept. Before anything is kept
+    /// the previous one is the baseline, named so rather than as its change over itself.
     fn not_kept(&self, base: &Measured, current: &Measured, s: &Measured, c: &Comparison) -> String {
-        let (now, before) = (self.objective.change(base, s), self.objective.change(base, current));
+        let now = self.objective.change(base, s);
+        let before = if std::ptr::eq(base, current) {
+            "the baseline".to_owned()
+        } else {
+            format!("the previous {}", self.objective.change(base, current))
+        };
         match c.verdict {
-            Verdict::WithinNoise => {
-                format!("{now}, within noise of the previous {before} ({} against it), not kept", c.shown)
-            }
-            _ => format!("{now}, below the previous {before}, not kept"),
+            Verdict::WithinNoise => format!("{now}, within noise of {before} ({} against it), not kept", c.shown),
+            _ => format!("{now}, below {before}, not kept"),
         }
     }
 
@@ -1103,6 +1107,24 @@ cumulative: true
         let ok = |tps: f64| Some((tps, OK, false));
         let mut of = vec![("vllm", ok(100.0))];
         check_with(CUMULATIVE, &of, false, "1 vllm: total token throughput 100.00 tok/s, chosen\nnext 3 on p: vllm+a");
+        // Nothing kept yet, a variant is measured against the baseline, and named so.
+        let worse = [of.clone(), vec![("vllm+a", ok(95.0))]].concat();
+        check_with(
+            CUMULATIVE,
+            &worse,
+            false,
+            "1 vllm: total token throughput 100.00 tok/s, chosen\n3 vllm+a: -5.00%, below the baseline, not kept\n\
+             next 3 on p: vllm+b",
+        );
+        let level = [of.clone(), vec![("vllm+a", ok(100.4)), ("vllm+b", ok(95.0))]].concat();
+        check_with(
+            CUMULATIVE,
+            &level,
+            false,
+            "1 vllm: total token throughput 100.00 tok/s, chosen\n\
+             3 vllm+a: +0.40%, within noise of the baseline (+0.40%, below the 1.00% minimum effect against it), \
+             not kept\n3 vllm+b: -5.00%, below the baseline, not kept\nnext 3 on p: vllm+x, vllm+y",
+        );
         of.push(("vllm+a", ok(110.0)));
         check_with(
             CUMULATIVE,
