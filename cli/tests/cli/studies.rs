@@ -41,7 +41,7 @@ const STUDIES: [Study; 3] = [
         command: "vllm serve Qwen/Qwen3.5-35B-A3B-FP8 --reasoning-parser=qwen3 --performance-mode=throughput \
                   --max-model-len=32768 --enable-prefix-caching",
         outstanding: Some(
-            "chooses vllm+fp8, or vllm+fp8+throughput-mode (four rehearsals of fourteen), the report's choice at \
+            "chooses vllm+fp8, or vllm+fp8+throughput-mode (four rehearsals of fifteen), the report's choice at \
              every stage by its runs' durations (FP8 +8.6%, prefix caching -1.6%, throughput mode +1.4%), each \
              stage's effect within 3 points of them; the report's command also has prefix caching, which it kept by \
              guidellm's throughput lines (+4.1 points), whose spans leave out 2.4 s of one run and 5.8 s of the \
